@@ -1,0 +1,365 @@
+"""The pacing policy of SPEC §1–2: pure functions, no I/O, the clock passed in.
+
+Everything that decides *how long* a host must be left alone lives here:
+
+* :func:`host_key` — the pacing key of a URL (SPEC §1);
+* :func:`parse_retry_after` — the ``Retry-After`` header (RFC 9110 §10.2.3);
+* :class:`PacingPolicy` — the configuration (intervals and caps, in seconds) and the rules:
+  :meth:`~PacingPolicy.after_response`, :meth:`~PacingPolicy.wait`,
+  :meth:`~PacingPolicy.should_defer`, :meth:`~PacingPolicy.reset`;
+* :class:`HostState` — one host's row of the pace table, an immutable value.
+
+Every rule takes the state and the time (Unix epoch seconds) and returns a new state; nothing here reads
+a clock, a file or the network, so each rule can be tested exactly on an injected clock.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+from dataclasses import dataclass, replace
+from urllib.parse import urlsplit
+
+__all__ = [
+    "HostState",
+    "PacingPolicy",
+    "Decision",
+    "host_key",
+    "parse_retry_after",
+    "InvalidRetryAfter",
+    "NO_NETWORK_SCHEMES",
+]
+
+#: URL schemes that make no network request: such URLs have no host to pace and pass untouched (SPEC §1).
+NO_NETWORK_SCHEMES = frozenset({"data", "file", "about"})
+
+#: The exponent of a backoff is capped here (``2**10`` = 1024 × the interval), as in the reference.
+MAX_BACKOFF_EXPONENT = 10
+
+
+@dataclass(frozen=True)
+class HostState:
+    """One host's row of the pace table (SPEC §2). Immutable: every rule returns a new value.
+
+    Attributes:
+        next_allowed: Unix epoch seconds before which no request may start to the host.
+        consec: consecutive throttles not yet earned back, an int ≥ 0.
+        crawl_delay: seconds, the host's published Crawl-delay (robots.txt) or an operator override; 0 = none.
+        ok_seen: the host has served a 2xx at least once.
+        throttled_at: epoch seconds of the response that recorded the last throttle step (0 = never);
+            used to judge a response against the host's state when its request was sent.
+        updated: epoch seconds of the last write (for expiry of stale rows).
+    """
+
+    next_allowed: float = 0.0
+    consec: int = 0
+    crawl_delay: float = 0.0
+    ok_seen: bool = False
+    throttled_at: float = 0.0
+    updated: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :meth:`PacingPolicy.after_response` decided, for stats and logs.
+
+    Attributes:
+        state: the host's new state.
+        delay: seconds the host must now be left alone, counted from the response's end.
+        throttle: the response was judged a throttle (SPEC §2).
+        counted: the throttle took a new backoff step (False when requests in flight together already
+            answered for this moment of the host's mood).
+        retry_after_clamped: the honoured Retry-After was larger than ``max_retry_after`` and was clamped.
+    """
+
+    state: HostState
+    delay: float
+    throttle: bool
+    counted: bool
+    retry_after_clamped: bool = False
+
+
+class InvalidRetryAfter(ValueError):
+    """A ``Retry-After`` value that is neither delay-seconds nor an HTTP-date (RFC 9110 §10.2.3).
+
+    The pacer treats it as absent and counts it (``polite/retry_after/invalid``)."""
+
+
+_DECIMAL = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)$")
+
+
+def parse_retry_after(value: str | bytes | None, *, now: float, date: str | bytes | None = None) -> float | None:
+    """Parse a ``Retry-After`` header value into seconds to wait.
+
+    RFC 9110 §10.2.3: delay-seconds (a non-negative integer) or an HTTP-date. An HTTP-date is taken
+    relative to the response's ``Date`` header when it is present and valid, else relative to ``now``;
+    a date in the past gives ``0.0``. **Deviation (SPEC §2):** a non-negative decimal such as ``1.5`` is
+    honoured as that many seconds.
+
+    Args:
+        value: the header value, or None when the header is absent.
+        now: the local clock, Unix epoch seconds (only used for the HTTP-date form without ``Date``).
+        date: the response's ``Date`` header value, if any.
+
+    Returns:
+        Seconds (float ≥ 0), or None when the header is absent or empty-after-strip is not the case.
+
+    Raises:
+        InvalidRetryAfter: the value is present but negative, empty, garbage, non-finite or an
+            unparseable date.
+
+    >>> parse_retry_after("120", now=0)
+    120.0
+    >>> parse_retry_after(None, now=0) is None
+    True
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    text = value.strip()
+    if not text:
+        raise InvalidRetryAfter("empty Retry-After")
+    if _DECIMAL.match(text):
+        seconds = float(text)
+        if not math.isfinite(seconds):
+            raise InvalidRetryAfter(f"non-finite Retry-After {text!r}")
+        return seconds
+    if text[0] in "+-" or text[0].isdigit():
+        # A number that is not a non-negative decimal: negative, exponent, "1,5", "inf" spelled oddly.
+        raise InvalidRetryAfter(f"Retry-After is not a non-negative number: {text!r}")
+    target = _parse_http_date(text)
+    if target is None:
+        raise InvalidRetryAfter(f"Retry-After is neither seconds nor an HTTP-date: {text!r}")
+    reference = now
+    if date is not None:
+        if isinstance(date, bytes):
+            date = date.decode("latin-1")
+        parsed_date = _parse_http_date(date.strip())
+        if parsed_date is not None:
+            reference = parsed_date
+    return max(0.0, target - reference)
+
+
+def _parse_http_date(text: str) -> float | None:
+    """An HTTP-date (IMF-fixdate, RFC 850 or asctime form) as epoch seconds, or None."""
+    try:
+        parsed = email.utils.parsedate_tz(text)
+    except (TypeError, ValueError, IndexError):  # pragma: no cover - defensive, parsedate_tz rarely raises
+        return None
+    if parsed is None:
+        return None
+    try:
+        stamp = float(email.utils.mktime_tz(parsed))
+    except (OverflowError, ValueError):
+        return None
+    return stamp if math.isfinite(stamp) else None
+
+
+def host_key(url: str) -> str | None:
+    """The pacing key of a URL (SPEC §1): its host, lower-cased, IDNA-encoded, without trailing dot or
+    IPv6 brackets. The port is not part of the key.
+
+    Args:
+        url: an absolute URL.
+
+    Returns:
+        The key (``str``), or None when the URL has no host (``data:``, ``file:``, malformed).
+
+    >>> host_key("HTTP://Bücher.Example.:8080/x")
+    'xn--bcher-kva.example'
+    >>> host_key("http://[2001:DB8::1]/")
+    '2001:db8::1'
+    """
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname  # lower-cased, brackets removed, port dropped
+    except ValueError:
+        return None
+    if not host:
+        return None
+    host = host.rstrip(".")
+    if not host:
+        return None
+    if ":" in host:  # an IPv6 literal: already lower-cased and unbracketed
+        return host
+    try:
+        host.encode("ascii")
+        return host
+    except UnicodeEncodeError:
+        pass
+    try:
+        return ".".join(
+            label.encode("idna").decode("ascii") if label else label for label in host.split(".")
+        )
+    except UnicodeError:
+        return None
+
+
+@dataclass(frozen=True)
+class PacingPolicy:
+    """The pacing rules of SPEC §2, configured by the ``POLITE_*`` settings. All durations in seconds.
+
+    Attributes:
+        host_interval: ``POLITE_HOST_INTERVAL``, the base interval between two requests to one host.
+        max_backoff: ``POLITE_MAX_BACKOFF``, the cap of a computed backoff.
+        max_wait: ``POLITE_MAX_WAIT``, the longest a single request may wait in line.
+        max_retry_after: ``POLITE_MAX_RETRY_AFTER``, the cap of an honoured Retry-After.
+        throttle_statuses: ``POLITE_THROTTLE_STATUSES``, statuses that mean "slow down".
+
+    Raises:
+        ValueError: a negative or non-finite duration, or ``max_backoff < host_interval``.
+    """
+
+    host_interval: float = 1.0
+    max_backoff: float = 300.0
+    max_wait: float = 60.0
+    max_retry_after: float = 3600.0
+    throttle_statuses: frozenset[int] = frozenset({429, 503})
+
+    def __post_init__(self) -> None:
+        for name in ("host_interval", "max_backoff", "max_wait", "max_retry_after"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        object.__setattr__(self, "throttle_statuses", frozenset(int(s) for s in self.throttle_statuses))
+
+    # -- the interval -------------------------------------------------------------------------------
+
+    def effective_interval(self, state: HostState | None, override: float | None = None) -> float:
+        """``eff = max(host_interval, crawl_delay, override)`` in seconds (SPEC §2).
+
+        A published Crawl-delay larger than an override always wins; an override can only slow us down
+        below the base interval when it is larger than it.
+        """
+        eff = self.host_interval
+        if state is not None and state.crawl_delay > eff:
+            eff = state.crawl_delay
+        if override is not None and override > eff:
+            eff = override
+        return eff
+
+    def backoff(self, eff: float, consec: int) -> float:
+        """The computed backoff ``min(eff * 2**min(consec, 10), max_backoff)`` in seconds, never below ``eff``
+        (a published Crawl-delay above the cap is still honoured in full)."""
+        return max(eff, min(eff * 2 ** min(consec, MAX_BACKOFF_EXPONENT), self.max_backoff))
+
+    # -- after a response -------------------------------------------------------------------------
+
+    def is_throttle(self, status: int, state: HostState | None) -> bool:
+        """A throttle status, or a 403 from a host that has already served a 2xx (SPEC §2)."""
+        if status in self.throttle_statuses:
+            return True
+        return status == 403 and state is not None and state.ok_seen
+
+    def after_response(
+        self,
+        state: HostState | None,
+        *,
+        status: int,
+        end: float,
+        retry_after: float | None = None,
+        sent_at: float | None = None,
+        override: float | None = None,
+    ) -> Decision:
+        """The host's new state after a response (SPEC §2).
+
+        Args:
+            state: the host's state now (None: never seen).
+            status: the HTTP status; a download failure that reached the server's side (timeout,
+                refused, reset) is passed as a throttle status by the caller.
+            end: epoch seconds at which the response ended.
+            retry_after: parsed Retry-After seconds, or None.
+            sent_at: epoch seconds at which the request was sent; when a throttle was recorded after that
+                moment, this response answers for the same moment of the host's mood: a throttle takes
+                no second step and a success takes no step off. None: judge against the current state.
+            override: a per-host, per-spider or per-request interval (seconds), see
+                :meth:`effective_interval`.
+
+        Returns:
+            A :class:`Decision` whose ``state.next_allowed`` is ``end + delay``.
+        """
+        old = state or HostState()
+        eff = self.effective_interval(old, override)
+        stale = sent_at is not None and old.throttled_at > sent_at
+        throttle = self.is_throttle(status, state)
+        clamped = False
+        if throttle:
+            step_from = old.consec - 1 if stale and old.consec > 0 else old.consec
+            consec = step_from + 1
+            if retry_after is not None and retry_after > 0:
+                delay = retry_after
+                if delay > self.max_retry_after:
+                    delay, clamped = self.max_retry_after, True
+            else:
+                delay = self.backoff(eff, step_from)
+            delay = max(delay, eff)
+            next_allowed = end + delay
+            if stale:
+                next_allowed = max(next_allowed, old.next_allowed)
+            new = replace(old, consec=consec, next_allowed=next_allowed, updated=end,
+                          throttled_at=old.throttled_at if stale else end)
+        else:
+            if stale:  # sent before a recorded throttle: it says nothing about the host's mood since
+                consec = old.consec
+            else:
+                consec = max(old.consec - 1, 0)
+            delay = eff if consec == 0 else self.backoff(eff, consec)
+            next_allowed = end + delay
+            if stale:
+                next_allowed = max(next_allowed, old.next_allowed)
+            new = replace(old, consec=consec, next_allowed=next_allowed, updated=end)
+        if 200 <= status < 300:  # set after the decision: the first 2xx-then-403 pair has no history yet
+            new = replace(new, ok_seen=True)
+        return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
+                        counted=throttle and not stale, retry_after_clamped=clamped)
+
+    # -- before a request -------------------------------------------------------------------------
+
+    def wait(self, state: HostState | None, now: float) -> float:
+        """``clamp(next_allowed - now, 0, max_wait)`` in seconds (SPEC §2)."""
+        if state is None:
+            return 0.0
+        return min(max(state.next_allowed - now, 0.0), self.max_wait)
+
+    def should_defer(self, state: HostState | None, now: float) -> bool:
+        """The deferral predicate of SPEC §2: leave the downloader (True) or wait in line (False).
+
+        * no state → False (deferral is never a default);
+        * ``crawl_delay > max_wait`` and ``next_allowed > now`` → True (a published delay no in-line wait
+          can honour; strictly greater-than);
+        * ``consec > 0`` and ``next_allowed > now`` → True (the host actively refused us);
+        * otherwise False: the discriminator is *why* we wait, never how long.
+        """
+        if state is None or state.next_allowed <= now:
+            return False
+        if state.crawl_delay > self.max_wait:
+            return True
+        return state.consec > 0
+
+    # -- operator verbs -------------------------------------------------------------------------------
+
+    @staticmethod
+    def reset(state: HostState | None, *, now: float) -> HostState:
+        """Forget ``next_allowed``, ``consec`` and ``ok_seen``; keep ``crawl_delay`` (SPEC §2)."""
+        crawl_delay = state.crawl_delay if state is not None else 0.0
+        return HostState(crawl_delay=crawl_delay, updated=now)
+
+    @staticmethod
+    def with_crawl_delay(state: HostState | None, crawl_delay: float, *, now: float) -> HostState:
+        """The state with the host's published Crawl-delay recorded (seconds ≥ 0).
+
+        Raises:
+            ValueError: a negative or non-finite delay.
+        """
+        if not math.isfinite(crawl_delay) or crawl_delay < 0:
+            raise ValueError(f"crawl_delay must be a finite number of seconds >= 0, got {crawl_delay!r}")
+        return replace(state or HostState(), crawl_delay=float(crawl_delay), updated=now)
+
+    @staticmethod
+    def reserve(state: HostState | None, *, start: float, interval: float) -> HostState:
+        """Book a request starting at ``start``: no other request (in any process) may start within
+        ``interval`` seconds of it (SPEC §3, the reference's ``reserve``)."""
+        old = state or HostState()
+        return replace(old, next_allowed=max(old.next_allowed, start + interval), updated=start)
