@@ -257,7 +257,7 @@ class PacingPolicy:
         self,
         state: HostState | None,
         *,
-        status: int,
+        status: int | None,
         end: float,
         retry_after: float | None = None,
         sent_at: float | None = None,
@@ -267,8 +267,8 @@ class PacingPolicy:
 
         Args:
             state: the host's state now (None: never seen).
-            status: the HTTP status; a download failure that reached the server's side (timeout,
-                refused, reset) is passed as a throttle status by the caller.
+            status: the HTTP status, or None for a download failure that reached the server's side
+                (timeout, connection refused or reset), which counts as a throttle without Retry-After.
             end: epoch seconds at which the response ended.
             retry_after: parsed Retry-After seconds, or None.
             sent_at: epoch seconds at which the request was sent; when a throttle was recorded after that
@@ -283,7 +283,7 @@ class PacingPolicy:
         old = state or HostState()
         eff = self.effective_interval(old, override)
         stale = sent_at is not None and old.throttled_at > sent_at
-        throttle = self.is_throttle(status, state)
+        throttle = status is None or self.is_throttle(status, state)
         clamped = False
         if throttle:
             step_from = old.consec - 1 if stale and old.consec > 0 else old.consec
@@ -310,7 +310,7 @@ class PacingPolicy:
             if stale:
                 next_allowed = max(next_allowed, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end)
-        if 200 <= status < 300:  # set after the decision: the first 2xx-then-403 pair has no history yet
+        if status is not None and 200 <= status < 300:  # set after the decision: the first 2xx-then-403 pair has no history yet
             new = replace(new, ok_seen=True)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
                         counted=throttle and not stale, retry_after_clamped=clamped)

@@ -1,0 +1,101 @@
+"""The signals-driven extension (SPEC §5): feeds the pace table and reports.
+
+* ``response_downloaded`` — every downloaded response's status and ``Retry-After`` go into the table
+  (before any middleware, e.g. ``RetryMiddleware``, turns a 429 into a retry);
+* ``robots_parsed`` (Scrapy ≥ 2.18) — the host's ``Crawl-delay`` / ``Request-rate`` for the crawler's
+  user agent (``ROBOTSTXT_USER_AGENT`` or ``USER_AGENT``), read with Protego, is recorded;
+* ``spider_opened`` — the spider's ``crawl_delay`` attribute (seconds) becomes a per-spider override;
+* ``spider_closed`` — an INFO summary (hosts backing off, waits, deferrals) and the store is closed.
+
+Stats are under ``polite/`` (see README).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+
+from .pacer import Pacer, get_pacer
+from .policy import host_key
+from .robots import robots_delay
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PoliteExtension"]
+
+
+class PoliteExtension:
+    """Connects the pacer to Scrapy's signals.
+
+    Raises:
+        NotConfigured: ``POLITE_ENABLED`` is False.
+        SettingsError, StoreError: at construction (the crawl does not start).
+    """
+
+    def __init__(self, crawler: Crawler, pacer: Pacer) -> None:
+        self.crawler = crawler
+        self.pacer = pacer
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        if not crawler.settings.getbool("POLITE_ENABLED", True):
+            raise NotConfigured("POLITE_ENABLED is False")
+        ext = cls(crawler, get_pacer(crawler))
+        crawler.signals.connect(ext.response_downloaded, signal=signals.response_downloaded)
+        crawler.signals.connect(ext.robots_parsed, signal=signals.robots_parsed)
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        return ext
+
+    def spider_opened(self, spider: Spider) -> None:
+        raw = getattr(spider, "crawl_delay", None)
+        if raw is None:
+            return
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{type(spider).__name__}.crawl_delay must be a number of seconds >= 0, got {raw!r}")
+        self.pacer.spider_delay = value
+
+    def response_downloaded(self, response: Response, request: Request, spider: Spider | None = None) -> None:
+        self.pacer.record_response(request, response)
+
+    def robots_parsed(self, robotparser: Any, request: Request) -> Any:
+        host = host_key(request.url)
+        if host is None:
+            return None
+        try:
+            delay = robots_delay(robotparser, self.pacer.user_agent)
+        except Exception:  # a parser we do not know: count, log, keep crawling paced by the base interval
+            self.pacer.inc("robots/errors")
+            logger.exception("scrapy-polite could not read the delay of %s", request.url)
+            return None
+        return self.pacer.set_crawl_delay(host, delay)
+
+    def spider_closed(self, spider: Spider, reason: str) -> None:
+        report = self.pacer.host_report()
+        stats = self.crawler.stats
+        get = (lambda k: stats.get_value(f"polite/{k}", 0)) if stats is not None else (lambda k: 0)
+        backing_off = {h: r for h, r in report.items() if r["throttles"]}
+        logger.info(
+            "scrapy-polite summary: %d hosts, %d paced requests, %d waits (%.1f s), %d deferrals, "
+            "%d throttles%s",
+            len(report), get("requests"), get("waits"), get("wait_seconds") or 0.0, get("deferrals"),
+            sum(r["throttles"] for r in report.values()),
+            "".join(f"\n  {h}: {r['throttles']} throttles, statuses {r['statuses']}"
+                    for h, r in sorted(backing_off.items())),
+        )
+        self.pacer.close()

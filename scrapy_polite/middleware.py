@@ -1,0 +1,90 @@
+"""The downloader middleware that paces every request by host (SPEC §5).
+
+Before a request it books the request on its host: the request goes now, **waits** (non-blocking, at most
+``POLITE_MAX_WAIT`` at a time) or is **deferred** — it leaves the downloader and the
+:class:`~scrapy_polite.scheduler.PoliteScheduler` holds it until its host is due. After the response (or
+failure) is recorded by the extension, it frees the host's line for the next request.
+
+Settings: ``POLITE_ENABLED`` and the ``POLITE_*`` table in README. Request meta: ``polite_delay``
+(seconds, a larger interval for this request's host), ``polite_burst`` (segments of one stream: skip the
+ordinary interval unless the host is throttling), ``dont_pace`` (exempt, counted in stats).
+
+Enable it with the add-on (``ADDONS = {"scrapy_polite.Addon": 0}``), which puts it at priority 950: after
+the HTTP cache (a cached response is not a request to the host) and closest to the download handler.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+
+from .pacer import Defer, Pacer, get_pacer
+from .policy import NO_NETWORK_SCHEMES, host_key
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PoliteDownloaderMiddleware"]
+
+
+class PoliteDownloaderMiddleware:
+    """Paces requests per host through the shared :class:`~scrapy_polite.pacer.Pacer`.
+
+    Raises:
+        NotConfigured: ``POLITE_ENABLED`` is False.
+        SettingsError, StoreError: at construction, for a bad setting or an unusable pace table
+            (the crawl does not start).
+    """
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.pacer = pacer
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        if not crawler.settings.getbool("POLITE_ENABLED", True):
+            raise NotConfigured("POLITE_ENABLED is False")
+        return cls(get_pacer(crawler))
+
+    async def process_request(self, request: Request) -> Request | None:
+        pacer = self.pacer
+        # A redirect or retry copies its parent's meta: forget the parent's booking.
+        request.meta.pop("polite_host", None)
+        request.meta.pop("polite_sent_at", None)
+        if request.meta.get("dont_pace"):
+            pacer.inc("dont_pace")
+            return None
+        host = host_key(request.url)  # never from meta: a redirect copies the old request's meta
+        if host is None:
+            try:
+                scheme = urlsplit(request.url).scheme.lower()
+            except ValueError:
+                scheme = ""
+            if scheme in NO_NETWORK_SCHEMES:
+                return None
+            pacer.inc("refused/no_host")
+            raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: it has no host to pace")
+        request.meta["polite_host"] = host
+        outcome = await pacer.before_request(request, host)
+        if isinstance(outcome, Defer):
+            pacer.scheduler.hold(request, host, outcome.due)
+            return request  # the engine hands it back to the scheduler, which keeps it until due
+        request.meta["polite_sent_at"] = outcome.sent_at
+        return None
+
+    async def process_response(self, request: Request, response: Response) -> Response:
+        await self.pacer.finish(request)
+        return response
+
+    async def process_exception(self, request: Request, exception: Exception) -> Any:
+        self.pacer.record_failure(request, exception)
+        await self.pacer.finish(request)
+        return None

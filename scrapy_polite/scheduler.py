@@ -1,0 +1,287 @@
+"""The scheduler that holds deferred requests out of the downloader (SPEC §5).
+
+:class:`PoliteScheduler` wraps the scheduler Scrapy would otherwise use (``POLITE_SCHEDULER_BASE``,
+default ``scrapy.core.scheduler.Scheduler``; the add-on moves a project's own ``SCHEDULER`` there). A
+request the downloader middleware defers is handed back to it and **held** by host until due:
+
+* it does not count against ``CONCURRENT_REQUESTS`` or ``CONCURRENT_REQUESTS_PER_DOMAIN`` while held;
+* it does not go through the dupe filter again and the spider's errback is not called;
+* when its host is due and its line is free, it is handed out before any new request;
+* the spider stays open while requests are held; when everything left is held beyond
+  ``POLITE_MAX_IDLE_WAIT`` seconds, the spider closes with reason ``polite_deferred``;
+* at close, requests still held are saved under ``JOBDIR`` (``polite_deferred.pickle``) and re-held on
+  resume at their due time; without ``JOBDIR`` they are reported (count and hosts) and counted
+  (``polite/deferred/not_crawled``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import os
+import pickle
+import time
+import weakref
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from .pacer import Pacer, get_pacer
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PoliteScheduler"]
+
+DEFERRED_FILE = "polite_deferred.pickle"
+
+
+class PoliteScheduler:
+    """A scheduler wrapper that holds deferred requests by host until due.
+
+    Args:
+        crawler: the crawler.
+        inner: the wrapped scheduler (any ``BaseScheduler``).
+        pacer: the crawler's pacer.
+    """
+
+    def __init__(self, crawler: Crawler, inner: Any, pacer: Pacer) -> None:
+        self.crawler = crawler
+        self.inner = inner
+        self.pacer = pacer
+        self.clock = pacer.clock
+        self._held: dict[str, deque[Request]] = {}
+        self._due: dict[str, float] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
+        self._rehold: set[int] = set()
+        self._timer: Any = None
+        self._jobdir: str | None = crawler.settings.get("JOBDIR") or None
+        self._closing = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        base = crawler.settings.get("POLITE_SCHEDULER_BASE") or "scrapy.core.scheduler.Scheduler"
+        inner_cls = load_object(base)
+        if inner_cls is cls:
+            raise ValueError("POLITE_SCHEDULER_BASE must not be PoliteScheduler itself")
+        inner = build_from_crawler(inner_cls, crawler)
+        return cls(crawler, inner, get_pacer(crawler))
+
+    # -- BaseScheduler interface -------------------------------------------------------------------------
+
+    def open(self, spider: Spider) -> Any:
+        self.pacer.scheduler = self
+        self._load()
+        return self.inner.open(spider) if hasattr(self.inner, "open") else None
+
+    def close(self, reason: str) -> Any:
+        self._closing = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._save_or_report()
+        self.pacer.scheduler = None
+        return self.inner.close(reason) if hasattr(self.inner, "close") else None
+
+    def has_pending_requests(self) -> bool:
+        return bool(self._held) or self.inner.has_pending_requests()
+
+    def enqueue_request(self, request: Request) -> bool:
+        if id(request) in self._rehold:  # a deferred request coming back from the downloader: already held
+            self._rehold.discard(id(request))
+            return True
+        return self.inner.enqueue_request(request)
+
+    def next_request(self) -> Request | None:
+        request = self._next_due()
+        if request is None:
+            request = self.inner.next_request()
+            if request is None:
+                self._maybe_close_idle()
+                return None
+        self._owned.add(request)
+        return request
+
+    def __len__(self) -> int:
+        return len(self.inner) + sum(len(q) for q in self._held.values())
+
+    # -- holding ------------------------------------------------------------------------------------------
+
+    def owns(self, request: Request) -> bool:
+        """The request was handed out by this scheduler, so it can be deferred."""
+        return request in self._owned
+
+    def hold(self, request: Request, host: str, due: float | None) -> None:
+        """Keep ``request`` out of the downloader until ``due`` (epoch seconds; None: until its host's
+        line is free). The middleware then returns it to the engine, whose ``enqueue_request`` we skip."""
+        self._rehold.add(id(request))
+        self._owned.discard(request)
+        self._held.setdefault(host, deque()).append(request)
+        when = due if due is not None else math.inf
+        current = self._due.get(host)
+        if current is None or (due is not None and when > current) or current == math.inf:
+            self._due[host] = when
+        if when != math.inf:
+            self._push(when, host)
+        stats = self.crawler.stats
+        if stats is not None:
+            stats.max_value("polite/deferred/max_held", len(self))
+
+    def wake(self, host: str) -> None:
+        """The host's line was freed: its held requests may go as soon as the host is due."""
+        if host in self._held:
+            due = self._due.get(host, 0.0)
+            if due == math.inf:
+                due = 0.0
+                self._due[host] = due
+            self._push(due, host)
+
+    def _push(self, due: float, host: str) -> None:
+        heapq.heappush(self._heap, (due, next(self._seq), host))
+        self._arm()
+
+    def _arm(self) -> None:
+        """Poke the engine when the earliest held request is due (it also polls every few seconds)."""
+        if self._closing or not self._heap:
+            return
+        from twisted.internet import reactor
+
+        delay = max(0.0, self._heap[0][0] - self.clock())
+        if self._timer is not None and self._timer.active():
+            if self._timer.getTime() - reactor.seconds() <= delay:
+                return
+            self._timer.cancel()
+        self._timer = reactor.callLater(delay, self._poke)
+
+    def _poke(self) -> None:
+        self._timer = None
+        slot = getattr(getattr(self.crawler, "engine", None), "_slot", None)
+        nextcall = getattr(slot, "nextcall", None)
+        if nextcall is not None:
+            nextcall.schedule()
+        self._arm()
+
+    def _next_due(self) -> Request | None:
+        now = self.clock()
+        skipped: list[tuple[float, int, str]] = []
+        found: Request | None = None
+        while self._heap and self._heap[0][0] <= now:
+            entry = heapq.heappop(self._heap)
+            host = entry[2]
+            queue = self._held.get(host)
+            if not queue or self._due.get(host, math.inf) > now:
+                continue  # a stale heap entry
+            if self.pacer.line_busy(host):
+                self._due[host] = math.inf  # woken again when the line frees
+                continue
+            found = queue.popleft()
+            if not queue:
+                del self._held[host]
+                del self._due[host]
+            else:
+                self._due[host] = math.inf
+            break
+        for entry in skipped:
+            heapq.heappush(self._heap, entry)
+        return found
+
+    def _maybe_close_idle(self) -> None:
+        if not self._held or self._closing:
+            return
+        engine = getattr(self.crawler, "engine", None)
+        if engine is None or getattr(engine, "downloader", None) is None or engine.downloader.active:
+            return
+        if self.inner.has_pending_requests():
+            return
+        scraper_slot = getattr(getattr(engine, "scraper", None), "slot", None)
+        if scraper_slot is not None and not scraper_slot.is_idle():
+            return
+        now = self.clock()
+        earliest = min(self._due.values())
+        if earliest - now > self.pacer.config.max_idle_wait:
+            logger.info(
+                "scrapy-polite: everything left is deferred beyond POLITE_MAX_IDLE_WAIT=%g s; closing. %s",
+                self.pacer.config.max_idle_wait, self._describe())
+            from .pacer import _close_spider
+
+            self._closing = True
+            _close_spider(self.crawler, "polite_deferred")
+
+    def _describe(self) -> str:
+        now = self.clock()
+        parts = []
+        for host, queue in sorted(self._held.items()):
+            due = self._due.get(host, math.inf)
+            when = "when its line frees" if due == math.inf else f"due in {max(0.0, due - now):.0f} s"
+            parts.append(f"{host}: {len(queue)} requests, {when}")
+        return "Deferred: " + "; ".join(parts)
+
+    # -- persistence ------------------------------------------------------------------------------------
+
+    def _path(self) -> str | None:
+        return os.path.join(self._jobdir, DEFERRED_FILE) if self._jobdir else None
+
+    def _save_or_report(self) -> None:
+        count = sum(len(q) for q in self._held.values())
+        if not count:
+            path = self._path()
+            if path and os.path.exists(path):
+                os.remove(path)
+            return
+        stats = self.crawler.stats
+        path = self._path()
+        if path:
+            from scrapy.utils.request import request_to_dict
+
+            spider = self.crawler.spider
+            rows = []
+            for host, queue in self._held.items():
+                due = self._due.get(host, 0.0)
+                for request in queue:
+                    rows.append({"host": host, "due": None if due == math.inf else due,
+                                 "request": request_to_dict(request, spider=spider)})
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                pickle.dump({"version": 1, "saved": time.time(), "requests": rows}, f, protocol=4)
+            os.replace(tmp, path)
+            if stats is not None:
+                stats.set_value("polite/deferred/saved", count)
+            logger.info("scrapy-polite: saved %d deferred requests to %s for resume. %s", count, path,
+                        self._describe())
+        else:
+            if stats is not None:
+                stats.set_value("polite/deferred/not_crawled", count)
+            logger.warning("scrapy-polite: %d deferred requests were not crawled (set JOBDIR to resume them). %s",
+                           count, self._describe())
+
+    def _load(self) -> None:
+        path = self._path()
+        if not path or not os.path.exists(path):
+            return
+        from scrapy.utils.request import request_from_dict
+
+        with open(path, "rb") as f:
+            data = pickle.load(f)
+        spider = self.crawler.spider
+        count = 0
+        for row in data.get("requests", []):
+            request = request_from_dict(row["request"], spider=spider)
+            self._held.setdefault(row["host"], deque()).append(request)
+            due = row["due"] if row["due"] is not None else 0.0
+            self._due[row["host"]] = max(self._due.get(row["host"], 0.0), due)
+            count += 1
+        for host, due in self._due.items():
+            self._push(due, host)
+        os.remove(path)
+        if self.crawler.stats is not None:
+            self.crawler.stats.set_value("polite/deferred/resumed", count)
+        logger.info("scrapy-polite: resumed %d deferred requests from %s", count, path)
