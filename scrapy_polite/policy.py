@@ -86,7 +86,7 @@ class InvalidRetryAfter(ValueError):
     The pacer treats it as absent and counts it (``polite/retry_after/invalid``)."""
 
 
-_DECIMAL = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)$")
+_DECIMAL = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)$", re.ASCII)
 
 
 def parse_retry_after(value: str | bytes | None, *, now: float, date: str | bytes | None = None) -> float | None:
@@ -174,6 +174,8 @@ def host_key(url: str) -> str | None:
     """
     try:
         parts = urlsplit(url)
+        if parts.scheme.lower() in NO_NETWORK_SCHEMES:
+            return None
         host = parts.hostname  # lower-cased, brackets removed, port dropped
     except ValueError:
         return None
@@ -223,6 +225,9 @@ class PacingPolicy:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        if self.max_backoff < self.host_interval:
+            raise ValueError(f"max_backoff ({self.max_backoff!r} s) must not be below host_interval "
+                             f"({self.host_interval!r} s)")
         object.__setattr__(self, "throttle_statuses", frozenset(int(s) for s in self.throttle_statuses))
 
     # -- the interval -------------------------------------------------------------------------------
@@ -286,8 +291,12 @@ class PacingPolicy:
         throttle = status is None or self.is_throttle(status, state)
         clamped = False
         if throttle:
-            step_from = old.consec - 1 if stale and old.consec > 0 else old.consec
-            consec = step_from + 1
+            if stale:  # this moment of the host's mood was already counted: no second step
+                consec = old.consec
+                step_from = max(consec - 1, 0)
+            else:
+                step_from = old.consec
+                consec = step_from + 1
             if retry_after is not None and retry_after > 0:
                 delay = retry_after
                 if delay > self.max_retry_after:

@@ -1,0 +1,391 @@
+"""Public-only, pinned name resolution for Twisted (SPEC §4).
+
+:class:`PublicHostnameResolver` is a Twisted ``IHostnameResolver`` (IPv4 and IPv6) built on dnspython, and
+Scrapy's ``TWISTED_DNS_RESOLVER`` when the add-on is enabled in the project settings. The order of a
+resolution is:
+
+1. an IP literal (canonical dotted-quad IPv4 or IPv6; ``2130706433``, ``0x7f.1`` or ``0177.0.0.1`` are
+   *names*, never converted to addresses behind the filter's back);
+2. ``POLITE_DNS_OVERRIDES`` (host → list of addresses), then ``localhost`` / ``*.localhost`` (RFC 6761
+   §6.3: loopback, no query);
+3. a fresh cache entry (the answer's TTL clamped to ``[POLITE_DNS_MIN_TTL, POLITE_DNS_MAX_TTL]``);
+4. a lookup of A and AAAA with dnspython on a thread (the reactor never blocks), against
+   ``POLITE_DNS_NAMESERVERS`` (``host[:port]``; default: the system's) with ``POLITE_DNS_TIMEOUT`` seconds.
+
+The answer is sorted and de-duplicated, then every non-public address is dropped unless
+``POLITE_ALLOW_PRIVATE`` or it lies in ``POLITE_ALLOWED_NETWORKS``. A host left with no address is
+refused with :class:`BlockedHost` naming the host and the dropped addresses.
+
+:meth:`PublicHostnameResolver.pin` makes the resolver answer only the booked address for a host until the
+request is done, so DNS rebinding between the check and the connection is impossible.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from scrapy.exceptions import IgnoreRequest
+from twisted.internet import defer
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.error import DNSLookupError
+from twisted.internet.interfaces import IHostnameResolver, IHostResolution, IResolutionReceiver
+from zope.interface import implementer
+
+from .addresses import AddressFilter, parse_ip_literal
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PublicHostnameResolver",
+    "BlockedHost",
+    "HostNotFound",
+    "DNSServerFailure",
+    "DNSTimeout",
+    "parse_nameserver",
+]
+
+
+class BlockedHost(IgnoreRequest):
+    """Every address of the host is non-public (SPEC §4). ``host`` and ``dropped`` (list of str) say which."""
+
+    def __init__(self, host: str, dropped: Sequence[str]) -> None:
+        self.host = host
+        self.dropped = list(dropped)
+        super().__init__(
+            f"scrapy-polite refuses {host}: it resolves only to non-public addresses "
+            f"({', '.join(self.dropped) or 'none'}); allow them with POLITE_ALLOWED_NETWORKS if this is intended")
+
+
+class HostNotFound(DNSLookupError):
+    """NXDOMAIN, or neither A nor AAAA records."""
+
+
+class DNSServerFailure(DNSLookupError):
+    """SERVFAIL or refused by every nameserver."""
+
+
+class DNSTimeout(DNSLookupError):
+    """No answer within ``POLITE_DNS_TIMEOUT`` seconds."""
+
+
+def parse_nameserver(entry: str) -> tuple[str, int]:
+    """``"127.0.0.1:5353"``, ``"[::1]:53"``, ``"::1"`` or ``"8.8.8.8"`` → ``(address, port)``.
+
+    Raises:
+        ValueError: not an IP address with an optional port (names the entry and ``POLITE_DNS_NAMESERVERS``).
+    """
+    text = str(entry).strip()
+    port = 53
+    host = text
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest.startswith(":"):
+            port = int(rest[1:])
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+        port = int(port_text)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"POLITE_DNS_NAMESERVERS entry {entry!r} is not an IP address[:port]") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"POLITE_DNS_NAMESERVERS entry {entry!r} has a bad port")
+    return host, port
+
+
+@implementer(IHostResolution)
+class _Resolution:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def cancel(self) -> None:  # pragma: no cover - nothing to cancel once started
+        pass
+
+
+def _sort_key(address: str) -> tuple[int, Any]:
+    ip = ipaddress.ip_address(address)
+    return (ip.version, ip)
+
+
+@implementer(IHostnameResolver)
+class PublicHostnameResolver:
+    """A public-only, pinning ``IHostnameResolver`` (SPEC §4).
+
+    Args:
+        reactor: the Twisted reactor.
+        address_filter: which addresses may be contacted.
+        overrides: host → addresses (``POLITE_DNS_OVERRIDES``); entries must be IP literals.
+        nameservers: ``(address, port)`` pairs; empty: the system's (``/etc/resolv.conf``).
+        timeout: seconds for one lookup (A and AAAA together).
+        min_ttl, max_ttl: seconds; an answer is cached for its TTL clamped to this range.
+        clock: epoch seconds (tests inject one).
+        stats: optional callable ``inc(key)`` counting under ``polite/``.
+
+    Raises:
+        ValueError: an override that is not an IP literal, ``min_ttl > max_ttl``, a negative duration.
+    """
+
+    def __init__(self, reactor: Any, *, address_filter: AddressFilter | None = None,
+                 overrides: Mapping[str, Iterable[str]] | None = None,
+                 nameservers: Sequence[tuple[str, int]] = (), timeout: float = 5.0,
+                 min_ttl: float = 60.0, max_ttl: float = 3600.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        if timeout <= 0 or min_ttl < 0 or max_ttl < min_ttl:
+            raise ValueError("need POLITE_DNS_TIMEOUT > 0 and 0 <= POLITE_DNS_MIN_TTL <= POLITE_DNS_MAX_TTL")
+        self.reactor = reactor
+        self.filter = address_filter or AddressFilter()
+        self.overrides: dict[str, tuple[str, ...]] = {}
+        for host, addresses in (overrides or {}).items():
+            if isinstance(addresses, str):
+                addresses = [addresses]
+            parsed = []
+            for address in addresses:
+                ip = parse_ip_literal(str(address))
+                if ip is None:
+                    raise ValueError(f"POLITE_DNS_OVERRIDES[{host!r}] has {address!r}, which is not an IP address")
+                parsed.append(str(ip))
+            self.overrides[_normalise(host)] = tuple(sorted(set(parsed), key=_sort_key))
+        self.nameservers = list(nameservers)
+        self.timeout = float(timeout)
+        self.min_ttl = float(min_ttl)
+        self.max_ttl = float(max_ttl)
+        self.clock = clock
+        self.counts: Counter[str] = Counter()
+        self._cache: dict[str, tuple[tuple[str, ...], float]] = {}
+        self._negative: dict[str, tuple[DNSLookupError, float]] = {}
+        self._pending: dict[str, defer.Deferred[tuple[str, ...]]] = {}
+        self._pins: dict[str, Counter[str]] = {}
+        self._local = threading.local()
+
+    @classmethod
+    def from_settings(cls, settings: Any, reactor: Any) -> Self:
+        """Build from ``POLITE_*`` settings (only ``settings`` is used, so a ``CrawlerProcess`` works)."""
+        from .settings import DEFAULTS
+
+        def get(name: str) -> Any:
+            value = settings.get(name)
+            return DEFAULTS[name] if value is None else value
+
+        networks = get("POLITE_ALLOWED_NETWORKS")
+        if isinstance(networks, str):
+            networks = [n for n in networks.split(",") if n.strip()]
+        overrides = get("POLITE_DNS_OVERRIDES")
+        if isinstance(overrides, str):
+            import json
+
+            overrides = json.loads(overrides)
+        nameservers = get("POLITE_DNS_NAMESERVERS")
+        if isinstance(nameservers, str):
+            nameservers = [n for n in nameservers.split(",") if n.strip()]
+        return cls(
+            reactor,
+            address_filter=AddressFilter(allow_private=bool(settings.getbool("POLITE_ALLOW_PRIVATE")
+                                                            if hasattr(settings, "getbool")
+                                                            else get("POLITE_ALLOW_PRIVATE")),
+                                         allowed_networks=list(networks)),
+            overrides=overrides,
+            nameservers=[parse_nameserver(n) for n in nameservers],
+            timeout=float(get("POLITE_DNS_TIMEOUT")),
+            min_ttl=float(get("POLITE_DNS_MIN_TTL")),
+            max_ttl=float(get("POLITE_DNS_MAX_TTL")),
+        )
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, reactor: Any) -> Self:
+        """Scrapy's factory for ``TWISTED_DNS_RESOLVER`` (``crawler`` may be a ``CrawlerProcess``)."""
+        return cls.from_settings(crawler.settings, reactor)
+
+    def install_on_reactor(self) -> None:
+        """Make this the reactor's name resolver (Scrapy calls it for ``TWISTED_DNS_RESOLVER``)."""
+        self.reactor.installNameResolver(self)
+
+    # -- the resolution ---------------------------------------------------------------------------------
+
+    def lookup(self, host: str) -> defer.Deferred[tuple[str, ...]]:
+        """All addresses of ``host`` (unfiltered, sorted, de-duplicated), from literal, override, cache or
+        DNS. Fails with :class:`HostNotFound`, :class:`DNSServerFailure` or :class:`DNSTimeout`."""
+        host = _normalise(host)
+        literal = parse_ip_literal(host)
+        if literal is not None:
+            return defer.succeed((str(literal),))
+        if host in self.overrides:
+            return defer.succeed(self.overrides[host])
+        if host == "localhost" or host.endswith(".localhost"):
+            return defer.succeed(("127.0.0.1", "::1"))
+        now = self.clock()
+        cached = self._cache.get(host)
+        if cached is not None and cached[1] > now:
+            self.counts["cache_hit"] += 1
+            return defer.succeed(cached[0])
+        negative = self._negative.get(host)
+        if negative is not None and negative[1] > now:
+            return defer.fail(negative[0])
+        waiters = self._pending.get(host)
+        if waiters is None:
+            from twisted.internet import threads
+
+            waiters = self._pending[host] = []
+            self.counts["lookups"] += 1
+            query = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self._query, host)
+            query.addCallbacks(self._cache_answer, self._cache_failure, callbackArgs=(host,),
+                               errbackArgs=(host,))
+            query.addBoth(self._fire, host)
+        result: defer.Deferred[tuple[str, ...]] = defer.Deferred()
+        waiters.append(result)
+        return result
+
+    def resolve(self, host: str) -> defer.Deferred[list[str]]:
+        """The addresses of ``host`` that may be contacted (sorted; IPv4 first).
+
+        Fails with :class:`BlockedHost` (an ``IgnoreRequest``) when every address is dropped, or with a
+        ``DNSLookupError`` subclass."""
+        d = self.lookup(host)
+
+        def check(addresses: tuple[str, ...]) -> list[str]:
+            kept, dropped = self.filter.split(addresses)
+            if not kept:
+                self.counts["blocked"] += 1
+                raise BlockedHost(_normalise(host), dropped)
+            if dropped:
+                self.counts["dropped"] += len(dropped)
+                logger.debug("%s: dropped non-public addresses %s", host, dropped)
+            return kept
+
+        return d.addCallback(check)
+
+    def _query(self, host: str) -> tuple[tuple[str, ...], float]:
+        """On a thread: A and AAAA with dnspython; (addresses, ttl)."""
+        import dns.exception
+        import dns.resolver
+
+        resolver = getattr(self._local, "resolver", None)
+        if resolver is None:
+            if self.nameservers:
+                resolver = dns.resolver.Resolver(configure=False)
+                resolver.nameservers = [ns for ns, _ in self.nameservers]
+                resolver.nameserver_ports = {ns: port for ns, port in self.nameservers}
+            else:
+                resolver = dns.resolver.Resolver()
+            resolver.cache = None
+            self._local.resolver = resolver
+        addresses: list[str] = []
+        ttls: list[float] = []
+        deadline = time.monotonic() + self.timeout
+        nxdomain = 0
+        for rdtype in ("A", "AAAA"):
+            remaining = max(0.05, deadline - time.monotonic())
+            try:
+                answer = resolver.resolve(host, rdtype, lifetime=remaining, search=False,
+                                          raise_on_no_answer=False)
+            except dns.resolver.NXDOMAIN:
+                nxdomain += 1
+                break
+            except (dns.resolver.LifetimeTimeout, dns.exception.Timeout):
+                raise DNSTimeout(f"DNS lookup of {host} timed out after {self.timeout:g} s "
+                                 "(POLITE_DNS_TIMEOUT)") from None
+            except dns.resolver.NoNameservers as exc:
+                raise DNSServerFailure(f"DNS lookup of {host} failed on every nameserver (SERVFAIL): {exc}") from None
+            except dns.exception.DNSException as exc:
+                raise HostNotFound(f"DNS lookup of {host} failed: {exc}") from None
+            if answer.rrset is not None:
+                ttls.append(float(answer.rrset.ttl))
+                addresses.extend(rr.address for rr in answer.rrset)
+        if nxdomain:
+            raise HostNotFound(f"DNS lookup of {host}: no such domain (NXDOMAIN)")
+        if not addresses:
+            raise HostNotFound(f"DNS lookup of {host}: no A or AAAA records")
+        unique = tuple(sorted({str(ipaddress.ip_address(a)) for a in addresses}, key=_sort_key))
+        return unique, min(ttls) if ttls else self.min_ttl
+
+    def _fire(self, result: Any, host: str) -> None:
+        from twisted.python.failure import Failure
+
+        for waiter in self._pending.pop(host, []):
+            if isinstance(result, Failure):
+                waiter.errback(result)
+            else:
+                waiter.callback(result)
+
+    def _cache_answer(self, result: tuple[tuple[str, ...], float], host: str) -> tuple[str, ...]:
+        addresses, ttl = result
+        ttl = min(max(ttl, self.min_ttl), self.max_ttl)
+        self._cache[host] = (addresses, self.clock() + ttl)
+        return addresses
+
+    def _cache_failure(self, failure: Any, host: str) -> Any:
+        if failure.check(HostNotFound):
+            self._negative[host] = (failure.value, self.clock() + min(self.min_ttl, 60.0))
+        for name, cls in (("dns/nxdomain", HostNotFound), ("dns/servfail", DNSServerFailure),
+                          ("dns/timeout", DNSTimeout)):
+            if failure.check(cls):
+                self.counts[name] += 1
+        return failure
+
+    # -- pinning ----------------------------------------------------------------------------------------
+
+    def pin(self, host: str, address: str) -> None:
+        """Answer only ``address`` for ``host`` until :meth:`unpin` (pins are counted per request)."""
+        self._pins.setdefault(_normalise(host), Counter())[str(ipaddress.ip_address(address))] += 1
+
+    def unpin(self, host: str, address: str) -> None:
+        """Release one pin of ``address`` for ``host``."""
+        host = _normalise(host)
+        pins = self._pins.get(host)
+        if not pins:
+            return
+        address = str(ipaddress.ip_address(address))
+        pins[address] -= 1
+        if pins[address] <= 0:
+            del pins[address]
+        if not pins:
+            del self._pins[host]
+
+    def pinned(self, host: str) -> list[str]:
+        """The addresses pinned for ``host`` (sorted), or []."""
+        return sorted(self._pins.get(_normalise(host), ()), key=_sort_key)
+
+    # -- IHostnameResolver ------------------------------------------------------------------------------
+
+    def resolveHostName(self, resolutionReceiver: IResolutionReceiver, hostName: str, portNumber: int = 0,
+                        addressTypes: Sequence[type] | None = None,
+                        transportSemantics: str = "TCP") -> IHostResolution:
+        """Twisted's entry point: answer the pinned or the public addresses of ``hostName``; none when it
+        is refused or unknown (Twisted then fails the connection with ``DNSLookupError``)."""
+        resolution = _Resolution(hostName)
+        resolutionReceiver.resolutionBegan(resolution)
+        pinned = self.pinned(hostName)
+        d = defer.succeed(pinned) if pinned else self.resolve(hostName)
+
+        def deliver(addresses: list[str]) -> None:
+            for address in addresses:
+                if not self.filter.allows(address):  # a pin is checked again: defence in depth
+                    continue
+                ip = ipaddress.ip_address(address)
+                if ip.version == 4 and (addressTypes is None or IPv4Address in addressTypes):
+                    resolutionReceiver.addressResolved(IPv4Address("TCP", address, portNumber))
+                elif ip.version == 6 and (addressTypes is None or IPv6Address in addressTypes):
+                    resolutionReceiver.addressResolved(IPv6Address("TCP", address, portNumber))
+
+        def refused(failure: Any) -> None:
+            logger.info("scrapy-polite resolver: %s: %s", hostName, failure.getErrorMessage())
+
+        d.addCallbacks(deliver, refused)
+        d.addBoth(lambda _: resolutionReceiver.resolutionComplete())
+        return resolution
+
+
+def _normalise(host: str) -> str:
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host
+

@@ -1,0 +1,364 @@
+"""Tests of scrapy_polite.store: one shared suite run against every backend, then what only SQLite has
+(persistence across processes, schema version, failing closed with an error naming the path and the fix),
+``open_store`` URIs, and the multi-process no-lost-update guarantee of SPEC §6.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+
+import pytest
+
+from scrapy_polite.policy import HostState
+from scrapy_polite.store import SCHEMA_VERSION, MemoryStore, SQLiteStore, StoreError, open_store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+T0 = 1_800_000_000.0
+
+#: A state with every field away from its default, with awkward floats, to catch any lossy column.
+FULL = HostState(next_allowed=T0 + 0.123456789, consec=7, crawl_delay=2.5, ok_seen=True,
+                 throttled_at=T0 - 1e-6, updated=T0 + 1 / 3)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request, tmp_path):
+    """Each backend in turn; the shared suite below runs against both."""
+    if request.param == "memory":
+        s = MemoryStore()
+    else:
+        s = SQLiteStore(str(tmp_path / "pace.sqlite3"))
+    yield s
+    s.close()
+
+
+def _put(store, host, state):
+    store.update(host, lambda old: (state, None))
+
+
+# --------------------------------------------------------------------------------------------------
+# The shared suite
+# --------------------------------------------------------------------------------------------------
+
+
+def test_get_missing_host_is_none(store):
+    assert store.get("nobody.example") is None
+
+
+def test_update_writes_and_returns_fn_result(store):
+    seen = []
+
+    def fn(old):
+        seen.append(old)
+        return FULL, "result"
+
+    assert store.update("a.example", fn) == "result"
+    assert seen == [None]  # fn saw "no row"
+    assert store.get("a.example") == FULL
+
+
+def test_update_sees_the_current_state(store):
+    _put(store, "a.example", FULL)
+    seen = []
+    store.update("a.example", lambda old: (seen.append(old), (replace(old, consec=old.consec + 1), None))[1])
+    assert seen == [FULL]
+    assert store.get("a.example").consec == FULL.consec + 1
+
+
+def test_update_with_none_leaves_an_existing_row_untouched(store):
+    _put(store, "a.example", FULL)
+    assert store.update("a.example", lambda old: (None, 42)) == 42
+    assert store.get("a.example") == FULL
+
+
+def test_update_with_none_creates_no_row(store):
+    assert store.update("a.example", lambda old: (None, "nothing")) == "nothing"
+    assert store.get("a.example") is None
+    assert list(store.items()) == []
+
+
+def test_update_that_raises_changes_nothing(store):
+    _put(store, "a.example", FULL)
+
+    def boom(old):
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        store.update("a.example", boom)
+    assert store.get("a.example") == FULL
+    # ...and the store is still usable afterwards (no transaction left open).
+    _put(store, "b.example", FULL)
+    assert store.get("b.example") == FULL
+
+
+def test_update_overwrites(store):
+    _put(store, "a.example", FULL)
+    second = HostState(next_allowed=1.0, updated=2.0)
+    _put(store, "a.example", second)
+    assert store.get("a.example") == second
+
+
+def test_hosts_are_independent(store):
+    _put(store, "a.example", FULL)
+    _put(store, "b.example", HostState(consec=1))
+    assert store.get("a.example") == FULL
+    assert store.get("b.example") == HostState(consec=1)
+
+
+def test_delete(store):
+    _put(store, "a.example", FULL)
+    assert store.delete("a.example") is True
+    assert store.get("a.example") is None
+    assert store.delete("a.example") is False
+    assert store.delete("never.example") is False
+
+
+def test_items_sorted_by_host(store):
+    for host in ["c.example", "a.example", "b.example"]:
+        _put(store, host, replace(FULL, consec=ord(host[0])))
+    items = list(store.items())
+    assert [host for host, _ in items] == ["a.example", "b.example", "c.example"]
+    assert [state.consec for _, state in items] == [ord("a"), ord("b"), ord("c")]
+    assert all(isinstance(state, HostState) for _, state in items)
+
+
+def test_items_of_empty_store(store):
+    assert list(store.items()) == []
+
+
+def test_expire(store):
+    before = T0
+    _put(store, "stale.example", HostState(updated=before - 10, next_allowed=before - 5))
+    _put(store, "stale-but-backing-off.example", HostState(updated=before - 10, next_allowed=before + 300))
+    _put(store, "recent.example", HostState(updated=before + 1, next_allowed=before - 5))
+    _put(store, "boundary.example", HostState(updated=before, next_allowed=before))  # strictly before
+    assert store.expire(before) == 1
+    assert store.get("stale.example") is None
+    assert [h for h, _ in store.items()] == ["boundary.example", "recent.example", "stale-but-backing-off.example"]
+    assert store.expire(before) == 0
+
+
+def test_ok_seen_is_a_bool(store):
+    _put(store, "a.example", FULL)
+    _put(store, "b.example", HostState())
+    assert store.get("a.example").ok_seen is True
+    assert store.get("b.example").ok_seen is False
+
+
+def test_uri(store):
+    assert store.uri.startswith(("memory://", "sqlite:///"))
+
+
+# --------------------------------------------------------------------------------------------------
+# SQLite only
+# --------------------------------------------------------------------------------------------------
+
+
+def test_sqlite_reopen_returns_what_was_written(tmp_path):
+    path = str(tmp_path / "pace.sqlite3")
+    other = HostState(next_allowed=0.0, consec=0, crawl_delay=0.0, ok_seen=False, throttled_at=0.0, updated=0.0)
+    s = SQLiteStore(path)
+    _put(s, "a.example", FULL)
+    _put(s, "xn--bcher-kva.example", other)
+    s.close()
+    s = SQLiteStore(path)
+    try:
+        got = s.get("a.example")
+        assert got == FULL  # every field exactly, floats included
+        assert got.ok_seen is True and isinstance(got.consec, int)
+        assert s.get("xn--bcher-kva.example") == other
+        assert s.get("xn--bcher-kva.example").ok_seen is False
+    finally:
+        s.close()
+
+
+def test_sqlite_is_visible_to_a_second_connection_at_once(tmp_path):
+    path = str(tmp_path / "pace.sqlite3")
+    writer, reader = SQLiteStore(path), SQLiteStore(path)
+    try:
+        _put(writer, "a.example", FULL)
+        assert reader.get("a.example") == FULL  # committed, not buffered until close
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_sqlite_records_schema_version_and_uses_wal(tmp_path):
+    path = tmp_path / "pace.sqlite3"
+    SQLiteStore(str(path)).close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        db.close()
+
+
+def test_sqlite_migrates_an_empty_version_0_file(tmp_path):
+    path = tmp_path / "pace.sqlite3"
+    sqlite3.connect(path).close()  # a valid, empty database: user_version 0
+    s = SQLiteStore(str(path))
+    try:
+        _put(s, "a.example", FULL)
+        assert s.get("a.example") == FULL
+    finally:
+        s.close()
+
+
+def test_sqlite_newer_schema_is_refused_naming_the_path(tmp_path):
+    path = tmp_path / "pace.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(str(path))
+    message = str(info.value)
+    assert str(path) in message
+    assert "Fix" in message
+    # Fail closed, and never discard the newer file.
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+    db.close()
+
+
+def test_sqlite_unwritable_location_names_the_path_and_the_fix(tmp_path):
+    # Tests run as root, so a chmod'ed directory would still be writable; a parent that is a regular
+    # file makes the directory impossible to create for everyone.
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("x")
+    path = blocker / "sub" / "pace.sqlite3"
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(str(path))
+    message = str(info.value)
+    assert str(path) in message
+    assert "Fix" in message
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(b"not a db", id="short text"),
+    pytest.param(b"this is not a database\n" * 200, id="long text"),
+    pytest.param(bytes(range(256)) * 16, id="binary"),
+])
+def test_sqlite_corrupt_file_names_the_path_and_suggests_moving_it_away(tmp_path, content):
+    path = tmp_path / "pace.sqlite3"
+    path.write_bytes(content)
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(str(path))
+    message = str(info.value)
+    assert str(path) in message
+    assert "Fix" in message
+    assert "move it away" in message
+    assert path.read_bytes() == content  # never discarded or overwritten
+
+
+# --------------------------------------------------------------------------------------------------
+# open_store
+# --------------------------------------------------------------------------------------------------
+
+
+def test_open_store_memory():
+    s = open_store("memory://")
+    assert isinstance(s, MemoryStore)
+    s.close()
+
+
+def test_open_store_sqlite_relative_to_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = open_store("sqlite:///rel.sqlite3")
+    try:
+        assert isinstance(s, SQLiteStore)
+        assert s.path == str(tmp_path / "rel.sqlite3")
+        assert (tmp_path / "rel.sqlite3").exists()
+    finally:
+        s.close()
+
+
+def test_open_store_sqlite_absolute(tmp_path):
+    path = tmp_path / "deeper" / "abs.sqlite3"
+    s = open_store(f"sqlite:///{path}")  # "sqlite:///" + "/tmp/..." = four slashes
+    try:
+        assert str(path).startswith("/")
+        assert isinstance(s, SQLiteStore)
+        assert s.path == str(path)
+        assert path.exists()
+    finally:
+        s.close()
+
+
+def test_open_store_plain_path_is_sqlite(tmp_path):
+    s = open_store(str(tmp_path / "plain.sqlite3"))
+    try:
+        assert isinstance(s, SQLiteStore)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("uri", ["redis2://x", "postgres://db/x", "sqlite:///"])
+def test_open_store_refuses_what_it_cannot_open(uri):
+    with pytest.raises(StoreError) as info:
+        open_store(uri)
+    assert uri in str(info.value)
+    assert "Fix" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Concurrency: four processes, read-modify-write on the same hosts, no update lost
+# --------------------------------------------------------------------------------------------------
+
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    from dataclasses import replace
+    sys.path.insert(0, {root!r})
+    from scrapy_polite.policy import HostState
+    from scrapy_polite.store import SQLiteStore
+
+    path, go, updates = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    store = SQLiteStore(path)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go):  # start together, for the most contention
+        if time.monotonic() > deadline:
+            sys.exit("never told to go")
+        time.sleep(0.001)
+
+    def increment(old):
+        old = old or HostState()
+        return replace(old, consec=old.consec + 1), None
+
+    for i in range(updates):
+        store.update("h%d.example" % (i % 5), increment)
+    store.close()
+""")
+
+PROCESSES = 4
+UPDATES = 1000
+HOSTS = 5
+
+
+def test_sqlite_concurrent_processes_lose_no_update(tmp_path):
+    path = str(tmp_path / "pace.sqlite3")
+    SQLiteStore(path).close()  # schema created once, up front
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(root=ROOT))
+    go = tmp_path / "go"
+    workers = [subprocess.Popen([sys.executable, str(script), path, str(go), str(UPDATES)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for _ in range(PROCESSES)]
+    time.sleep(0.5)  # let them all open the store
+    go.write_text("go")
+    for worker in workers:
+        out, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err.decode(errors="replace")
+
+    store = SQLiteStore(path)
+    try:
+        counts = {host: state.consec for host, state in store.items()}
+    finally:
+        store.close()
+    assert sum(counts.values()) == PROCESSES * UPDATES
+    assert counts == {f"h{i}.example": PROCESSES * UPDATES // HOSTS for i in range(HOSTS)}
