@@ -25,6 +25,11 @@ __all__ = ["Addon"]
 MIDDLEWARE = "scrapy_polite.middleware.PoliteDownloaderMiddleware"
 EXTENSION = "scrapy_polite.extension.PoliteExtension"
 SCHEDULER = "scrapy_polite.scheduler.PoliteScheduler"
+RESOLVER = "scrapy_polite.resolver.PublicHostnameResolver"
+HANDLER = "scrapy_polite.handler.PinnedHTTP11DownloadHandler"
+#: The handlers ours replaces: Scrapy's HTTP/1.1 handler, which resolves through Twisted.
+REPLACEABLE_HANDLERS = {"scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler",
+                        "scrapy.core.downloader.handlers.http.HTTPDownloadHandler", HANDLER}
 MIDDLEWARE_PRIORITY = 950
 
 
@@ -33,7 +38,15 @@ class Addon:
 
     @classmethod
     def update_pre_crawler_settings(cls, settings: BaseSettings) -> None:
-        """Process-wide settings, applied before any crawler exists (nothing yet; see SPEC §7)."""
+        """Install :class:`~scrapy_polite.resolver.PublicHostnameResolver` as ``TWISTED_DNS_RESOLVER``.
+
+        The resolver is per process and Scrapy builds it from the process settings, so this runs only
+        for ``ADDONS`` in the project settings (not a spider's ``custom_settings``). A resolver the project
+        configured explicitly is kept, and the crawl then refuses to start (SPEC §7)."""
+        if not settings.getbool("POLITE_ENABLED", True):
+            return
+        if (settings.getpriority("TWISTED_DNS_RESOLVER") or 0) <= SETTINGS_PRIORITIES["addon"]:
+            settings.set("TWISTED_DNS_RESOLVER", RESOLVER, priority="addon")
 
     def update_settings(self, settings: Settings) -> None:
         """Install the components and the ``POLITE_*`` defaults (project and spider settings win)."""
@@ -42,6 +55,9 @@ class Addon:
                 settings.set(name, value, priority="addon")
         if not settings.getbool("POLITE_ENABLED"):
             return
+        _check_handlers(settings)
+        for scheme in ("http", "https"):
+            settings["DOWNLOAD_HANDLERS"][scheme] = HANDLER
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = MIDDLEWARE_PRIORITY
         settings["EXTENSIONS"][EXTENSION] = 0
         current = settings.get("SCHEDULER")
@@ -52,3 +68,35 @@ class Addon:
                 settings.set("POLITE_SCHEDULER_BASE", current_path, priority="addon")
             priority = max(settings.getpriority("SCHEDULER") or 0, SETTINGS_PRIORITIES["addon"])
             settings.set("SCHEDULER", SCHEDULER, priority=priority)
+
+
+class UnsafeHandlerError(RuntimeError):
+    """A configured download handler would bypass the public-only, pinned resolution (SPEC §4)."""
+
+
+def _check_handlers(settings: Settings) -> None:
+    """Refuse handlers that resolve names on their own (httpx, aiohttp, HTTP/2, …) and a crawl without a
+    Twisted reactor: they would silently lose the public-address guarantee.
+
+    Raises:
+        UnsafeHandlerError: naming the handler (or setting) in use and what to change.
+    """
+    if settings.getbool("POLITE_ALLOW_PRIVATE"):
+        return
+    if not settings.getbool("TWISTED_REACTOR_ENABLED", True):
+        raise UnsafeHandlerError(
+            "scrapy-polite needs TWISTED_REACTOR_ENABLED = True: without the Twisted reactor, Scrapy's "
+            "download handlers resolve host names themselves and non-public addresses could be reached. "
+            "Remove TWISTED_REACTOR_ENABLED = False, or set POLITE_ALLOW_PRIVATE = True to accept that risk.")
+    handlers = settings.getdict("DOWNLOAD_HANDLERS")
+    for scheme in ("http", "https"):
+        configured = handlers.get(scheme)
+        if configured is None:
+            continue
+        path = configured if isinstance(configured, str) else f"{configured.__module__}.{configured.__qualname__}"
+        if path not in REPLACEABLE_HANDLERS:
+            raise UnsafeHandlerError(
+                f"scrapy-polite cannot pin addresses with DOWNLOAD_HANDLERS[{scheme!r}] = {path!r}: that handler "
+                f"resolves host names itself, so non-public addresses could be reached. Remove that "
+                f"DOWNLOAD_HANDLERS entry (scrapy-polite installs {HANDLER}), or set POLITE_ALLOW_PRIVATE = "
+                "True to accept that risk.")

@@ -59,9 +59,8 @@ class PoliteDownloaderMiddleware:
         # A redirect or retry copies its parent's meta: forget the parent's booking.
         request.meta.pop("polite_host", None)
         request.meta.pop("polite_sent_at", None)
-        if request.meta.get("dont_pace"):
-            pacer.inc("dont_pace")
-            return None
+        request.meta.pop("polite_ip", None)
+        request.meta.pop("_polite_pinned", None)
         host = host_key(request.url)  # never from meta: a redirect copies the old request's meta
         if host is None:
             try:
@@ -73,11 +72,19 @@ class PoliteDownloaderMiddleware:
             pacer.inc("refused/no_host")
             raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: it has no host to pace")
         request.meta["polite_host"] = host
+        if request.meta.get("dont_pace"):  # exempt from pacing, never from the address rules
+            pacer.inc("dont_pace")
+            addresses = await pacer.addresses(request, host)
+            if addresses:
+                pacer.pin(request, host, addresses[0])
+            return None
         outcome = await pacer.before_request(request, host)
         if isinstance(outcome, Defer):
             pacer.scheduler.hold(request, host, outcome.due)
             return request  # the engine hands it back to the scheduler, which keeps it until due
         request.meta["polite_sent_at"] = outcome.sent_at
+        if outcome.address is not None:
+            pacer.pin(request, host, outcome.address)
         return None
 
     async def process_response(self, request: Request, response: Response) -> Response:

@@ -19,7 +19,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer, error as txerror
@@ -65,9 +65,25 @@ _SERVER_SIDE = _server_side_failures()
 
 @dataclass
 class Go:
-    """The request may be sent now. ``sent_at`` is the booking time (epoch seconds)."""
+    """The request may be sent now. ``sent_at`` is the booking time (epoch seconds); ``address`` the IP
+    address it is booked on (None behind a proxy)."""
 
     sent_at: float
+    address: str | None = None
+
+
+class ResolverNotInstalled(RuntimeError):
+    """Address filtering is on but the reactor's name resolver is not scrapy-polite's (SPEC §7)."""
+
+
+@dataclass
+class Booking:
+    """The outcome of one booking transaction (SPEC §3)."""
+
+    booked: bool
+    host_state: HostState | None
+    free_at: float
+    address: str | None = None
 
 
 @dataclass
@@ -129,6 +145,9 @@ class Pacer:
             "USER_AGENT") or "Scrapy"
         self._warned_no_scheduler = False
         self._clamped_hosts: set[str] = set()
+        self._warned_proxy = False
+        self._resolver: Any = None
+        self._ip_waiting: dict[str, set[str]] = {}
         self.failed: StoreError | None = None
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -188,10 +207,13 @@ class Pacer:
     # -- before a request -------------------------------------------------------------------------------
 
     async def before_request(self, request: Request, host: str) -> Go | Defer:
-        """Book the request on its host (SPEC §2, §5): return :class:`Go` once it may be sent, or
-        :class:`Defer` when it must leave the downloader. Waits without blocking the reactor.
+        """Book the request on its host and one of its addresses (SPEC §2–3, §5): return :class:`Go` once
+        it may be sent, or :class:`Defer` when it must leave the downloader. Waits without blocking the
+        reactor.
 
         Raises:
+            BlockedHost: (an ``IgnoreRequest``) every address of the host is non-public.
+            DNSLookupError: the host cannot be resolved (NXDOMAIN, SERVFAIL, timeout).
             StoreError: the pace table cannot be read or written (the crawl is being stopped).
         """
         if self.failed is not None:
@@ -200,6 +222,7 @@ class Pacer:
         deferrable = self.can_defer(request)
         override = self.override(host, request)
         eff_floor = self.policy.effective_interval(None, override)
+        addresses = await self.addresses(request, host)
 
         if request.meta.get("polite_burst"):
             state = await self._call(self.store.get, host)
@@ -210,32 +233,122 @@ class Pacer:
                 await self._wait(host, state.next_allowed - now)  # type: ignore[union-attr]
             self.inc("burst")
             counters.requests += 1
-            return Go(sent_at=self.clock())
+            return Go(sent_at=self.clock(), address=addresses[0] if addresses else None)
 
         line = self.line(host)
         while line.holder is not None and line.holder is not request:
             if deferrable:
                 return self._defer(host, None, "line")
-            d: defer.Deferred[None] = defer.Deferred()
-            line.freed.append(d)
-            await _aw(d)
+            await _aw(self._wait_for(line))
         line.holder = request
         try:
+            ip_paced = bool(addresses) and self.config.ip_interval > 0
             while True:
                 now = self.clock()
-                state, booked = await self._call(self.store.update, host, _reserve(self.policy, now, eff_floor))
-                if booked:
+                free = addresses or []
+                if ip_paced:
+                    free = [a for a in addresses if not self.line_busy(_ip_key(a))]  # type: ignore[union-attr]
+                    if not free:  # every address has a request of ours in flight
+                        ip_lines = [self.line(_ip_key(a)) for a in addresses]  # type: ignore[union-attr]
+                        if deferrable and any(ip.freed for ip in ip_lines):
+                            self.release(request, host)
+                            for a in addresses:  # type: ignore[union-attr]
+                                self._ip_waiting.setdefault(a, set()).add(host)
+                            return self._defer(host, None, "ip_line")
+                        await _aw(self._wait_for(*ip_lines))
+                        continue
+                keys = [host] + [_ip_key(a) for a in free] if ip_paced else [host]
+                booking = await self._call(self.store.update_many, keys, _book(
+                    self.policy, host, free if ip_paced else [], now, eff_floor, self.config.ip_interval))
+                state = booking.host_state
+                if booking.address is not None or (booking.booked and not ip_paced):
+                    address = booking.address or (addresses[0] if addresses else None)
+                    if ip_paced and address is not None:
+                        self.line(_ip_key(address)).holder = request
                     counters.requests += 1
                     self.inc("requests")
-                    return Go(sent_at=now)
+                    return Go(sent_at=now, address=address)
                 if self.policy.should_defer(state, now) and deferrable:
                     self.release(request, host)
-                    reason = "throttled" if state.consec > 0 else "crawl_delay"
-                    return self._defer(host, state.next_allowed, reason)
-                await self._wait(host, self.policy.wait(state, now))
+                    reason = "throttled" if state.consec > 0 else "crawl_delay"  # type: ignore[union-attr]
+                    return self._defer(host, state.next_allowed, reason)  # type: ignore[union-attr]
+                await self._wait(host, min(booking.free_at - now, self.policy.max_wait))
         except BaseException:
             self.release(request, host)
             raise
+
+    async def addresses(self, request: Request, host: str) -> list[str] | None:
+        """The public addresses the request may connect to (sorted, IPv4 first), or None when an HTTP
+        proxy resolves the target (SPEC §4: pacing by host still applies, pinning cannot).
+
+        Raises:
+            BlockedHost, DNSLookupError: see :meth:`before_request`.
+        """
+        if request.meta.get("proxy"):
+            if not self._warned_proxy:
+                self._warned_proxy = True
+                logger.warning("scrapy-polite: requests through an HTTP proxy are resolved by the proxy, so "
+                               "their addresses cannot be checked or pinned (pacing by host still applies)")
+            self.inc("proxy_unpinned")
+            return None
+        resolver = self.get_resolver()
+        try:
+            return await _aw(resolver.resolve(host))
+        except Exception as exc:
+            from .resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound
+
+            if isinstance(exc, BlockedHost):
+                self.inc("blocked/private_address")
+                logger.warning("%s (%s)", exc, request.url)
+            elif isinstance(exc, HostNotFound):
+                self.inc("dns/nxdomain")
+            elif isinstance(exc, DNSServerFailure):
+                self.inc("dns/servfail")
+            elif isinstance(exc, DNSTimeout):
+                self.inc("dns/timeout")
+            raise
+
+    def get_resolver(self) -> Any:
+        """The process's :class:`~scrapy_polite.resolver.PublicHostnameResolver` (``TWISTED_DNS_RESOLVER``).
+
+        Raises:
+            ResolverNotInstalled: address filtering is on but the reactor's resolver is not ours (the add-on
+                was enabled only in a spider's ``custom_settings``, or another ``TWISTED_DNS_RESOLVER`` is
+                configured); the crawl is stopped rather than run unprotected (SPEC §7).
+        """
+        if self._resolver is not None:
+            return self._resolver
+        from twisted.internet import reactor
+
+        from .resolver import PublicHostnameResolver
+
+        installed = getattr(reactor, "nameResolver", None)
+        if isinstance(installed, PublicHostnameResolver):
+            self._resolver = installed
+            return installed
+        if not self.crawler.settings.getbool("POLITE_ALLOW_PRIVATE"):
+            exc = ResolverNotInstalled(
+                f"scrapy-polite: the reactor's name resolver is {type(installed).__name__}, not "
+                "scrapy_polite.resolver.PublicHostnameResolver, so non-public addresses could be reached. "
+                "Enable the add-on in the project settings (ADDONS = {'scrapy_polite.Addon': 0} in "
+                "settings.py, or the settings given to CrawlerProcess), not only in a spider's "
+                "custom_settings, and do not set TWISTED_DNS_RESOLVER. With CrawlerRunner, install it "
+                "yourself: PublicHostnameResolver.from_crawler(runner, reactor).install_on_reactor().")
+            if self.failed is None:
+                self.failed = exc  # type: ignore[assignment]
+                logger.error("%s", exc)
+                self.inc("resolver_missing")
+                _close_later(self.crawler, "polite_resolver_missing")
+            raise exc
+        self._resolver = PublicHostnameResolver.from_crawler(self.crawler, reactor)
+        return self._resolver
+
+    def _wait_for(self, *lines: _Line) -> defer.Deferred[None]:
+        """A Deferred that fires when any of ``lines`` is freed."""
+        d: defer.Deferred[None] = defer.Deferred()
+        for line in lines:
+            line.freed.append(d)
+        return d
 
     async def _wait(self, host: str, seconds: float) -> None:
         if seconds <= 0:
@@ -265,27 +378,45 @@ class Pacer:
             self.failed = exc
             logger.error("%s Stopping the crawl: without its pace table scrapy-polite cannot pace it.", exc)
             self.inc("store_errors")
-            engine = getattr(self.crawler, "engine", None)
-            if engine is not None and getattr(engine, "running", False):
-                from twisted.internet import reactor
-
-                reactor.callLater(0, _close_spider, self.crawler, "polite_store_error")
+            _close_later(self.crawler, "polite_store_error")
 
     def release(self, request: Request, host: str | None = None) -> None:
-        """Free the host's line if ``request`` holds it (idempotent), waking the next request."""
+        """Free the host's line, and the line of the address it was booked on, if ``request`` holds them
+        (idempotent); wake the requests waiting for them."""
         if host is None:
             host = request.meta.get("polite_host")
             if host is None:
                 return
-        line = self.lines.get(host)
+        self._free(host, request)
+        address = request.meta.get("polite_ip")
+        if address:
+            if request.meta.pop("_polite_pinned", False) and self._resolver is not None:
+                self._resolver.unpin(host, address)
+            if self._free(_ip_key(address), request):
+                for waiting in self._ip_waiting.pop(address, ()):
+                    if self.scheduler is not None:
+                        self.scheduler.wake(waiting)
+        if self.scheduler is not None:
+            self.scheduler.wake(host)
+
+    def pin(self, request: Request, host: str, address: str) -> None:
+        """Connect ``request`` to ``address`` (``meta['polite_ip']``) and pin the resolver's answer for
+        ``host`` to it until the request is done (SPEC §4)."""
+        request.meta["polite_ip"] = address
+        if self._resolver is not None and not request.meta.get("_polite_pinned"):
+            self._resolver.pin(host, address)
+            request.meta["_polite_pinned"] = True
+
+    def _free(self, key: str, request: Request) -> bool:
+        line = self.lines.get(key)
         if line is None or line.holder is not request:
-            return
+            return False
         line.holder = None
         waiters, line.freed = line.freed, []
         for d in waiters:
-            d.callback(None)
-        if self.scheduler is not None:
-            self.scheduler.wake(host)
+            if not d.called:
+                d.callback(None)
+        return True
 
     # -- after a response -----------------------------------------------------------------------------
 
@@ -330,11 +461,20 @@ class Pacer:
 
     def _record(self, host: str, request: Request, step: Callable[[HostState | None], Decision],
                 *, retry_after: float | None, label: str) -> defer.Deferred[Any]:
-        def fn(state: HostState | None) -> tuple[HostState, Decision]:
-            decision = step(state)
-            return decision.state, decision
+        address = request.meta.get("polite_ip") if self.config.ip_interval > 0 else None
+        ip_interval = self.config.ip_interval
+        end = self.clock()
 
-        d = self.store.update(host, fn)
+        def fn(states: dict[str, HostState | None]) -> tuple[dict[str, HostState], Decision]:
+            decision = step(states[host])
+            new = {host: decision.state}
+            if address:  # the reference's finish(): ip_next >= end + ip_interval
+                ip_state = states[_ip_key(address)] or HostState()
+                new[_ip_key(address)] = replace(
+                    ip_state, next_allowed=max(ip_state.next_allowed, end + ip_interval), updated=end)
+            return new, decision
+
+        d = self.store.update_many([host, _ip_key(address)] if address else [host], fn)
 
         def done(decision: Decision) -> Decision:
             if decision.throttle:
@@ -437,17 +577,44 @@ def _aw(d: Any) -> Any:
     return maybe_deferred_to_future(d)
 
 
-def _reserve(policy: Any, now: float, interval: float) -> Callable[[HostState | None], Any]:
-    """The booking step run inside the store's transaction: reserve when the host is free now."""
+def _ip_key(address: str) -> str:
+    """The pace-table key of an address's row (host keys never start with ``ip:``)."""
+    return f"ip:{address}"
 
-    def fn(state: HostState | None) -> tuple[HostState | None, tuple[HostState | None, bool]]:
-        if state is not None and state.next_allowed > now:
-            return None, (state, False)
-        eff = policy.effective_interval(state, None)
-        new = policy.reserve(state, start=now, interval=max(eff, interval))
-        return new, (new, True)
+
+def _book(policy: Any, host: str, addresses: list[str], now: float, interval: float,
+          ip_interval: float) -> Callable[[dict[str, HostState | None]], tuple[dict[str, HostState], Booking]]:
+    """The booking step run inside one store transaction (SPEC §3, the reference's ``reserve``): over the
+    host's sorted addresses pick the earliest ``free = max(now, host_next, ip_next[ip])`` (ties: the lowest
+    address); when that moment is now, book the host for its interval and the address for
+    ``ip_interval``."""
+
+    def fn(states: dict[str, HostState | None]) -> tuple[dict[str, HostState], Booking]:
+        state = states[host]
+        host_free = max(now, state.next_allowed if state is not None else 0.0)
+        free_at, address = host_free, None
+        for candidate in addresses:  # sorted: the first of equal moments is the lowest address
+            ip_state = states[_ip_key(candidate)]
+            at = max(host_free, ip_state.next_allowed if ip_state is not None else 0.0)
+            if address is None or at < free_at:
+                free_at, address = at, candidate
+        if free_at > now:
+            return {}, Booking(False, state, free_at)
+        eff = max(policy.effective_interval(state, None), interval)
+        new = {host: policy.reserve(state, start=now, interval=eff)}
+        if address is not None:
+            new[_ip_key(address)] = policy.reserve(states[_ip_key(address)], start=now, interval=ip_interval)
+        return new, Booking(True, new[host], now, address)
 
     return fn
+
+
+def _close_later(crawler: Crawler, reason: str) -> None:
+    engine = getattr(crawler, "engine", None)
+    if engine is not None and getattr(engine, "running", False):
+        from twisted.internet import reactor
+
+        reactor.callLater(0, _close_spider, crawler, reason)
 
 
 def _reactor_sleep(seconds: float) -> defer.Deferred[None]:

@@ -18,8 +18,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import astuple, fields
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
 from typing import Any, Protocol, TypeVar
 
 from .policy import HostState
@@ -39,6 +39,9 @@ T = TypeVar("T")
 #: An update function: the host's state (None: no row) in, ``(new state or None to leave the row
 #: untouched, a result for the caller)`` out. It must be pure: SQLite may call it more than once.
 UpdateFn = Callable[[HostState | None], tuple[HostState | None, T]]
+
+#: A multi-row update function: ``{key: state or None}`` in, ``({key: new state}, result)`` out.
+ManyUpdateFn = Callable[[dict[str, HostState | None]], tuple[dict[str, HostState], T]]
 
 #: The on-disk schema this code writes. Older versions are migrated on open, never discarded.
 SCHEMA_VERSION = 1
@@ -65,6 +68,11 @@ class PaceStore(Protocol):
     def update(self, host: str, fn: UpdateFn[T]) -> T:
         """Atomically read the host's state, apply ``fn``, write the new state (when not None) and return
         ``fn``'s result. No concurrent update, from any process, is lost."""
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
+        """Atomically read the rows of ``keys`` (a dict key -> state or None), apply ``fn``, write the
+        states it returns (a dict of the rows to write) and return its result. Used to book a request on
+        its host and an address in one transaction (SPEC §3)."""
 
     def delete(self, host: str) -> bool:
         """Remove the host's row; True when there was one."""
@@ -96,6 +104,12 @@ class MemoryStore:
             new, result = fn(self._rows.get(host))
             if new is not None:
                 self._rows[host] = new
+            return result
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
+        with self._lock:
+            new, result = fn({key: self._rows.get(key) for key in keys})
+            self._rows.update(new)
             return result
 
     def delete(self, host: str) -> bool:
@@ -218,18 +232,26 @@ class SQLiteStore:
             raise self._error("read", exc) from exc
 
     def update(self, host: str, fn: UpdateFn[T]) -> T:
+        def many(states: dict[str, HostState | None]) -> tuple[dict[str, HostState], T]:
+            new, result = fn(states[host])
+            return ({host: new} if new is not None else {}), result
+
+        return self.update_many([host], many)
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
         try:
             with self._lock:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
-                    old = self._row_to_state(self._db.execute(self._SELECT, (host,)).fetchone())
-                    new, result = fn(old)
-                    if new is not None:
-                        values = astuple(new)
+                    states = {key: self._row_to_state(self._db.execute(self._SELECT, (key,)).fetchone())
+                              for key in keys}
+                    new, result = fn(states)
+                    for key, state in new.items():
                         self._db.execute(
                             "INSERT OR REPLACE INTO hosts (host, next_allowed, consec, crawl_delay, ok_seen, "
                             "throttled_at, updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            (host, values[0], values[1], values[2], int(values[3]), values[4], values[5]))
+                            (key, state.next_allowed, state.consec, state.crawl_delay, int(state.ok_seen),
+                             state.throttled_at, state.updated))
                     self._db.execute("COMMIT")
                 except BaseException:
                     if self._db.in_transaction:
@@ -330,6 +352,9 @@ class AsyncStore:
 
     def update(self, host: str, fn: UpdateFn[T]) -> Any:
         return self.call(self.store.update, host, fn)
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> Any:
+        return self.call(self.store.update_many, keys, fn)
 
     def close(self) -> None:
         """Stop the thread (after the calls already queued) and close the backend."""
