@@ -149,13 +149,18 @@ class PoliteScheduler:
         heapq.heappush(self._heap, (due, next(self._seq), host))
         self._arm()
 
-    def _arm(self) -> None:
-        """Poke the engine when the earliest held request is due (it also polls every few seconds)."""
+    def _arm(self, *, fallback: float = 0.0) -> None:
+        """Poke the engine when the earliest held request is due (it also polls every few seconds).
+
+        An entry already due is re-polled after ``fallback`` seconds only: the engine asks for requests
+        again whenever a download ends, so polling faster would only spin."""
         if self._closing or not self._heap:
             return
         from twisted.internet import reactor
 
-        delay = max(0.0, self._heap[0][0] - self.clock())
+        delay = self._heap[0][0] - self.clock()
+        if delay <= 0:
+            delay = fallback
         if self._timer is not None and self._timer.active():
             if self._timer.getTime() - reactor.seconds() <= delay:
                 return
@@ -168,11 +173,10 @@ class PoliteScheduler:
         nextcall = getattr(slot, "nextcall", None)
         if nextcall is not None:
             nextcall.schedule()
-        self._arm()
+        self._arm(fallback=1.0)
 
     def _next_due(self) -> Request | None:
         now = self.clock()
-        skipped: list[tuple[float, int, str]] = []
         found: Request | None = None
         while self._heap and self._heap[0][0] <= now:
             entry = heapq.heappop(self._heap)
@@ -190,8 +194,6 @@ class PoliteScheduler:
             else:
                 self._due[host] = math.inf
             break
-        for entry in skipped:
-            heapq.heappush(self._heap, entry)
         return found
 
     def _maybe_close_idle(self) -> None:
