@@ -73,17 +73,19 @@ class PoliteExtension:
     def response_downloaded(self, response: Response, request: Request, spider: Spider | None = None) -> None:
         self.pacer.record_response(request, response)
 
-    def robots_parsed(self, robotparser: Any, request: Request) -> Any:
+    async def robots_parsed(self, robotparser: Any, request: Request) -> None:
         host = host_key(request.url)
         if host is None:
-            return None
+            return
         try:
             delay = robots_delay(robotparser, self.pacer.user_agent)
         except Exception:  # a parser we do not know: count, log, keep crawling paced by the base interval
             self.pacer.inc("robots/errors")
             logger.exception("scrapy-polite could not read the delay of %s", request.url)
-            return None
-        return self.pacer.set_crawl_delay(host, delay)
+            return
+        from scrapy.utils.defer import maybe_deferred_to_future
+
+        await maybe_deferred_to_future(self.pacer.set_crawl_delay(host, delay))
 
     def spider_closed(self, spider: Spider, reason: str) -> None:
         report = self.pacer.host_report()

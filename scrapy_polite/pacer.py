@@ -533,7 +533,9 @@ class Pacer:
                 return None, False
             if state is None and value == 0.0:
                 return None, False
-            return self.policy.with_crawl_delay(state, value, now=now), True
+            new = self.policy.with_crawl_delay(state, value, now=now)
+            # robots.txt was itself a request to the host, just answered: the delay counts from it.
+            return replace(new, next_allowed=max(new.next_allowed, now + value)), True
 
         d = self.store.update(host, fn)
 
