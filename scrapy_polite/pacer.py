@@ -13,6 +13,7 @@ The rules themselves are in :mod:`scrapy_polite.policy`; nothing here decides a 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer, error as txerror
 
+from .addresses import AddressFilter, embedded_ipv4
 from .policy import Decision, HostState, InvalidRetryAfter, host_key, parse_retry_after
 from .settings import PoliteConfig
 from .store import AsyncStore, StoreError, open_store
@@ -103,6 +105,7 @@ class HostCounters:
     waits: int = 0
     wait_seconds: float = 0.0
     deferrals: int = 0
+    deferral_reasons: Counter[str] = field(default_factory=Counter)
     throttles: int = 0
     backoff_steps: int = 0
     statuses: Counter[Any] = field(default_factory=Counter)
@@ -148,6 +151,11 @@ class Pacer:
         self._warned_proxy = False
         self._resolver: Any = None
         self._ip_waiting: dict[str, set[str]] = {}
+        networks = crawler.settings.get("POLITE_ALLOWED_NETWORKS") or []
+        if isinstance(networks, str):
+            networks = [n for n in networks.split(",") if n.strip()]
+        self.address_filter = AddressFilter(allow_private=crawler.settings.getbool("POLITE_ALLOW_PRIVATE"),
+                                            allowed_networks=list(networks))
         self.failed: StoreError | None = None
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -289,11 +297,20 @@ class Pacer:
                 self._warned_proxy = True
                 logger.warning("scrapy-polite: requests through an HTTP proxy are resolved by the proxy, so "
                                "their addresses cannot be checked or pinned (pacing by host still applies)")
-            self.inc("proxy_unpinned")
+            if not request.meta.get("_polite_proxy_counted"):
+                request.meta["_polite_proxy_counted"] = True
+                self.inc("proxy_unpinned")
             return None
         resolver = self.get_resolver()
         try:
-            return await _aw(resolver.resolve(host))
+            addresses = await _aw(resolver.resolve(host))
+            # The resolver is per process; a spider's own (narrower) address rules apply on top of it.
+            kept, dropped = self.address_filter.split(addresses)
+            if not kept:
+                from .resolver import BlockedHost
+
+                raise BlockedHost(host, dropped)
+            return kept
         except Exception as exc:
             from .resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound
 
@@ -361,7 +378,9 @@ class Pacer:
         await _aw(self._sleep(seconds))
 
     def _defer(self, host: str, due: float | None, reason: str) -> Defer:
-        self.counters(host).deferrals += 1
+        counters = self.counters(host)
+        counters.deferrals += 1
+        counters.deferral_reasons[reason] += 1
         self.inc("deferrals")
         self.inc(f"deferrals/{reason}")
         return Defer(due=due, reason=reason)
@@ -557,12 +576,14 @@ class Pacer:
     # -- reporting --------------------------------------------------------------------------------------
 
     def host_report(self) -> dict[str, dict[str, Any]]:
-        """Per host: ``requests``, ``waits``, ``wait_seconds``, ``deferrals``, ``throttles``,
+        """Per host: ``requests``, ``waits``, ``wait_seconds``, ``deferrals`` (total) and
+        ``deferral_reasons`` (``throttled``, ``crawl_delay``, ``line``, ``ip_line`` -> count), ``throttles``,
         ``backoff_steps``, ``statuses`` (status or failure name -> count), ``crawl_delay`` (seconds or None)."""
         return {
             host: {
                 "requests": c.requests, "waits": c.waits, "wait_seconds": round(c.wait_seconds, 3),
-                "deferrals": c.deferrals, "throttles": c.throttles, "backoff_steps": c.backoff_steps,
+                "deferrals": c.deferrals, "deferral_reasons": dict(c.deferral_reasons),
+                "throttles": c.throttles, "backoff_steps": c.backoff_steps,
                 "statuses": dict(c.statuses), "crawl_delay": c.crawl_delay,
             }
             for host, c in sorted(self.hosts.items())
@@ -580,8 +601,12 @@ def _aw(d: Any) -> Any:
 
 
 def _ip_key(address: str) -> str:
-    """The pace-table key of an address's row (host keys never start with ``ip:``)."""
-    return f"ip:{address}"
+    """The pace-table key of an address's row (host keys never start with ``ip:``). An IPv4-mapped, NAT64
+    or 6to4 address reaches the IPv4 address it embeds, so it shares that address's row."""
+    ip = ipaddress.ip_address(address)
+    if ip.version == 6:
+        ip = embedded_ipv4(ip) or ip  # type: ignore[arg-type]
+    return f"ip:{ip}"
 
 
 def _book(policy: Any, host: str, addresses: list[str], now: float, interval: float,
@@ -643,7 +668,7 @@ def default_store_uri() -> str:
     """``sqlite:///<project data dir>/polite.sqlite3`` — inside ``.scrapy/`` of the Scrapy project."""
     from scrapy.utils.project import data_path
 
-    path = data_path("polite.sqlite3", createdir=True)
+    path = data_path("polite.sqlite3")  # SQLiteStore creates the directory (createdir would make the file one)
     return f"sqlite:///{os.path.abspath(path)}"
 
 

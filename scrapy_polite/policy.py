@@ -16,6 +16,7 @@ a clock, a file or the network, so each rule can be tested exactly on an injecte
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import math
 import re
 from dataclasses import dataclass, replace
@@ -184,8 +185,11 @@ def host_key(url: str) -> str | None:
     host = host.rstrip(".")
     if not host:
         return None
-    if ":" in host:  # an IPv6 literal: already lower-cased and unbracketed
-        return host
+    if ":" in host:  # an IPv6 literal: one canonical spelling (2606:4700:0:0::1111 == 2606:4700::1111)
+        try:
+            return str(ipaddress.ip_address(host.split("%", 1)[0]))
+        except ValueError:
+            return None
     try:
         host.encode("ascii")
         return host

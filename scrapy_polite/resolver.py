@@ -164,6 +164,7 @@ class PublicHostnameResolver:
         self._negative: dict[str, tuple[DNSLookupError, float]] = {}
         self._pending: dict[str, defer.Deferred[tuple[str, ...]]] = {}
         self._pins: dict[str, Counter[str]] = {}
+        self._verdicts: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         self._local = threading.local()
 
     @classmethod
@@ -251,7 +252,12 @@ class PublicHostnameResolver:
         d = self.lookup(host)
 
         def check(addresses: tuple[str, ...]) -> list[str]:
-            kept, dropped = self.filter.split(addresses)
+            verdict = self._verdicts.get(addresses)
+            if verdict is None:
+                if len(self._verdicts) > 100_000:
+                    self._verdicts.clear()
+                verdict = self._verdicts[addresses] = self.filter.split(addresses)
+            kept, dropped = list(verdict[0]), verdict[1]
             if not kept:
                 self.counts["blocked"] += 1
                 raise BlockedHost(_normalise(host), dropped)
@@ -280,29 +286,28 @@ class PublicHostnameResolver:
         addresses: list[str] = []
         ttls: list[float] = []
         deadline = time.monotonic() + self.timeout
-        nxdomain = 0
+        failure: DNSLookupError | None = None
         for rdtype in ("A", "AAAA"):
             remaining = max(0.05, deadline - time.monotonic())
             try:
                 answer = resolver.resolve(host, rdtype, lifetime=remaining, search=False,
                                           raise_on_no_answer=False)
             except dns.resolver.NXDOMAIN:
-                nxdomain += 1
-                break
+                raise HostNotFound(f"DNS lookup of {host}: no such domain (NXDOMAIN)") from None
             except (dns.resolver.LifetimeTimeout, dns.exception.Timeout):
-                raise DNSTimeout(f"DNS lookup of {host} timed out after {self.timeout:g} s "
-                                 "(POLITE_DNS_TIMEOUT)") from None
+                failure = DNSTimeout(f"DNS lookup of {host} timed out after {self.timeout:g} s (POLITE_DNS_TIMEOUT)")
+                continue
             except dns.resolver.NoNameservers as exc:
-                raise DNSServerFailure(f"DNS lookup of {host} failed on every nameserver (SERVFAIL): {exc}") from None
+                failure = DNSServerFailure(f"DNS lookup of {host} failed on every nameserver (SERVFAIL): {exc}")
+                continue
             except dns.exception.DNSException as exc:
-                raise HostNotFound(f"DNS lookup of {host} failed: {exc}") from None
+                failure = HostNotFound(f"DNS lookup of {host} failed: {exc}")
+                continue
             if answer.rrset is not None:
                 ttls.append(float(answer.rrset.ttl))
                 addresses.extend(rr.address for rr in answer.rrset)
-        if nxdomain:
-            raise HostNotFound(f"DNS lookup of {host}: no such domain (NXDOMAIN)")
-        if not addresses:
-            raise HostNotFound(f"DNS lookup of {host}: no A or AAAA records")
+        if not addresses:  # one record type failing is not fatal when the other answered (RFC 8305 §3)
+            raise failure or HostNotFound(f"DNS lookup of {host}: no A or AAAA records")
         unique = tuple(sorted({str(ipaddress.ip_address(a)) for a in addresses}, key=_sort_key))
         return unique, min(ttls) if ttls else self.min_ttl
 
