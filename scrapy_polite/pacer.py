@@ -258,7 +258,7 @@ class Pacer:
                     free = [a for a in addresses if not self.line_busy(_ip_key(a))]  # type: ignore[union-attr]
                     if not free:  # every address has a request of ours in flight
                         ip_lines = [self.line(_ip_key(a)) for a in addresses]  # type: ignore[union-attr]
-                        if deferrable and any(ip.freed for ip in ip_lines):
+                        if deferrable and any(not d.called for ip in ip_lines for d in ip.freed):
                             self.release(request, host)
                             for a in addresses:  # type: ignore[union-attr]
                                 self._ip_waiting.setdefault(a, set()).add(host)
