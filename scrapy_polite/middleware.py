@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
-from .pacer import Defer, Pacer, get_pacer
+from .pacer import Defer, Pacer, Redefer, get_pacer
 from .policy import NO_NETWORK_SCHEMES, host_key
 
 if TYPE_CHECKING:
@@ -92,6 +92,13 @@ class PoliteDownloaderMiddleware:
         return response
 
     async def process_exception(self, request: Request, exception: Exception) -> Any:
+        if isinstance(exception, Redefer):
+            host = request.meta["polite_host"]
+            self.pacer.release(request, host)
+            due = await self.pacer.due(host)
+            self.pacer._defer(host, due, "throttled")
+            self.pacer.scheduler.hold(request, host, due)
+            return request
         self.pacer.record_failure(request, exception)
         await self.pacer.finish(request)
         return None

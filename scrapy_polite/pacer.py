@@ -74,6 +74,11 @@ class Go:
     address: str | None = None
 
 
+class Redefer(Exception):
+    """Raised by the download handler for a burst request whose host throttled after it was decided:
+    the middleware defers it again instead of sending it into the backoff."""
+
+
 class ResolverNotInstalled(RuntimeError):
     """Address filtering is on but the reactor's name resolver is not scrapy-polite's (SPEC §7)."""
 
@@ -151,6 +156,7 @@ class Pacer:
         self._warned_proxy = False
         self._resolver: Any = None
         self._ip_waiting: dict[str, set[str]] = {}
+        self.throttle_marks: dict[str, float] = {}
         networks = crawler.settings.get("POLITE_ALLOWED_NETWORKS") or []
         if isinstance(networks, str):
             networks = [n for n in networks.split(",") if n.strip()]
@@ -233,15 +239,21 @@ class Pacer:
         addresses = await self.addresses(request, host)
 
         if request.meta.get("polite_burst"):
-            state = await self._call(self.store.get, host)
-            now = self.clock()
-            if self.policy.should_defer(state, now):
+            while True:
+                # The decision answers for the host's mood at this moment, before the read: a throttle
+                # recorded later makes this request's response stale (SPEC §2) and, if it has not been sent
+                # yet, sends it back to be deferred (see throttled_since).
+                decided_at = self.clock()
+                state = await self._call(self.store.get, host)
+                now = self.clock()
+                if not self.policy.should_defer(state, now):
+                    break
                 if deferrable:
                     return self._defer(host, state.next_allowed, "throttled")  # type: ignore[union-attr]
-                await self._wait(host, state.next_allowed - now)  # type: ignore[union-attr]
+                await self._wait(host, min(state.next_allowed - now, self.policy.max_wait))  # type: ignore[union-attr]
             self.inc("burst")
             counters.requests += 1
-            return Go(sent_at=self.clock(), address=addresses[0] if addresses else None)
+            return Go(sent_at=decided_at, address=addresses[0] if addresses else None)
 
         line = self.line(host)
         while line.holder is not None and line.holder is not request:
@@ -418,6 +430,20 @@ class Pacer:
         if self.scheduler is not None:
             self.scheduler.wake(host)
 
+    def throttled_since(self, request: Request) -> bool:
+        """A throttle from the request's host was seen after the request was decided (``polite_sent_at``):
+        a burst request that has not been sent yet must be deferred again (SPEC §5, burst)."""
+        host = request.meta.get("polite_host")
+        decided = request.meta.get("polite_sent_at")
+        mark = self.throttle_marks.get(host) if host is not None else None
+        return mark is not None and decided is not None and mark > decided
+
+    async def due(self, host: str) -> float:
+        """When the host may be requested next (epoch seconds; now when it is free)."""
+        state = await self._call(self.store.get, host)
+        now = self.clock()
+        return max(now, state.next_allowed) if state is not None else now
+
     def pin(self, request: Request, host: str, address: str) -> None:
         """Connect ``request`` to ``address`` (``meta['polite_ip']``) and pin the resolver's answer for
         ``host`` to it until the request is done (SPEC §4)."""
@@ -449,6 +475,8 @@ class Pacer:
         end = self.clock()
         counters = self.counters(host)
         counters.statuses[response.status] += 1
+        if response.status in self.policy.throttle_statuses:
+            self.throttle_marks[host] = end
         retry_after = None
         raw = response.headers.get(b"Retry-After")
         if raw is not None:
@@ -471,6 +499,7 @@ class Pacer:
         if host is None or not isinstance(exception, _SERVER_SIDE):
             return None
         end = self.clock()
+        self.throttle_marks[host] = end
         self.counters(host).statuses[type(exception).__name__] += 1
         sent_at = request.meta.get("polite_sent_at")
         override = self.override(host, request)
@@ -497,6 +526,7 @@ class Pacer:
 
         def done(decision: Decision) -> Decision:
             if decision.throttle:
+                self.throttle_marks[host] = max(self.throttle_marks.get(host, 0.0), end)
                 counters = self.counters(host)
                 counters.throttles += 1
                 self.inc(f"throttles/{label}")

@@ -154,6 +154,8 @@ class PoliteScheduler:
 
         An entry already due is re-polled after ``fallback`` seconds only: the engine asks for requests
         again whenever a download ends, so polling faster would only spin."""
+        while self._heap and self._stale(self._heap[0]):
+            heapq.heappop(self._heap)
         if self._closing or not self._heap:
             return
         from twisted.internet import reactor
@@ -166,6 +168,11 @@ class PoliteScheduler:
                 return
             self._timer.cancel()
         self._timer = reactor.callLater(delay, self._poke)
+
+    def _stale(self, entry: tuple[float, int, str]) -> bool:
+        """A heap entry whose host has nothing held, or whose due time was moved since it was pushed."""
+        due, _, host = entry
+        return host not in self._held or (self._due.get(host, math.inf) > due)
 
     def _poke(self) -> None:
         self._timer = None
@@ -242,15 +249,13 @@ class PoliteScheduler:
         stats = self.crawler.stats
         path = self._path()
         if path:
-            from scrapy.utils.request import request_to_dict
-
             spider = self.crawler.spider
             rows = []
             for host, queue in self._held.items():
                 due = self._due.get(host, 0.0)
                 for request in queue:
                     rows.append({"host": host, "due": None if due == math.inf else due,
-                                 "request": request_to_dict(request, spider=spider)})
+                                 "request": request.to_dict(spider=spider)})
             tmp = path + ".tmp"
             with open(tmp, "wb") as f:
                 pickle.dump({"version": 1, "saved": time.time(), "requests": rows}, f, protocol=4)
