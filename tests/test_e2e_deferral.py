@@ -1,0 +1,583 @@
+"""End-to-end deferral: a throttled or slow host leaves the downloader and comes back when due (SPEC §2
+deferral predicate, §5), judged on the *server-side* arrival log of loopback
+:class:`~tests.support.server.ArrivalServer` hosts.
+
+Hosts are distinct 127.0.2.x addresses (the pacing key of an IP-literal URL is the address);
+``POLITE_IP_INTERVAL`` is 0 throughout (per-host behaviour only).
+
+Timing rule (as in ``test_e2e_pacing``): a lower bound is checked with :data:`TOL` (clock granularity only);
+an upper bound gets a generous :data:`SLACK`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy import signals
+
+from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.server import Arrival, Reply, gaps
+
+#: Lower-bound tolerance (seconds): clock granularity only.
+TOL = 0.02
+#: Upper-bound slack (seconds) for reactor timers, the scheduler's wake-up and the store thread.
+SLACK = 0.6
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def settings(tmp_path, **overrides: Any) -> dict[str, Any]:
+    """The add-on with a SQLite pace table in ``tmp_path``, loopback allowed, no per-IP pacing."""
+    s = polite_settings(POLITE_IP_INTERVAL=0, POLITE_STORE=f"sqlite:///{tmp_path}/pace.sqlite3",
+                        POLITE_ALLOWED_NETWORKS=["127.0.0.0/8"])
+    s.update(overrides)
+    return s
+
+
+def page(text: str = "ok") -> Reply:
+    return Reply.html(f"<html><body><p>{text}</p></body></html>")
+
+
+def scripted(*replies: Any, then: Any = None):
+    """A handler answering ``replies[i]`` to the i-th request the host receives, whatever its path, then
+    ``then`` (default a 200 page) forever."""
+    lock = threading.Lock()
+    seen = [0]
+
+    def handler(info, count):
+        with lock:
+            i = seen[0]
+            seen[0] += 1
+        reply = replies[i] if i < len(replies) else then if then is not None else page(info.path)
+        return reply(info, count) if callable(reply) else reply
+
+    return handler
+
+
+def timeline(srv, exclude_robots: bool = True) -> list[Arrival]:
+    hits = sorted(srv.arrivals(), key=lambda a: (a.start, a.end))
+    if exclude_robots:
+        hits = [a for a in hits if a.path != "/robots.txt"]
+    return hits
+
+
+def describe(hits: list[Arrival], t0: float | None = None) -> str:
+    if not hits:
+        return "(no arrivals)"
+    t0 = hits[0].start if t0 is None else t0
+    rows, prev = [], None
+    for a in hits:
+        gap = "" if prev is None else f" gap={a.start - prev.end:.3f}"
+        rows.append(f"{a.path} {a.status} @+{a.start - t0:.3f}{gap}")
+        prev = a
+    return "; ".join(rows)
+
+
+def stat(crawler, key: str) -> Any:
+    return crawler.stats.get_value(f"polite/{key}")
+
+
+def in_windows(hits: list[Arrival], window: float) -> list[Arrival]:
+    """The arrivals that started less than ``window`` seconds after the end of an earlier throttle (429/503)
+    of the same log: requests sent inside a Retry-After window."""
+    bad = []
+    throttles = [a for a in hits if a.status in (429, 503)]
+    for a in hits:
+        if any(t.end <= a.start < t.end + window for t in throttles if t is not a):
+            bad.append(a)
+    return bad
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. The stall (Scrapy #2638): one host answering 429 + Retry-After must not slow the healthy ones
+
+
+HEALTHY = [f"127.0.2.{i}" for i in range(10, 19)]  # 9 healthy hosts
+BAD = "127.0.2.19"
+PAGES = 30
+
+
+def _stall_urls(healthy, bad=None) -> list[str]:
+    """Round-robin over the hosts (as a crawl frontier mixing hosts would hand them out)."""
+    per_host = [[srv.url(f"/p/{i}") for i in range(PAGES)] for srv in healthy]
+    if bad is not None:
+        per_host.insert(0, [bad.url(f"/b/{i}") for i in range(PAGES)])
+    return [urls[i] for i in range(PAGES) for urls in per_host]
+
+
+async def _stall_crawl(healthy, bad, tmp_path, name):
+    s = settings(tmp_path / name, CONCURRENT_REQUESTS=16, POLITE_HOST_INTERVAL=0.1, POLITE_MAX_IDLE_WAIT=2.0)
+    (tmp_path / name).mkdir()
+    for srv in healthy + ([bad] if bad else []):
+        srv.clear()
+    t0 = time.time()
+    crawler = await run_crawl(ListSpider, s, urls=_stall_urls(healthy, bad), timeout=90)
+    ends = [a.end for srv in healthy for a in timeline(srv)]
+    return crawler, t0, max(ends) - t0
+
+
+@pytest_twisted.ensureDeferred
+async def test_stall_one_throttling_host_does_not_slow_the_healthy_ones(arrival_server, tmp_path):
+    """9 healthy hosts × 30 pages (interval 0.1 s) plus one bad host with 30 URLs that serves its first request
+    and answers every later one 429 + Retry-After: 20; CONCURRENT_REQUESTS=16, POLITE_MAX_IDLE_WAIT=2. The
+    healthy hosts' completion time (last healthy arrival's end − crawl start) with the bad host is within
+    1.2 × the same crawl without it; the bad host gets no request inside its Retry-After window (the crawl
+    closes with ``polite_deferred`` once only the bad host's deferred requests are left, and reports them)."""
+    healthy = [arrival_server(a) for a in HEALTHY]
+    bad = arrival_server(BAD)
+    bad.route("/*", scripted(page("first"), then=Reply.throttle(429, "20")))
+
+    # A one-page warm-up crawl (imports, first-crawl set-up), then the crawl with the bad host, then the
+    # baseline without it (the order puts any remaining warm-up cost on the side that must be fast).
+    await run_crawl(ListSpider, settings(tmp_path, POLITE_HOST_INTERVAL=0.1), urls=[healthy[0].url("/warm")])
+    crawler, t0, t_with = await _stall_crawl(healthy, bad, tmp_path, "with")
+    with_hits = {srv.address: timeline(srv) for srv in healthy + [bad]}
+    bad.clear()
+    base, _, t_without = await _stall_crawl(healthy, None, tmp_path, "without")
+    assert base.stats.get_value("finish_reason") == "finished"
+    assert not bad.arrivals(), "the baseline crawl must not touch the bad host"
+
+    for srv in healthy:
+        hits = with_hits[srv.address]
+        assert len(hits) == PAGES and all(a.status == 200 for a in hits), (srv.address, describe(hits))
+        assert len({a.path for a in hits}) == PAGES
+    ratio = t_with / t_without
+    assert ratio <= 1.2, (f"healthy hosts took {t_with:.2f} s with the bad host vs {t_without:.2f} s "
+                          f"without (ratio {ratio:.2f})")
+
+    hits = with_hits[bad.address]
+    inside = in_windows(hits, 20.0)
+    assert not inside, f"requests inside the 20 s Retry-After window: {describe(hits, t0)}"
+    # The host served one page, throttled the second request; nothing else reached it.
+    assert [a.status for a in hits] == [200, 429], describe(hits, t0)
+
+    assert crawler.stats.get_value("finish_reason") == "polite_deferred"
+    assert stat(crawler, "deferred/not_crawled") == PAGES - 2  # 30 URLs, 2 fetched (one answered 429)
+    assert stat(crawler, "deferrals/throttled") >= 1
+    assert stat(crawler, "throttles/429") == 1
+    assert stat(crawler, "retry_after/honoured") == 1
+    failed = crawler.spider.failed
+    assert not failed, failed[:3]
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Deferred requests survive a stop (JOBDIR) and are fetched on resume, not before they are due
+
+
+class StopSpider(ListSpider):
+    """A ListSpider that stops its crawler ``stop_after`` seconds after it opened (None: never)."""
+
+    name = "stop"
+
+    def __init__(self, *args: Any, stop_after: float | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.stop_after = stop_after
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(spider._opened, signal=signals.spider_opened)
+        return spider
+
+    def _opened(self, spider):
+        if self.stop_after is not None:
+            from scrapy.utils.defer import deferred_from_coro
+            from twisted.internet import reactor
+
+            reactor.callLater(self.stop_after, lambda: deferred_from_coro(self.crawler.stop_async()))
+
+
+@pytest.mark.parametrize("how", ["idle", "stop"])
+@pytest_twisted.ensureDeferred
+async def test_deferred_requests_survive_a_stop_with_jobdir(arrival_server, tmp_path, how):
+    """Run 1: the host's first answer is 429 + Retry-After: 4; RetryMiddleware's retry and the 4 other URLs are
+    deferred, and the crawl closes while they are (idle: POLITE_MAX_IDLE_WAIT=1 → ``polite_deferred``; stop:
+    ``crawler.stop()`` 1.5 s in → ``shutdown``). They are saved under JOBDIR. Run 2 (same JOBDIR, same pace
+    table): they are resumed at their due time; the spider's start URLs, already seen, are filtered. Across
+    both runs the server sees exactly one 429 (for whichever URL went first) and exactly one 200 per URL,
+    and no request before the 429's end + 4 s."""
+    srv = arrival_server("127.0.2.30" if how == "idle" else "127.0.2.31")
+    srv.route("/*", scripted(Reply.throttle(429, "4")))
+    jobdir = tmp_path / "job"
+    paths = [f"/j/{i}" for i in range(5)]
+    urls = [srv.url(p) for p in paths]
+    s = settings(tmp_path, JOBDIR=str(jobdir), POLITE_HOST_INTERVAL=0.5, RETRY_ENABLED=True, RETRY_TIMES=2)
+    first_kw: dict[str, Any] = {"stop_after": 1.5} if how == "stop" else {}
+    s1 = dict(s, POLITE_MAX_IDLE_WAIT=1.0) if how == "idle" else s
+
+    c1 = await run_crawl(StopSpider, s1, urls=urls, timeout=30, **first_kw)
+    run1 = timeline(srv)
+    assert [a.status for a in run1] == [429], describe(run1)
+    (throttle,) = run1
+    due = throttle.end + 4.0
+    assert c1.stats.get_value("finish_reason") == ("polite_deferred" if how == "idle" else "shutdown")
+    assert stat(c1, "deferred/saved") == 5, c1.stats.get_stats()  # the retry of the 429'd URL + 4 others
+    assert not stat(c1, "deferred/not_crawled")
+    assert (jobdir / "polite_deferred.pickle").exists()
+    assert c1.stats.get_value("retry/count") == 1
+    assert c1.spider.fetched == [] and c1.spider.failed == []
+    assert time.time() < due - 1.0, "run 1 took too long for the due-time check to mean anything"
+
+    c2 = await run_crawl(StopSpider, s, urls=urls, timeout=30)
+    both = timeline(srv)
+    run2 = both[1:]
+    assert c2.stats.get_value("finish_reason") == "finished"
+    assert stat(c2, "deferred/resumed") == 5
+    assert not stat(c2, "deferred/saved") and not stat(c2, "deferred/not_crawled")
+    assert not (jobdir / "polite_deferred.pickle").exists(), "the saved requests must be consumed on resume"
+    # Exactly one 429 (run 1) and exactly one 200 per URL (run 2), nothing else.
+    seen = Counter((a.path, a.status) for a in both)
+    assert seen == Counter({(throttle.path, 429): 1, **{(p, 200): 1 for p in paths}}), describe(both)
+    assert all(a.start >= due - TOL for a in run2), (
+        f"a resumed request came before the 429's end + 4 s: {describe(both, throttle.start)}")
+    assert run2[0].start <= due + 2 * SLACK, f"resumed late: {describe(both, throttle.start)}"
+    assert min(gaps(run2)) >= 0.5 - TOL, describe(run2)
+    assert sorted(f.url for f in c2.spider.fetched) == sorted(urls)
+    assert all(f.status == 200 and not f.via_errback for f in c2.spider.fetched)
+    assert c2.spider.failed == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. A deferral is not an error and not a duplicate
+
+
+class SignalSpider(ListSpider):
+    """A ListSpider that also records ``request_dropped`` signals and ``response_downloaded`` times."""
+
+    name = "signals"
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        spider.dropped = []
+        spider.downloaded = []  # (time.time(), status, url) when the response reached the engine
+        crawler.signals.connect(spider._dropped, signal=signals.request_dropped)
+        crawler.signals.connect(spider._downloaded, signal=signals.response_downloaded)
+        return spider
+
+    def _dropped(self, request, spider=None):
+        self.dropped.append(request.url)
+
+    def _downloaded(self, response, request, spider=None):
+        self.downloaded.append((time.time(), response.status, request.url))
+
+
+@pytest_twisted.ensureDeferred
+async def test_deferral_calls_no_errback_and_is_not_a_duplicate(arrival_server, tmp_path):
+    """Host X throttles its first request (429, Retry-After: 1; handed to the callback via
+    HTTPERROR_ALLOWED_CODES), so its other requests are deferred as ``throttled``; host Y is merely busy
+    (interval 0.3 s), so its requests are deferred as ``line``. Every deferred request is re-injected and
+    fetched once; the errback never runs, no request is dropped, the dupe filter filters nothing, and the
+    wrapped scheduler saw each request exactly once."""
+    x = arrival_server("127.0.2.40")
+    y = arrival_server("127.0.2.41")
+    x.route("/*", scripted(Reply.throttle(429, "1")))
+    urls = [x.url(f"/d/{i}") for i in range(4)] + [y.url(f"/d/{i}") for i in range(4)]
+    s = settings(tmp_path, POLITE_HOST_INTERVAL=0.3, HTTPERROR_ALLOWED_CODES=[429])
+    crawler = await run_crawl(SignalSpider, s, urls=urls, timeout=40)
+    spider = crawler.spider
+    hx, hy = timeline(x), timeline(y)
+    assert sorted(a.status for a in hx) == [200, 200, 200, 429], describe(hx)
+    assert sorted(a.path for a in hx) == [f"/d/{i}" for i in range(4)], describe(hx)  # the 429'd one not again
+    assert sorted(a.path for a in hy) == [f"/d/{i}" for i in range(4)], describe(hy)
+    assert hx[1].start - hx[0].end >= 1.0 - TOL, describe(hx)
+    # Deferrals really happened, for both reasons.
+    assert stat(crawler, "deferrals/throttled") >= 1, crawler.stats.get_stats()
+    assert stat(crawler, "deferrals/line") >= 1, crawler.stats.get_stats()
+    # ... and none of them reached the errback, the dupe filter or the request_dropped signal.
+    assert spider.failed == []
+    assert not [f for f in spider.fetched if f.via_errback]
+    assert sorted(f.url for f in spider.fetched) == sorted(urls)
+    assert spider.dropped == []
+    assert not crawler.stats.get_value("dupefilter/filtered")
+    assert crawler.stats.get_value("scheduler/enqueued") == len(urls)  # re-injection bypasses the inner queue
+    assert crawler.stats.get_value("finish_reason") == "finished"
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. RetryMiddleware's retries go through the same path and are spread by the backoff
+
+
+@pytest_twisted.ensureDeferred
+async def test_retries_are_spread_by_the_backoff(arrival_server, tmp_path):
+    """RETRY_TIMES=2. Host A: /api answers 429 + Retry-After: 1.5 twice, then 200. Host B: /api answers 503 (no
+    Retry-After) twice, then 200; interval 0.5 → backoff 0.5 then 1.0. Each retry leaves only when the host is
+    due, so the third attempt succeeds: the retry budget is not burned at once."""
+    a = arrival_server("127.0.2.50")
+    b = arrival_server("127.0.2.51")
+    a.route("/api", scripted(Reply.throttle(429, "1.5"), Reply.throttle(429, "1.5")))
+    b.route("/api", scripted(Reply.throttle(503), Reply.throttle(503)))
+    s = settings(tmp_path, POLITE_HOST_INTERVAL=0.5, RETRY_ENABLED=True, RETRY_TIMES=2)
+    crawler = await run_crawl(ListSpider, s, urls=[a.url("/api"), b.url("/api")], timeout=40)
+    ha, hb = timeline(a), timeline(b)
+    assert [x.status for x in ha] == [429, 429, 200], describe(ha)
+    assert [x.status for x in hb] == [503, 503, 200], describe(hb)
+    for hits, expected in ((ha, [1.5, 1.5]), (hb, [0.5, 1.0])):
+        got = gaps(hits)
+        for g, e in zip(got, expected):
+            assert e - TOL <= g <= e + SLACK, (
+                f"gaps {[round(v, 3) for v in got]}, expected ≈ {expected}: {describe(hits)}")
+    assert crawler.stats.get_value("retry/count") == 4
+    assert not crawler.stats.get_value("retry/max_reached")
+    assert sorted(f.status for f in crawler.spider.fetched) == [200, 200]
+    assert stat(crawler, "deferrals/throttled") >= 4  # every retry was deferred, not waited for in line
+
+
+@pytest_twisted.ensureDeferred
+async def test_negative_control_plain_scrapy_burns_the_retry_budget(arrival_server, tmp_path):
+    """The same script without the add-on: the retries go at once and the budget is spent on 429s."""
+    a = arrival_server("127.0.2.52")
+    a.route("/api", scripted(Reply.throttle(429, "1.5"), Reply.throttle(429, "1.5")))
+    s = settings(tmp_path, POLITE_ENABLED=False, RETRY_ENABLED=True, RETRY_TIMES=1)
+    crawler = await run_crawl(ListSpider, s, urls=[a.url("/api")], timeout=40)
+    ha = timeline(a)
+    assert [x.status for x in ha] == [429, 429], describe(ha)
+    assert max(gaps(ha)) < 0.5, describe(ha)
+    assert crawler.stats.get_value("retry/max_reached") == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. Burst: a stream's segments skip the interval until the host throttles
+
+
+class TrickleSpider(SignalSpider):
+    """Yields its start requests one every 10 ms (a stream whose segments become known over time)."""
+
+    name = "trickle"
+
+    async def start(self):
+        import asyncio
+
+        async for request in super().start():
+            yield request
+            await asyncio.sleep(0.01)
+
+
+async def _burst_crawl(arrival_server, tmp_path, monkeypatch, address: str, *, slow_after: int = 0,
+                       spider_cls: type = SignalSpider, **overrides: Any):
+    """200 segments with ``meta['polite_burst']`` (interval 1 s); the 101st request the host receives is
+    answered 429 + Retry-After: 2, and the next ``slow_after`` requests take 0.3 s to answer. Returns (crawler,
+    elapsed, arrivals, the 429's arrival, when the 429 reached the crawler, the paths the download handler
+    put on the wire after that moment)."""
+    import scrapy_polite.handler as handler_mod
+
+    sent: list[tuple[float, str]] = []  # (time.time() when the handler put the request on the wire, url)
+    original = handler_mod.PinnedHTTP11DownloadHandler.download_request
+
+    async def spy(self, request):
+        sent.append((time.time(), request.url))
+        return await original(self, request)
+
+    monkeypatch.setattr(handler_mod.PinnedHTTP11DownloadHandler, "download_request", spy)
+    srv = arrival_server(address)
+    slow = Reply.html("<html><body><p>slow</p></body></html>", delay=0.3)
+    srv.route("/*", scripted(*[page()] * 100, Reply.throttle(429, "2"), *[slow] * slow_after))
+    urls = [srv.url(f"/seg/{i}") for i in range(200)]
+    t0 = time.time()
+    crawler = await run_crawl(spider_cls, settings(tmp_path, POLITE_HOST_INTERVAL=1.0, **overrides), urls=urls,
+                              meta={"polite_burst": True}, timeout=120)
+    elapsed = time.time() - t0
+    hits = timeline(srv)
+    assert len(hits) == 200 and sorted(a.path for a in hits) == sorted(f"/seg/{i}" for i in range(200))
+    (throttle,) = [a for a in hits if a.status == 429]
+    (seen,) = [t for t, status, _ in crawler.spider.downloaded if status == 429]
+    after = {url for t, url in sent if t > seen}
+    return crawler, elapsed, hits, throttle, seen, {u.split(srv.netloc, 1)[1] for u in after}
+
+
+@pytest_twisted.ensureDeferred
+async def test_burst_segment_sent_after_a_429_waits_for_the_backoff(arrival_server, tmp_path, monkeypatch):
+    """Requests already on the wire when the 429 reached the crawler cannot be recalled; every segment request
+    *sent* (by the download handler) after that moment must reach the host no sooner than the 429's end + 2 s
+    (the seed's "a 429 still lands as backoff on the very next segment")."""
+    crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,
+                                                                        "127.0.2.60")
+    due = throttle.end + 2.0
+    early = [a for a in hits if a.path in after and a.start < due - TOL]
+    assert not early, (
+        f"{len(early)} segment requests sent after the 429 reached the crawler (at +{seen - throttle.end:.3f} s) "
+        f"arrived inside the 2 s backoff: {describe(early, throttle.end)}")
+    assert stat(crawler, "throttles/429") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_burst_throttle_not_erased_by_a_segment_decided_before_it(arrival_server, tmp_path, monkeypatch):
+    """The same stream with a pace table whose reads take 20 ms (a busy disk, a remote store). A segment whose
+    decision read the table before the 429 was written answers for the host's mood *before* the throttle: its
+    200 must take no step off it (SPEC §2). So inside the 2 s window the host sees at most the requests that
+    were already in the downloader when the 429 arrived (≤ CONCURRENT_REQUESTS = 16) — not the rest of the
+    stream."""
+    import scrapy_polite.store as store_mod
+
+    original_get = store_mod.SQLiteStore.get
+
+    def slow_get(self, host):
+        time.sleep(0.02)
+        return original_get(self, host)
+
+    monkeypatch.setattr(store_mod.SQLiteStore, "get", slow_get)
+    crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,
+                                                                        "127.0.2.62")
+    due = throttle.end + 2.0
+    inside = [a for a in hits if throttle.end < a.start < due - TOL]
+    assert len(inside) <= 16, (
+        f"{len(inside)} of the {len([a for a in hits if a.start > throttle.end])} segments after the 429 reached "
+        f"the host inside its 2 s Retry-After window: {describe(inside[:30], throttle.end)}")
+
+
+@pytest_twisted.ensureDeferred
+async def test_burst_stream_is_fast_and_resumes_when_the_backoff_ends(arrival_server, tmp_path, monkeypatch):
+    """A healthy host streams without the 1 s interval (200 segments in far less than 200 s); after the 429 the
+    stream resumes when the backoff ends, not later. The segments become known one every 10 ms, and the
+    requests the host receives right after the 429 (already in flight) take 0.3 s to answer, so their (stale)
+    200s push the host's ``next_allowed`` from ``429 end + 2`` to ``their end + 2`` while later segments are
+    still being deferred: the deferred segments must come back at that later due time — not a second after
+    it. In-memory pace table (decisions read the table inline)."""
+    crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(
+        arrival_server, tmp_path, monkeypatch, "127.0.2.61", slow_after=3, spider_cls=TrickleSpider,
+        POLITE_STORE="memory://")
+    assert elapsed < 20, f"200 burst segments took {elapsed:.1f} s"
+    assert stat(crawler, "burst") == 200
+    before = [a for a in hits if a.end <= throttle.start]
+    assert len(before) >= 50 and max(gaps(before)) < 0.5, "segments before the 429 were paced by the interval"
+    in_flight = [a for a in hits if throttle.start <= a.start < throttle.end + 1.0]  # answered within 0.3 s
+    assert all(a.end < throttle.end + 1.0 for a in in_flight)
+    due = max([throttle.end] + [a.end for a in in_flight]) + 2.0
+    later = [a for a in hits if a.start >= throttle.end + 1.0]
+    assert later, describe(hits[-20:], throttle.end)
+    resumed = later[0].start
+    assert resumed >= due - TOL, f"resumed at +{resumed - throttle.end:.3f} s, due +{due - throttle.end:.3f} s"
+    assert resumed <= due + SLACK, (
+        f"the stream resumed at +{resumed - throttle.end:.3f} s after the 429's end, the host was due at "
+        f"+{due - throttle.end:.3f} s: {describe([a for a in hits if a.start >= throttle.start][:30], throttle.end)}")
+    assert stat(crawler, "deferrals/throttled") > 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. A Crawl-delay longer than POLITE_MAX_WAIT is honoured by deferral
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawl_delay_beyond_max_wait_is_crawled_by_deferral(arrival_server, tmp_path):
+    """robots.txt ``Crawl-delay: 3`` with POLITE_MAX_WAIT=1: no in-line wait can honour it, so the host's requests
+    are deferred and come back when due: gaps ≥ 3 s (and not much more), every page fetched."""
+    srv = arrival_server("127.0.2.70")
+    srv.route("/robots.txt", Reply.robots("User-agent: *\nCrawl-delay: 3\n"))
+    paths = [f"/c/{i}" for i in range(4)]
+    s = settings(tmp_path, POLITE_HOST_INTERVAL=0.5, POLITE_MAX_WAIT=1.0, ROBOTSTXT_OBEY=True)
+    crawler = await run_crawl(ListSpider, s, urls=[srv.url(p) for p in paths], timeout=60)
+    hits = timeline(srv)
+    assert sorted(a.path for a in hits) == paths, describe(hits)
+    assert all(a.status == 200 for a in hits)
+    for g in gaps(hits):
+        assert 3.0 - TOL <= g <= 3.0 + SLACK, describe(hits)
+    assert stat(crawler, "deferrals/crawl_delay") > 0, crawler.stats.get_stats()
+    assert stat(crawler, "crawl_delay/adopted") == 1
+    assert crawler.stats.get_value("finish_reason") == "finished"
+
+
+# ---------------------------------------------------------------------------------------------------
+# 7. At most one request per host is inside the downloader; the other hosts keep flowing
+
+
+class ProbeSpider(SignalSpider):
+    """Samples ``engine.downloader.active`` every 5 ms while the spider is open."""
+
+    name = "probe"
+
+    def _opened_probe(self, spider):
+        from twisted.internet import task
+
+        self.samples: list[tuple[float, list[tuple[Any, float | None]]]] = []
+        self._loop = task.LoopingCall(self._sample)
+        self._loop.start(0.005)
+
+    def _closed_probe(self, spider):
+        if self._loop.running:
+            self._loop.stop()
+
+    def _sample(self):
+        downloader = self.crawler.engine.downloader
+        self.samples.append((time.time(), [(r, r.meta.get("polite_sent_at")) for r in downloader.active]))
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(spider._opened_probe, signal=signals.spider_opened)
+        crawler.signals.connect(spider._closed_probe, signal=signals.spider_closed)
+        return spider
+
+
+def _crowding(spider, prefix: str, t0: float) -> tuple[list[tuple[float, list[str]]], int]:
+    """Samples where more than one request of the host (URL ``prefix``) is inside the downloader and booked
+    (``polite_sent_at`` set) or there for ≥ 50 ms (waiting in line); and the largest raw count."""
+    entered: dict[int, float] = {}  # id(request) -> when its current stay in the downloader began
+    previous: set[int] = set()
+    crowded, raw_max = [], 0
+    for t, active in spider.samples:
+        mine = [(r, sent_at) for r, sent_at in active if r.url.startswith(prefix)]
+        current = {id(r) for r, _ in mine}
+        for i in current - previous:
+            entered[i] = t
+        previous = current
+        raw_max = max(raw_max, len(mine))
+        inside = [r.url for r, sent_at in mine if sent_at is not None or t - entered[id(r)] >= 0.05]
+        if len(inside) > 1:
+            crowded.append((round(t - t0, 3), inside))
+    return crowded, raw_max
+
+
+async def _one_line_crawl(arrival_server, tmp_path, base: int):
+    a = arrival_server(f"127.0.2.{base}")
+    others = [arrival_server(f"127.0.2.{base + i}") for i in (1, 2, 3)]
+    urls = [a.url(f"/a/{i}") for i in range(20)] + [o.url(f"/o/{i}") for i in range(20) for o in others]
+    s = settings(tmp_path, CONCURRENT_REQUESTS=16, POLITE_HOST_INTERVAL=0.1,
+                 POLITE_HOST_DELAYS={a.address: 0.5})
+    t0 = time.time()
+    crawler = await run_crawl(ProbeSpider, s, urls=urls, timeout=60)
+    crowded, raw_max = _crowding(crawler.spider, f"http://{a.netloc}/", t0)
+    a_done = max(x.end for x in timeline(a)) - t0
+    others_done = max(x.end for o in others for x in timeline(o)) - t0
+    return crawler, a, others, crowded, raw_max, a_done, others_done
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_request_per_host_in_the_downloader_and_others_flow(arrival_server, tmp_path):
+    """Host A: 20 URLs with POLITE_HOST_DELAYS 0.5 s (≈ 10 s), listed first; hosts B, C, D: 20 URLs each at
+    0.1 s. CONCURRENT_REQUESTS=16. Sampling ``engine.downloader.active`` every 5 ms, host A never has more than
+    one request inside it that is booked (``polite_sent_at`` set) or has stayed there ≥ 50 ms (waiting in
+    line): the other 19 are held by the scheduler, not occupying the 16 slots. (A request passes through the
+    downloader for the instant its deferral is decided — one reactor turn — and two such arrivals can be
+    sampled together; that is not a request waiting in line.) B–D finish in about their own time
+    (≈ 20 × 0.1 s), long before A."""
+    crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(arrival_server, tmp_path, 80)
+    assert len(timeline(a)) == 20 and all(len(timeline(o)) == 20 for o in others)
+    assert len(crawler.spider.samples) > 100
+    assert not crowded, f"{len(crowded)} samples with more than one request of host A in the downloader: {crowded[:5]}"
+    assert raw_max >= 1
+    assert a_done >= 19 * 0.5 - TOL
+    assert others_done <= 20 * 0.1 + 2.0, f"hosts B-D took {others_done:.2f} s (A: {a_done:.2f} s)"
+    for o in others:
+        assert max(gaps(timeline(o))) <= 0.1 + SLACK, describe(timeline(o))
+    assert stat(crawler, "deferrals/line") > 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_negative_control_without_deferral_requests_crowd_the_downloader(arrival_server, tmp_path, monkeypatch):
+    """The same crawl with deferral switched off (``Pacer.can_defer`` patched to False: requests wait for the
+    host's line inside the downloader): the probe sees host A's requests pile up in the downloader and the
+    other hosts are slowed — the assertions above are not vacuous."""
+    from scrapy_polite.pacer import Pacer
+
+    monkeypatch.setattr(Pacer, "can_defer", lambda self, request: False)
+    crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(arrival_server, tmp_path, 90)
+    assert len(timeline(a)) == 20 and all(len(timeline(o)) == 20 for o in others)
+    assert crowded and raw_max > 5, (len(crowded), raw_max)
+    assert not stat(crawler, "deferrals")
