@@ -623,11 +623,22 @@ class Pacer:
         self.store.close()
 
 
-def _aw(d: Any) -> Any:
-    """An awaitable for a Deferred that works under both the asyncio and the plain Twisted reactor."""
+async def _aw(d: Any) -> Any:
+    """Await a Deferred under both the asyncio and the plain Twisted reactor. A Deferred that has already
+    fired (an inline store call, a cached DNS answer) is read directly, without a round trip through the
+    event loop."""
+    from twisted.python.failure import Failure
+
+    if (isinstance(d, defer.Deferred) and d.called and not getattr(d, "paused", 0)
+            and not isinstance(d.result, defer.Deferred)):
+        result = d.result
+        if isinstance(result, Failure):
+            d.addErrback(lambda _: None)  # handled here: no "Unhandled error in Deferred"
+            result.raiseException()
+        return result
     from scrapy.utils.defer import maybe_deferred_to_future
 
-    return maybe_deferred_to_future(d)
+    return await maybe_deferred_to_future(d)
 
 
 def _ip_key(address: str) -> str:
@@ -658,10 +669,11 @@ def _book(policy: Any, host: str, addresses: list[str], now: float, interval: fl
         if free_at > now:
             return {}, Booking(False, state, free_at)
         eff = max(policy.effective_interval(state, None), interval)
-        new = {host: policy.reserve(state, start=now, interval=eff)}
-        if address is not None:
+        # A zero interval books nothing in the future: no row needs writing for it.
+        new = {host: policy.reserve(state, start=now, interval=eff)} if eff > 0 else {}
+        if address is not None and ip_interval > 0:
             new[_ip_key(address)] = policy.reserve(states[_ip_key(address)], start=now, interval=ip_interval)
-        return new, Booking(True, new[host], now, address)
+        return new, Booking(True, new.get(host, state), now, address)
 
     return fn
 

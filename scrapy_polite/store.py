@@ -30,6 +30,7 @@ __all__ = [
     "SQLiteStore",
     "AsyncStore",
     "StoreError",
+    "StoreBusy",
     "open_store",
     "SCHEMA_VERSION",
 ]
@@ -51,6 +52,10 @@ _FIELDS = [f.name for f in fields(HostState)]
 
 class StoreError(RuntimeError):
     """The pace table cannot be opened, read or written. The message names the store and the fix."""
+
+
+class StoreBusy(StoreError):
+    """A no-wait operation found the table locked by another writer; retry it where waiting is allowed."""
 
 
 class PaceStore(Protocol):
@@ -161,15 +166,20 @@ class SQLiteStore:
             corrupt file, a schema newer than this version knows). The message names the path and the fix.
     """
 
-    def __init__(self, path: str, *, timeout: float = 30.0) -> None:
+    def __init__(self, path: str, *, timeout: float = 30.0, _nowait: bool = False) -> None:
         self.path = os.path.abspath(path)
         self.uri = f"sqlite:///{self.path}"
         self._lock = threading.Lock()
+        self._nowait = _nowait
         try:
             directory = os.path.dirname(self.path)
             os.makedirs(directory, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
+            self._db = sqlite3.connect(self.path, timeout=0.0 if _nowait else timeout, isolation_level=None,
                                        check_same_thread=False)
+            if _nowait:  # the sibling already set the file up; never checkpoint here (that may fsync)
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA wal_autocheckpoint=0")
+                return
             self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._migrate()
@@ -179,8 +189,24 @@ class SQLiteStore:
         except (sqlite3.Error, OSError) as exc:
             raise self._error("open", exc) from exc
 
+    def nowait(self) -> SQLiteStore:
+        """A second connection to the same file that never waits for a lock: an operation that would wait
+        raises :class:`StoreBusy` instead, and it never checkpoints the WAL (see :meth:`checkpoint`).
+        :class:`AsyncStore` runs these on the reactor thread, where they take tens of microseconds."""
+        return SQLiteStore(self.path, _nowait=True)
+
+    def checkpoint(self) -> None:
+        """Copy the WAL back into the database file (``PRAGMA wal_checkpoint(PASSIVE)``)."""
+        try:
+            with self._lock:
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
     def _error(self, action: str, exc: BaseException) -> StoreError:
         text = str(exc)
+        if self._nowait and isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+            return StoreBusy(text)
         if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
             fix = (f"the file is not a valid pace table; move it away (e.g. mv {self.path} {self.path}.bad) "
                    "to start a fresh one, or point POLITE_STORE to another file")
@@ -316,16 +342,21 @@ def open_store(uri: str) -> PaceStore:
 
 
 class AsyncStore:
-    """A store whose calls run off the reactor thread, one dedicated thread per store, in call order.
+    """A store whose calls never block the reactor, and whose results are Twisted ``Deferred`` objects.
 
-    Each method returns a Twisted ``Deferred``. A :class:`MemoryStore` is called inline (no I/O).
+    * :class:`MemoryStore`: called inline (no I/O).
+    * :class:`SQLiteStore`: first tried inline on a no-wait connection (a WAL transaction without fsync,
+      tens of microseconds); when another writer holds the lock (:class:`StoreBusy`) or earlier calls are
+      still queued, the call runs on the store's own thread, which may wait for the lock. The thread also
+      checkpoints the WAL every ``checkpoint_every`` inline writes. Calls complete in call order.
 
     Args:
         store: the backend.
         reactor: the Twisted reactor (defaults to the installed one).
+        checkpoint_every: inline writes between two WAL checkpoints.
     """
 
-    def __init__(self, store: PaceStore, reactor: Any = None) -> None:
+    def __init__(self, store: PaceStore, reactor: Any = None, *, checkpoint_every: int = 1000) -> None:
         from twisted.python.threadpool import ThreadPool
 
         if reactor is None:
@@ -335,32 +366,73 @@ class AsyncStore:
         self.store = store
         self._reactor = reactor
         self._pool: ThreadPool | None = None
-        if not isinstance(store, MemoryStore):
+        self._inline: Any = None
+        self._queued = 0
+        self._writes = 0
+        self._checkpoint_every = checkpoint_every
+        if isinstance(store, MemoryStore):
+            self._inline = store
+        else:
+            nowait = getattr(store, "nowait", None)
+            if nowait is not None:
+                self._inline = nowait()
             self._pool = ThreadPool(minthreads=1, maxthreads=1, name="scrapy-polite-store")
             self._pool.start()
 
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` on the store's thread; a Deferred of its result."""
-        from twisted.internet import defer, threads
+    def call(self, name: str, *args: Any) -> Any:
+        """Run the store's method ``name(*args)``; a Deferred of its result."""
+        from twisted.internet import defer
 
-        if self._pool is None:
-            return defer.maybeDeferred(fn, *args, **kwargs)
-        return threads.deferToThreadPool(self._reactor, self._pool, fn, *args, **kwargs)
+        if self._inline is not None and not self._queued:
+            try:
+                result = getattr(self._inline, name)(*args)
+            except StoreBusy:
+                pass
+            except Exception:
+                return defer.fail()
+            else:
+                if name != "get" and self._pool is not None:
+                    self._writes += 1
+                    if self._writes % self._checkpoint_every == 0:
+                        self._threaded("checkpoint").addErrback(lambda f: None)
+                return defer.succeed(result)
+        return self._threaded(name, *args)
+
+    def _threaded(self, name: str, *args: Any) -> Any:
+        from twisted.internet import threads
+
+        assert self._pool is not None
+        self._queued += 1
+
+        def done(result: Any) -> Any:
+            self._queued -= 1
+            return result
+
+        d = threads.deferToThreadPool(self._reactor, self._pool, getattr(self.store, name), *args)
+        return d.addBoth(done)
 
     def get(self, host: str) -> Any:
-        return self.call(self.store.get, host)
+        return self.call("get", host)
 
     def update(self, host: str, fn: UpdateFn[T]) -> Any:
-        return self.call(self.store.update, host, fn)
+        return self.call("update", host, fn)
 
     def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> Any:
-        return self.call(self.store.update_many, keys, fn)
+        return self.call("update_many", keys, fn)
 
     def close(self) -> None:
-        """Stop the thread (after the calls already queued) and close the backend."""
+        """Stop the thread (after the calls already queued), checkpoint and close the backend."""
         if self._pool is not None:
             self._pool.stop()
             self._pool = None
+            checkpoint = getattr(self.store, "checkpoint", None)
+            if checkpoint is not None:
+                try:
+                    checkpoint()
+                except StoreError:
+                    pass
+        if self._inline is not None and self._inline is not self.store:
+            self._inline.close()
         self.store.close()
 
 
