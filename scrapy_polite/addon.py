@@ -2,7 +2,8 @@
 
 It installs
 
-* :class:`~scrapy_polite.middleware.PoliteDownloaderMiddleware` at downloader-middleware priority 950;
+* :class:`~scrapy_polite.middleware.PoliteDownloaderMiddleware` at downloader-middleware priority 950, and
+  :class:`~scrapy_polite.middleware.PoliteEarlyDeferMiddleware` at 50 (before robots.txt handling);
 * :class:`~scrapy_polite.extension.PoliteExtension`;
 * :class:`~scrapy_polite.scheduler.PoliteScheduler` as ``SCHEDULER``, wrapping the project's own scheduler
   (moved to ``POLITE_SCHEDULER_BASE``);
@@ -31,6 +32,8 @@ HANDLER = "scrapy_polite.handler.PinnedHTTP11DownloadHandler"
 REPLACEABLE_HANDLERS = {"scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler",
                         "scrapy.core.downloader.handlers.http.HTTPDownloadHandler", HANDLER}
 MIDDLEWARE_PRIORITY = 950
+EARLY_MIDDLEWARE = "scrapy_polite.middleware.PoliteEarlyDeferMiddleware"
+EARLY_MIDDLEWARE_PRIORITY = 50
 
 
 class Addon:
@@ -59,6 +62,7 @@ class Addon:
         for scheme in ("http", "https"):
             settings["DOWNLOAD_HANDLERS"][scheme] = HANDLER
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = MIDDLEWARE_PRIORITY
+        settings["DOWNLOADER_MIDDLEWARES"][EARLY_MIDDLEWARE] = EARLY_MIDDLEWARE_PRIORITY
         settings["EXTENSIONS"][EXTENSION] = 0
         current = settings.get("SCHEDULER")
         current_path = current if isinstance(current, str) else f"{current.__module__}.{current.__qualname__}"

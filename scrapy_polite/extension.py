@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.exceptions import NotConfigured
+from scrapy.exceptions import CloseSpider, DontCloseSpider, NotConfigured
 
 from .pacer import Pacer, get_pacer
 from .policy import host_key
@@ -46,6 +46,7 @@ class PoliteExtension:
     def __init__(self, crawler: Crawler, pacer: Pacer) -> None:
         self.crawler = crawler
         self.pacer = pacer
+        self._robots_status: dict[str, int] = {}
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -56,7 +57,47 @@ class PoliteExtension:
         crawler.signals.connect(ext.robots_parsed, signal=signals.robots_parsed)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.spider_idle, signal=signals.spider_idle)
+        crawler.signals.connect(ext.response_received_robots, signal=signals.response_downloaded)
+        ext._check_middleware_order(crawler)
         return ext
+
+    @staticmethod
+    def _check_middleware_order(crawler: Crawler) -> None:
+        """A downloader middleware after ours that returns a Request from ``process_request`` bypasses our
+        ``process_response``/``process_exception``: warn, naming it (its host's line could stay taken)."""
+        from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY
+
+        middlewares = crawler.settings.getwithbase("DOWNLOADER_MIDDLEWARES")
+        later = sorted(str(k) for k, v in middlewares.items()
+                       if v is not None and v > MIDDLEWARE_PRIORITY and str(k) != MIDDLEWARE
+                       and getattr(k, "__module__", "") + "." + getattr(k, "__qualname__", "") != MIDDLEWARE)
+        if later:
+            logger.warning(
+                "scrapy-polite: downloader middlewares %s run after PoliteDownloaderMiddleware (priority > %d). "
+                "If one returns a Request or Response from process_request, give it a priority below %d.",
+                later, MIDDLEWARE_PRIORITY, MIDDLEWARE_PRIORITY)
+
+    def spider_idle(self, spider: Spider) -> None:
+        """Keep the spider open while requests are held (SPEC §5), unless everything held is due beyond
+        ``POLITE_MAX_IDLE_WAIT``: then close with reason ``polite_deferred``, listing the hosts."""
+        scheduler = self.pacer.scheduler
+        if scheduler is None or not scheduler.held_count():
+            return
+        earliest = scheduler.earliest_due()
+        wait = (earliest - self.pacer.clock()) if earliest is not None else 0.0
+        if earliest is not None and earliest != float("inf") and wait > self.pacer.config.max_idle_wait:
+            logger.info("scrapy-polite: everything left is deferred beyond POLITE_MAX_IDLE_WAIT=%g s; closing. %s",
+                        self.pacer.config.max_idle_wait, scheduler.describe())
+            raise CloseSpider("polite_deferred")
+        raise DontCloseSpider
+
+    def response_received_robots(self, response: Response, request: Request, spider: Spider | None = None) -> None:
+        """Note robots.txt statuses: only a 2xx or 4xx robots.txt may change a host's recorded delay."""
+        if request.url.endswith("/robots.txt"):
+            host = host_key(request.url)
+            if host is not None:
+                self._robots_status[host] = response.status
 
     def spider_opened(self, spider: Spider) -> None:
         raw = getattr(spider, "crawl_delay", None)
@@ -67,7 +108,10 @@ class PoliteExtension:
         except (TypeError, ValueError):
             value = float("nan")
         if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{type(spider).__name__}.crawl_delay must be a number of seconds >= 0, got {raw!r}")
+            self.pacer.inc("invalid_spider_delay")
+            logger.error("%s.crawl_delay must be a number of seconds >= 0, got %r: ignored (the crawl is paced "
+                         "by POLITE_HOST_INTERVAL and the hosts' own delays)", type(spider).__name__, raw)
+            return
         self.pacer.spider_delay = value
 
     def response_downloaded(self, response: Response, request: Request, spider: Spider | None = None) -> None:
@@ -76,6 +120,11 @@ class PoliteExtension:
     async def robots_parsed(self, robotparser: Any, request: Request) -> None:
         host = host_key(request.url)
         if host is None:
+            return
+        status = self._robots_status.get(host)
+        if status is not None and (status >= 500 or status == 429):
+            # RFC 9309 §2.3.1.4: an unreachable robots.txt says nothing new; keep the recorded delay.
+            self.pacer.inc("robots/unreachable")
             return
         try:
             delay = robots_delay(robotparser, self.pacer.user_agent)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PoliteDownloaderMiddleware"]
+__all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware"]
 
 
 class PoliteDownloaderMiddleware:
@@ -102,3 +102,37 @@ class PoliteDownloaderMiddleware:
         self.pacer.record_failure(request, exception)
         await self.pacer.finish(request)
         return None
+
+
+class PoliteEarlyDeferMiddleware:
+    """Defers a request of a throttled host *before* the rest of the downloader middlewares see it.
+
+    Installed by the add-on at priority 50, before Scrapy's ``RobotsTxtMiddleware`` (100): without it, the
+    first request of a host still backing off from an earlier run would wait inside ``RobotsTxtMiddleware``
+    while the host's robots.txt request waits out the backoff, and both would hold downloader slots that
+    other hosts could use (SPEC §5: other hosts run at full speed). Only requests the
+    :class:`~scrapy_polite.scheduler.PoliteScheduler` handed out are deferred; the decision is the same
+    predicate as in :class:`PoliteDownloaderMiddleware` (SPEC §2).
+    """
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.pacer = pacer
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        if not crawler.settings.getbool("POLITE_ENABLED", True):
+            raise NotConfigured("POLITE_ENABLED is False")
+        return cls(get_pacer(crawler))
+
+    async def process_request(self, request: Request) -> Request | None:
+        pacer = self.pacer
+        if request.meta.get("dont_pace") or pacer.failed is not None or not pacer.can_defer(request):
+            return None
+        host = host_key(request.url)
+        if host is None:
+            return None
+        due = await pacer.early_due(request, host)
+        if due is None:
+            return None
+        pacer.scheduler.hold(request, host, due)
+        return request

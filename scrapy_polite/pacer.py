@@ -59,6 +59,13 @@ def _server_side_failures() -> tuple[type[BaseException], ...]:
         extra += [ResponseFailed, ResponseNeverReceived]
     except ImportError:  # pragma: no cover
         pass
+    # Scrapy >= 2.17 wraps Twisted's errors in its own (CannotResolveHostError, a DNS failure, is not here).
+    from scrapy import exceptions
+
+    for name in ("DownloadTimeoutError", "DownloadConnectionRefusedError", "DownloadFailedError"):
+        cls = getattr(exceptions, name, None)
+        if cls is not None:
+            extra.append(cls)
     return SERVER_SIDE_FAILURES + tuple(extra)
 
 
@@ -90,6 +97,7 @@ class Booking:
     booked: bool
     host_state: HostState | None
     free_at: float
+    now: float
     address: str | None = None
 
 
@@ -246,7 +254,7 @@ class Pacer:
                 decided_at = self.clock()
                 state = await self._call(self.store.get, host)
                 now = self.clock()
-                if not self.policy.should_defer(state, now):
+                if not self.policy.should_defer(state, now, override=override):
                     break
                 if deferrable:
                     return self._defer(host, state.next_allowed, "throttled")  # type: ignore[union-attr]
@@ -273,14 +281,15 @@ class Pacer:
                         if deferrable and any(not d.called for ip in ip_lines for d in ip.freed):
                             self.release(request, host)
                             for a in addresses:  # type: ignore[union-attr]
-                                self._ip_waiting.setdefault(a, set()).add(host)
+                                self._ip_waiting.setdefault(_ip_key(a), set()).add(host)
                             return self._defer(host, None, "ip_line")
                         await _aw(self._wait_for(*ip_lines))
                         continue
                 keys = [host] + [_ip_key(a) for a in free] if ip_paced else [host]
                 booking = await self._call(self.store.update_many, keys, _book(
-                    self.policy, host, free if ip_paced else [], now, eff_floor, self.config.ip_interval))
+                    self.policy, host, free if ip_paced else [], self.clock, eff_floor, self.config.ip_interval))
                 state = booking.host_state
+                now = booking.now
                 if booking.address is not None or (booking.booked and not ip_paced):
                     address = booking.address or (addresses[0] if addresses else None)
                     if ip_paced and address is not None:
@@ -288,7 +297,7 @@ class Pacer:
                     counters.requests += 1
                     self.inc("requests")
                     return Go(sent_at=now, address=address)
-                if self.policy.should_defer(state, now) and deferrable:
+                if self.policy.should_defer(state, now, override=override) and deferrable:
                     self.release(request, host)
                     reason = "throttled" if state.consec > 0 else "crawl_delay"  # type: ignore[union-attr]
                     return self._defer(host, state.next_allowed, reason)  # type: ignore[union-attr]
@@ -424,7 +433,7 @@ class Pacer:
             if request.meta.pop("_polite_pinned", False) and self._resolver is not None:
                 self._resolver.unpin(host, address)
             if self._free(_ip_key(address), request):
-                for waiting in self._ip_waiting.pop(address, ()):
+                for waiting in self._ip_waiting.pop(_ip_key(address), ()):
                     if self.scheduler is not None:
                         self.scheduler.wake(waiting)
         if self.scheduler is not None:
@@ -437,6 +446,16 @@ class Pacer:
         decided = request.meta.get("polite_sent_at")
         mark = self.throttle_marks.get(host) if host is not None else None
         return mark is not None and decided is not None and mark > decided
+
+    async def early_due(self, request: Request, host: str) -> float | None:
+        """When a request of a host that should defer now (SPEC §2) may come back (epoch s), or None."""
+        state = await self._call(self.store.get, host)
+        now = self.clock()
+        if not self.policy.should_defer(state, now, override=self.override(host, request)):
+            return None
+        reason = "throttled" if state.consec > 0 else "crawl_delay"  # type: ignore[union-attr]
+        self._defer(host, state.next_allowed, reason)  # type: ignore[union-attr]
+        return state.next_allowed  # type: ignore[union-attr]
 
     async def due(self, host: str) -> float:
         """When the host may be requested next (epoch seconds; now when it is free)."""
@@ -650,7 +669,7 @@ def _ip_key(address: str) -> str:
     return f"ip:{ip}"
 
 
-def _book(policy: Any, host: str, addresses: list[str], now: float, interval: float,
+def _book(policy: Any, host: str, addresses: list[str], clock: Callable[[], float], interval: float,
           ip_interval: float) -> Callable[[dict[str, HostState | None]], tuple[dict[str, HostState], Booking]]:
     """The booking step run inside one store transaction (SPEC §3, the reference's ``reserve``): over the
     host's sorted addresses pick the earliest ``free = max(now, host_next, ip_next[ip])`` (ties: the lowest
@@ -658,6 +677,7 @@ def _book(policy: Any, host: str, addresses: list[str], now: float, interval: fl
     ``ip_interval``."""
 
     def fn(states: dict[str, HostState | None]) -> tuple[dict[str, HostState], Booking]:
+        now = clock()  # inside the transaction: a wait for the lock does not book a moment in the past
         state = states[host]
         host_free = max(now, state.next_allowed if state is not None else 0.0)
         free_at, address = host_free, None
@@ -667,13 +687,13 @@ def _book(policy: Any, host: str, addresses: list[str], now: float, interval: fl
             if address is None or at < free_at:
                 free_at, address = at, candidate
         if free_at > now:
-            return {}, Booking(False, state, free_at)
+            return {}, Booking(False, state, free_at, now)
         eff = max(policy.effective_interval(state, None), interval)
         # A zero interval books nothing in the future: no row needs writing for it.
         new = {host: policy.reserve(state, start=now, interval=eff)} if eff > 0 else {}
         if address is not None and ip_interval > 0:
             new[_ip_key(address)] = policy.reserve(states[_ip_key(address)], start=now, interval=ip_interval)
-        return new, Booking(True, new.get(host, state), now, address)
+        return new, Booking(True, new.get(host, state), now, now, address)
 
     return fn
 

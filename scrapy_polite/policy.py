@@ -308,9 +308,8 @@ class PacingPolicy:
             else:
                 delay = self.backoff(eff, step_from)
             delay = max(delay, eff)
-            next_allowed = end + delay
-            if stale:
-                next_allowed = max(next_allowed, old.next_allowed)
+            # A later hold already recorded (another process's booking, a robots delay) is never shortened.
+            next_allowed = max(end + delay, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end,
                           throttled_at=old.throttled_at if stale else end)
         else:
@@ -319,9 +318,7 @@ class PacingPolicy:
             else:
                 consec = max(old.consec - 1, 0)
             delay = eff if consec == 0 else self.backoff(eff, consec)
-            next_allowed = end + delay
-            if stale:
-                next_allowed = max(next_allowed, old.next_allowed)
+            next_allowed = max(end + delay, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end)
         if status is not None and 200 <= status < 300:  # set after the decision: the first 2xx-then-403 pair has no history yet
             new = replace(new, ok_seen=True)
@@ -336,18 +333,20 @@ class PacingPolicy:
             return 0.0
         return min(max(state.next_allowed - now, 0.0), self.max_wait)
 
-    def should_defer(self, state: HostState | None, now: float) -> bool:
+    def should_defer(self, state: HostState | None, now: float, *, override: float | None = None) -> bool:
         """The deferral predicate of SPEC §2: leave the downloader (True) or wait in line (False).
 
         * no state → False (deferral is never a default);
         * ``crawl_delay > max_wait`` and ``next_allowed > now`` → True (a published delay no in-line wait
-          can honour; strictly greater-than);
+          can honour; strictly greater-than). ``override`` (seconds: a per-host, per-spider or per-request
+          interval) counts as a published delay here (SPEC §2: "from robots.txt or an override");
         * ``consec > 0`` and ``next_allowed > now`` → True (the host actively refused us);
         * otherwise False: the discriminator is *why* we wait, never how long.
         """
         if state is None or state.next_allowed <= now:
             return False
-        if state.crawl_delay > self.max_wait:
+        published = max(state.crawl_delay, override or 0.0)  # an operator's or spider's delay counts too
+        if published > self.max_wait:
             return True
         return state.consec > 0
 

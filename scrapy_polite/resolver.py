@@ -293,7 +293,9 @@ class PublicHostnameResolver:
                 answer = resolver.resolve(host, rdtype, lifetime=remaining, search=False,
                                           raise_on_no_answer=False)
             except dns.resolver.NXDOMAIN:
-                raise HostNotFound(f"DNS lookup of {host}: no such domain (NXDOMAIN)") from None
+                if not addresses:  # an NXDOMAIN for AAAA after an A answer is a broken server (RFC 4074)
+                    raise HostNotFound(f"DNS lookup of {host}: no such domain (NXDOMAIN)") from None
+                continue
             except (dns.resolver.LifetimeTimeout, dns.exception.Timeout):
                 failure = DNSTimeout(f"DNS lookup of {host} timed out after {self.timeout:g} s (POLITE_DNS_TIMEOUT)")
                 continue

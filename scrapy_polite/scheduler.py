@@ -63,7 +63,7 @@ class PoliteScheduler:
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
-        self._rehold: set[int] = set()
+        self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
         self._timer: Any = None
         self._jobdir: str | None = crawler.settings.get("JOBDIR") or None
         self._closing = False
@@ -88,16 +88,34 @@ class PoliteScheduler:
         self._closing = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
-        self._save_or_report()
-        self.pacer.scheduler = None
+        try:
+            self._save_or_report()
+        except Exception:
+            logger.exception("scrapy-polite: could not save the deferred requests")
+            if self.crawler.stats is not None:
+                self.crawler.stats.set_value("polite/deferred/not_saved", self.held_count())
+        finally:
+            self.pacer.scheduler = None
         return self.inner.close(reason) if hasattr(self.inner, "close") else None
 
     def has_pending_requests(self) -> bool:
-        return bool(self._held) or self.inner.has_pending_requests()
+        """The wrapped scheduler's pending requests only: while requests are merely held, the engine sees
+        the spider idle and sends ``spider_idle``, which the extension answers (``DontCloseSpider`` until
+        everything held is due beyond ``POLITE_MAX_IDLE_WAIT``), so other ``spider_idle`` handlers still run."""
+        return self.inner.has_pending_requests()
+
+    def held_count(self) -> int:
+        """How many requests are held."""
+        return sum(len(q) for q in self._held.values())
+
+    def earliest_due(self) -> float | None:
+        """The earliest due time (epoch s) of a held request; ``inf`` when held only for a busy line;
+        None when nothing is held."""
+        return min(self._due.values()) if self._due else None
 
     def enqueue_request(self, request: Request) -> bool:
-        if id(request) in self._rehold:  # a deferred request coming back from the downloader: already held
-            self._rehold.discard(id(request))
+        if request in self._rehold:  # a deferred request coming back from the downloader: already held
+            self._rehold.discard(request)
             return True
         return self.inner.enqueue_request(request)
 
@@ -106,7 +124,6 @@ class PoliteScheduler:
         if request is None:
             request = self.inner.next_request()
             if request is None:
-                self._maybe_close_idle()
                 return None
         self._owned.add(request)
         return request
@@ -123,7 +140,7 @@ class PoliteScheduler:
     def hold(self, request: Request, host: str, due: float | None) -> None:
         """Keep ``request`` out of the downloader until ``due`` (epoch seconds; None: until its host's
         line is free). The middleware then returns it to the engine, whose ``enqueue_request`` we skip."""
-        self._rehold.add(id(request))
+        self._rehold.add(request)
         self._owned.discard(request)
         self._held.setdefault(host, deque()).append(request)
         when = due if due is not None else math.inf
@@ -134,7 +151,7 @@ class PoliteScheduler:
             self._push(when, host)
         stats = self.crawler.stats
         if stats is not None:
-            stats.max_value("polite/deferred/max_held", len(self))
+            stats.max_value("polite/deferred/max_held", self.held_count())
 
     def wake(self, host: str) -> None:
         """The host's line was freed: its held requests may go as soon as the host is due."""
@@ -203,29 +220,8 @@ class PoliteScheduler:
             break
         return found
 
-    def _maybe_close_idle(self) -> None:
-        if not self._held or self._closing:
-            return
-        engine = getattr(self.crawler, "engine", None)
-        if engine is None or getattr(engine, "downloader", None) is None or engine.downloader.active:
-            return
-        if self.inner.has_pending_requests():
-            return
-        scraper_slot = getattr(getattr(engine, "scraper", None), "slot", None)
-        if scraper_slot is not None and not scraper_slot.is_idle():
-            return
-        now = self.clock()
-        earliest = min(self._due.values())
-        if earliest - now > self.pacer.config.max_idle_wait:
-            logger.info(
-                "scrapy-polite: everything left is deferred beyond POLITE_MAX_IDLE_WAIT=%g s; closing. %s",
-                self.pacer.config.max_idle_wait, self._describe())
-            from .pacer import _close_spider
-
-            self._closing = True
-            _close_spider(self.crawler, "polite_deferred")
-
-    def _describe(self) -> str:
+    def describe(self) -> str:
+        """The held requests by host and when each host is due, for the log."""
         now = self.clock()
         parts = []
         for host, queue in sorted(self._held.items()):
@@ -251,11 +247,22 @@ class PoliteScheduler:
         if path:
             spider = self.crawler.spider
             rows = []
+            unsaved = 0
             for host, queue in self._held.items():
                 due = self._due.get(host, 0.0)
                 for request in queue:
-                    rows.append({"host": host, "due": None if due == math.inf else due,
-                                 "request": request.to_dict(spider=spider)})
+                    try:
+                        row = {"host": host, "due": None if due == math.inf else due,
+                               "request": request.to_dict(spider=spider)}
+                        pickle.dumps(row, protocol=4)
+                    except Exception as exc:  # a callback that is not a spider method, unpicklable meta
+                        unsaved += 1
+                        logger.error("scrapy-polite: cannot save deferred %s for resume: %s", request, exc)
+                        continue
+                    rows.append(row)
+            count -= unsaved
+            if unsaved and stats is not None:
+                stats.set_value("polite/deferred/not_saved", unsaved)
             tmp = path + ".tmp"
             with open(tmp, "wb") as f:
                 pickle.dump({"version": 1, "saved": time.time(), "requests": rows}, f, protocol=4)
@@ -263,12 +270,12 @@ class PoliteScheduler:
             if stats is not None:
                 stats.set_value("polite/deferred/saved", count)
             logger.info("scrapy-polite: saved %d deferred requests to %s for resume. %s", count, path,
-                        self._describe())
+                        self.describe())
         else:
             if stats is not None:
                 stats.set_value("polite/deferred/not_crawled", count)
             logger.warning("scrapy-polite: %d deferred requests were not crawled (set JOBDIR to resume them). %s",
-                           count, self._describe())
+                           count, self.describe())
 
     def _load(self) -> None:
         path = self._path()
@@ -288,7 +295,7 @@ class PoliteScheduler:
             count += 1
         for host, due in self._due.items():
             self._push(due, host)
-        os.remove(path)
+        # The file stays until close rewrites it: a crash after resuming loses nothing.
         if self.crawler.stats is not None:
             self.crawler.stats.set_value("polite/deferred/resumed", count)
         logger.info("scrapy-polite: resumed %d deferred requests from %s", count, path)

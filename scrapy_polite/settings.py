@@ -55,6 +55,12 @@ def _seconds(settings: Any, name: str, *, minimum: float = 0.0) -> float:
     return value
 
 
+def _status(value: Any) -> int:
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(value)
+    return int(value)
+
+
 @dataclass(frozen=True)
 class PoliteConfig:
     """The validated ``POLITE_*`` settings of one crawler.
@@ -87,15 +93,21 @@ class PoliteConfig:
         host_interval = _seconds(settings, "POLITE_HOST_INTERVAL")
         max_backoff = _seconds(settings, "POLITE_MAX_BACKOFF")
         max_wait = _seconds(settings, "POLITE_MAX_WAIT")
+        if max_wait <= 0:
+            raise SettingsError(f"POLITE_MAX_WAIT must be > 0 seconds (a wait in line of 0 s cannot wait), got "
+                                f"{max_wait!r}; use a small value such as 1.0 to defer almost every wait")
         max_retry_after = _seconds(settings, "POLITE_MAX_RETRY_AFTER")
         raw_statuses = settings.get("POLITE_THROTTLE_STATUSES", DEFAULTS["POLITE_THROTTLE_STATUSES"])
         if isinstance(raw_statuses, str):
             raw_statuses = [s for s in raw_statuses.replace(",", " ").split() if s]
         try:
-            statuses = frozenset(int(s) for s in raw_statuses)
+            statuses = frozenset(_status(s) for s in raw_statuses)
         except (TypeError, ValueError):
             raise SettingsError(
                 f"POLITE_THROTTLE_STATUSES must be a list of HTTP status codes, got {raw_statuses!r}") from None
+        if not statuses:
+            raise SettingsError("POLITE_THROTTLE_STATUSES is empty: a throttling host would never be backed off. "
+                                "Fix: keep the default [429, 503] or list the statuses that mean 'slow down'")
         if any(not 100 <= s <= 599 for s in statuses):
             raise SettingsError(f"POLITE_THROTTLE_STATUSES has a status outside 100-599: {sorted(statuses)}")
         raw_delays = settings.get("POLITE_HOST_DELAYS", None) or {}
