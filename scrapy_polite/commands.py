@@ -12,6 +12,7 @@ Registered through the ``scrapy.commands`` entry point of the package.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any, ClassVar
 
@@ -60,6 +61,11 @@ class Command(ScrapyCommand):
             from .pacer import default_store_uri
 
             uri = default_store_uri()
+        if uri.startswith("sqlite:///"):
+            path = uri[len("sqlite:///"):]
+            if not os.path.exists(path):  # a look must not create a table
+                raise StoreError(f"no pace table at {os.path.abspath(path)} (nothing crawled with this "
+                                 "POLITE_STORE yet). Fix: run it inside the Scrapy project, or pass --store URI")
         return open_store(uri)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:

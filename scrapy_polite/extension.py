@@ -60,6 +60,12 @@ class PoliteExtension:
         crawler.signals.connect(ext.spider_idle, signal=signals.spider_idle)
         crawler.signals.connect(ext.response_received_robots, signal=signals.response_downloaded)
         ext._check_middleware_order(crawler)
+        if crawler.settings.getfloat("DOWNLOAD_DELAY") > 0 or crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
+            logger.warning(
+                "scrapy-polite: DOWNLOAD_DELAY=%s / AUTOTHROTTLE_ENABLED=%s still apply on top of scrapy-polite's "
+                "pacing (burst streams too). Remove them from settings.py (the startproject template sets "
+                "DOWNLOAD_DELAY = 1) unless you want both.", crawler.settings.get("DOWNLOAD_DELAY"),
+                crawler.settings.getbool("AUTOTHROTTLE_ENABLED"))
         return ext
 
     @staticmethod

@@ -165,6 +165,7 @@ class Pacer:
         self._resolver: Any = None
         self._ip_waiting: dict[str, set[str]] = {}
         self.throttle_marks: dict[str, float] = {}
+        self._blocked_logged: set[str] = set()
         networks = crawler.settings.get("POLITE_ALLOWED_NETWORKS") or []
         if isinstance(networks, str):
             networks = [n for n in networks.split(",") if n.strip()]
@@ -197,7 +198,8 @@ class Pacer:
                 value = float("nan")
             if math.isfinite(value) and value >= 0:
                 values.append(value)
-            else:
+            elif not request.meta.get("_polite_invalid_delay"):
+                request.meta["_polite_invalid_delay"] = True
                 self.inc("invalid_meta")
                 logger.warning("Ignoring meta['polite_delay']=%r of %s: not a number of seconds >= 0",
                                raw, request)
@@ -337,7 +339,11 @@ class Pacer:
 
             if isinstance(exc, BlockedHost):
                 self.inc("blocked/private_address")
-                logger.warning("%s (%s)", exc, request.url)
+                if host not in self._blocked_logged:
+                    self._blocked_logged.add(host)
+                    logger.warning("%s (%s; further requests to this host are refused quietly)", exc, request.url)
+                else:
+                    logger.debug("%s (%s)", exc, request.url)
             elif isinstance(exc, HostNotFound):
                 self.inc("dns/nxdomain")
             elif isinstance(exc, DNSServerFailure):
