@@ -99,6 +99,7 @@ class Booking:
     free_at: float
     now: float
     address: str | None = None
+    host_free: float = 0.0
 
 
 @dataclass
@@ -166,6 +167,7 @@ class Pacer:
         self._ip_waiting: dict[str, set[str]] = {}
         self.throttle_marks: dict[str, float] = {}
         self._blocked_logged: set[str] = set()
+        self._ip_waiter: dict[str, Any] = {}
         networks = crawler.settings.get("POLITE_ALLOWED_NETWORKS") or []
         if isinstance(networks, str):
             networks = [n for n in networks.split(",") if n.strip()]
@@ -292,7 +294,7 @@ class Pacer:
                     self.policy, host, free if ip_paced else [], self.clock, eff_floor, self.config.ip_interval))
                 state = booking.host_state
                 now = booking.now
-                if booking.address is not None or (booking.booked and not ip_paced):
+                if booking.booked:
                     address = booking.address or (addresses[0] if addresses else None)
                     if ip_paced and address is not None:
                         self.line(_ip_key(address)).holder = request
@@ -303,7 +305,22 @@ class Pacer:
                     self.release(request, host)
                     reason = "throttled" if state.consec > 0 else "crawl_delay"  # type: ignore[union-attr]
                     return self._defer(host, state.next_allowed, reason)  # type: ignore[union-attr]
-                await self._wait(host, min(booking.free_at - now, self.policy.max_wait))
+                # Waiting for an address's budget (not the host's): one request per address waits in line,
+                # the next defers until that moment (SPEC §5).
+                ip_key = _ip_key(booking.address) if booking.address is not None else None
+                if ip_key is not None and booking.free_at > booking.host_free:
+                    waiter = self._ip_waiter.get(ip_key)
+                    if waiter is not None and waiter is not request and deferrable:
+                        self.release(request, host)
+                        return self._defer(host, booking.free_at, "ip_line")
+                    self._ip_waiter[ip_key] = request
+                else:
+                    ip_key = None
+                try:
+                    await self._wait(host, min(booking.free_at - now, self.policy.max_wait))
+                finally:
+                    if ip_key is not None and self._ip_waiter.get(ip_key) is request:
+                        del self._ip_waiter[ip_key]
         except BaseException:
             self.release(request, host)
             raise
@@ -693,13 +710,13 @@ def _book(policy: Any, host: str, addresses: list[str], clock: Callable[[], floa
             if address is None or at < free_at:
                 free_at, address = at, candidate
         if free_at > now:
-            return {}, Booking(False, state, free_at, now)
+            return {}, Booking(False, state, free_at, now, address, host_free)
         eff = max(policy.effective_interval(state, None), interval)
         # A zero interval books nothing in the future: no row needs writing for it.
         new = {host: policy.reserve(state, start=now, interval=eff)} if eff > 0 else {}
         if address is not None and ip_interval > 0:
             new[_ip_key(address)] = policy.reserve(states[_ip_key(address)], start=now, interval=ip_interval)
-        return new, Booking(True, new.get(host, state), now, now, address)
+        return new, Booking(True, new.get(host, state), now, now, address, host_free)
 
     return fn
 
