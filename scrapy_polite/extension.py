@@ -74,10 +74,14 @@ class PoliteExtension:
         ``process_response``/``process_exception``: warn, naming it (its host's line could stay taken)."""
         from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY
 
+        def name(component: Any) -> str:
+            if isinstance(component, str):
+                return component
+            return f"{getattr(component, '__module__', '?')}.{getattr(component, '__qualname__', component)}"
+
         middlewares = crawler.settings.getwithbase("DOWNLOADER_MIDDLEWARES")
-        later = sorted(str(k) for k, v in middlewares.items()
-                       if v is not None and v > MIDDLEWARE_PRIORITY and str(k) != MIDDLEWARE
-                       and getattr(k, "__module__", "") + "." + getattr(k, "__qualname__", "") != MIDDLEWARE)
+        later = sorted(name(k) for k, v in middlewares.items()
+                       if v is not None and v > MIDDLEWARE_PRIORITY and name(k) != MIDDLEWARE)
         if later:
             logger.warning(
                 "scrapy-polite: downloader middlewares %s run after PoliteDownloaderMiddleware (priority > %d). "
