@@ -2,7 +2,8 @@
 
 It installs
 
-* :class:`~scrapy_polite.middleware.PoliteDownloaderMiddleware` at downloader-middleware priority 950, and
+* :class:`~scrapy_polite.middleware.PoliteDownloaderMiddleware` at downloader-middleware priority 950 (or
+  after the last other downloader middleware configured above that), and
   :class:`~scrapy_polite.middleware.PoliteEarlyDeferMiddleware` at 50 (before robots.txt handling);
 * :class:`~scrapy_polite.extension.PoliteExtension`;
 * :class:`~scrapy_polite.scheduler.PoliteScheduler` as ``SCHEDULER``, wrapping the project's own scheduler
@@ -61,7 +62,7 @@ class Addon:
         _check_handlers(settings)
         for scheme in ("http", "https"):
             settings["DOWNLOAD_HANDLERS"][scheme] = HANDLER
-        settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = MIDDLEWARE_PRIORITY
+        settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)
         settings["DOWNLOADER_MIDDLEWARES"][EARLY_MIDDLEWARE] = EARLY_MIDDLEWARE_PRIORITY
         settings["EXTENSIONS"][EXTENSION] = 0
         current = settings.get("SCHEDULER")
@@ -104,3 +105,18 @@ def _check_handlers(settings: Settings) -> None:
                 f"resolves host names itself, so non-public addresses could be reached. Remove that "
                 f"DOWNLOAD_HANDLERS entry (scrapy-polite installs {HANDLER}), or set POLITE_ALLOW_PRIVATE = "
                 "True to accept that risk.")
+
+
+def _component_name(component: object) -> str:
+    if isinstance(component, str):
+        return component
+    return f"{getattr(component, '__module__', '?')}.{getattr(component, '__qualname__', component)}"
+
+
+def _last_priority(settings: Settings) -> int:
+    """Our middleware's priority: 950, or after every other enabled downloader middleware, so that none can
+    return a request or response from ``process_request`` behind our back (the host's line would stay
+    taken) and we see each request as it will be sent."""
+    others = [v for k, v in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items()
+              if v is not None and _component_name(k) not in (MIDDLEWARE, EARLY_MIDDLEWARE)]
+    return max([MIDDLEWARE_PRIORITY] + [int(v) + 1 for v in others])

@@ -72,21 +72,18 @@ class PoliteExtension:
     def _check_middleware_order(crawler: Crawler) -> None:
         """A downloader middleware after ours that returns a Request from ``process_request`` bypasses our
         ``process_response``/``process_exception``: warn, naming it (its host's line could stay taken)."""
-        from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY
-
-        def name(component: Any) -> str:
-            if isinstance(component, str):
-                return component
-            return f"{getattr(component, '__module__', '?')}.{getattr(component, '__qualname__', component)}"
+        from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, _component_name as name
 
         middlewares = crawler.settings.getwithbase("DOWNLOADER_MIDDLEWARES")
+        ours = next((v for k, v in middlewares.items() if name(k) == MIDDLEWARE and v is not None),
+                    MIDDLEWARE_PRIORITY)
         later = sorted(name(k) for k, v in middlewares.items()
-                       if v is not None and v > MIDDLEWARE_PRIORITY and name(k) != MIDDLEWARE)
+                       if v is not None and v > ours and name(k) != MIDDLEWARE)
         if later:
             logger.warning(
-                "scrapy-polite: downloader middlewares %s run after PoliteDownloaderMiddleware (priority > %d). "
+                "scrapy-polite: downloader middlewares %s run after PoliteDownloaderMiddleware (priority %d). "
                 "If one returns a Request or Response from process_request, give it a priority below %d.",
-                later, MIDDLEWARE_PRIORITY, MIDDLEWARE_PRIORITY)
+                later, ours, ours)
 
     def spider_idle(self, spider: Spider) -> None:
         """Keep the spider open while requests are held (SPEC §5), unless everything held is due beyond
