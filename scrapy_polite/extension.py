@@ -85,6 +85,27 @@ class PoliteExtension:
                 "If one returns a Request or Response from process_request, give it a priority below %d.",
                 later, ours, ours)
 
+    def _warn_wider_address_rules(self) -> None:
+        """The resolver is per process: a spider's ``POLITE_ALLOW_PRIVATE`` / ``POLITE_ALLOWED_NETWORKS`` can
+        narrow the process's rules, never widen them. Say so when a spider tries (SPEC §7)."""
+        try:
+            resolver = self.pacer.get_resolver()
+        except Exception:  # not installed: the pacer reports that on the first request
+            return
+        mine, process = self.pacer.address_filter, resolver.filter
+        if process.allow_private:
+            return
+        wider = ["POLITE_ALLOW_PRIVATE=True"] if mine.allow_private else []
+        for net in mine.allowed_networks:
+            if not any(net.version == other.version and net.subnet_of(other)  # type: ignore[arg-type]
+                       for other in process.allowed_networks):
+                wider.append(str(net))
+        if wider:
+            logger.warning(
+                "scrapy-polite: this spider's address rules allow %s, which the process-wide resolver does not: "
+                "those addresses stay refused. Put POLITE_ALLOWED_NETWORKS / POLITE_ALLOW_PRIVATE in the project "
+                "settings (settings.py), not in the spider's custom_settings.", ", ".join(wider))
+
     def spider_idle(self, spider: Spider) -> None:
         """Keep the spider open while requests are held (SPEC §5), unless everything held is due beyond
         ``POLITE_MAX_IDLE_WAIT``: then close with reason ``polite_deferred``, listing the hosts."""
@@ -107,6 +128,7 @@ class PoliteExtension:
                 self._robots_status[host] = response.status
 
     def spider_opened(self, spider: Spider) -> None:
+        self._warn_wider_address_rules()
         raw = getattr(spider, "crawl_delay", None)
         if raw is None:
             return

@@ -130,3 +130,24 @@ async def test_corrupt_store_stops_the_crawl_at_start(arrival_server, tmp_path):
         await run_crawl(ListSpider, settings(POLITE_STORE=f"sqlite:///{path}"), urls=[srv.url("/")])
     assert srv.arrivals() == []
     assert path.read_bytes().startswith(b"this is not")  # never discarded
+
+
+class WideningSpider(ListSpider):
+    custom_settings = {"POLITE_ALLOWED_NETWORKS": ["127.0.0.0/8", "10.0.0.0/8"]}
+
+
+@pytest_twisted.ensureDeferred
+async def test_spider_cannot_widen_the_process_address_rules(arrival_server, caplog):
+    """The resolver is per process: a spider allowing 10.0.0.0/8 on top of the process's 127.0.0.0/8 is warned
+    that 10.0.0.0/8 stays refused; a spider repeating the process's networks is not (negative control)."""
+    import logging
+
+    srv = arrival_server("127.0.3.21")
+    caplog.set_level(logging.WARNING)
+    process = settings(POLITE_ALLOWED_NETWORKS=["127.0.0.0/8"])
+    await run_crawl(WideningSpider, process, urls=[srv.url("/")])
+    warned = [r.getMessage() for r in caplog.records if "process-wide resolver does not" in r.getMessage()]
+    assert len(warned) == 1 and "10.0.0.0/8" in warned[0] and "127.0.0.0/8" not in warned[0].split("allow ")[1].split(",")[0], warned
+    caplog.clear()
+    await run_crawl(ListSpider, process, urls=[srv.url("/again")])
+    assert not [r for r in caplog.records if "process-wide resolver does not" in r.getMessage()]
