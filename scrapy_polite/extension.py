@@ -88,10 +88,13 @@ class PoliteExtension:
     def _warn_wider_address_rules(self) -> None:
         """The resolver is per process: a spider's ``POLITE_ALLOW_PRIVATE`` / ``POLITE_ALLOWED_NETWORKS`` can
         narrow the process's rules, never widen them. Say so when a spider tries (SPEC §7)."""
-        try:
-            resolver = self.pacer.get_resolver()
-        except Exception:  # not installed: the pacer reports that on the first request
-            return
+        from twisted.internet import reactor
+
+        from .resolver import PublicHostnameResolver
+
+        resolver = getattr(reactor, "nameResolver", None)
+        if not isinstance(resolver, PublicHostnameResolver):
+            return  # not installed: the pacer reports that on the first request
         mine, process = self.pacer.address_filter, resolver.filter
         if process.allow_private:
             return
