@@ -36,7 +36,6 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +49,7 @@ from scrapy.utils.defer import deferred_from_coro  # noqa: E402
 from twisted.internet import defer, reactor, task  # noqa: E402
 
 from tests.support.crawl import ListSpider, polite_settings, run_crawl  # noqa: E402
-from tests.support.server import ArrivalServer, Reply  # noqa: E402
+from tests.support.server import ArrivalServer, Reply, scripted  # noqa: E402
 
 HEALTHY_BASE = "127.0.4."
 BAD_ADDRESS = "127.0.4.99"
@@ -131,18 +130,8 @@ class SleepRetryAfterMiddleware:
 
 
 def bad_handler(retry_after: int):
-    lock = threading.Lock()
-    seen = [0]
-
-    def handler(info, count):
-        with lock:
-            i = seen[0]
-            seen[0] += 1
-        if i == 0:
-            return Reply.html("<html><body>first</body></html>")
-        return Reply.throttle(429, str(retry_after))
-
-    return handler
+    """The bad host: its first request is served, every later one answered 429 + Retry-After."""
+    return scripted(Reply.html("<html><body>first</body></html>"), then=Reply.throttle(429, str(retry_after)))
 
 
 def modes(tmp: str) -> dict[str, tuple[dict, float | None]]:

@@ -36,13 +36,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware"]
 
 
-class PoliteDownloaderMiddleware:
-    """Paces requests per host through the shared :class:`~scrapy_polite.pacer.Pacer`.
+class _PacerComponent:
+    """Built ``from_crawler`` around the crawler's shared :class:`~scrapy_polite.pacer.Pacer`.
 
     Raises:
         NotConfigured: ``POLITE_ENABLED`` is False.
-        SettingsError, StoreError: at construction, for a bad setting or an unusable pace table
-            (the crawl does not start).
     """
 
     def __init__(self, pacer: Pacer) -> None:
@@ -53,6 +51,16 @@ class PoliteDownloaderMiddleware:
         if not crawler.settings.getbool("POLITE_ENABLED", True):
             raise NotConfigured("POLITE_ENABLED is False")
         return cls(get_pacer(crawler))
+
+
+class PoliteDownloaderMiddleware(_PacerComponent):
+    """Paces requests per host through the shared :class:`~scrapy_polite.pacer.Pacer`.
+
+    Raises:
+        NotConfigured: ``POLITE_ENABLED`` is False.
+        SettingsError, StoreError: at construction, for a bad setting or an unusable pace table
+            (the crawl does not start).
+    """
 
     async def process_request(self, request: Request) -> Request | None:
         pacer = self.pacer
@@ -104,7 +112,7 @@ class PoliteDownloaderMiddleware:
         return None
 
 
-class PoliteEarlyDeferMiddleware:
+class PoliteEarlyDeferMiddleware(_PacerComponent):
     """Defers a request of a throttled host *before* the rest of the downloader middlewares see it.
 
     Installed by the add-on at priority 50, before Scrapy's ``RobotsTxtMiddleware`` (100): without it, the
@@ -114,15 +122,6 @@ class PoliteEarlyDeferMiddleware:
     :class:`~scrapy_polite.scheduler.PoliteScheduler` handed out are deferred; the decision is the same
     predicate as in :class:`PoliteDownloaderMiddleware` (SPEC §2).
     """
-
-    def __init__(self, pacer: Pacer) -> None:
-        self.pacer = pacer
-
-    @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Self:
-        if not crawler.settings.getbool("POLITE_ENABLED", True):
-            raise NotConfigured("POLITE_ENABLED is False")
-        return cls(get_pacer(crawler))
 
     async def process_request(self, request: Request) -> Request | None:
         pacer = self.pacer

@@ -11,7 +11,6 @@ an upper bound gets a generous :data:`SLACK`.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from typing import Any
@@ -21,7 +20,7 @@ import pytest_twisted
 from scrapy import signals
 
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
-from tests.support.server import Arrival, Reply, gaps
+from tests.support.server import Arrival, Reply, gaps, page, scripted
 
 #: Lower-bound tolerance (seconds): clock granularity only.
 TOL = 0.02
@@ -39,26 +38,6 @@ def settings(tmp_path, **overrides: Any) -> dict[str, Any]:
                         POLITE_ALLOWED_NETWORKS=["127.0.0.0/8"])
     s.update(overrides)
     return s
-
-
-def page(text: str = "ok") -> Reply:
-    return Reply.html(f"<html><body><p>{text}</p></body></html>")
-
-
-def scripted(*replies: Any, then: Any = None):
-    """A handler answering ``replies[i]`` to the i-th request the host receives, whatever its path, then
-    ``then`` (default a 200 page) forever."""
-    lock = threading.Lock()
-    seen = [0]
-
-    def handler(info, count):
-        with lock:
-            i = seen[0]
-            seen[0] += 1
-        reply = replies[i] if i < len(replies) else then if then is not None else page(info.path)
-        return reply(info, count) if callable(reply) else reply
-
-    return handler
 
 
 def timeline(srv, exclude_robots: bool = True) -> list[Arrival]:

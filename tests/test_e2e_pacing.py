@@ -18,14 +18,13 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest_twisted
 
 from scrapy_polite.store import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
-from tests.support.server import Arrival, Reply, gaps
+from tests.support.server import Arrival, Reply, gaps, page, scripted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,27 +52,6 @@ def read_row(uri, host):
         return store.get(host)
     finally:
         store.close()
-
-
-def page(text="ok"):
-    return Reply.html(f"<html><body><p>{text}</p></body></html>")
-
-
-def scripted(*replies, then=None):
-    """A handler answering ``replies[i]`` to the i-th request the host receives, whatever its path (so the
-    order in which Scrapy sends the URLs does not matter), then ``then`` (default a 200 page) forever.
-    A reply may be a handler ``(info, count) -> Reply``, called at that moment."""
-    lock = threading.Lock()
-    seen = [0]
-
-    def handler(info, count):
-        with lock:
-            i = seen[0]
-            seen[0] += 1
-        reply = replies[i] if i < len(replies) else then if then is not None else page(info.path)
-        return reply(info, count) if callable(reply) else reply
-
-    return handler
 
 
 def timeline(srv, exclude_robots=True):

@@ -36,7 +36,7 @@ from scrapy_polite.policy import HostState
 from scrapy_polite.settings import SettingsError
 from scrapy_polite.store import open_store
 from tests.support.crawl import CrawlTimeout, ListSpider, polite_settings, run_crawl
-from tests.support.server import Reply, gaps
+from tests.support.server import Reply, gaps, page
 
 #: Lower-bound tolerance (seconds): clock granularity only.
 TOL = 0.02
@@ -71,10 +71,6 @@ def row(uri: str, host: str) -> HostState | None:
         return store.get(host)
     finally:
         store.close()
-
-
-def page(text: str = "ok") -> Reply:
-    return Reply.html(f"<html><body><p>{text}</p></body></html>")
 
 
 def hits(srv) -> list:

@@ -153,6 +153,28 @@ def sequence(*replies: Reply) -> Handler:
     return lambda info, count: replies[min(count, len(replies) - 1)]
 
 
+def page(text: str = "ok") -> Reply:
+    """A small HTML page."""
+    return Reply.html(f"<html><body><p>{text}</p></body></html>")
+
+
+def scripted(*replies: Reply | Handler, then: Reply | Handler | None = None) -> Handler:
+    """A handler answering ``replies[i]`` to the i-th request the host receives, whatever its path (so the
+    order in which Scrapy sends the URLs does not matter), then ``then`` (default a 200 page) forever.
+    A reply may be a handler ``(info, count) -> Reply``, called at that moment."""
+    lock = threading.Lock()
+    seen = [0]
+
+    def handler(info: RequestInfo, count: int) -> Reply:
+        with lock:
+            i = seen[0]
+            seen[0] += 1
+        reply = replies[i] if i < len(replies) else then if then is not None else page(info.path)
+        return reply(info, count) if callable(reply) else reply
+
+    return handler
+
+
 # --------------------------------------------------------------------------------------------------
 # Timeline helpers
 
