@@ -107,7 +107,7 @@ def _check_handlers(settings: Settings) -> None:
                 "True to accept that risk.")
 
 
-def _component_name(component: object) -> str:
+def component_name(component: object) -> str:
     if isinstance(component, str):
         return component
     return f"{getattr(component, '__module__', '?')}.{getattr(component, '__qualname__', component)}"
@@ -118,5 +118,5 @@ def _last_priority(settings: Settings) -> int:
     return a request or response from ``process_request`` behind our back (the host's line would stay
     taken) and we see each request as it will be sent."""
     others = [v for k, v in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items()
-              if v is not None and _component_name(k) not in (MIDDLEWARE, EARLY_MIDDLEWARE)]
+              if v is not None and component_name(k) not in (MIDDLEWARE, EARLY_MIDDLEWARE)]
     return max([MIDDLEWARE_PRIORITY] + [int(v) + 1 for v in others])

@@ -72,7 +72,7 @@ class PoliteExtension:
     def _check_middleware_order(crawler: Crawler) -> None:
         """A downloader middleware after ours that returns a Request from ``process_request`` bypasses our
         ``process_response``/``process_exception``: warn, naming it (its host's line could stay taken)."""
-        from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, _component_name as name
+        from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, component_name as name
 
         middlewares = crawler.settings.getwithbase("DOWNLOADER_MIDDLEWARES")
         ours = next((v for k, v in middlewares.items() if name(k) == MIDDLEWARE and v is not None),

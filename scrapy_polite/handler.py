@@ -23,6 +23,8 @@ from scrapy.core.downloader.handlers.http11 import (
 )
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 
+from .pacer import Redefer, find_pacer
+
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.http import Response
@@ -73,12 +75,10 @@ class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
     """
 
     async def download_request(self, request: Request) -> Response:
-        pacer = getattr(self._crawler, "_polite_pacer", None)
+        pacer = find_pacer(self._crawler)
         if (pacer is not None and request.meta.get("polite_burst") and pacer.throttled_since(request)
                 and pacer.can_defer(request)):
             # Decided before its host throttled, queued in Scrapy's slot since: do not send it into the backoff.
-            from .pacer import Redefer
-
             raise Redefer(request.url)
         # Scrapy's HTTP11DownloadHandler.download_request, with the pinning agent.
         spider = self._crawler.spider

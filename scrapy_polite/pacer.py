@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Pacer", "get_pacer", "Go", "Defer", "SERVER_SIDE_FAILURES"]
+__all__ = ["Pacer", "get_pacer", "find_pacer", "Go", "Defer", "SERVER_SIDE_FAILURES"]
 
 #: Download failures that reached the server's side: they count as a throttle without Retry-After
 #: (SPEC §2). DNS failures are not among them and never touch a host's backoff.
@@ -757,6 +758,10 @@ def default_store_uri() -> str:
     return f"sqlite:///{os.path.abspath(path)}"
 
 
+#: One pacer per crawler, without a private attribute on the crawler.
+_PACERS: weakref.WeakKeyDictionary[Any, Pacer] = weakref.WeakKeyDictionary()
+
+
 def get_pacer(crawler: Crawler) -> Pacer:
     """The crawler's :class:`Pacer`, built (settings validated, store opened) on first use.
 
@@ -764,7 +769,7 @@ def get_pacer(crawler: Crawler) -> Pacer:
         SettingsError: a bad ``POLITE_*`` setting.
         StoreError: the pace table cannot be opened (the crawl must not start).
     """
-    pacer = getattr(crawler, "_polite_pacer", None)
+    pacer = _PACERS.get(crawler)
     if pacer is None:
         config = PoliteConfig.from_settings(crawler.settings)
         uri = config.store_uri or default_store_uri()
@@ -778,5 +783,10 @@ def get_pacer(crawler: Crawler) -> Pacer:
             logger.info("scrapy-polite: expired %d stale hosts from %s", expired, backend.uri)
         logger.info("scrapy-polite: pace table %s", backend.uri)
         pacer = Pacer(crawler, config, AsyncStore(backend))
-        crawler._polite_pacer = pacer  # type: ignore[attr-defined]
+        _PACERS[crawler] = pacer
     return pacer
+
+
+def find_pacer(crawler: Crawler) -> Pacer | None:
+    """The crawler's :class:`Pacer` if :func:`get_pacer` has built it, else None (never builds one)."""
+    return _PACERS.get(crawler)

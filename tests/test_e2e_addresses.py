@@ -29,6 +29,7 @@ from twisted.internet.error import ConnectError
 
 from scrapy_polite import addon as addon_module
 from scrapy_polite.addon import Addon, UnsafeHandlerError
+from scrapy_polite.pacer import find_pacer
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.dns_server import dns_server  # noqa: F401  (a fixture)
 from tests.support.server import Arrival, ArrivalServer, Reply, gaps
@@ -123,7 +124,7 @@ def stat(crawler, key, default=0):
 
 def assert_no_pins_left(crawler, *hosts):
     """Every pin taken for a request was released when the request was done."""
-    resolver = crawler._polite_pacer.get_resolver()
+    resolver = find_pacer(crawler).get_resolver()
     for host in hosts:
         assert resolver.pinned(host) == [], f"{host} still pinned after the crawl"
 
