@@ -1,12 +1,12 @@
-"""scrapy_polite.robots against real robots.txt files (Protego's public corpus, /work/shared/data/robots).
+"""scrapy_polite.robots against real robots.txt files (Protego's public corpus, ``tests/data/robots``).
 
 Every file has a ``Crawl-delay`` or ``Request-rate`` line in some real-world spelling. For each file and
 user agent, :func:`scrapy_polite.robots.parse_robots_delay` must not raise and must equal what Protego itself
 reports, computed here independently: ``crawl_delay(ua)`` and ``request_rate(ua)`` (``n/s`` → ``s/n``
 seconds), the larger of the two when both are published.
 
-The corpus is found at ``$POLITE_ROBOTS_CORPUS`` when set (it must then exist), else at
-``<repo>/../shared/data/robots``; when that default folder is absent the corpus tests are skipped.
+The corpus is ``tests/data/robots`` in the repository (provenance: ``tests/data/README.md``), or the folder
+``$POLITE_ROBOTS_CORPUS`` names when it is set. It is never skipped: a missing or empty corpus fails.
 """
 
 from __future__ import annotations
@@ -23,19 +23,23 @@ from scrapy_polite.robots import parse_robots_delay
 
 AGENTS = ("scrapy-polite-test", "Scrapy", "*")
 _ENV = "POLITE_ROBOTS_CORPUS"
-_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "robots"
+_DEFAULT = Path(__file__).resolve().parent / "data" / "robots"
 CORPUS = Path(os.environ[_ENV]) if os.environ.get(_ENV) else _DEFAULT
 FILES = sorted(p for p in CORPUS.iterdir() if p.is_file()) if CORPUS.is_dir() else []
+#: One failing parameter instead of an empty (silently skipped) set when the corpus is missing.
+FILE_PARAMS = [pytest.param(p, id=p.name) for p in FILES] or [pytest.param(None, id="corpus-missing")]
 
 _UA_LINE = re.compile(r"(?im)^[ \t]*user-agent[ \t]*:[ \t]*([^#\r\n]*)")
 
 
 def _require_corpus() -> None:
-    if CORPUS.is_dir():
+    """Fail (never skip) when the corpus is missing: it is part of the repository."""
+    if FILES:
         return
     if os.environ.get(_ENV):
-        pytest.fail(f"{_ENV}={os.environ[_ENV]!r} is not a directory")
-    pytest.skip(f"robots.txt corpus not found at {CORPUS} (set {_ENV} to its folder)")
+        pytest.fail(f"{_ENV}={os.environ[_ENV]!r} is not a folder of robots.txt files")
+    pytest.fail(f"robots.txt corpus missing or empty at {CORPUS}: it is part of the repository "
+                f"(tests/data/robots, see tests/data/README.md); restore it, or set {_ENV} to its folder")
 
 
 def _text(path: Path) -> str:
@@ -66,8 +70,10 @@ def test_corpus_present():
     assert len(FILES) >= 300, f"only {len(FILES)} files in {CORPUS}"
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
-def test_file_matches_protego(path: Path):
+@pytest.mark.parametrize("path", FILE_PARAMS)
+def test_file_matches_protego(path: Path | None):
+    _require_corpus()
+    assert path is not None
     body = path.read_bytes()
     text = _text(path)
     rp = Protego.parse(text)
