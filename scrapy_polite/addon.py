@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from .settings import DEFAULTS
+from .settings import DEFAULTS, warn_unknown_settings
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings, Settings
@@ -54,6 +54,7 @@ class Addon:
 
     def update_settings(self, settings: Settings) -> None:
         """Install the components and the ``POLITE_*`` defaults (project and spider settings win)."""
+        warn_unknown_settings(settings)
         for name, value in DEFAULTS.items():
             if settings.getpriority(name) is None:
                 settings.set(name, value, priority="addon")

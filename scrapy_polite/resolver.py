@@ -38,6 +38,7 @@ from twisted.internet.interfaces import IHostnameResolver, IHostResolution, IRes
 from zope.interface import implementer
 
 from .addresses import AddressFilter, parse_ip_literal
+from .settings import DNSConfig, SettingsError, normalise_dns_name, parse_dns_overrides, parse_nameserver
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -77,31 +78,6 @@ class DNSTimeout(DNSLookupError):
     """No answer within ``POLITE_DNS_TIMEOUT`` seconds."""
 
 
-def parse_nameserver(entry: str) -> tuple[str, int]:
-    """``"127.0.0.1:5353"``, ``"[::1]:53"``, ``"::1"`` or ``"8.8.8.8"`` → ``(address, port)``.
-
-    Raises:
-        ValueError: not an IP address with an optional port (names the entry and ``POLITE_DNS_NAMESERVERS``).
-    """
-    text = str(entry).strip()
-    port = 53
-    host = text
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        if rest.startswith(":"):
-            port = int(rest[1:])
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-        port = int(port_text)
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError(f"POLITE_DNS_NAMESERVERS entry {entry!r} is not an IP address[:port]") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"POLITE_DNS_NAMESERVERS entry {entry!r} has a bad port")
-    return host, port
-
-
 @implementer(IHostResolution)
 class _Resolution:
     def __init__(self, name: str) -> None:
@@ -131,7 +107,9 @@ class PublicHostnameResolver:
         stats: optional callable ``inc(key)`` counting under ``polite/``.
 
     Raises:
-        ValueError: an override that is not an IP literal, ``min_ttl > max_ttl``, a negative duration.
+        SettingsError: (a ValueError) an override that is not an IP literal (see
+            :func:`~scrapy_polite.settings.parse_dns_overrides`), ``timeout <= 0``, ``min_ttl < 0`` or
+            ``min_ttl > max_ttl``.
     """
 
     def __init__(self, reactor: Any, *, address_filter: AddressFilter | None = None,
@@ -140,20 +118,11 @@ class PublicHostnameResolver:
                  min_ttl: float = 60.0, max_ttl: float = 3600.0,
                  clock: Callable[[], float] = time.time) -> None:
         if timeout <= 0 or min_ttl < 0 or max_ttl < min_ttl:
-            raise ValueError("need POLITE_DNS_TIMEOUT > 0 and 0 <= POLITE_DNS_MIN_TTL <= POLITE_DNS_MAX_TTL")
+            raise SettingsError(f"need POLITE_DNS_TIMEOUT > 0 and 0 <= POLITE_DNS_MIN_TTL <= POLITE_DNS_MAX_TTL "
+                                f"(seconds), got timeout={timeout!r}, min_ttl={min_ttl!r}, max_ttl={max_ttl!r}")
         self.reactor = reactor
         self.filter = address_filter or AddressFilter()
-        self.overrides: dict[str, tuple[str, ...]] = {}
-        for host, addresses in (overrides or {}).items():
-            if isinstance(addresses, str):
-                addresses = [addresses]
-            parsed = []
-            for address in addresses:
-                ip = parse_ip_literal(str(address))
-                if ip is None:
-                    raise ValueError(f"POLITE_DNS_OVERRIDES[{host!r}] has {address!r}, which is not an IP address")
-                parsed.append(str(ip))
-            self.overrides[_normalise(host)] = tuple(sorted(set(parsed), key=_sort_key))
+        self.overrides: dict[str, tuple[str, ...]] = parse_dns_overrides(overrides)
         self.nameservers = list(nameservers)
         self.timeout = float(timeout)
         self.min_ttl = float(min_ttl)
@@ -169,36 +138,19 @@ class PublicHostnameResolver:
 
     @classmethod
     def from_settings(cls, settings: Any, reactor: Any) -> Self:
-        """Build from ``POLITE_*`` settings (only ``settings`` is used, so a ``CrawlerProcess`` works)."""
-        from .settings import DEFAULTS
+        """Build from the ``POLITE_*`` settings (only ``settings`` is used, so a ``CrawlerProcess`` works).
 
-        def get(name: str) -> Any:
-            value = settings.get(name)
-            return DEFAULTS[name] if value is None else value
+        Raises:
+            SettingsError: a bad address or DNS setting (see :meth:`DNSConfig.from_settings`).
+        """
+        return cls.from_config(DNSConfig.from_settings(settings), reactor)
 
-        networks = get("POLITE_ALLOWED_NETWORKS")
-        if isinstance(networks, str):
-            networks = [n for n in networks.split(",") if n.strip()]
-        overrides = get("POLITE_DNS_OVERRIDES")
-        if isinstance(overrides, str):
-            import json
-
-            overrides = json.loads(overrides)
-        nameservers = get("POLITE_DNS_NAMESERVERS")
-        if isinstance(nameservers, str):
-            nameservers = [n for n in nameservers.split(",") if n.strip()]
-        return cls(
-            reactor,
-            address_filter=AddressFilter(allow_private=bool(settings.getbool("POLITE_ALLOW_PRIVATE")
-                                                            if hasattr(settings, "getbool")
-                                                            else get("POLITE_ALLOW_PRIVATE")),
-                                         allowed_networks=list(networks)),
-            overrides=overrides,
-            nameservers=[parse_nameserver(n) for n in nameservers],
-            timeout=float(get("POLITE_DNS_TIMEOUT")),
-            min_ttl=float(get("POLITE_DNS_MIN_TTL")),
-            max_ttl=float(get("POLITE_DNS_MAX_TTL")),
-        )
+    @classmethod
+    def from_config(cls, config: DNSConfig, reactor: Any) -> Self:
+        """Build from validated settings (:class:`~scrapy_polite.settings.DNSConfig`)."""
+        return cls(reactor, address_filter=config.address_filter, overrides=config.overrides,
+                   nameservers=config.nameservers, timeout=config.timeout, min_ttl=config.min_ttl,
+                   max_ttl=config.max_ttl)
 
     @classmethod
     def from_crawler(cls, crawler: Any, reactor: Any) -> Self:
@@ -214,7 +166,7 @@ class PublicHostnameResolver:
     def lookup(self, host: str) -> defer.Deferred[tuple[str, ...]]:
         """All addresses of ``host`` (unfiltered, sorted, de-duplicated), from literal, override, cache or
         DNS. Fails with :class:`HostNotFound`, :class:`DNSServerFailure` or :class:`DNSTimeout`."""
-        host = _normalise(host)
+        host = normalise_dns_name(host)
         literal = parse_ip_literal(host)
         if literal is not None:
             return defer.succeed((str(literal),))
@@ -260,7 +212,7 @@ class PublicHostnameResolver:
             kept, dropped = list(verdict[0]), verdict[1]
             if not kept:
                 self.counts["blocked"] += 1
-                raise BlockedHost(_normalise(host), dropped)
+                raise BlockedHost(normalise_dns_name(host), dropped)
             if dropped:
                 self.counts["dropped"] += len(dropped)
                 logger.debug("%s: dropped non-public addresses %s", host, dropped)
@@ -341,11 +293,11 @@ class PublicHostnameResolver:
 
     def pin(self, host: str, address: str) -> None:
         """Answer only ``address`` for ``host`` until :meth:`unpin` (pins are counted per request)."""
-        self._pins.setdefault(_normalise(host), Counter())[str(ipaddress.ip_address(address))] += 1
+        self._pins.setdefault(normalise_dns_name(host), Counter())[str(ipaddress.ip_address(address))] += 1
 
     def unpin(self, host: str, address: str) -> None:
         """Release one pin of ``address`` for ``host``."""
-        host = _normalise(host)
+        host = normalise_dns_name(host)
         pins = self._pins.get(host)
         if not pins:
             return
@@ -358,7 +310,7 @@ class PublicHostnameResolver:
 
     def pinned(self, host: str) -> list[str]:
         """The addresses pinned for ``host`` (sorted), or []."""
-        return sorted(self._pins.get(_normalise(host), ()), key=_sort_key)
+        return sorted(self._pins.get(normalise_dns_name(host), ()), key=_sort_key)
 
     # -- IHostnameResolver ------------------------------------------------------------------------------
 
@@ -388,11 +340,3 @@ class PublicHostnameResolver:
         d.addCallbacks(deliver, refused)
         d.addBoth(lambda _: resolutionReceiver.resolutionComplete())
         return resolution
-
-
-def _normalise(host: str) -> str:
-    host = host.strip().lower().rstrip(".")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host
-

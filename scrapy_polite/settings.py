@@ -1,20 +1,55 @@
-"""The ``POLITE_*`` settings: defaults (SPEC §2, §4, §6), reading and validation.
+"""The ``POLITE_*`` settings: defaults (SPEC §2, §4, §6), reading and validation, in one place.
 
 Every duration is in seconds (Scrapy's convention, as ``DOWNLOAD_DELAY``). Settings are read once, when the
-crawler builds the components, and a bad value stops the crawl at start with an error that names the
-setting — never a silently unpaced crawl.
+crawler builds the components (:meth:`PoliteConfig.from_settings`) or Scrapy builds the per-process resolver
+(:meth:`DNSConfig.from_settings`), and a bad value stops the crawl at start with a :class:`SettingsError`
+that names the setting, the value and the accepted form — never a silently unpaced or unfiltered crawl.
+
+The forms accepted are what Scrapy users write in ``settings.py`` and pass with ``-s`` on the command line:
+
+* a list setting (``POLITE_ALLOWED_NETWORKS``, ``POLITE_DNS_NAMESERVERS``, ``POLITE_THROTTLE_STATUSES``):
+  a Python list or tuple, a comma-separated string (``-s POLITE_ALLOWED_NETWORKS=127.0.0.0/8,::1/128``,
+  as Scrapy's ``getlist``) or a JSON list (``-s 'POLITE_ALLOWED_NETWORKS=["127.0.0.0/8"]'``, ``[]``);
+* a dict setting (``POLITE_HOST_DELAYS``, ``POLITE_DNS_OVERRIDES``): a dict or a JSON object string (as
+  Scrapy's ``getdict``);
+* a boolean (``POLITE_ENABLED``, ``POLITE_ALLOW_PRIVATE``): Scrapy's ``getbool`` values, ``True``/``False``,
+  ``1``/``0``, ``'1'``/``'0'``, ``'True'``/``'False'``, ``'true'``/``'false'``.
+
+A ``POLITE_*`` name that is not a setting (a typo such as ``POLITE_HOST_INTERVALS``) is reported by
+:func:`warn_unknown_settings`, with the closest known name.
 """
 
 from __future__ import annotations
 
+import difflib
+import ipaddress
+import json
+import logging
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+from .addresses import AddressFilter, parse_ip_literal
 from .policy import PacingPolicy, host_key
 
-__all__ = ["DEFAULTS", "PoliteConfig", "SettingsError"]
+__all__ = [
+    "DEFAULTS",
+    "DNSConfig",
+    "PoliteConfig",
+    "SettingsError",
+    "normalise_dns_name",
+    "parse_dict_setting",
+    "parse_dns_overrides",
+    "parse_list_setting",
+    "parse_nameserver",
+    "unknown_settings",
+    "warn_unknown_settings",
+]
+
+logger = logging.getLogger(__name__)
 
 #: Every setting with its default. README.md documents each one.
 DEFAULTS: dict[str, Any] = {
@@ -39,13 +74,48 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_DNS_MAX_TTL": 3600.0,
 }
 
+_PREFIX = "POLITE_"
+
 
 class SettingsError(ValueError):
     """A ``POLITE_*`` setting has a value the pacer cannot use. The message names the setting and the fix."""
 
 
+# -- reading one value ------------------------------------------------------------------------------------
+
+
+def _raw(settings: Any, name: str) -> Any:
+    """The value of ``name`` in a Scrapy ``Settings`` or a plain mapping; its default when absent or None
+    (``Settings.get`` treats None as absent too)."""
+    value = settings.get(name)
+    return DEFAULTS[name] if value is None else value
+
+
+def _bool(settings: Any, name: str) -> bool:
+    """A boolean setting, with the semantics of Scrapy's ``BaseSettings.getbool``.
+
+    Raises:
+        SettingsError: a value ``getbool`` refuses (``'yes'``, ``'on'``, a list …).
+    """
+    raw = _raw(settings, name)
+    try:
+        return bool(int(raw))
+    except (TypeError, ValueError):
+        if raw in ("True", "true"):
+            return True
+        if raw in ("False", "false"):
+            return False
+    raise SettingsError(f"{name} must be a boolean (True/False, 1/0, '1'/'0', 'True'/'False' or "
+                        f"'true'/'false'), got {raw!r}")
+
+
 def _seconds(settings: Any, name: str, *, minimum: float = 0.0) -> float:
-    raw = settings.get(name, DEFAULTS[name])
+    """A duration setting in seconds, finite and ``>= minimum``.
+
+    Raises:
+        SettingsError: not a number, not finite, or below ``minimum``.
+    """
+    raw = _raw(settings, name)
     try:
         value = float(raw)
     except (TypeError, ValueError):
@@ -55,10 +125,311 @@ def _seconds(settings: Any, name: str, *, minimum: float = 0.0) -> float:
     return value
 
 
+def _list_form(what: str, example: Sequence[str]) -> str:
+    csv = ",".join(example)
+    return (f"{what}: a list such as {list(example)!r}, a comma-separated string such as {csv!r} "
+            f"or a JSON list such as {json.dumps(list(example))!r}")
+
+
+def parse_list_setting(name: str, value: Any, *, what: str, example: Sequence[str]) -> list[Any]:
+    """The items of a list setting, in the forms Scrapy users pass.
+
+    Accepted: a list, tuple or set (its items, unchanged); a JSON list string (``'[]'``,
+    ``'["127.0.0.0/8"]'``); any other string is comma-separated, as Scrapy's ``getlist`` reads it, with items
+    stripped and empty ones dropped (``''`` is the empty list). A string that starts with ``[`` but is not
+    valid JSON is comma-separated too, so ``'[::1]:53'`` is one item; malformed JSON such as
+    ``'[127.0.0.0/8]'`` then gives an item the caller's validation refuses, with the accepted forms. None is
+    the empty list. The items are not validated here.
+
+    Args:
+        name: the setting's name, for the error message.
+        value: the raw value.
+        what: what the setting holds, e.g. ``"a list of CIDR networks"``.
+        example: example items, e.g. ``["127.0.0.0/8", "::1/128"]``, for the error message.
+
+    Returns:
+        a new list of the items.
+
+    Raises:
+        SettingsError: a value of another type (a number, a dict); the message names the setting, the
+            value and the accepted forms.
+
+    >>> parse_list_setting("POLITE_ALLOWED_NETWORKS", "127.0.0.0/8, ::1/128", what="CIDR networks",
+    ...                    example=["127.0.0.0/8"])
+    ['127.0.0.0/8', '::1/128']
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                parsed: list[Any] = json.loads(text)
+            except ValueError:
+                pass  # not JSON: comma-separated after all, e.g. the nameserver "[::1]:53"
+            else:
+                return parsed  # valid JSON that starts with "[" is always a list
+        return [part.strip() for part in text.split(",") if part.strip()]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    raise SettingsError(f"{name} must be {_list_form(what, example)}, got {value!r}")
+
+
+def _dict_form(what: str, example: Mapping[str, Any]) -> str:
+    return f"{what}: a dict such as {dict(example)!r} or a JSON object such as {json.dumps(dict(example))!r}"
+
+
+def parse_dict_setting(name: str, value: Any, *, what: str, example: Mapping[str, Any]) -> dict[Any, Any]:
+    """The entries of a dict setting, in the forms Scrapy users pass.
+
+    Accepted: a mapping (a dict, or a Scrapy ``BaseSettings``); a JSON object string, as Scrapy's
+    ``getdict`` reads it. None and ``''`` are the empty dict. The entries are not validated here.
+
+    Args:
+        name: the setting's name, for the error message.
+        value: the raw value.
+        what: what the setting holds, e.g. ``"a dict of host -> seconds"``.
+        example: an example value, for the error message.
+
+    Returns:
+        a new dict of the entries.
+
+    Raises:
+        SettingsError: malformed JSON, JSON that is not an object, or a value of another type; the message
+            names the setting, the value and the accepted forms.
+    """
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        if not value.strip():
+            return {}
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise SettingsError(f"{name} is not valid JSON ({exc}), got {value!r}; it must be "
+                                f"{_dict_form(what, example)}") from None
+        if not isinstance(parsed, dict):
+            raise SettingsError(f"{name} must be {_dict_form(what, example)}, got {value!r}")
+        return parsed
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise SettingsError(f"{name} must be {_dict_form(what, example)}, got {value!r}")
+
+
+# -- the address and DNS settings -------------------------------------------------------------------------
+
+
+def normalise_dns_name(host: str) -> str:
+    """A host name as the resolver keys it: stripped, lower-cased, without trailing dot or IPv6 brackets.
+
+    >>> normalise_dns_name(" A.Test. ")
+    'a.test'
+    """
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host
+
+
+def _sort_key(address: str) -> tuple[int, Any]:
+    ip = ipaddress.ip_address(address)
+    return (ip.version, ip)
+
+
+def parse_dns_overrides(value: Any) -> dict[str, tuple[str, ...]]:
+    """``POLITE_DNS_OVERRIDES`` validated: host → its addresses, sorted (IPv4 first) and de-duplicated.
+
+    Args:
+        value: a dict (or JSON object string) of host name → addresses; the addresses of one host are a
+            list setting (a list, a comma-separated string or a JSON list), so one address may be a plain
+            string. Host names are normalised (:func:`normalise_dns_name`).
+
+    Returns:
+        a new dict ``{host: (address, ...)}`` with canonical address strings.
+
+    Raises:
+        SettingsError: not a dict, malformed JSON, an empty or non-string host, or an address that is not
+            an IP literal (``2130706433`` and ``0177.0.0.1`` are names, SPEC §4, so they are refused here).
+    """
+    entries = parse_dict_setting("POLITE_DNS_OVERRIDES", value, what="a dict of host -> list of IP addresses",
+                                 example={"api.example.test": ["127.0.0.1"]})
+    overrides: dict[str, tuple[str, ...]] = {}
+    for host, raw_addresses in entries.items():
+        name = normalise_dns_name(host) if isinstance(host, str) else ""
+        if not name:
+            raise SettingsError(f"POLITE_DNS_OVERRIDES has the key {host!r}, which is not a host name; it must "
+                                f"map host names to IP addresses, e.g. {{'api.example.test': ['127.0.0.1']}}")
+        setting = f"POLITE_DNS_OVERRIDES[{host!r}]"
+        addresses = parse_list_setting(setting, raw_addresses, what="a list of IP addresses",
+                                       example=["127.0.0.1", "::1"])
+        parsed = []
+        for address in addresses:
+            ip = parse_ip_literal(address) if isinstance(address, str) else None
+            if ip is None:
+                raise SettingsError(f"{setting} has {address!r}, which is not an IP address; it must be "
+                                    f"{_list_form('a list of IP addresses', ['127.0.0.1', '::1'])}")
+            parsed.append(str(ip))
+        overrides[name] = tuple(sorted(set(parsed), key=_sort_key))
+    return overrides
+
+
+def parse_nameserver(entry: str) -> tuple[str, int]:
+    """One ``POLITE_DNS_NAMESERVERS`` entry: ``"127.0.0.1:5353"``, ``"[::1]:53"``, ``"::1"`` or ``"8.8.8.8"``
+    → ``(address, port)``; the port defaults to 53.
+
+    Raises:
+        SettingsError: not an IP address with an optional port 1-65535 (names the entry and the setting).
+    """
+    text = str(entry).strip()
+    port_text = "53"
+    host = text
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                host = ""
+            port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    form = "an IP address with an optional port, e.g. '127.0.0.1:5353', '8.8.8.8' or '[::1]:53'"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise SettingsError(f"POLITE_DNS_NAMESERVERS entry {entry!r} is not an IP address[:port]; "
+                            f"each entry must be {form}") from None
+    port = int(port_text) if port_text.isascii() and port_text.isdigit() else 0
+    if not 0 < port < 65536:
+        raise SettingsError(f"POLITE_DNS_NAMESERVERS entry {entry!r} has a bad port (1-65535); "
+                            f"each entry must be {form}")
+    return host, port
+
+
+def _address_filter(settings: Any) -> AddressFilter:
+    allow_private = _bool(settings, "POLITE_ALLOW_PRIVATE")
+    raw = _raw(settings, "POLITE_ALLOWED_NETWORKS")
+    form = _list_form("a list of CIDR networks", ["127.0.0.0/8", "::1/128"])
+    networks = parse_list_setting("POLITE_ALLOWED_NETWORKS", raw, what="a list of CIDR networks",
+                                  example=["127.0.0.0/8", "::1/128"])
+    try:
+        return AddressFilter(allow_private=allow_private, allowed_networks=networks)
+    except ValueError as exc:
+        raise SettingsError(f"{exc}; POLITE_ALLOWED_NETWORKS is {raw!r} and must be {form}") from None
+
+
+@dataclass(frozen=True)
+class DNSConfig:
+    """The validated settings of the per-process resolver (SPEC §4): the address rules and the DNS settings.
+
+    Scrapy builds the resolver from the *process* settings (``TWISTED_DNS_RESOLVER``), so this is read
+    without the pacing settings, by :meth:`from_settings`.
+
+    Attributes:
+        address_filter: the :class:`~scrapy_polite.addresses.AddressFilter` of ``POLITE_ALLOW_PRIVATE`` and
+            ``POLITE_ALLOWED_NETWORKS``.
+        overrides: ``POLITE_DNS_OVERRIDES``, normalised host → sorted, de-duplicated addresses (read-only).
+        nameservers: ``POLITE_DNS_NAMESERVERS`` as ``(address, port)`` pairs; empty: the system's.
+        timeout: ``POLITE_DNS_TIMEOUT``, seconds for one lookup (A and AAAA together), > 0.
+        min_ttl, max_ttl: ``POLITE_DNS_MIN_TTL`` / ``POLITE_DNS_MAX_TTL``, seconds; an answer is cached for
+            its TTL clamped to this range (``0 <= min_ttl <= max_ttl``).
+    """
+
+    address_filter: AddressFilter = field(default_factory=AddressFilter)
+    overrides: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    nameservers: tuple[tuple[str, int], ...] = ()
+    timeout: float = DEFAULTS["POLITE_DNS_TIMEOUT"]
+    min_ttl: float = DEFAULTS["POLITE_DNS_MIN_TTL"]
+    max_ttl: float = DEFAULTS["POLITE_DNS_MAX_TTL"]
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> DNSConfig:
+        """Read and validate the address and DNS settings (a Scrapy ``Settings`` or a plain mapping).
+
+        Raises:
+            SettingsError: a bad ``POLITE_ALLOW_PRIVATE``, ``POLITE_ALLOWED_NETWORKS`` entry,
+                ``POLITE_DNS_OVERRIDES`` entry or ``POLITE_DNS_NAMESERVERS`` entry; a
+                ``POLITE_DNS_TIMEOUT`` <= 0; a negative TTL or ``POLITE_DNS_MIN_TTL > POLITE_DNS_MAX_TTL``.
+        """
+        address_filter = _address_filter(settings)
+        overrides = parse_dns_overrides(_raw(settings, "POLITE_DNS_OVERRIDES"))
+        entries = parse_list_setting("POLITE_DNS_NAMESERVERS", _raw(settings, "POLITE_DNS_NAMESERVERS"),
+                                     what="a list of nameserver IP addresses with an optional port",
+                                     example=["127.0.0.1:5353", "[::1]:53"])
+        nameservers = tuple(parse_nameserver(entry) for entry in entries)
+        timeout = _seconds(settings, "POLITE_DNS_TIMEOUT")
+        if timeout <= 0:
+            raise SettingsError(f"POLITE_DNS_TIMEOUT must be > 0 seconds (a lookup needs time to answer), got "
+                                f"{_raw(settings, 'POLITE_DNS_TIMEOUT')!r}")
+        min_ttl = _seconds(settings, "POLITE_DNS_MIN_TTL")
+        max_ttl = _seconds(settings, "POLITE_DNS_MAX_TTL")
+        if max_ttl < min_ttl:
+            raise SettingsError(f"POLITE_DNS_MAX_TTL ({max_ttl:g} s) must be >= POLITE_DNS_MIN_TTL "
+                                f"({min_ttl:g} s): answers are cached for their TTL clamped to "
+                                "[POLITE_DNS_MIN_TTL, POLITE_DNS_MAX_TTL]")
+        return cls(address_filter=address_filter, overrides=MappingProxyType(overrides),
+                   nameservers=nameservers, timeout=timeout, min_ttl=min_ttl, max_ttl=max_ttl)
+
+
+# -- the whole configuration ------------------------------------------------------------------------------
+
+
 def _status(value: Any) -> int:
     if isinstance(value, float) and not value.is_integer():
         raise ValueError(value)
     return int(value)
+
+
+def _throttle_statuses(settings: Any) -> frozenset[int]:
+    raw = _raw(settings, "POLITE_THROTTLE_STATUSES")
+    items = parse_list_setting("POLITE_THROTTLE_STATUSES", raw, what="a list of HTTP status codes",
+                               example=["429", "503"])
+    # A plain string may also separate the codes with spaces ("429 503"), as it always could.
+    items = [part for item in items for part in (item.split() if isinstance(item, str) else [item])]
+    try:
+        statuses = frozenset(_status(s) for s in items)
+    except (TypeError, ValueError):
+        raise SettingsError(f"POLITE_THROTTLE_STATUSES must be "
+                            f"{_list_form('a list of HTTP status codes', ['429', '503'])}, got {raw!r}") from None
+    if not statuses:
+        raise SettingsError("POLITE_THROTTLE_STATUSES is empty: a throttling host would never be backed off. "
+                            "Fix: keep the default [429, 503] or list the statuses that mean 'slow down'")
+    if any(not 100 <= s <= 599 for s in statuses):
+        raise SettingsError(f"POLITE_THROTTLE_STATUSES has a status outside 100-599: {sorted(statuses)}")
+    return statuses
+
+
+def _host_delays(settings: Any) -> dict[str, float]:
+    raw_delays = parse_dict_setting("POLITE_HOST_DELAYS", _raw(settings, "POLITE_HOST_DELAYS"),
+                                    what="a dict of host -> seconds", example={"api.example.com": 5})
+    host_delays: dict[str, float] = {}
+    for host, raw in raw_delays.items():
+        key = host_key(f"http://{host}/") if "://" not in str(host) else host_key(str(host))
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if key is None or not math.isfinite(value) or value < 0:
+            raise SettingsError(
+                f"POLITE_HOST_DELAYS[{host!r}] must map a host name to seconds >= 0, got {raw!r}")
+        host_delays[key] = value
+    return host_delays
+
+
+def _store_uri(settings: Any) -> str | None:
+    raw = _raw(settings, "POLITE_STORE")
+    if isinstance(raw, os.PathLike):
+        raw = os.fspath(raw)
+    if not isinstance(raw, (str, type(None))):
+        raise SettingsError(f"POLITE_STORE must be a store URI such as 'sqlite:///path/to/pace.sqlite3' or "
+                            f"'memory://' (or None for the project's .scrapy/polite.sqlite3), got {raw!r}")
+    return raw or None
+
+
+def _scheduler_base(settings: Any) -> str | type[Any]:
+    raw = _raw(settings, "POLITE_SCHEDULER_BASE")
+    if isinstance(raw, type) or (isinstance(raw, str) and raw.strip()):
+        return raw
+    raise SettingsError(f"POLITE_SCHEDULER_BASE must be a scheduler class or its import path, such as "
+                        f"'scrapy.core.scheduler.Scheduler', got {raw!r}")
 
 
 @dataclass(frozen=True)
@@ -66,13 +437,19 @@ class PoliteConfig:
     """The validated ``POLITE_*`` settings of one crawler.
 
     Attributes:
-        policy: the :class:`~scrapy_polite.policy.PacingPolicy` built from the interval settings.
+        policy: the :class:`~scrapy_polite.policy.PacingPolicy` built from the interval settings
+            (``POLITE_HOST_INTERVAL``, ``POLITE_MAX_BACKOFF``, ``POLITE_MAX_WAIT``,
+            ``POLITE_MAX_RETRY_AFTER``, ``POLITE_THROTTLE_STATUSES``).
         ip_interval: ``POLITE_IP_INTERVAL``, seconds between two requests to one IP address.
         max_idle_wait: ``POLITE_MAX_IDLE_WAIT``, seconds; when everything left is deferred beyond it the
             spider closes with reason ``polite_deferred``.
         store_uri: ``POLITE_STORE`` (None: the project's data dir).
         store_expire: ``POLITE_STORE_EXPIRE``, seconds after which an idle host's row is removed.
         host_delays: ``POLITE_HOST_DELAYS`` with normalised host keys, seconds.
+        enabled: ``POLITE_ENABLED``.
+        scheduler_base: ``POLITE_SCHEDULER_BASE``, the scheduler class (or its import path) wrapped.
+        dns: the address rules and DNS settings (:class:`DNSConfig`), read from this crawler's settings;
+            :attr:`address_filter` is ``dns.address_filter``.
     """
 
     policy: PacingPolicy
@@ -81,15 +458,25 @@ class PoliteConfig:
     store_uri: str | None
     store_expire: float
     host_delays: Mapping[str, float] = field(default_factory=dict)
+    enabled: bool = True
+    scheduler_base: str | type[Any] = DEFAULTS["POLITE_SCHEDULER_BASE"]
+    dns: DNSConfig = field(default_factory=DNSConfig)
+
+    @property
+    def address_filter(self) -> AddressFilter:
+        """Which addresses this crawler may contact (``POLITE_ALLOW_PRIVATE``, ``POLITE_ALLOWED_NETWORKS``)."""
+        return self.dns.address_filter
 
     @classmethod
     def from_settings(cls, settings: Any) -> PoliteConfig:
-        """Read and validate the settings (a Scrapy ``Settings`` or a plain mapping).
+        """Read and validate every ``POLITE_*`` setting (a Scrapy ``Settings`` or a plain mapping).
 
         Raises:
             SettingsError: a negative, non-finite or non-numeric duration; an empty or non-integer
-                ``POLITE_THROTTLE_STATUSES``; a malformed ``POLITE_HOST_DELAYS`` entry.
+                ``POLITE_THROTTLE_STATUSES``; a malformed ``POLITE_HOST_DELAYS`` entry; a bad boolean,
+                ``POLITE_STORE`` or ``POLITE_SCHEDULER_BASE``; any error of :meth:`DNSConfig.from_settings`.
         """
+        enabled = _bool(settings, "POLITE_ENABLED")
         host_interval = _seconds(settings, "POLITE_HOST_INTERVAL")
         max_backoff = _seconds(settings, "POLITE_MAX_BACKOFF")
         max_wait = _seconds(settings, "POLITE_MAX_WAIT")
@@ -97,47 +484,67 @@ class PoliteConfig:
             raise SettingsError(f"POLITE_MAX_WAIT must be > 0 seconds (a wait in line of 0 s cannot wait), got "
                                 f"{max_wait!r}; use a small value such as 1.0 to defer almost every wait")
         max_retry_after = _seconds(settings, "POLITE_MAX_RETRY_AFTER")
-        raw_statuses = settings.get("POLITE_THROTTLE_STATUSES", DEFAULTS["POLITE_THROTTLE_STATUSES"])
-        if isinstance(raw_statuses, str):
-            raw_statuses = [s for s in raw_statuses.replace(",", " ").split() if s]
-        try:
-            statuses = frozenset(_status(s) for s in raw_statuses)
-        except (TypeError, ValueError):
-            raise SettingsError(
-                f"POLITE_THROTTLE_STATUSES must be a list of HTTP status codes, got {raw_statuses!r}") from None
-        if not statuses:
-            raise SettingsError("POLITE_THROTTLE_STATUSES is empty: a throttling host would never be backed off. "
-                                "Fix: keep the default [429, 503] or list the statuses that mean 'slow down'")
-        if any(not 100 <= s <= 599 for s in statuses):
-            raise SettingsError(f"POLITE_THROTTLE_STATUSES has a status outside 100-599: {sorted(statuses)}")
-        raw_delays = settings.get("POLITE_HOST_DELAYS", None) or {}
-        if isinstance(raw_delays, str):
-            import json
-
-            try:
-                raw_delays = json.loads(raw_delays)
-            except ValueError:
-                raise SettingsError(f"POLITE_HOST_DELAYS must be a dict of host -> seconds, got {raw_delays!r}") from None
-        if not isinstance(raw_delays, Mapping):
-            raise SettingsError(f"POLITE_HOST_DELAYS must be a dict of host -> seconds, got {raw_delays!r}")
-        host_delays: dict[str, float] = {}
-        for host, raw in raw_delays.items():
-            key = host_key(f"http://{host}/") if "://" not in str(host) else host_key(str(host))
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                value = float("nan")
-            if key is None or not math.isfinite(value) or value < 0:
-                raise SettingsError(
-                    f"POLITE_HOST_DELAYS[{host!r}] must map a host name to seconds >= 0, got {raw!r}")
-            host_delays[key] = value
-        store_uri = settings.get("POLITE_STORE", None) or None
+        statuses = _throttle_statuses(settings)
+        host_delays = _host_delays(settings)
         return cls(
             policy=PacingPolicy(host_interval=host_interval, max_backoff=max_backoff, max_wait=max_wait,
                                 max_retry_after=max_retry_after, throttle_statuses=statuses),
             ip_interval=_seconds(settings, "POLITE_IP_INTERVAL"),
             max_idle_wait=_seconds(settings, "POLITE_MAX_IDLE_WAIT"),
-            store_uri=store_uri,
+            store_uri=_store_uri(settings),
             store_expire=_seconds(settings, "POLITE_STORE_EXPIRE"),
             host_delays=host_delays,
+            enabled=enabled,
+            scheduler_base=_scheduler_base(settings),
+            dns=DNSConfig.from_settings(settings),
         )
+
+
+# -- unknown names ----------------------------------------------------------------------------------------
+
+
+def unknown_settings(names: Iterable[str]) -> list[tuple[str, str | None]]:
+    """The ``POLITE_*`` names that are not settings, each with the closest known name (or None).
+
+    A name counts when it starts with ``POLITE_`` in any case (``polite_host_interval`` is a typo too:
+    Scrapy setting names are case-sensitive) and is not a key of :data:`DEFAULTS`. The closest name is
+    :func:`difflib.get_close_matches` over the part after ``POLITE_`` (cutoff 0.6).
+
+    Args:
+        names: setting names, e.g. a Scrapy ``Settings`` (which iterates over its names).
+
+    Returns:
+        ``[(name, closest or None), ...]`` in the order first seen, each name once.
+
+    >>> unknown_settings(["POLITE_HOST_INTERVALS", "POLITE_IP_INTERVAL", "LOG_LEVEL"])
+    [('POLITE_HOST_INTERVALS', 'POLITE_HOST_INTERVAL')]
+    """
+    known = {name[len(_PREFIX):]: name for name in DEFAULTS}
+    found: list[tuple[str, str | None]] = []
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str) or name in seen or name in DEFAULTS:
+            continue
+        upper = name.upper()
+        if not upper.startswith(_PREFIX):
+            continue
+        seen.add(name)
+        close = difflib.get_close_matches(upper[len(_PREFIX):], list(known), n=1)
+        found.append((name, known[close[0]] if close else None))
+    return found
+
+
+def warn_unknown_settings(settings: Iterable[str]) -> None:
+    """Log one WARNING per unknown ``POLITE_*`` name in ``settings`` (see :func:`unknown_settings`), e.g.
+    ``scrapy-polite: unknown setting POLITE_HOST_INTERVALS (did you mean POLITE_HOST_INTERVAL?)``: such a
+    setting is silently ignored otherwise.
+
+    Args:
+        settings: a Scrapy ``Settings`` or a mapping (its keys are read) or any iterable of names.
+    """
+    for name, close in unknown_settings(settings):
+        if close is not None:
+            logger.warning("scrapy-polite: unknown setting %s (did you mean %s?)", name, close)
+        else:
+            logger.warning("scrapy-polite: unknown setting %s (not a scrapy-polite setting; README lists them)",
+                           name)

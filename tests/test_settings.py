@@ -1,0 +1,399 @@
+"""The ``POLITE_*`` settings read once (:mod:`scrapy_polite.settings`): the forms each kind of setting accepts,
+a :class:`SettingsError` naming the setting for every invalid value (each with a valid negative control), and
+the warning for an unknown ``POLITE_*`` name.
+
+Settings are given both as a Scrapy ``Settings`` (what a crawl has; ``-s NAME=VALUE`` arrives as a string at
+``cmdline`` priority) and as a plain dict (what unit tests pass).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import pytest
+from scrapy.settings import BaseSettings, Settings
+
+from scrapy_polite.addon import Addon
+from scrapy_polite.resolver import PublicHostnameResolver, parse_nameserver
+from scrapy_polite.settings import (
+    DEFAULTS,
+    DNSConfig,
+    PoliteConfig,
+    SettingsError,
+    parse_dict_setting,
+    parse_list_setting,
+    unknown_settings,
+    warn_unknown_settings,
+)
+
+
+def cmdline(**values: object) -> Settings:
+    """Settings as ``scrapy crawl -s NAME=VALUE`` leaves them: each value a string at cmdline priority."""
+    settings = Settings()
+    for name, value in values.items():
+        settings.set(name, value, priority="cmdline")
+    return settings
+
+
+def networks(config: PoliteConfig | DNSConfig) -> list[str]:
+    return [str(n) for n in config.address_filter.allowed_networks]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Defaults
+
+
+@pytest.mark.parametrize("settings", [{}, Settings(), Settings(DEFAULTS)], ids=["dict", "Settings", "defaults"])
+def test_defaults(settings):
+    config = PoliteConfig.from_settings(settings)
+    assert config.enabled is True
+    assert config.policy.host_interval == 1.0 and config.ip_interval == 2.0
+    assert config.policy.throttle_statuses == frozenset({429, 503})
+    assert config.store_uri is None and config.host_delays == {}
+    assert config.scheduler_base == "scrapy.core.scheduler.Scheduler"
+    assert not config.address_filter.allow_private and networks(config) == []
+    assert config.dns == DNSConfig(address_filter=config.address_filter)
+    assert dict(config.dns.overrides) == {} and config.dns.nameservers == ()
+    assert (config.dns.timeout, config.dns.min_ttl, config.dns.max_ttl) == (5.0, 60.0, 3600.0)
+
+
+def test_address_filter_is_the_dns_configs():
+    config = PoliteConfig.from_settings({"POLITE_ALLOWED_NETWORKS": ["127.0.0.0/8"]})
+    assert config.address_filter is config.dns.address_filter
+    assert config.address_filter.allows("127.0.0.1") and not config.address_filter.allows("10.0.0.1")
+
+
+# ---------------------------------------------------------------------------------------------------
+# List settings: a list, a tuple, a comma-separated string, a JSON list (and an empty one)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (["127.0.0.0/8", "::1/128"], ["127.0.0.0/8", "::1/128"]),
+    (("127.0.0.0/8",), ["127.0.0.0/8"]),
+    ("127.0.0.0/8,::1/128", ["127.0.0.0/8", "::1/128"]),
+    (" 127.0.0.0/8 , ::1/128 ,", ["127.0.0.0/8", "::1/128"]),
+    ("127.0.0.0/8", ["127.0.0.0/8"]),
+    ('["127.0.0.0/8", "::1/128"]', ["127.0.0.0/8", "::1/128"]),
+    ("[]", []),
+    (" [ ] ", []),
+    ("", []),
+    ([], []),
+], ids=["list", "tuple", "csv", "csv-spaces", "one", "json", "json-empty", "json-empty-spaces", "empty-string",
+        "empty-list"])
+@pytest.mark.parametrize("make", [dict, cmdline], ids=["dict", "cmdline"])
+def test_allowed_networks_forms(make, value, expected):
+    settings = make(POLITE_ALLOWED_NETWORKS=value)
+    assert networks(PoliteConfig.from_settings(settings)) == expected
+    assert networks(DNSConfig.from_settings(settings)) == expected
+
+
+def test_allowed_networks_empty_json_list_is_no_longer_a_cidr_error():
+    """The issue's reproduction: ``-s 'POLITE_ALLOWED_NETWORKS=[]'`` was "'[]' is not a valid CIDR network"."""
+    config = PoliteConfig.from_settings(cmdline(POLITE_ALLOWED_NETWORKS="[]"))
+    assert networks(config) == [] and not config.address_filter.allows("127.0.0.1")
+
+
+@pytest.mark.parametrize("value, expected", [
+    (["127.0.0.1:5353", "[::1]:53"], (("127.0.0.1", 5353), ("::1", 53))),
+    ("127.0.0.1:5353,[::1]:53", (("127.0.0.1", 5353), ("::1", 53))),
+    ("[::1]:5300", (("::1", 5300),)),  # starts with "[" but is no JSON: one nameserver
+    ("[::1]", (("::1", 53),)),
+    ('["8.8.8.8", "[::1]:53"]', (("8.8.8.8", 53), ("::1", 53))),
+    ("[]", ()),
+    ("", ()),
+])
+def test_nameservers_forms(value, expected):
+    assert DNSConfig.from_settings(cmdline(POLITE_DNS_NAMESERVERS=value)).nameservers == expected
+
+
+@pytest.mark.parametrize("value, expected", [
+    ([429], {429}), ((429, 503.0), {429, 503}), ("429,503", {429, 503}), ("429", {429}),
+    ("429 503", {429, 503}), ("[429, 503]", {429, 503}), ('["429"]', {429}),
+])
+def test_throttle_statuses_forms(value, expected):
+    assert PoliteConfig.from_settings(cmdline(POLITE_THROTTLE_STATUSES=value)).policy.throttle_statuses == expected
+
+
+def test_parse_list_setting_returns_a_copy():
+    value = ["a"]
+    got = parse_list_setting("POLITE_X", value, what="things", example=["a"])
+    assert got == value and got is not value
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dict settings: a dict, a JSON object string
+
+
+@pytest.mark.parametrize("value", [{"Api.Example.com.": 5}, '{"Api.Example.com.": 5}',
+                                   BaseSettings({"api.example.com": 5})], ids=["dict", "json", "BaseSettings"])
+def test_host_delays_forms(value):
+    settings = Settings()
+    settings.set("POLITE_HOST_DELAYS", value, priority="cmdline")
+    assert PoliteConfig.from_settings(settings).host_delays == {"api.example.com": 5.0}
+
+
+@pytest.mark.parametrize("value", [{"A.Test.": ["127.0.0.9", "127.0.0.9", "::1"]},
+                                   '{"A.Test.": ["127.0.0.9", "::1"]}',
+                                   {"a.test": "::1,127.0.0.9"},
+                                   {"[a.test]": '["::1", "127.0.0.9"]'}],
+                         ids=["dict", "json", "dict-csv", "dict-json-list"])
+def test_dns_overrides_forms(value):
+    config = DNSConfig.from_settings(cmdline(POLITE_DNS_OVERRIDES=value))
+    assert dict(config.overrides) == {"a.test": ("127.0.0.9", "::1")}  # sorted IPv4 first, de-duplicated
+
+
+@pytest.mark.parametrize("value", ["", "{}", {}])
+def test_empty_dict_settings(value):
+    settings = cmdline(POLITE_HOST_DELAYS=value, POLITE_DNS_OVERRIDES=value)
+    config = PoliteConfig.from_settings(settings)
+    assert config.host_delays == {} and dict(config.dns.overrides) == {}
+
+
+def test_dns_overrides_are_read_only():
+    config = DNSConfig.from_settings({"POLITE_DNS_OVERRIDES": {"a.test": ["127.0.0.1"]}})
+    with pytest.raises(TypeError):
+        config.overrides["b.test"] = ("127.0.0.2",)  # type: ignore[index]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Booleans: Scrapy's getbool values
+
+
+@pytest.mark.parametrize("value, expected", [
+    (True, True), (False, False), (1, True), (0, False), ("1", True), ("0", False),
+    ("True", True), ("true", True), ("False", False), ("false", False),
+])
+@pytest.mark.parametrize("make", [dict, cmdline], ids=["dict", "cmdline"])
+def test_booleans(make, value, expected):
+    config = PoliteConfig.from_settings(make(POLITE_ALLOW_PRIVATE=value, POLITE_ENABLED=value))
+    assert config.address_filter.allow_private is expected and config.enabled is expected
+    assert Settings({"X": value}).getbool("X") is expected  # the same as Scrapy's own reading
+
+
+# ---------------------------------------------------------------------------------------------------
+# Every invalid value: a SettingsError naming the setting and the value
+
+
+INVALID = [
+    ("POLITE_ENABLED", "yes"),
+    ("POLITE_ALLOW_PRIVATE", "on"),
+    ("POLITE_ALLOW_PRIVATE", [1]),
+    ("POLITE_HOST_INTERVAL", -1),
+    ("POLITE_HOST_INTERVAL", "fast"),
+    ("POLITE_IP_INTERVAL", float("inf")),
+    ("POLITE_MAX_BACKOFF", -0.5),
+    ("POLITE_MAX_WAIT", 0, "got 0"),
+    ("POLITE_MAX_RETRY_AFTER", "nan"),
+    ("POLITE_MAX_IDLE_WAIT", -1),
+    ("POLITE_STORE_EXPIRE", "a month"),
+    ("POLITE_STORE", 5),
+    ("POLITE_SCHEDULER_BASE", ""),
+    ("POLITE_THROTTLE_STATUSES", "[]", "is empty"),
+    ("POLITE_THROTTLE_STATUSES", "429,slow"),
+    ("POLITE_THROTTLE_STATUSES", "[429.5]"),
+    ("POLITE_THROTTLE_STATUSES", [700], "[700]"),
+    ("POLITE_THROTTLE_STATUSES", 429),
+    ("POLITE_HOST_DELAYS", "{api.example.com: 5}"),
+    ("POLITE_HOST_DELAYS", "[5]"),
+    ("POLITE_HOST_DELAYS", ["api.example.com"]),
+    ("POLITE_HOST_DELAYS", {"api.example.com": -1}, "got -1"),
+    ("POLITE_HOST_DELAYS", {"api.example.com": "soon"}, "'soon'"),
+    ("POLITE_ALLOWED_NETWORKS", "10.0.0.1/8"),
+    ("POLITE_ALLOWED_NETWORKS", "127.0.0.0/8,localnet"),
+    ("POLITE_ALLOWED_NETWORKS", "[127.0.0.0/8]"),  # JSON without quotes
+    ("POLITE_ALLOWED_NETWORKS", "[5]"),
+    ("POLITE_ALLOWED_NETWORKS", 5),
+    ("POLITE_ALLOWED_NETWORKS", {"127.0.0.0/8": True}),
+    ("POLITE_DNS_OVERRIDES", "{not json"),
+    ("POLITE_DNS_OVERRIDES", '{"a.test": ["127.0.0.1"]'),
+    ("POLITE_DNS_OVERRIDES", "[]"),
+    ("POLITE_DNS_OVERRIDES", ["a.test"]),
+    ("POLITE_DNS_OVERRIDES", {"a.test": ["2130706433"]}, "'2130706433'"),
+    ("POLITE_DNS_OVERRIDES", {"a.test": ["example.com"]}, "'example.com'"),
+    ("POLITE_DNS_OVERRIDES", {"a.test": 127}, "got 127"),
+    ("POLITE_DNS_OVERRIDES", {"": ["127.0.0.1"]}, "key ''"),
+    ("POLITE_DNS_NAMESERVERS", "dns.google"),
+    ("POLITE_DNS_NAMESERVERS", "127.0.0.1:0"),
+    ("POLITE_DNS_NAMESERVERS", "127.0.0.1:x"),
+    ("POLITE_DNS_NAMESERVERS", "[::1]:x"),
+    ("POLITE_DNS_NAMESERVERS", "[::1]53"),
+    ("POLITE_DNS_NAMESERVERS", "127.0.0.1:70000"),
+    ("POLITE_DNS_NAMESERVERS", 53),
+    ("POLITE_DNS_TIMEOUT", 0),
+    ("POLITE_DNS_TIMEOUT", "slow"),
+    ("POLITE_DNS_MIN_TTL", -1),
+    ("POLITE_DNS_MAX_TTL", 1, "(1 s)"),  # below the default POLITE_DNS_MIN_TTL (60)
+]
+
+DNS_SETTINGS = {"POLITE_ALLOW_PRIVATE", "POLITE_ALLOWED_NETWORKS"} | {n for n in DEFAULTS if n.startswith("POLITE_DNS")}
+
+
+def _shown(case: tuple) -> str:
+    """What the message must quote: the third element of a case, else the value's repr."""
+    return case[2] if len(case) > 2 else repr(case[1])
+
+
+@pytest.mark.parametrize("name, value, shown", [(c[0], c[1], _shown(c)) for c in INVALID],
+                         ids=[f"{c[0]}={c[1]!r}" for c in INVALID])
+@pytest.mark.parametrize("make", [dict, cmdline], ids=["dict", "cmdline"])
+def test_invalid_value_names_the_setting(make, name, value, shown):
+    with pytest.raises(SettingsError, match=name) as exc:
+        PoliteConfig.from_settings(make(**{name: value}))
+    assert shown in str(exc.value)
+    if name in DNS_SETTINGS:  # the per-process resolver reads them alone, and refuses them the same way
+        with pytest.raises(SettingsError, match=name):
+            DNSConfig.from_settings(make(**{name: value}))
+        with pytest.raises(SettingsError, match=name):
+            PublicHostnameResolver.from_settings(make(**{name: value}), reactor=None)
+
+
+VALID = {
+    "POLITE_ENABLED": "false", "POLITE_ALLOW_PRIVATE": "1", "POLITE_HOST_INTERVAL": "0",
+    "POLITE_IP_INTERVAL": 0.5, "POLITE_MAX_BACKOFF": "10", "POLITE_MAX_WAIT": 0.1,
+    "POLITE_MAX_RETRY_AFTER": 0, "POLITE_MAX_IDLE_WAIT": 1, "POLITE_STORE_EXPIRE": "60",
+    "POLITE_STORE": "memory://", "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
+    "POLITE_THROTTLE_STATUSES": "429", "POLITE_HOST_DELAYS": '{"api.example.com": 0}',
+    "POLITE_ALLOWED_NETWORKS": '["10.0.0.0/8"]', "POLITE_DNS_OVERRIDES": '{"a.test": "127.0.0.1"}',
+    "POLITE_DNS_NAMESERVERS": "127.0.0.1:5353", "POLITE_DNS_TIMEOUT": "0.1", "POLITE_DNS_MIN_TTL": 0,
+    "POLITE_DNS_MAX_TTL": "60",
+}
+
+
+def test_valid_values_are_the_negative_control():
+    """Every setting of the table above, with a valid value of the same shape: no error, and each is read."""
+    assert set(VALID) == set(DEFAULTS) == {case[0] for case in INVALID}
+    for make in (dict, cmdline):
+        config = PoliteConfig.from_settings(make(**VALID))
+        assert config.enabled is False and config.address_filter.allow_private is True
+        assert config.policy.host_interval == 0 and config.policy.max_wait == 0.1
+        assert config.policy.throttle_statuses == {429} and config.host_delays == {"api.example.com": 0.0}
+        assert config.store_uri == "memory://" and config.store_expire == 60
+        assert config.dns.address_filter.allowed_networks == (ipaddress.ip_network("10.0.0.0/8"),)
+        assert dict(config.dns.overrides) == {"a.test": ("127.0.0.1",)}
+        assert config.dns.nameservers == (("127.0.0.1", 5353),)
+        assert (config.dns.timeout, config.dns.min_ttl, config.dns.max_ttl) == (0.1, 0.0, 60.0)
+
+
+def test_error_message_gives_the_accepted_forms():
+    with pytest.raises(SettingsError) as exc:
+        PoliteConfig.from_settings({"POLITE_ALLOWED_NETWORKS": "[127.0.0.0/8]"})
+    message = str(exc.value)
+    assert "'[127.0.0.0/8]'" in message  # the value
+    assert "comma-separated" in message and "JSON list" in message and '["127.0.0.0/8"' in message  # the forms
+
+
+def test_malformed_json_overrides_say_json():
+    with pytest.raises(SettingsError, match=r"POLITE_DNS_OVERRIDES is not valid JSON .*'\{not json'") as exc:
+        DNSConfig.from_settings(cmdline(POLITE_DNS_OVERRIDES="{not json"))
+    assert "JSON object" in str(exc.value)
+    # negative control: the same override as valid JSON
+    assert dict(DNSConfig.from_settings(cmdline(POLITE_DNS_OVERRIDES='{"x.test": ["127.0.0.1"]}')).overrides) == {
+        "x.test": ("127.0.0.1",)}
+
+
+def test_max_ttl_may_equal_min_ttl_but_not_be_below():
+    assert DNSConfig.from_settings({"POLITE_DNS_MIN_TTL": 5, "POLITE_DNS_MAX_TTL": 5}).max_ttl == 5
+    with pytest.raises(SettingsError, match="POLITE_DNS_MAX_TTL .* must be >= POLITE_DNS_MIN_TTL"):
+        DNSConfig.from_settings({"POLITE_DNS_MIN_TTL": 5, "POLITE_DNS_MAX_TTL": 4.9})
+
+
+def test_dict_and_list_helpers_refuse_other_types():
+    with pytest.raises(SettingsError, match="POLITE_X must be things"):
+        parse_list_setting("POLITE_X", 3, what="things", example=["a"])
+    with pytest.raises(SettingsError, match="POLITE_Y must be pairs"):
+        parse_dict_setting("POLITE_Y", ["a"], what="pairs", example={"a": 1})
+    assert parse_dict_setting("POLITE_Y", '{"a": 1}', what="pairs", example={"a": 1}) == {"a": 1}
+
+
+@pytest.mark.parametrize("entry", ["dns.google", "127.0.0.1:0", "127.0.0.1:70000", "[::1]:x", "127.0.0.1:",
+                                   "127.0.0.1:\u00b2"])
+def test_parse_nameserver_raises_settings_error(entry):
+    with pytest.raises(SettingsError, match="POLITE_DNS_NAMESERVERS entry"):
+        parse_nameserver(entry)
+
+
+def test_resolver_constructor_refuses_with_settings_error():
+    with pytest.raises(SettingsError, match=r"POLITE_DNS_OVERRIDES\['x.test'\]"):
+        PublicHostnameResolver(None, overrides={"x.test": ["0177.0.0.1"]})
+    with pytest.raises(SettingsError, match="POLITE_DNS_TIMEOUT"):
+        PublicHostnameResolver(None, timeout=0)
+    resolver = PublicHostnameResolver(None, overrides={"X.test.": "127.0.0.1"}, timeout=1)  # negative control
+    assert resolver.overrides == {"x.test": ("127.0.0.1",)}
+
+
+class _Process:
+    """What Scrapy passes to ``TWISTED_DNS_RESOLVER``'s ``from_crawler``: an object with ``settings``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+
+def test_resolver_from_crawler_reads_command_line_strings():
+    settings = cmdline(POLITE_ALLOWED_NETWORKS="127.0.0.9/32,::1/128", POLITE_DNS_NAMESERVERS="[::1]:5300",
+                       POLITE_DNS_OVERRIDES='{"A.test": "127.0.0.9"}', POLITE_ALLOW_PRIVATE="0",
+                       POLITE_DNS_TIMEOUT="0.5", POLITE_DNS_MIN_TTL="0", POLITE_DNS_MAX_TTL="10")
+    resolver = PublicHostnameResolver.from_crawler(_Process(settings), None)
+    assert resolver.nameservers == [("::1", 5300)]
+    assert resolver.overrides == {"a.test": ("127.0.0.9",)}
+    assert (resolver.timeout, resolver.min_ttl, resolver.max_ttl) == (0.5, 0.0, 10.0)
+    assert resolver.filter.allows("127.0.0.9") and resolver.filter.allows("::1")
+    assert not resolver.filter.allows("127.0.0.1") and not resolver.filter.allow_private
+
+
+def test_resolver_from_config():
+    config = DNSConfig.from_settings({"POLITE_DNS_NAMESERVERS": ["127.0.0.1:5353"], "POLITE_DNS_TIMEOUT": 2})
+    resolver = PublicHostnameResolver.from_config(config, None)
+    assert resolver.nameservers == [("127.0.0.1", 5353)] and resolver.timeout == 2.0
+    assert resolver.filter is config.address_filter
+
+
+# ---------------------------------------------------------------------------------------------------
+# Unknown POLITE_* names
+
+
+def test_unknown_settings_suggests_the_closest_name():
+    names = ["POLITE_HOST_INTERVALS", "POLITE_HOST_INTERVAL", "LOG_LEVEL", "POLITE_DNS_NAMESERVER",
+             "polite_ip_interval", "POLITE_HOST_INTERVALS", "POLITE_ZZZ"]
+    assert unknown_settings(names) == [
+        ("POLITE_HOST_INTERVALS", "POLITE_HOST_INTERVAL"),
+        ("POLITE_DNS_NAMESERVER", "POLITE_DNS_NAMESERVERS"),
+        ("polite_ip_interval", "POLITE_IP_INTERVAL"),
+        ("POLITE_ZZZ", None),
+    ]
+
+
+def test_known_names_are_not_unknown():
+    assert unknown_settings(DEFAULTS) == []
+    assert unknown_settings(Settings({**DEFAULTS, "DOWNLOAD_DELAY": 1, "ROBOTSTXT_OBEY": True})) == []
+
+
+def test_warn_unknown_settings_logs_one_warning_per_name(caplog):
+    settings = Settings({"POLITE_HOST_INTERVALS": 5, "POLITE_HOST_INTERVAL": 5, "POLITE_ZZZ": 1})
+    with caplog.at_level(logging.WARNING, logger="scrapy_polite"):
+        warn_unknown_settings(settings)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        "scrapy-polite: unknown setting POLITE_HOST_INTERVALS (did you mean POLITE_HOST_INTERVAL?)",
+        "scrapy-polite: unknown setting POLITE_ZZZ (not a scrapy-polite setting; README lists them)",
+    ]
+
+
+def test_warn_unknown_settings_is_silent_for_known_names(caplog):
+    with caplog.at_level(logging.DEBUG, logger="scrapy_polite"):
+        warn_unknown_settings({"POLITE_HOST_INTERVAL": 5, "POLITE_DNS_TIMEOUT": 1, "LOG_LEVEL": "INFO"})
+    assert caplog.records == []
+
+
+def test_the_addon_warns_about_a_typo(caplog):
+    settings = Settings()
+    settings.set("POLITE_HOST_INTERVALS", 5, priority="project")
+    with caplog.at_level(logging.WARNING, logger="scrapy_polite"):
+        Addon().update_settings(settings)
+    assert "unknown setting POLITE_HOST_INTERVALS (did you mean POLITE_HOST_INTERVAL?)" in caplog.text
+    caplog.clear()
+    correct = Settings()
+    correct.set("POLITE_HOST_INTERVAL", 5, priority="project")
+    with caplog.at_level(logging.WARNING, logger="scrapy_polite"):
+        Addon().update_settings(correct)
+    assert "unknown setting" not in caplog.text
