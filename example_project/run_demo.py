@@ -127,7 +127,7 @@ def build_servers(pages: int) -> list[Any]:
 
 def read_pace_table(uri: str) -> list[tuple[str, Any]] | None:
     """The persisted rows, or None for a store that persists nothing (memory://)."""
-    from scrapy_polite.store import MemoryStore, open_store
+    from scrapy_polite.stores import MemoryStore, open_store
 
     store = open_store(uri)
     try:
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                 deleted = True
         print(f"--reset: deleted the pace table {path}" if deleted else f"--reset: no pace table at {path}")
 
-    from scrapy_polite.store import StoreError
+    from scrapy_polite.stores import StoreError
 
     try:
         start_rows = read_pace_table(uri)

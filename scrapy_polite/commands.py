@@ -19,9 +19,10 @@ from typing import Any, ClassVar
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from .policy import PacingPolicy, host_key
+from .policy import HostState, PacingPolicy, host_key
 from .settings import DEFAULTS
-from .store import PaceStore, StoreError, open_store
+from .pacer import default_store_uri
+from .stores import PaceStore, StoreError, StoreOptions, open_store, sqlite_path
 
 __all__ = ["Command", "format_table"]
 
@@ -35,6 +36,11 @@ def format_table(rows: list[tuple[str, Any]], now: float) -> str:
         delay = f"{state.crawl_delay:g} s" if state.crawl_delay else "-"
         lines.append(f"{key:<40} {when:>14} {state.consec:>7} {delay:>11} {'yes' if state.ok_seen else 'no':>8}")
     return "\n".join(lines)
+
+
+def _reset(state: HostState | None, now: float) -> tuple[HostState | None, bool]:
+    """Reset a host's row (docs/spec.md §2); ``(None, False)`` when it has none."""
+    return (PacingPolicy.reset(state, now=now), True) if state is not None else (None, False)
 
 
 class Command(ScrapyCommand):
@@ -58,15 +64,13 @@ class Command(ScrapyCommand):
         assert self.settings is not None
         uri = opts.store or self.settings.get("POLITE_STORE")
         if not uri:
-            from .pacer import default_store_uri
-
             uri = default_store_uri()
-        if uri.startswith("sqlite:///"):
-            path = uri[len("sqlite:///"):]
+        path = sqlite_path(uri)
+        if path is not None:
             if not os.path.exists(path):  # a look must not create a table
                 raise StoreError(f"no pace table at {os.path.abspath(path)} (nothing crawled with this "
                                  "POLITE_STORE yet). Fix: run it inside the Scrapy project, or pass --store URI")
-        return open_store(uri)
+        return open_store(uri, StoreOptions())
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if not args or args[0] not in ("show", "reset", "expire"):
@@ -79,7 +83,7 @@ class Command(ScrapyCommand):
             self.exitcode = 1
             return
         try:
-            now = time.time()
+            now = store.now()
             keys = [host_key(h if "://" in h else f"http://{h}/") or h for h in hosts]
             if verb == "show":
                 rows = [(k, s) for k, s in store.items() if not keys or k in keys]
@@ -89,7 +93,7 @@ class Command(ScrapyCommand):
                 if not keys:
                     raise UsageError("reset needs at least one HOST")
                 for key in keys:
-                    found = store.update(key, lambda s: (PacingPolicy.reset(s, now=now), True) if s else (None, False))
+                    found = store.update(key, _reset)
                     print(f"{key}: {'reset' if found else 'not in the table (nothing to reset)'}")
             else:
                 assert self.settings is not None

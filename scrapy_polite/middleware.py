@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
-from .pacer import Defer, Pacer, Redefer, get_pacer
+from .pacer import Pacer, get_pacer
+from .seams import Defer, Redefer
 from .policy import NO_NETWORK_SCHEMES, host_key
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             return None
         outcome = await pacer.before_request(request, host)
         if isinstance(outcome, Defer):
-            pacer.scheduler.hold(request, host, outcome.due)
+            _hold(pacer, request, host, outcome.due)
             return request  # the engine hands it back to the scheduler, which keeps it until due
         request.meta["polite_sent_at"] = outcome.sent_at
         if outcome.address is not None:
@@ -104,8 +105,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             host = request.meta["polite_host"]
             self.pacer.release(request, host)
             due = await self.pacer.due(host)
-            self.pacer._defer(host, due, "throttled")
-            self.pacer.scheduler.hold(request, host, due)
+            self.pacer.defer(host, due, "throttled")
+            _hold(self.pacer, request, host, due)
             return request
         self.pacer.record_failure(request, exception)
         await self.pacer.finish(request)
@@ -133,5 +134,13 @@ class PoliteEarlyDeferMiddleware(_PacerComponent):
         due = await pacer.early_due(request, host)
         if due is None:
             return None
-        pacer.scheduler.hold(request, host, due)
+        _hold(pacer, request, host, due)
         return request
+
+
+def _hold(pacer: Pacer, request: Request, host: str, due: float | None) -> None:
+    """Hand a deferred request to the holding scheduler (only requests it owns are ever deferred)."""
+    scheduler = pacer.scheduler
+    if scheduler is None:  # closed between the decision and now: nothing can hold it any more
+        raise IgnoreRequest(f"scrapy-polite: the scheduler closed while {request} was deferred")
+    scheduler.hold(request, host, due)

@@ -7,7 +7,10 @@ Everything that decides *how long* a host must be left alone lives here:
 * :class:`PacingPolicy` — the configuration (intervals and caps, in seconds) and the rules:
   :meth:`~PacingPolicy.after_response`, :meth:`~PacingPolicy.wait`,
   :meth:`~PacingPolicy.should_defer`, :meth:`~PacingPolicy.reset`;
-* :class:`HostState` — one host's row of the pace table, an immutable value.
+  :meth:`~PacingPolicy.defer_verdict`, :meth:`~PacingPolicy.book` (the booking step over a host's
+  addresses), :meth:`~PacingPolicy.finish_address`, :meth:`~PacingPolicy.robots_delay_update`;
+* :class:`HostState` — one host's row of the pace table, an immutable value;
+* :func:`ip_key` — the pace-table key of an address's row.
 
 Every rule takes the state and the time (Unix epoch seconds) and returns a new state; nothing here reads
 a clock, a file or the network, so each rule can be tested exactly on an injected clock.
@@ -19,8 +22,11 @@ import email.utils
 import ipaddress
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from urllib.parse import urlsplit
+
+from .addresses import embedded_ipv4
 
 __all__ = [
     "HostState",
@@ -30,6 +36,9 @@ __all__ = [
     "parse_retry_after",
     "InvalidRetryAfter",
     "NO_NETWORK_SCHEMES",
+    "Deferral",
+    "Booking",
+    "ip_key",
 ]
 
 #: URL schemes that make no network request: such URLs have no host to pace and pass untouched (SPEC §1).
@@ -59,6 +68,41 @@ class HostState:
     ok_seen: bool = False
     throttled_at: float = 0.0
     updated: float = 0.0
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """Why and until when a request must leave the downloader (SPEC §2, the deferral predicate).
+
+    Attributes:
+        reason: ``"throttled"`` (the host is backing us off) or ``"crawl_delay"`` (a published or
+            configured delay longer than ``POLITE_MAX_WAIT``).
+        due: epoch seconds at which the host is due again (its ``next_allowed``).
+    """
+
+    reason: str
+    due: float
+
+
+@dataclass(frozen=True)
+class Booking:
+    """The outcome of :meth:`PacingPolicy.book` (SPEC §3).
+
+    Attributes:
+        booked: the request may start now.
+        host: the host's row after the booking (or as read, when not booked).
+        start: epoch seconds at which the request starts (booked) or may start (not booked).
+        host_free: epoch seconds at which the host alone would be free (``max(now, next_allowed)``).
+        address: the address chosen (booked), or the one free first (not booked); None without addresses.
+        writes: the rows to store: ``""`` for the host's row, else an address → its ``ip:`` row.
+    """
+
+    booked: bool
+    host: HostState | None
+    start: float
+    host_free: float
+    address: str | None = None
+    writes: Mapping[str, HostState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -334,21 +378,96 @@ class PacingPolicy:
         return min(max(state.next_allowed - now, 0.0), self.max_wait)
 
     def should_defer(self, state: HostState | None, now: float, *, override: float | None = None) -> bool:
-        """The deferral predicate of SPEC §2: leave the downloader (True) or wait in line (False).
+        """``defer_verdict(...) is not None``: leave the downloader (True) or wait in line (False).
+        See :meth:`defer_verdict`."""
+        return self.defer_verdict(state, now, override=override) is not None
+
+    def defer_verdict(self, state: HostState | None, now: float, *,
+                      override: float | None = None) -> Deferral | None:
+        """The deferral predicate of SPEC §2, with its reason and due time: a :class:`Deferral` when the
+        request must leave the downloader, None when it may wait in line.
 
         * no state → False (deferral is never a default);
         * ``crawl_delay > max_wait`` and ``next_allowed > now`` → True (a published delay no in-line wait
           can honour; strictly greater-than). ``override`` (seconds: a per-host, per-spider or per-request
           interval) counts as a published delay here (SPEC §2: "from robots.txt or an override");
         * ``consec > 0`` and ``next_allowed > now`` → True (the host actively refused us);
-        * otherwise False: the discriminator is *why* we wait, never how long.
+        * otherwise None: the discriminator is *why* we wait, never how long.
+
+        A throttled host defers with reason ``"throttled"`` (it takes precedence: the host refused us);
+        a long published delay with reason ``"crawl_delay"``. ``due`` is ``next_allowed``.
         """
         if state is None or state.next_allowed <= now:
-            return False
+            return None
+        if state.consec > 0:
+            return Deferral(reason="throttled", due=state.next_allowed)
         published = max(state.crawl_delay, override or 0.0)  # an operator's or spider's delay counts too
         if published > self.max_wait:
-            return True
-        return state.consec > 0
+            return Deferral(reason="crawl_delay", due=state.next_allowed)
+        return None
+
+    def book(self, host: HostState | None, addresses: Mapping[str, HostState | None], *, now: float,
+             floor: float = 0.0, ip_interval: float = 0.0) -> Booking:
+        """The booking step of SPEC §3 (the reference's ``reserve``), run inside one store transaction.
+
+        Over the host's addresses (sorted; the mapping's order is the order of preference, lowest
+        first) pick the one with the earliest ``free = max(now, host.next_allowed, ip.next_allowed)``;
+        ties go to the first (lowest) address. When that moment is ``now``, the request is booked: the
+        host for ``max(effective interval, floor)`` seconds and the address for ``ip_interval`` seconds.
+
+        Args:
+            host: the host's row (None: never seen).
+            addresses: address → its ``ip:`` row (None: never booked); empty: pace by host only.
+            now: the store's clock, epoch seconds.
+            floor: seconds, the request's per-host, per-spider or per-request interval (0: none).
+            ip_interval: ``POLITE_IP_INTERVAL``, seconds between two requests to one address.
+
+        Returns:
+            A :class:`Booking`; ``writes`` holds the rows to store (host key ``""`` is the host's row,
+            other keys are addresses) — empty when nothing was booked or every interval is zero.
+        """
+        host_free = max(now, host.next_allowed if host is not None else 0.0)
+        free_at, address = host_free, None
+        for candidate, ip_state in addresses.items():
+            at = max(host_free, ip_state.next_allowed if ip_state is not None else 0.0)
+            if address is None or at < free_at:
+                free_at, address = at, candidate
+        if free_at > now:
+            return Booking(booked=False, host=host, start=free_at, host_free=host_free, address=address)
+        writes: dict[str, HostState] = {}
+        eff = max(self.effective_interval(host, None), floor)
+        if eff > 0:  # a zero interval books nothing in the future: no row needs writing for it
+            writes[""] = self.reserve(host, start=now, interval=eff)
+        if address is not None and ip_interval > 0:
+            writes[address] = self.reserve(addresses[address], start=now, interval=ip_interval)
+        return Booking(booked=True, host=writes.get("", host), start=now, host_free=host_free,
+                       address=address, writes=writes)
+
+    @staticmethod
+    def finish_address(state: HostState | None, *, end: float, ip_interval: float) -> HostState:
+        """An address's row after a response from it ended at ``end`` (epoch s): the reference's
+        ``finish``, ``next_allowed >= end + ip_interval`` (SPEC §3). Never shortens a recorded hold."""
+        old = state or HostState()
+        return replace(old, next_allowed=max(old.next_allowed, end + ip_interval), updated=end)
+
+    def robots_delay_update(self, state: HostState | None, delay: float | None, *,
+                            now: float) -> HostState | None:
+        """A host's row after its robots.txt (answered 2xx or 4xx at ``now``) published ``delay``
+        seconds (None or 0: no delay), or None when nothing changes (SPEC §2, §5).
+
+        The delay is recorded as ``crawl_delay``, and since robots.txt was itself a request to the host,
+        just answered, the host's next request is at least ``delay`` seconds after it.
+
+        Raises:
+            ValueError: a negative or non-finite delay.
+        """
+        value = float(delay) if delay is not None else 0.0
+        if state is not None and state.crawl_delay == value:
+            return None
+        if state is None and value == 0.0:
+            return None
+        new = self.with_crawl_delay(state, value, now=now)
+        return replace(new, next_allowed=max(new.next_allowed, now + value))
 
     # -- operator verbs -------------------------------------------------------------------------------
 
@@ -375,3 +494,20 @@ class PacingPolicy:
         ``interval`` seconds of it (SPEC §3, the reference's ``reserve``)."""
         old = state or HostState()
         return replace(old, next_allowed=max(old.next_allowed, start + interval), updated=start)
+
+
+def ip_key(address: str) -> str:
+    """The pace-table key of an address's row: ``ip:`` + the canonical address (host keys never start with
+    ``ip:``). An IPv4-mapped, NAT64 or 6to4 address reaches the IPv4 address it embeds and shares its row
+    (SPEC §3–4).
+
+    Raises:
+        ValueError: ``address`` is not an IP address.
+    """
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = embedded_ipv4(ip)
+        if embedded is not None:
+            return f"ip:{embedded}"
+    return f"ip:{ip}"
+

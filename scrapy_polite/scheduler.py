@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import build_from_crawler, load_object
 
+from ._compat import wake_engine
 from .pacer import Pacer, get_pacer
 
 if TYPE_CHECKING:
@@ -193,10 +194,7 @@ class PoliteScheduler:
 
     def _poke(self) -> None:
         self._timer = None
-        slot = getattr(getattr(self.crawler, "engine", None), "_slot", None)
-        nextcall = getattr(slot, "nextcall", None)
-        if nextcall is not None:
-            nextcall.schedule()
+        wake_engine(self.crawler)
         self._arm(fallback=1.0)
 
     def _next_due(self) -> Request | None:

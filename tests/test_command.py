@@ -7,7 +7,7 @@ import sys
 import time
 
 from scrapy_polite.policy import HostState
-from scrapy_polite.store import open_store
+from scrapy_polite.stores import open_store
 
 
 def _scrapy(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -19,9 +19,9 @@ def test_show_reset_keeps_crawl_delay_and_expire(tmp_path):
     uri = f"sqlite:///{tmp_path}/pace.sqlite3"
     store = open_store(uri)
     now = time.time()
-    store.update("slow.example", lambda s: (HostState(next_allowed=now + 500, consec=3, crawl_delay=7.0,
+    store.update("slow.example", lambda s, now_: (HostState(next_allowed=now + 500, consec=3, crawl_delay=7.0,
                                                       ok_seen=True, updated=now), None))
-    store.update("old.example", lambda s: (HostState(next_allowed=1.0, updated=1.0), None))
+    store.update("old.example", lambda s, now_: (HostState(next_allowed=1.0, updated=1.0), None))
     store.close()
 
     shown = _scrapy("show", "--store", uri, cwd=tmp_path)

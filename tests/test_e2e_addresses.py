@@ -293,7 +293,7 @@ async def test_ipv4_mapped_spelling_of_an_address_shares_its_ip_pacing(arrival_s
 async def test_dns_failures_fail_the_request_and_leave_the_backoff_alone(arrival_server, dns_server, tmp_path):
     """NXDOMAIN, SERVFAIL and no answer fail their requests with HostNotFound / DNSServerFailure /
     DNSTimeout (counted), and a DNS failure never touches the host's backoff (SPEC §2)."""
-    from scrapy_polite.store import open_store
+    from scrapy_polite.stores import open_store
 
     srv = arrival_server("127.0.0.8")
     dns_srv = dns_server({"sf.test": [("127.0.0.8", 300)], "slow.test": [("127.0.0.8", 300)],

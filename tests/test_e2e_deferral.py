@@ -393,15 +393,15 @@ async def test_burst_throttle_not_erased_by_a_segment_decided_before_it(arrival_
     200 must take no step off it (SPEC §2). So inside the 2 s window the host sees at most the requests that
     were already in the downloader when the 429 arrived (≤ CONCURRENT_REQUESTS = 16) — not the rest of the
     stream."""
-    import scrapy_polite.store as store_mod
+    import scrapy_polite.stores as store_mod
 
-    original_get = store_mod.SQLiteStore.get
+    original_read = store_mod.SQLiteStore.read
 
-    def slow_get(self, host):
+    def slow_read(self, keys):
         time.sleep(0.02)
-        return original_get(self, host)
+        return original_read(self, keys)
 
-    monkeypatch.setattr(store_mod.SQLiteStore, "get", slow_get)
+    monkeypatch.setattr(store_mod.SQLiteStore, "read", slow_read)
     crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,
                                                                         "127.0.2.62")
     due = throttle.end + 2.0
@@ -550,12 +550,12 @@ async def test_one_request_per_host_in_the_downloader_and_others_flow(arrival_se
 
 @pytest_twisted.ensureDeferred
 async def test_negative_control_without_deferral_requests_crowd_the_downloader(arrival_server, tmp_path, monkeypatch):
-    """The same crawl with deferral switched off (``Pacer.can_defer`` patched to False: requests wait for the
+    """The same crawl with deferral switched off (``Booker.can_defer`` patched to False: requests wait for the
     host's line inside the downloader): the probe sees host A's requests pile up in the downloader and the
     other hosts are slowed — the assertions above are not vacuous."""
-    from scrapy_polite.pacer import Pacer
+    from scrapy_polite.booking import Booker
 
-    monkeypatch.setattr(Pacer, "can_defer", lambda self, request: False)
+    monkeypatch.setattr(Booker, "can_defer", lambda self, request: False)
     crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(arrival_server, tmp_path, 90)
     assert len(timeline(a)) == 20 and all(len(timeline(o)) == 20 for o in others)
     assert crowded and raw_max > 5, (len(crowded), raw_max)

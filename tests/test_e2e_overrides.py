@@ -7,7 +7,7 @@ import pytest
 import pytest_twisted
 
 from scrapy_polite.settings import SettingsError
-from scrapy_polite.store import StoreError
+from scrapy_polite.stores import StoreError
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import gaps
 

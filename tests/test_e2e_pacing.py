@@ -22,7 +22,7 @@ import time
 
 import pytest_twisted
 
-from scrapy_polite.store import open_store
+from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, Reply, gaps, page, scripted
 

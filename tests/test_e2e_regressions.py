@@ -34,7 +34,7 @@ from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_polite.policy import HostState
 from scrapy_polite.settings import SettingsError
-from scrapy_polite.store import open_store
+from scrapy_polite.stores import open_store
 from tests.support.crawl import CrawlTimeout, ListSpider, polite_settings, run_crawl
 from tests.support.server import Reply, gaps, page
 
@@ -60,7 +60,7 @@ def seed(uri: str, rows: dict[str, HostState]) -> None:
     store = open_store(uri)
     try:
         for host, state in rows.items():
-            store.update(host, lambda _old, state=state: (state, None))
+            store.update(host, lambda _old, _now, state=state: (state, None))
     finally:
         store.close()
 

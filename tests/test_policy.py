@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from scrapy_polite.policy import HostState, PacingPolicy, host_key, parse_retry_after
-from scrapy_polite.store import MemoryStore, SQLiteStore
+from scrapy_polite.stores import MemoryStore, SQLiteStore
 
 #: The reference defaults, in seconds: base 1 s, backoff cap 300 s, wait cap 60 s.
 BASE = 1.0
@@ -157,7 +157,7 @@ def store(request, tmp_path):
 
 
 def _apply(store, host, status, *, end=T0, retry_after=None, sent_at=None):
-    def fn(state):
+    def fn(state, now):
         decision = POLICY.after_response(state, status=status, end=end, retry_after=retry_after, sent_at=sent_at)
         return decision.state, decision
 
@@ -165,15 +165,15 @@ def _apply(store, host, status, *, end=T0, retry_after=None, sent_at=None):
 
 
 def test_persisted_crawl_delay_round_trip(store):
-    store.update("gate.example.test", lambda s: (PacingPolicy.with_crawl_delay(s, 7.0, now=T0), None))
+    store.update("gate.example.test", lambda s, now: (PacingPolicy.with_crawl_delay(s, 7.0, now=T0), None))
     assert store.get("gate.example.test").crawl_delay == 7.0
 
 
 def test_reset_then_429_persists_consec_1_whatever_the_history(store):
     # The gate's self-isolation: a reset is the precondition, so the 429 lands on exactly 1 on every run.
     host = "gate.example.test"
-    store.update(host, lambda s: (HostState(consec=7, crawl_delay=2.0, next_allowed=T0 + 500), None))
-    store.update(host, lambda s: (PacingPolicy.reset(s, now=T0), None))
+    store.update(host, lambda s, now: (HostState(consec=7, crawl_delay=2.0, next_allowed=T0 + 500), None))
+    store.update(host, lambda s, now: (PacingPolicy.reset(s, now=T0), None))
     _apply(store, host, 429, end=T0 + 1)
     state = store.get(host)
     assert state.consec == 1
@@ -309,8 +309,8 @@ def test_r13b_predicate_on_a_persisted_state_equals_the_state_in_hand(tmp_path):
     store = SQLiteStore(str(tmp_path / "pace.sqlite3"))
     try:
         throttled, polite = _throttled_fixture(T0), _polite_fixture(T0)
-        store.update("r13throttled.example.test", lambda s: (throttled, None))
-        store.update("r13polite.example.test", lambda s: (polite, None))
+        store.update("r13throttled.example.test", lambda s, now: (throttled, None))
+        store.update("r13polite.example.test", lambda s, now: (polite, None))
         persisted_throttled = store.get("r13throttled.example.test")
         persisted_polite = store.get("r13polite.example.test")
         assert POLICY.should_defer(persisted_throttled, T0) is POLICY.should_defer(throttled, T0) is True

@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from scrapy_polite.policy import HostState
-from scrapy_polite.store import SCHEMA_VERSION, MemoryStore, SQLiteStore, StoreError, open_store
+from scrapy_polite.stores import SCHEMA_VERSION, MemoryStore, SQLiteStore, StoreError, open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,7 +39,7 @@ def store(request, tmp_path):
 
 
 def _put(store, host, state):
-    store.update(host, lambda old: (state, None))
+    store.update(host, lambda old, now: (state, None))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -54,7 +54,7 @@ def test_get_missing_host_is_none(store):
 def test_update_writes_and_returns_fn_result(store):
     seen = []
 
-    def fn(old):
+    def fn(old, now):
         seen.append(old)
         return FULL, "result"
 
@@ -66,19 +66,19 @@ def test_update_writes_and_returns_fn_result(store):
 def test_update_sees_the_current_state(store):
     _put(store, "a.example", FULL)
     seen = []
-    store.update("a.example", lambda old: (seen.append(old), (replace(old, consec=old.consec + 1), None))[1])
+    store.update("a.example", lambda old, now: (seen.append(old), (replace(old, consec=old.consec + 1), None))[1])
     assert seen == [FULL]
     assert store.get("a.example").consec == FULL.consec + 1
 
 
 def test_update_with_none_leaves_an_existing_row_untouched(store):
     _put(store, "a.example", FULL)
-    assert store.update("a.example", lambda old: (None, 42)) == 42
+    assert store.update("a.example", lambda old, now: (None, 42)) == 42
     assert store.get("a.example") == FULL
 
 
 def test_update_with_none_creates_no_row(store):
-    assert store.update("a.example", lambda old: (None, "nothing")) == "nothing"
+    assert store.update("a.example", lambda old, now: (None, "nothing")) == "nothing"
     assert store.get("a.example") is None
     assert list(store.items()) == []
 
@@ -86,7 +86,7 @@ def test_update_with_none_creates_no_row(store):
 def test_update_that_raises_changes_nothing(store):
     _put(store, "a.example", FULL)
 
-    def boom(old):
+    def boom(old, now):
         raise KeyError("boom")
 
     with pytest.raises(KeyError):
@@ -316,7 +316,7 @@ WORKER = textwrap.dedent("""
     from dataclasses import replace
     sys.path.insert(0, {root!r})
     from scrapy_polite.policy import HostState
-    from scrapy_polite.store import SQLiteStore
+    from scrapy_polite.stores import SQLiteStore
 
     path, go, updates = sys.argv[1], sys.argv[2], int(sys.argv[3])
     store = SQLiteStore(path)
@@ -326,7 +326,7 @@ WORKER = textwrap.dedent("""
             sys.exit("never told to go")
         time.sleep(0.001)
 
-    def increment(old):
+    def increment(old, now):
         old = old or HostState()
         return replace(old, consec=old.consec + 1), None
 

@@ -1,0 +1,271 @@
+"""Booking a request before it is sent (docs/spec.md §3, §5): the host's line, the addresses' lines, the
+booking transaction, and the choice between go, wait in line and defer.
+
+The durations are decided by :class:`~scrapy_polite.policy.PacingPolicy` (``book``, ``defer_verdict``);
+this module only orders the steps and waits without blocking the reactor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from twisted.internet import defer
+
+from .lines import Lines
+from .policy import Booking, HostState, PacingPolicy, ip_key
+from .reactor import await_deferred
+from .reporting import Report
+from .resolution import Resolution
+from .seams import ClockSync, Defer, Go, HoldingScheduler
+from .settings import PoliteConfig
+from .stores import AsyncStore, Snapshot, StoreError
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Booker"]
+
+
+class Booker:
+    """Books the requests of one crawler on their hosts and addresses.
+
+    Args:
+        config: the validated settings.
+        store: the pace table.
+        lines: the process's lines.
+        resolution: resolution and pinning.
+        report: counters and stats.
+        clock: this process's clock (epoch s) and its offset to the table's clock.
+        sleep: ``sleep(seconds) -> Deferred`` that never blocks the reactor.
+        on_store_error: called with a :class:`~scrapy_polite.stores.StoreError` (stops the crawl).
+    """
+
+    def __init__(self, config: PoliteConfig, store: AsyncStore, lines: Lines, resolution: Resolution,
+                 report: Report, clock: ClockSync, sleep: Callable[[float], defer.Deferred[None]],
+                 on_store_error: Callable[[StoreError], None]) -> None:
+        self.config = config
+        self.policy: PacingPolicy = config.policy
+        self.store = store
+        self.lines = lines
+        self.resolution = resolution
+        self.report = report
+        self.clock = clock
+        self.sleep = sleep
+        self.on_store_error = on_store_error
+        self.scheduler: HoldingScheduler | None = None
+        self.spider_delay: float | None = None
+        self._warned_no_scheduler = False
+
+    # -- inputs -----------------------------------------------------------------------------------------
+
+    def override(self, host: str, request: Request | None = None) -> float | None:
+        """The largest per-host (``POLITE_HOST_DELAYS``), per-spider (``crawl_delay`` attribute) and
+        per-request (``meta['polite_delay']``) interval for this request, seconds, or None (§5).
+        An invalid ``polite_delay`` is ignored, logged and counted once (``polite/invalid_meta``)."""
+        values = [v for v in (self.config.host_delays.get(host), self.spider_delay) if v is not None]
+        if request is not None and "polite_delay" in request.meta:
+            raw = request.meta["polite_delay"]
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                value = float("nan")
+            if math.isfinite(value) and value >= 0:
+                values.append(value)
+            elif not request.meta.get("_polite_invalid_delay"):
+                request.meta["_polite_invalid_delay"] = True
+                self.report.inc("invalid_meta")
+                logger.warning("Ignoring meta['polite_delay']=%r of %s: not a number of seconds >= 0",
+                               raw, request)
+        return max(values) if values else None
+
+    def can_defer(self, request: Request) -> bool:
+        """Whether the request can leave the downloader: only requests our scheduler handed out can be
+        held and re-injected (a request from ``engine.download()``, e.g. robots.txt, must wait)."""
+        if self.scheduler is None:
+            if not self._warned_no_scheduler:
+                self._warned_no_scheduler = True
+                logger.warning(
+                    "scrapy-polite: SCHEDULER is not scrapy_polite.scheduler.PoliteScheduler, so throttled "
+                    "hosts cannot be deferred: their requests wait in the downloader instead (still paced). "
+                    "Enable the add-on (ADDONS = {'scrapy_polite.Addon': 0}) to get deferral.")
+            return False
+        return self.scheduler.owns(request)
+
+    # -- the steps --------------------------------------------------------------------------------------
+
+    def defer(self, host: str, due: float | None, reason: str) -> Defer:
+        """Count a deferral of ``host`` and return it (``due``: this process's clock, or None)."""
+        self.report.deferred(host, reason)
+        return Defer(due=due, reason=reason)
+
+    async def _read(self, host: str) -> Snapshot:
+        try:
+            snapshot = await await_deferred(self.store.read([host]))
+        except StoreError as exc:
+            self.on_store_error(exc)
+            raise
+        self.clock.observe(snapshot.now)
+        return snapshot
+
+    async def _wait(self, host: str, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        self.report.waited(host, seconds)
+        await await_deferred(self.sleep(seconds))
+
+    async def before_request(self, request: Request, host: str) -> Go | Defer:
+        """Book the request on its host and one of its addresses: :class:`Go` once it may be sent,
+        :class:`Defer` when it must leave the downloader. Waits without blocking the reactor.
+
+        Raises:
+            BlockedHost: (an ``IgnoreRequest``) every address of the host is non-public.
+            DNSLookupError: the host cannot be resolved (NXDOMAIN, SERVFAIL, timeout).
+            StoreError: the pace table cannot be read or written (the crawl is being stopped).
+        """
+        deferrable = self.can_defer(request)
+        override = self.override(host, request)
+        addresses = await self.resolution.addresses(request, host)
+        if request.meta.get("polite_burst"):
+            return await self._burst(host, override, addresses, deferrable)
+        line = self.lines.line(host)
+        while line.holder is not None and line.holder is not request:
+            if deferrable:
+                return self.defer(host, None, "line")
+            await await_deferred(self.lines.wait_for([host]))
+        line.holder = request
+        try:
+            return await self._book(request, host, override, addresses, deferrable)
+        except BaseException:
+            self.release(request, host)
+            raise
+
+    async def _burst(self, host: str, override: float | None, addresses: list[str] | None,
+                     deferrable: bool) -> Go | Defer:
+        """A burst request skips the interval unless its host should defer (§5, burst)."""
+        while True:
+            # The decision answers for the host's mood at this moment, before the read: a throttle
+            # recorded later makes this request's response stale (§2) and, if it has not been sent
+            # yet, sends it back to be deferred (Recorder.throttled_since).
+            decided_at = self.clock.clock()
+            snapshot = await self._read(host)
+            verdict = self.policy.defer_verdict(snapshot.states[host], snapshot.now, override=override)
+            if verdict is None:
+                break
+            if deferrable:
+                return self.defer(host, self.clock.to_local(verdict.due), verdict.reason)
+            await self._wait(host, min(verdict.due - snapshot.now, self.policy.max_wait))
+        self.report.inc("burst")
+        self.report.counters(host).requests += 1
+        return Go(sent_at=decided_at - self.clock.offset, address=addresses[0] if addresses else None)
+
+    async def _book(self, request: Request, host: str, override: float | None, addresses: list[str] | None,
+                    deferrable: bool) -> Go | Defer:
+        lines = self.lines
+        floor = self.policy.effective_interval(None, override)
+        ip_interval = self.config.ip_interval
+        ip_paced = bool(addresses) and ip_interval > 0
+        all_addresses = addresses or []
+        while True:
+            free: list[str] = []
+            if ip_paced:
+                free = [a for a in all_addresses if not lines.busy(ip_key(a))]
+                if not free:  # every address has a request of ours in flight
+                    keys = [ip_key(a) for a in all_addresses]
+                    if deferrable and lines.has_live_waiters(keys):
+                        self.release(request, host)
+                        lines.wait_on_addresses(host, keys)
+                        return self.defer(host, None, "ip_line")
+                    await await_deferred(lines.wait_for(keys))
+                    continue
+            booking, now = await self._transact(host, free, floor, ip_interval)
+            if booking.booked:
+                address = booking.address or (all_addresses[0] if all_addresses else None)
+                if ip_paced and address is not None:
+                    lines.line(ip_key(address)).holder = request
+                self.report.booked(host)
+                return Go(sent_at=now, address=address)
+            verdict = self.policy.defer_verdict(booking.host, now, override=override)
+            if verdict is not None and deferrable:
+                self.release(request, host)
+                return self.defer(host, self.clock.to_local(verdict.due), verdict.reason)
+            # Waiting for an address's budget (not the host's): one request per address waits in line,
+            # the next defers until that moment (§5).
+            waiting_key = ip_key(booking.address) if booking.address is not None else None
+            if waiting_key is not None and booking.start > booking.host_free:
+                waiter = lines.ip_waiter.get(waiting_key)
+                if waiter is not None and waiter is not request and deferrable:
+                    self.release(request, host)
+                    return self.defer(host, self.clock.to_local(booking.start), "ip_line")
+                lines.ip_waiter[waiting_key] = request
+            else:
+                waiting_key = None
+            try:
+                await self._wait(host, min(booking.start - now, self.policy.max_wait))
+            finally:
+                if waiting_key is not None and lines.ip_waiter.get(waiting_key) is request:
+                    del lines.ip_waiter[waiting_key]
+
+    async def _transact(self, host: str, addresses: list[str], floor: float,
+                        ip_interval: float) -> tuple[Booking, float]:
+        """One booking transaction over the host's row and the rows of ``addresses``."""
+        policy = self.policy
+        keys = {a: ip_key(a) for a in addresses}
+
+        def fn(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState],
+                                                                         tuple[Booking, float]]:
+            booking = policy.book(states[host], {a: states[k] for a, k in keys.items()}, now=now,
+                                  floor=floor, ip_interval=ip_interval)
+            writes = {(host if a == "" else keys[a]): state for a, state in booking.writes.items()}
+            return writes, (booking, now)
+
+        try:
+            booking, now = await await_deferred(self.store.update_many([host, *keys.values()], fn))
+        except StoreError as exc:
+            self.on_store_error(exc)
+            raise
+        self.clock.observe(now)
+        return booking, now
+
+    # -- after the request ------------------------------------------------------------------------------
+
+    def release(self, request: Request, host: str | None = None) -> None:
+        """Free the host's line, and the line of the address it was booked on, if ``request`` holds them
+        (idempotent); unpin it; wake the requests waiting for them."""
+        if host is None:
+            host = request.meta.get("polite_host")
+            if host is None:
+                return
+        self.lines.free(host, request)
+        address = request.meta.get("polite_ip")
+        if address:
+            self.resolution.unpin(request, host)
+            if self.lines.free(ip_key(address), request):
+                for waiting in self.lines.hosts_waiting_on(ip_key(address)):
+                    if self.scheduler is not None:
+                        self.scheduler.wake(waiting)
+        if self.scheduler is not None:
+            self.scheduler.wake(host)
+
+    async def early_due(self, request: Request, host: str) -> float | None:
+        """When a request of a host that should defer now (§2) may come back (this process's clock, epoch
+        s), counting the deferral; None when it need not defer."""
+        snapshot = await self._read(host)
+        verdict = self.policy.defer_verdict(snapshot.states[host], snapshot.now,
+                                            override=self.override(host, request))
+        if verdict is None:
+            return None
+        due = self.clock.to_local(verdict.due)
+        self.defer(host, due, verdict.reason)
+        return due
+
+    async def due(self, host: str) -> float:
+        """When the host may be requested next (this process's clock, epoch s; now when it is free)."""
+        snapshot = await self._read(host)
+        state = snapshot.states[host]
+        return self.clock.to_local(max(snapshot.now, state.next_allowed if state is not None else 0.0))
+

@@ -1,0 +1,50 @@
+"""Small helpers for code that runs on the Twisted reactor: awaiting Deferreds, sleeping without blocking."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet import defer
+from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+
+__all__ = ["await_deferred", "installed_reactor", "reactor_sleep", "call_later"]
+
+T = TypeVar("T")
+
+
+def installed_reactor() -> Any:
+    """The running Twisted reactor. Imported on call: importing ``twisted.internet.reactor`` at module
+    load would install the default reactor before Scrapy installs the one ``TWISTED_REACTOR`` names."""
+    from twisted.internet import reactor  # noqa: PLC0415 - must not install a reactor at import time
+
+    return reactor
+
+
+async def await_deferred(d: defer.Deferred[T] | T) -> T:
+    """Await a Deferred under both the asyncio and the plain Twisted reactor.
+
+    A Deferred that has already fired (an inline store call, a cached DNS answer) is read directly,
+    without a round trip through the event loop; a failure is raised as its exception. A value that is
+    not a Deferred is returned as it is.
+    """
+    if not isinstance(d, defer.Deferred):
+        return d
+    if d.called and not d.paused and not isinstance(d.result, defer.Deferred):
+        result = d.result
+        if isinstance(result, Failure):
+            d.addErrback(lambda _failure: None)  # handled here: no "Unhandled error in Deferred"
+            result.raiseException()
+        return result  # type: ignore[no-any-return]  # Deferred.result is Any once fired
+    return await maybe_deferred_to_future(d)
+
+
+def reactor_sleep(seconds: float) -> defer.Deferred[None]:
+    """A Deferred that fires after ``seconds`` without blocking the reactor."""
+    return deferLater(installed_reactor(), seconds, lambda: None)
+
+
+def call_later(seconds: float, fn: Any, *args: Any) -> Any:
+    """``reactor.callLater(seconds, fn, *args)``; the ``IDelayedCall``."""
+    return installed_reactor().callLater(seconds, fn, *args)

@@ -1,0 +1,211 @@
+"""Recording what a host answered (docs/spec.md §2, §5): each response's status and ``Retry-After``, each
+download failure that reached the server's side, and each robots.txt delay, written to the pace table in
+one transaction with the address's row.
+
+The new rows are decided by :class:`~scrapy_polite.policy.PacingPolicy` (``after_response``,
+``finish_address``, ``robots_delay_update``); this module parses the inputs, counts and logs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+from twisted.python.failure import Failure
+
+from ._compat import server_side_failure_types
+from .lines import Lines
+from .policy import Decision, HostState, InvalidRetryAfter, PacingPolicy, ip_key, parse_retry_after
+from .reactor import await_deferred
+from .reporting import Report
+from .seams import ClockSync
+from .settings import PoliteConfig
+from .stores import AsyncStore, StoreError
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.http import Response
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Recorder", "SERVER_SIDE_FAILURES"]
+
+#: Download failures that reached the server's side (timeouts, refused, reset or lost connections, and
+#: Scrapy's wrappers of them): they count as a throttle without Retry-After (§2). DNS failures are not
+#: among them and never touch a host's backoff.
+SERVER_SIDE_FAILURES: tuple[type[BaseException], ...] = server_side_failure_types()
+
+
+class Recorder:
+    """Feeds responses, failures and robots.txt delays of one crawler into the pace table.
+
+    Args:
+        config: the validated settings.
+        store: the pace table.
+        lines: the process's lines (a response's record is awaited before its host's line is freed).
+        report: counters and stats.
+        clock: this process's clock and its offset to the table's clock.
+        override: ``override(host, request) -> seconds | None``, the request's interval override.
+        release: ``release(request, host)`` frees the request's lines.
+        on_store_error: called with a :class:`~scrapy_polite.stores.StoreError` (stops the crawl).
+        user_agent: the user agent robots.txt delays are read for (for the log).
+    """
+
+    def __init__(self, config: PoliteConfig, store: AsyncStore, lines: Lines, report: Report, clock: ClockSync,
+                 override: Callable[[str, Any], float | None], release: Callable[[Any, str], None],
+                 on_store_error: Callable[[StoreError], None], user_agent: str) -> None:
+        self.config = config
+        self.policy: PacingPolicy = config.policy
+        self.store = store
+        self.lines = lines
+        self.report = report
+        self.clock = clock
+        self.override = override
+        self.release = release
+        self.on_store_error = on_store_error
+        self.user_agent = user_agent
+        #: host → the table's time of the last throttle seen (for burst requests decided before it).
+        self.throttle_marks: dict[str, float] = {}
+        self._clamped_hosts: set[str] = set()
+
+    def record_response(self, request: Request, response: Response) -> defer.Deferred[Any] | None:
+        """Feed a downloaded response's status and Retry-After into the table (§2).
+
+        Returns a Deferred that fires once the table is written (the line is released only after it), or
+        None for a request that was not paced."""
+        host = request.meta.get("polite_host")
+        if host is None:
+            return None
+        self.report.counters(host).statuses[response.status] += 1
+        if response.status in self.policy.throttle_statuses:
+            self.throttle_marks[host] = self.clock.store_now()
+        retry_after = None
+        raw = response.headers.get(b"Retry-After")
+        if raw is not None:
+            try:
+                retry_after = parse_retry_after(raw, now=self.clock.clock(), date=response.headers.get(b"Date"))
+            except InvalidRetryAfter as exc:
+                self.report.inc("retry_after/invalid")
+                logger.info("Ignoring invalid Retry-After from %s: %s", response.url, exc)
+        sent_at = request.meta.get("polite_sent_at")
+        override = self.override(host, request)
+        status = response.status
+
+        def step(state: HostState | None, end: float) -> Decision:
+            return self.policy.after_response(state, status=status, end=end, retry_after=retry_after,
+                                              sent_at=sent_at, override=override)
+
+        return self._record(host, request, step, retry_after=retry_after, label=str(status))
+
+    def record_failure(self, request: Request, exception: BaseException) -> defer.Deferred[Any] | None:
+        """Feed a download failure into the table: a failure that reached the server's side counts as a
+        throttle without Retry-After; a DNS failure or anything else does not touch the backoff."""
+        host = request.meta.get("polite_host")
+        if host is None or not isinstance(exception, SERVER_SIDE_FAILURES):
+            return None
+        self.throttle_marks[host] = self.clock.store_now()
+        self.report.counters(host).statuses[type(exception).__name__] += 1
+        sent_at = request.meta.get("polite_sent_at")
+        override = self.override(host, request)
+
+        def step(state: HostState | None, end: float) -> Decision:
+            return self.policy.after_response(state, status=None, end=end, sent_at=sent_at, override=override)
+
+        return self._record(host, request, step, retry_after=None, label="failure")
+
+    def _record(self, host: str, request: Request, step: Callable[[HostState | None, float], Decision],
+                *, retry_after: float | None, label: str) -> defer.Deferred[Any]:
+        address = request.meta.get("polite_ip") if self.config.ip_interval > 0 else None
+        address_key = ip_key(address) if address else None
+        ip_interval = self.config.ip_interval
+        policy = self.policy
+
+        def fn(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState], Decision]:
+            decision = step(states[host], now)  # the response ends now, by the table's clock
+            new = {host: decision.state}
+            if address_key is not None:
+                new[address_key] = policy.finish_address(states[address_key], end=now, ip_interval=ip_interval)
+            return new, decision
+
+        d = self.store.update_many([host, address_key] if address_key else [host], fn)
+        d.addCallbacks(self._recorded, self._failed, callbackArgs=(host, retry_after, label),
+                       errbackArgs=(host, label))
+        if self.lines.holds(host, request):
+            self.lines.line(host).recording = d
+        return d
+
+    def _recorded(self, decision: Decision, host: str, retry_after: float | None, label: str) -> Decision:
+        if decision.throttle:
+            self.throttle_marks[host] = max(self.throttle_marks.get(host, 0.0), decision.state.updated)
+            counters = self.report.counters(host)
+            counters.throttles += 1
+            self.report.inc(f"throttles/{label}")
+            if decision.counted:
+                counters.backoff_steps += 1
+                self.report.inc("backoff_steps")
+            if retry_after is not None and retry_after > 0:
+                self.report.inc("retry_after/honoured")
+            if decision.retry_after_clamped:
+                self.report.inc("retry_after/clamped")
+                if host not in self._clamped_hosts:
+                    self._clamped_hosts.add(host)
+                    logger.warning("%s asked for Retry-After %.0f s; honouring POLITE_MAX_RETRY_AFTER=%.0f s",
+                                   host, retry_after, self.policy.max_retry_after)
+            logger.debug("%s throttled (%s): backing off %.3f s (consec=%d)", host, label,
+                         decision.delay, decision.state.consec)
+        return decision
+
+    def _failed(self, failure: Failure, host: str, label: str) -> None:
+        if isinstance(failure.value, StoreError):
+            self.on_store_error(failure.value)
+        else:
+            logger.error("scrapy-polite could not record %s for %s", label, host,
+                         exc_info=(failure.type, failure.value, failure.getTracebackObject()))
+
+    async def finish(self, request: Request) -> None:
+        """After the response or failure was handled: wait for its record, then free the host's line."""
+        host = request.meta.get("polite_host")
+        if host is None:
+            return
+        if self.lines.holds(host, request):
+            line = self.lines.line(host)
+            pending, line.recording = line.recording, None
+            if pending is not None:
+                await await_deferred(pending)
+        self.release(request, host)
+
+    def throttled_since(self, request: Request) -> bool:
+        """A throttle from the request's host was seen after the request was decided (``polite_sent_at``):
+        a burst request that has not been sent yet must be deferred again (§5, burst)."""
+        host = request.meta.get("polite_host")
+        decided = request.meta.get("polite_sent_at")
+        mark = self.throttle_marks.get(host) if host is not None else None
+        return mark is not None and decided is not None and mark > decided
+
+    def set_crawl_delay(self, host: str, delay: float | None) -> defer.Deferred[Any]:
+        """Record the host's published delay (seconds; None: it publishes none) in the table (§2, §5);
+        a Deferred of whether the row changed."""
+        value = float(delay) if delay is not None else 0.0
+        policy = self.policy
+
+        def fn(state: HostState | None, now: float) -> tuple[HostState | None, bool]:
+            new = policy.robots_delay_update(state, value, now=now)
+            return new, new is not None
+
+        d = self.store.update(host, fn)
+
+        def done(changed: bool) -> bool:
+            self.report.counters(host).crawl_delay = value if value > 0 else None
+            if value > 0:
+                self.report.inc("crawl_delay/adopted")
+                logger.info("%s publishes a delay of %g s for %s: adopted", host, value, self.user_agent)
+            return changed
+
+        def failed(failure: Failure) -> None:
+            if isinstance(failure.value, StoreError):
+                self.on_store_error(failure.value)
+
+        d.addCallbacks(done, failed)
+        return d

@@ -1,0 +1,134 @@
+"""Resolution and pinning for the pacer (docs/spec.md §4): the public addresses a request may connect to,
+through the process's :class:`~scrapy_polite.resolver.PublicHostnameResolver`, and the pin that makes the
+resolver answer only the booked address until the request is done."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .addresses import AddressFilter
+from .reactor import await_deferred, installed_reactor
+from .reporting import Report
+from .resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound, PublicHostnameResolver
+from .seams import ResolverNotInstalled
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Resolution"]
+
+
+class Resolution:
+    """The crawler's view of the process-wide resolver, narrowed by the spider's own address rules.
+
+    Args:
+        crawler: the crawler (its settings build a resolver when address filtering is off).
+        address_filter: the crawler's address rules (``POLITE_ALLOW_PRIVATE``, ``POLITE_ALLOWED_NETWORKS``).
+        report: counters and stats.
+        on_missing: called once with the :class:`ResolverNotInstalled` error (stops the crawl).
+    """
+
+    def __init__(self, crawler: Crawler, address_filter: AddressFilter, report: Report,
+                 on_missing: Callable[[ResolverNotInstalled], None]) -> None:
+        self.crawler = crawler
+        self.address_filter = address_filter
+        self.report = report
+        self._on_missing = on_missing
+        self._resolver: PublicHostnameResolver | None = None
+        self._warned_proxy = False
+        self._blocked_logged: set[str] = set()
+
+    def resolver(self) -> PublicHostnameResolver:
+        """The process's :class:`~scrapy_polite.resolver.PublicHostnameResolver` (``TWISTED_DNS_RESOLVER``).
+
+        Raises:
+            ResolverNotInstalled: address filtering is on but the reactor's resolver is not ours (the add-on
+                was enabled only in a spider's ``custom_settings``, or another ``TWISTED_DNS_RESOLVER`` is
+                configured); the crawl is stopped rather than run unprotected (docs/spec.md §7).
+        """
+        if self._resolver is not None:
+            return self._resolver
+        reactor = installed_reactor()
+        installed = getattr(reactor, "nameResolver", None)
+        if isinstance(installed, PublicHostnameResolver):
+            self._resolver = installed
+            return installed
+        if not self.address_filter.allow_private:
+            exc = ResolverNotInstalled(
+                f"scrapy-polite: the reactor's name resolver is {type(installed).__name__}, not "
+                "scrapy_polite.resolver.PublicHostnameResolver, so non-public addresses could be reached. "
+                "Enable the add-on in the project settings (ADDONS = {'scrapy_polite.Addon': 0} in "
+                "settings.py, or the settings given to CrawlerProcess), not only in a spider's "
+                "custom_settings, and do not set TWISTED_DNS_RESOLVER. With CrawlerRunner, install it "
+                "yourself: PublicHostnameResolver.from_crawler(runner, reactor).install_on_reactor().")
+            self._on_missing(exc)
+            raise exc
+        self._resolver = PublicHostnameResolver.from_crawler(self.crawler, reactor)
+        return self._resolver
+
+    async def addresses(self, request: Request, host: str) -> list[str] | None:
+        """The public addresses the request may connect to (sorted, IPv4 first), or None when an HTTP
+        proxy resolves the target (pacing by host still applies, pinning cannot).
+
+        Raises:
+            BlockedHost: (an ``IgnoreRequest``) every address of the host is non-public.
+            DNSLookupError: the host cannot be resolved (NXDOMAIN, SERVFAIL, timeout).
+            ResolverNotInstalled: see :meth:`resolver`.
+        """
+        if request.meta.get("proxy"):
+            if not self._warned_proxy:
+                self._warned_proxy = True
+                logger.warning("scrapy-polite: requests through an HTTP proxy are resolved by the proxy, so "
+                               "their addresses cannot be checked or pinned (pacing by host still applies)")
+            if not request.meta.get("_polite_proxy_counted"):
+                request.meta["_polite_proxy_counted"] = True
+                self.report.inc("proxy_unpinned")
+            return None
+        resolver = self.resolver()
+        try:
+            addresses = await await_deferred(resolver.resolve(host))
+            # The resolver is per process; a spider's own (narrower) address rules apply on top of it.
+            kept, dropped = self.address_filter.split(addresses)
+            if not kept:
+                raise BlockedHost(host, dropped)
+            return kept
+        except BlockedHost as exc:
+            self.report.inc("blocked/private_address")
+            if host not in self._blocked_logged:
+                self._blocked_logged.add(host)
+                logger.warning("%s (%s; further requests to this host are refused quietly)", exc, request.url)
+            else:
+                logger.debug("%s (%s)", exc, request.url)
+            raise
+        except HostNotFound:
+            self.report.inc("dns/nxdomain")
+            raise
+        except DNSServerFailure:
+            self.report.inc("dns/servfail")
+            raise
+        except DNSTimeout:
+            self.report.inc("dns/timeout")
+            raise
+
+    def pin(self, request: Request, host: str, address: str) -> None:
+        """Connect ``request`` to ``address`` (``meta['polite_ip']``) and pin the resolver's answer for
+        ``host`` to it until the request is done (docs/spec.md §4)."""
+        request.meta["polite_ip"] = address
+        if self._resolver is not None and not request.meta.get("_polite_pinned"):
+            self._resolver.pin(host, address)
+            request.meta["_polite_pinned"] = True
+
+    def unpin(self, request: Request, host: str) -> None:
+        """Release the request's pin, if it holds one (idempotent)."""
+        address = request.meta.get("polite_ip")
+        if address and request.meta.pop("_polite_pinned", False) and self._resolver is not None:
+            self._resolver.unpin(host, address)
+
+    def current(self) -> Any:
+        """The resolver in use, or None before the first request."""
+        return self._resolver

@@ -1,0 +1,110 @@
+"""The typed seams between the glue units (docs/spec.md §5): outcomes of a booking, the holding
+scheduler's protocol, and the clock offset between this process and the pace table's clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+__all__ = ["Go", "Defer", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "ClockSync"]
+
+
+@dataclass(frozen=True)
+class Go:
+    """The request may be sent now.
+
+    Attributes:
+        sent_at: the booking time, epoch seconds of the pace table's clock (``meta['polite_sent_at']``).
+        address: the IP address it is booked on (None behind a proxy or without addresses).
+    """
+
+    sent_at: float
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class Defer:
+    """The request must leave the downloader.
+
+    Attributes:
+        due: epoch seconds of this process's clock at which it may come back; None: when its host's (or
+            address's) line is free.
+        reason: ``throttled``, ``crawl_delay``, ``line`` or ``ip_line`` (``polite/deferrals/<reason>``).
+    """
+
+    due: float | None
+    reason: str
+
+
+class Redefer(Exception):
+    """Raised by the download handler for a burst request whose host throttled after it was decided:
+    the middleware defers it again instead of sending it into the backoff."""
+
+
+class ResolverNotInstalled(RuntimeError):
+    """Address filtering is on but the reactor's name resolver is not scrapy-polite's (docs/spec.md §7)."""
+
+
+class HoldingScheduler(Protocol):
+    """What the pacer needs of the scheduler that holds deferred requests
+    (:class:`~scrapy_polite.scheduler.PoliteScheduler`)."""
+
+    def owns(self, request: Request) -> bool:
+        """The request was handed out by this scheduler, so it can be deferred."""
+        ...
+
+    def hold(self, request: Request, host: str, due: float | None) -> None:
+        """Keep ``request`` out of the downloader until ``due`` (epoch s; None: until its line frees)."""
+        ...
+
+    def wake(self, host: str) -> None:
+        """The host's line was freed: its held requests may go as soon as the host is due."""
+        ...
+
+    def held_count(self) -> int:
+        """How many requests are held."""
+        ...
+
+    def earliest_due(self) -> float | None:
+        """The earliest due time of a held request (``inf``: only for a busy line; None: nothing held)."""
+        ...
+
+    def describe(self) -> str:
+        """The held requests by host and when each is due, for the log."""
+        ...
+
+
+class ClockSync:
+    """The offset between this process's clock and the pace table's (a server clock may differ).
+
+    Every read and write of the table returns the store's ``now``; :meth:`observe` records the offset at
+    that moment, so times of the table (due times) can be turned into this process's clock for the
+    scheduler's timers, and local moments (a throttle seen) into the table's clock.
+
+    Args:
+        clock: this process's clock, epoch seconds.
+        server_clock: the table has a clock of its own (a server's); when False (SQLite, memory: the
+            table's clock *is* this process's clock) the offset stays 0.
+    """
+
+    def __init__(self, clock: Callable[[], float], *, server_clock: bool = False) -> None:
+        self.clock = clock
+        self.server_clock = server_clock
+        self.offset = 0.0  # local clock minus the store's clock, seconds
+
+    def observe(self, store_now: float) -> None:
+        """Record the store's clock as read now."""
+        if self.server_clock:
+            self.offset = self.clock() - store_now
+
+    def to_local(self, store_time: float) -> float:
+        """A moment of the store's clock, in this process's clock."""
+        return store_time + self.offset
+
+    def store_now(self) -> float:
+        """The store's clock now, estimated from the last observation."""
+        return self.clock() - self.offset

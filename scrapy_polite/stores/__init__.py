@@ -1,0 +1,37 @@
+"""The pace table (docs/spec.md §6): one store protocol, several backends, one registry by URI scheme.
+
+* :mod:`.base` — :class:`PaceStore` (the protocol), :class:`Snapshot`, :class:`StoreError`,
+  :class:`StoreBusy`, :class:`StoreOptions`;
+* :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default;
+* :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`;
+* :mod:`.asyncstore` — :class:`AsyncStore`, calls that never block the reactor.
+
+A store that cannot be opened, read or written raises :class:`StoreError`, whose message names the store
+and the fix: the crawl stops (fail closed), it never falls back to unpaced crawling.
+"""
+
+from __future__ import annotations
+
+from .asyncstore import AsyncStore
+from .base import ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreError, StoreOptions, UpdateFn
+from .memory import MemoryStore
+from .registry import open_store, register_store, registered_schemes, sqlite_path
+from .sqlite import SCHEMA_VERSION, SQLiteStore
+
+__all__ = [
+    "AsyncStore",
+    "ManyUpdateFn",
+    "MemoryStore",
+    "PaceStore",
+    "SCHEMA_VERSION",
+    "SQLiteStore",
+    "Snapshot",
+    "StoreBusy",
+    "StoreError",
+    "StoreOptions",
+    "UpdateFn",
+    "open_store",
+    "register_store",
+    "registered_schemes",
+    "sqlite_path",
+]

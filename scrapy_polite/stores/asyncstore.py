@@ -1,0 +1,123 @@
+"""Store calls that never block the reactor, with results as Twisted ``Deferred`` objects."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from twisted.internet import defer, threads
+from twisted.python.threadpool import ThreadPool
+
+from ..policy import HostState
+from .base import ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreError, UpdateFn
+from .memory import MemoryStore
+from .sqlite import SQLiteStore
+
+__all__ = ["AsyncStore"]
+
+T = TypeVar("T")
+
+
+class AsyncStore:
+    """A store whose calls never block the reactor; every method returns a ``Deferred`` of its result.
+
+    * :class:`~scrapy_polite.stores.memory.MemoryStore`: called inline (no I/O).
+    * :class:`~scrapy_polite.stores.sqlite.SQLiteStore`: first tried inline on a no-wait connection (a WAL
+      transaction without fsync, tens of microseconds); when another writer holds the lock
+      (:class:`~scrapy_polite.stores.base.StoreBusy`) or earlier calls are still queued, the call runs on
+      the store's own thread, which may wait for the lock. The thread also checkpoints the WAL every
+      ``checkpoint_every`` inline writes. Calls complete in call order.
+    * any other backend (a network server): every call runs on the store's thread pool of
+      ``threads`` threads.
+
+    Args:
+        store: the backend (opened).
+        reactor: the Twisted reactor (defaults to the installed one).
+        checkpoint_every: inline SQLite writes between two WAL checkpoints.
+        threads: size of the thread pool for backends that are not called inline.
+    """
+
+    def __init__(self, store: PaceStore, reactor: Any = None, *, checkpoint_every: int = 1000,
+                 threads: int = 1) -> None:
+        if reactor is None:
+            from twisted.internet import reactor as installed  # the reactor is installed by Scrapy at start
+
+            reactor = installed
+        self.store = store
+        self._reactor = reactor
+        self._pool: ThreadPool | None = None
+        self._inline: PaceStore | None = None
+        self._queued = 0
+        self._writes = 0
+        self._checkpoint_every = checkpoint_every
+        if isinstance(store, MemoryStore):
+            self._inline = store
+            return
+        if isinstance(store, SQLiteStore):
+            self._inline = store.nowait()
+        self._pool = ThreadPool(minthreads=1, maxthreads=max(1, threads), name="scrapy-polite-store")
+        self._pool.start()
+
+    def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
+        if self._inline is not None and not self._queued:
+            try:
+                result = getattr(self._inline, name)(*args)
+            except StoreBusy:
+                pass
+            except Exception:
+                return defer.fail()
+            else:
+                if name in ("update", "update_many") and self._pool is not None:
+                    self._writes += 1
+                    if self._writes % self._checkpoint_every == 0:
+                        self._threaded("checkpoint").addErrback(lambda _failure: None)
+                return defer.succeed(result)
+        return self._threaded(name, *args)
+
+    def _threaded(self, name: str, *args: Any) -> defer.Deferred[Any]:
+        if self._pool is None:
+            return defer.fail(StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
+        self._queued += 1
+
+        def done(result: Any) -> Any:
+            self._queued -= 1
+            return result
+
+        d: defer.Deferred[Any] = threads.deferToThreadPool(self._reactor, self._pool,
+                                                           getattr(self.store, name), *args)
+        return d.addBoth(done)
+
+    @property
+    def uri(self) -> str:
+        """The backend's URI."""
+        return self.store.uri
+
+    def get(self, key: str) -> defer.Deferred[HostState | None]:
+        """See :meth:`PaceStore.get <scrapy_polite.stores.base.PaceStore.get>`."""
+        return self._call("get", key)
+
+    def read(self, keys: Sequence[str]) -> defer.Deferred[Snapshot]:
+        """See :meth:`PaceStore.read <scrapy_polite.stores.base.PaceStore.read>`."""
+        return self._call("read", keys)
+
+    def update(self, key: str, fn: UpdateFn[T]) -> defer.Deferred[T]:
+        """See :meth:`PaceStore.update <scrapy_polite.stores.base.PaceStore.update>`."""
+        return self._call("update", key, fn)
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> defer.Deferred[T]:
+        """See :meth:`PaceStore.update_many <scrapy_polite.stores.base.PaceStore.update_many>`."""
+        return self._call("update_many", keys, fn)
+
+    def close(self) -> None:
+        """Stop the thread (after the calls already queued), checkpoint and close the backend."""
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool = None
+            if isinstance(self.store, SQLiteStore):
+                try:
+                    self.store.checkpoint()
+                except StoreError:
+                    pass
+        if self._inline is not None and self._inline is not self.store:
+            self._inline.close()
+        self.store.close()

@@ -1,0 +1,123 @@
+"""The store protocol every pace-table backend implements (docs/spec.md §6).
+
+A store keeps one :class:`~scrapy_polite.policy.HostState` row per key: host keys
+(:func:`scrapy_polite.policy.host_key`) and ``ip:ADDRESS`` keys for the per-address budgets.
+
+**The store supplies the clock.** Every update function receives the store's ``now`` (Unix epoch
+seconds) and every read returns it, so a backend with a server clock (Redis ``TIME``) is the one clock of
+every booking and record across machines. The embedded backends read ``time.time()`` inside the
+transaction, so a wait for another writer's lock never books a moment in the past.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from ..policy import HostState
+
+__all__ = [
+    "PaceStore",
+    "Snapshot",
+    "StoreError",
+    "StoreBusy",
+    "StoreOptions",
+    "UpdateFn",
+    "ManyUpdateFn",
+]
+
+T = TypeVar("T")
+
+#: An update function: ``(state or None, now)`` in, ``(new state or None to leave the row untouched, a
+#: result for the caller)`` out. It must be pure: a backend may call it more than once (a retried
+#: transaction).
+UpdateFn = Callable[[HostState | None, float], tuple[HostState | None, T]]
+
+#: A multi-row update function: ``({key: state or None}, now)`` in, ``({key: new state}, result)`` out.
+ManyUpdateFn = Callable[[dict[str, HostState | None], float], tuple[dict[str, HostState], T]]
+
+
+class StoreError(RuntimeError):
+    """The pace table cannot be opened, read or written. The message names the store and the fix."""
+
+
+class StoreBusy(StoreError):
+    """An operation found the table contended (a no-wait SQLite connection found it locked; a Redis
+    optimistic write lost its race too often); it may be retried where waiting is allowed."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent read of several rows and the store's clock at that read.
+
+    Attributes:
+        states: key → state (None: no row).
+        now: the store's clock, Unix epoch seconds.
+    """
+
+    states: dict[str, HostState | None]
+    now: float
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Options a backend may use when it is opened by :func:`~scrapy_polite.stores.open_store`.
+
+    Attributes:
+        prefix: ``POLITE_STORE_PREFIX``, the key prefix of a shared server (Redis).
+        timeout: ``POLITE_STORE_TIMEOUT``, seconds a server may stay unreachable mid-crawl.
+        expire: ``POLITE_STORE_EXPIRE``, seconds a row is kept past its ``next_allowed`` and last update.
+    """
+
+    prefix: str = "polite:"
+    timeout: float = 60.0
+    expire: float = 30 * 24 * 3600.0
+
+
+class PaceStore(Protocol):
+    """What every backend provides. Times are Unix epoch seconds of the store's clock.
+
+    Every method raises :class:`StoreError` when the backend fails.
+    """
+
+    uri: str
+
+    def now(self) -> float:
+        """The store's clock (epoch seconds)."""
+        ...
+
+    def get(self, key: str) -> HostState | None:
+        """The key's state, or None."""
+        ...
+
+    def read(self, keys: Sequence[str]) -> Snapshot:
+        """The rows of ``keys`` and the store's clock, read together."""
+        ...
+
+    def update(self, key: str, fn: UpdateFn[T]) -> T:
+        """Atomically read the key's state, apply ``fn(state, now)``, write the new state (when not None)
+        and return ``fn``'s result. No concurrent update, from any process, is lost."""
+        ...
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
+        """Atomically read the rows of ``keys``, apply ``fn(states, now)``, write the states it returns
+        (only keys among ``keys``) and return its result. Books a request on its host and an address in
+        one transaction (docs/spec.md §3)."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove the key's row; True when there was one."""
+        ...
+
+    def items(self) -> Iterator[tuple[str, HostState]]:
+        """Every ``(key, state)`` row, sorted by key."""
+        ...
+
+    def expire(self, before: float) -> int:
+        """Remove rows last updated before ``before`` whose ``next_allowed`` has passed; the count."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend."""
+        ...

@@ -1,0 +1,248 @@
+"""``sqlite:///path``: the embedded pace table, one SQLite file in WAL mode (docs/spec.md §6).
+
+Every read-modify-write is one ``BEGIN IMMEDIATE`` transaction, so concurrent processes on one machine
+never lose an update; the clock (``time.time()``) is read inside the transaction. The schema version is
+kept in ``PRAGMA user_version`` and older files are migrated on open, never discarded.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from ..policy import HostState
+from .base import ManyUpdateFn, Snapshot, StoreBusy, StoreError, UpdateFn
+
+__all__ = ["SQLiteStore", "SCHEMA_VERSION"]
+
+T = TypeVar("T")
+
+#: The on-disk schema this code writes. Older versions are migrated on open, never discarded.
+SCHEMA_VERSION = 1
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS hosts (
+    host TEXT PRIMARY KEY,
+    next_allowed REAL NOT NULL,
+    consec INTEGER NOT NULL,
+    crawl_delay REAL NOT NULL,
+    ok_seen INTEGER NOT NULL,
+    throttled_at REAL NOT NULL,
+    updated REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS hosts_updated ON hosts (updated);
+"""
+
+#: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
+
+_COLUMNS = "next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated"
+_SELECT_ONE = f"SELECT {_COLUMNS} FROM hosts WHERE host = ?"
+_WRITE = ("INSERT OR REPLACE INTO hosts (host, next_allowed, consec, crawl_delay, ok_seen, throttled_at, "
+          "updated) VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+def _state(row: Sequence[Any] | None) -> HostState | None:
+    if row is None:
+        return None
+    next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated = row
+    return HostState(next_allowed=next_allowed, consec=consec, crawl_delay=crawl_delay,
+                     ok_seen=bool(ok_seen), throttled_at=throttled_at, updated=updated)
+
+
+def _row(key: str, state: HostState) -> tuple[str, float, int, float, int, float, float]:
+    return (key, state.next_allowed, state.consec, state.crawl_delay, int(state.ok_seen),
+            state.throttled_at, state.updated)
+
+
+class SQLiteStore:
+    """The embedded pace table: one SQLite file in WAL mode.
+
+    Args:
+        path: the database file; its directory is created when missing.
+        timeout: seconds to wait for another process's write lock before failing.
+        nowait: a connection that never waits for a lock (an operation that would wait raises
+            :class:`StoreBusy`) and never checkpoints the WAL; use :meth:`nowait` to make one.
+        clock: the store's clock, epoch seconds, read inside each transaction (tests inject one).
+
+    Raises:
+        StoreError: the file cannot be created, opened, migrated or written (unwritable directory,
+            corrupt file, a schema newer than this version knows). The message names the path and the fix.
+    """
+
+    def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = os.path.abspath(path)
+        self.uri = f"sqlite:///{self.path}"
+        self._lock = threading.Lock()
+        self._nowait = nowait
+        self._clock = clock
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=0.0 if nowait else timeout, isolation_level=None,
+                                       check_same_thread=False, cached_statements=64)
+            if nowait:  # the sibling already set the file up; never checkpoint here (that may fsync)
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA wal_autocheckpoint=0")
+                return
+            self._db.execute("PRAGMA journal_mode=WAL").fetchone()
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+            # Prove we can write now, not halfway through the crawl (fail closed at start).
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("COMMIT")
+        except (sqlite3.Error, OSError) as exc:
+            raise self._error("open", exc) from exc
+
+    def nowait(self) -> SQLiteStore:
+        """A second connection to the same file that never waits for a lock: an operation that would wait
+        raises :class:`StoreBusy` instead, and it never checkpoints the WAL (see :meth:`checkpoint`).
+        :class:`~scrapy_polite.stores.AsyncStore` runs these on the reactor thread (tens of µs)."""
+        return SQLiteStore(self.path, nowait=True, clock=self._clock)
+
+    def checkpoint(self) -> None:
+        """Copy the WAL back into the database file (``PRAGMA wal_checkpoint(PASSIVE)``).
+
+        Raises:
+            StoreError: the file cannot be written.
+        """
+        try:
+            with self._lock:
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def _error(self, action: str, exc: BaseException) -> StoreError:
+        text = str(exc)
+        if isinstance(exc, StoreError):
+            return exc
+        if self._nowait and isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+            return StoreBusy(text)
+        if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
+            fix = (f"the file is not a valid pace table; move it away (e.g. mv {self.path} {self.path}.bad) "
+                   "to start a fresh one, or point POLITE_STORE to another file")
+        else:
+            fix = (f"make {os.path.dirname(self.path)} writable, or set POLITE_STORE to a writable location, "
+                   "e.g. POLITE_STORE = 'sqlite:////var/tmp/polite.sqlite3' (or 'memory://' for a one-off run)")
+        return StoreError(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: {fix}.")
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"scrapy-polite cannot open its pace table {self.uri}: schema version {version} is newer than "
+                f"this scrapy-polite knows ({SCHEMA_VERSION}). Fix: upgrade scrapy-polite, or point "
+                "POLITE_STORE to another file.")
+        if version == SCHEMA_VERSION:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            while version < SCHEMA_VERSION:
+                for statement in filter(str.strip, _MIGRATIONS[version].split(";")):
+                    self._db.execute(statement)
+                version += 1
+                self._db.execute(f"PRAGMA user_version = {version}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def now(self) -> float:
+        return self._clock()
+
+    def get(self, key: str) -> HostState | None:
+        try:
+            with self._lock:
+                return _state(self._db.execute(_SELECT_ONE, (key,)).fetchone())
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+
+    def read(self, keys: Sequence[str]) -> Snapshot:
+        try:
+            with self._lock:
+                db = self._db
+                if len(keys) == 1:  # autocommit: one statement is its own consistent read
+                    return Snapshot({keys[0]: _state(db.execute(_SELECT_ONE, (keys[0],)).fetchone())},
+                                    self._clock())
+                db.execute("BEGIN")
+                try:
+                    states = {key: _state(db.execute(_SELECT_ONE, (key,)).fetchone()) for key in keys}
+                    now = self._clock()
+                finally:
+                    db.execute("COMMIT")
+                return Snapshot(states, now)
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+
+    def update(self, key: str, fn: UpdateFn[T]) -> T:
+        try:
+            with self._lock:
+                db = self._db
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    new, result = fn(_state(db.execute(_SELECT_ONE, (key,)).fetchone()), self._clock())
+                    if new is not None:
+                        db.execute(_WRITE, _row(key, new))
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+                return result
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
+        try:
+            with self._lock:
+                db = self._db
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    states = {key: _state(db.execute(_SELECT_ONE, (key,)).fetchone()) for key in keys}
+                    new, result = fn(states, self._clock())
+                    for key, state in new.items():
+                        if key not in states:
+                            raise ValueError(f"update function wrote {key!r}, which it did not read")
+                        db.execute(_WRITE, _row(key, state))
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+                return result
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def delete(self, key: str) -> bool:
+        try:
+            with self._lock:
+                return self._db.execute("DELETE FROM hosts WHERE host = ?", (key,)).rowcount > 0
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def items(self) -> Iterator[tuple[str, HostState]]:
+        try:
+            with self._lock:
+                rows = self._db.execute(f"SELECT host, {_COLUMNS} FROM hosts ORDER BY host").fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+        return iter([(row[0], HostState(next_allowed=row[1], consec=row[2], crawl_delay=row[3],
+                                        ok_seen=bool(row[4]), throttled_at=row[5], updated=row[6]))
+                     for row in rows])
+
+    def expire(self, before: float) -> int:
+        try:
+            with self._lock:
+                return int(self._db.execute(
+                    "DELETE FROM hosts WHERE updated < ? AND next_allowed < ?", (before, before)).rowcount)
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
