@@ -108,7 +108,7 @@ async def main(args) -> None:
                              f"waits={get('polite/waits', 0)})")
                 print(f"  run {run + 1} {name:19} {rate:8.1f} pages/s{extra}", flush=True)
         best = {name: max(rates) for name, rates in results.items()}
-        print(f"best: " + ", ".join(f"{name} {rate:.1f} pages/s" for name, rate in best.items()))
+        print("best: " + ", ".join(f"{name} {rate:.1f} pages/s" for name, rate in best.items()))
         print(f"ratio polite/plain {best['polite'] / best['plain']:.2f} (target >= 0.9)"
               + (f"; with the memory:// store {best['polite (memory://)'] / best['plain']:.2f}" if args.memory else ""))
     finally:

@@ -40,7 +40,7 @@ sys.path.insert(0, ROOT)  # a source checkout: the package and tests.support imp
 from scrapy_polite.pacer import _book, _ip_key  # noqa: E402
 from scrapy_polite.policy import HostState, PacingPolicy  # noqa: E402
 from scrapy_polite.resolver import PublicHostnameResolver  # noqa: E402
-from scrapy_polite.store import MemoryStore, SQLiteStore  # noqa: E402
+from scrapy_polite.stores import MemoryStore, SQLiteStore  # noqa: E402
 from tests.support.dns_server import LocalDNSServer  # noqa: E402
 
 POLICY = PacingPolicy(host_interval=1.0)

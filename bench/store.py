@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)  # a source checkout: the package need not be installed
 from _reference_table import ReferenceTable  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 from scrapy_polite.policy import PacingPolicy  # noqa: E402
-from scrapy_polite.store import SQLiteStore  # noqa: E402
+from scrapy_polite.stores import SQLiteStore  # noqa: E402
 
 POLICY = PacingPolicy()
 

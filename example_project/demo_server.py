@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import ipaddress
 import logging
+import pydoc
 import re
 import sys
 import threading
@@ -28,8 +29,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from urllib.parse import urlsplit
-
-import pydoc
 
 logger = logging.getLogger("demo_server")
 

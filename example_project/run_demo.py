@@ -188,6 +188,7 @@ def host_results(servers: list[Any], report: dict[str, dict[str, Any]], rows: li
     """Per host: the server's view (arrivals, statuses, gaps), scrapy-polite's host_report() and the
     persisted row, as plain data (printed, and written by --json)."""
     from demo_server import gaps
+
     from scrapy_polite.policy import host_key
 
     persisted = dict(rows or [])
@@ -277,10 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, HERE)
     os.environ["SCRAPY_SETTINGS_MODULE"] = "polite_demo.settings"
 
+    from polite_demo.spiders.pydoc_site import PydocSiteSpider
     from scrapy.crawler import CrawlerProcess
     from scrapy.utils.project import get_project_settings
 
-    from polite_demo.spiders.pydoc_site import PydocSiteSpider
     from scrapy_polite.pacer import get_pacer
     from scrapy_polite.robots import parse_robots_delay
 

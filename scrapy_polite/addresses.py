@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
-from typing import Union
 
 __all__ = [
     "IPAddress",
@@ -33,28 +32,29 @@ __all__ = [
     "parse_ip_literal",
 ]
 
-IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-_net = ipaddress.ip_network
+_v4 = ipaddress.IPv4Network
+_v6 = ipaddress.IPv6Network
 
 #: IPv4 networks whose addresses are not public (SPEC §4; IANA IPv4 Special-Purpose Address Registry,
 #: RFC 6890). Every other IPv4 address is public.
 IPV4_NOT_PUBLIC: tuple[ipaddress.IPv4Network, ...] = (
-    _net("0.0.0.0/8"),  # "this network" (RFC 791, RFC 1122)
-    _net("10.0.0.0/8"),  # private use (RFC 1918)
-    _net("100.64.0.0/10"),  # shared address space, carrier-grade NAT (RFC 6598)
-    _net("127.0.0.0/8"),  # loopback (RFC 1122)
-    _net("169.254.0.0/16"),  # link local (RFC 3927)
-    _net("172.16.0.0/12"),  # private use (RFC 1918)
-    _net("192.0.0.0/24"),  # IETF protocol assignments (RFC 6890) — Deviation from the reference
-    _net("192.0.2.0/24"),  # documentation TEST-NET-1 (RFC 5737)
-    _net("192.88.99.0/24"),  # deprecated 6to4 relay anycast (RFC 7526) — Deviation from the reference
-    _net("192.168.0.0/16"),  # private use (RFC 1918)
-    _net("198.18.0.0/15"),  # benchmarking (RFC 2544)
-    _net("198.51.100.0/24"),  # documentation TEST-NET-2 (RFC 5737)
-    _net("203.0.113.0/24"),  # documentation TEST-NET-3 (RFC 5737)
-    _net("224.0.0.0/4"),  # multicast (RFC 5771)
-    _net("240.0.0.0/4"),  # reserved (RFC 1112), including limited broadcast 255.255.255.255 (RFC 919)
+    _v4("0.0.0.0/8"),  # "this network" (RFC 791, RFC 1122)
+    _v4("10.0.0.0/8"),  # private use (RFC 1918)
+    _v4("100.64.0.0/10"),  # shared address space, carrier-grade NAT (RFC 6598)
+    _v4("127.0.0.0/8"),  # loopback (RFC 1122)
+    _v4("169.254.0.0/16"),  # link local (RFC 3927)
+    _v4("172.16.0.0/12"),  # private use (RFC 1918)
+    _v4("192.0.0.0/24"),  # IETF protocol assignments (RFC 6890) — Deviation from the reference
+    _v4("192.0.2.0/24"),  # documentation TEST-NET-1 (RFC 5737)
+    _v4("192.88.99.0/24"),  # deprecated 6to4 relay anycast (RFC 7526) — Deviation from the reference
+    _v4("192.168.0.0/16"),  # private use (RFC 1918)
+    _v4("198.18.0.0/15"),  # benchmarking (RFC 2544)
+    _v4("198.51.100.0/24"),  # documentation TEST-NET-2 (RFC 5737)
+    _v4("203.0.113.0/24"),  # documentation TEST-NET-3 (RFC 5737)
+    _v4("224.0.0.0/4"),  # multicast (RFC 5771)
+    _v4("240.0.0.0/4"),  # reserved (RFC 1112), including limited broadcast 255.255.255.255 (RFC 919)
 )
 
 # The three verdicts an IPv6 rule can give.
@@ -68,17 +68,17 @@ _PUBLIC = "public"  # public
 #: 2000::/3 and 2002::/16 lies inside it; the refused blocks come before the 2000::/3 that contains them.
 #: Sources: IANA IPv6 Special-Purpose Address Registry (RFC 6890) and the Rust reference.
 IPV6_RULES: tuple[tuple[ipaddress.IPv6Network, str], ...] = (
-    (_net("::ffff:0:0/96"), _EMBEDDED),  # IPv4-mapped (RFC 4291 §2.5.5.2)
-    (_net("64:ff9b::/96"), _EMBEDDED),  # NAT64 well-known prefix (RFC 6052)
-    (_net("2002::/16"), _EMBEDDED),  # 6to4 (RFC 3056)
+    (_v6("::ffff:0:0/96"), _EMBEDDED),  # IPv4-mapped (RFC 4291 §2.5.5.2)
+    (_v6("64:ff9b::/96"), _EMBEDDED),  # NAT64 well-known prefix (RFC 6052)
+    (_v6("2002::/16"), _EMBEDDED),  # 6to4 (RFC 3056)
     # IPv4-compatible, deprecated (RFC 4291 §2.5.5.1); holds :: and ::1 too. Like Teredo below, already
     # refused by the default and by 2001::/23: named so the table reads as SPEC §4 does.
-    (_net("::/96"), _REFUSE),
-    (_net("2001::/32"), _REFUSE),  # Teredo (RFC 4380)
-    (_net("2001::/23"), _REFUSE),  # IETF protocol assignments: Teredo, benchmarking, ORCHID (RFC 2928)
-    (_net("2001:db8::/32"), _REFUSE),  # documentation (RFC 3849)
-    (_net("3fff::/20"), _REFUSE),  # documentation (RFC 9637)
-    (_net("2000::/3"), _PUBLIC),  # global unicast (RFC 4291); nothing outside it is public
+    (_v6("::/96"), _REFUSE),
+    (_v6("2001::/32"), _REFUSE),  # Teredo (RFC 4380)
+    (_v6("2001::/23"), _REFUSE),  # IETF protocol assignments: Teredo, benchmarking, ORCHID (RFC 2928)
+    (_v6("2001:db8::/32"), _REFUSE),  # documentation (RFC 3849)
+    (_v6("3fff::/20"), _REFUSE),  # documentation (RFC 9637)
+    (_v6("2000::/3"), _PUBLIC),  # global unicast (RFC 4291); nothing outside it is public
 )
 
 _IPV4_MAPPED = IPV6_RULES[0][0]

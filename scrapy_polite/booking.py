@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from twisted.internet import defer
+from twisted.internet.defer import Deferred
 
 from .lines import Lines
 from .policy import Booking, HostState, PacingPolicy, ip_key
@@ -46,7 +46,7 @@ class Booker:
     """
 
     def __init__(self, config: PoliteConfig, store: AsyncStore, lines: Lines, resolution: Resolution,
-                 report: Report, clock: ClockSync, sleep: Callable[[float], defer.Deferred[None]],
+                 report: Report, clock: ClockSync, sleep: Callable[[float], Deferred[None]],
                  on_store_error: Callable[[StoreError], None]) -> None:
         self.config = config
         self.policy: PacingPolicy = config.policy

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from typing import Any, ClassVar
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from .pacer import default_store_uri
 from .policy import HostState, PacingPolicy, host_key
 from .settings import DEFAULTS
-from .pacer import default_store_uri
 from .stores import PaceStore, StoreError, StoreOptions, open_store, sqlite_path
 
 __all__ = ["Command", "format_table"]
@@ -66,10 +65,9 @@ class Command(ScrapyCommand):
         if not uri:
             uri = default_store_uri()
         path = sqlite_path(uri)
-        if path is not None:
-            if not os.path.exists(path):  # a look must not create a table
-                raise StoreError(f"no pace table at {os.path.abspath(path)} (nothing crawled with this "
-                                 "POLITE_STORE yet). Fix: run it inside the Scrapy project, or pass --store URI")
+        if path is not None and not os.path.exists(path):  # a look must not create a table
+            raise StoreError(f"no pace table at {os.path.abspath(path)} (nothing crawled with this "
+                             "POLITE_STORE yet). Fix: run it inside the Scrapy project, or pass --store URI")
         return open_store(uri, StoreOptions())
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:

@@ -19,15 +19,18 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider, NotConfigured
 
+from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY
+from .addon import component_name as name
 from .pacer import Pacer, get_pacer
 from .policy import host_key
+from .reactor import await_deferred, installed_reactor
+from .resolver import PublicHostnameResolver
 from .robots import robots_delay
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
@@ -72,8 +75,6 @@ class PoliteExtension:
     def _check_middleware_order(crawler: Crawler) -> None:
         """A downloader middleware after ours that returns a Request from ``process_request`` bypasses our
         ``process_response``/``process_exception``: warn, naming it (its host's line could stay taken)."""
-        from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, component_name as name
-
         middlewares = crawler.settings.getwithbase("DOWNLOADER_MIDDLEWARES")
         ours = next((v for k, v in middlewares.items() if name(k) == MIDDLEWARE and v is not None),
                     MIDDLEWARE_PRIORITY)
@@ -88,11 +89,7 @@ class PoliteExtension:
     def _warn_wider_address_rules(self) -> None:
         """The resolver is per process: a spider's ``POLITE_ALLOW_PRIVATE`` / ``POLITE_ALLOWED_NETWORKS`` can
         narrow the process's rules, never widen them. Say so when a spider tries (SPEC §7)."""
-        from twisted.internet import reactor
-
-        from .resolver import PublicHostnameResolver
-
-        resolver = getattr(reactor, "nameResolver", None)
+        resolver = getattr(installed_reactor(), "nameResolver", None)
         if not isinstance(resolver, PublicHostnameResolver):
             return  # not installed: the pacer reports that on the first request
         mine, process = self.pacer.address_filter, resolver.filter
@@ -164,14 +161,15 @@ class PoliteExtension:
             self.pacer.inc("robots/errors")
             logger.exception("scrapy-polite could not read the delay of %s", request.url)
             return
-        from scrapy.utils.defer import maybe_deferred_to_future
-
-        await maybe_deferred_to_future(self.pacer.set_crawl_delay(host, delay))
+        await await_deferred(self.pacer.set_crawl_delay(host, delay))
 
     def spider_closed(self, spider: Spider, reason: str) -> None:
         report = self.pacer.host_report()
         stats = self.crawler.stats
-        get = (lambda k: stats.get_value(f"polite/{k}", 0)) if stats is not None else (lambda k: 0)
+
+        def get(key: str) -> Any:
+            return stats.get_value(f"polite/{key}", 0) if stats is not None else 0
+
         backing_off = {h: r for h, r in report.items() if r["throttles"]}
         logger.info(
             "scrapy-polite summary: %d hosts, %d paced requests, %d waits (%.1f s), %d deferrals, "

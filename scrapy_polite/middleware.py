@@ -22,14 +22,13 @@ from urllib.parse import urlsplit
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from .pacer import Pacer, get_pacer
-from .seams import Defer, Redefer
 from .policy import NO_NETWORK_SCHEMES, host_key
+from .seams import Defer, Redefer
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)

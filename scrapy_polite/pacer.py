@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.project import data_path
-from twisted.internet import defer
+from twisted.internet.defer import Deferred
 
 from .addresses import AddressFilter
 from .booking import Booker
@@ -72,7 +72,7 @@ class Pacer:
 
     def __init__(self, crawler: Crawler, config: PoliteConfig, store: AsyncStore,
                  clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], defer.Deferred[None]] | None = None) -> None:
+                 sleep: Callable[[float], Deferred[None]] | None = None) -> None:
         self.crawler = crawler
         self.config = config
         self.policy: PacingPolicy = config.policy
@@ -183,11 +183,11 @@ class Pacer:
 
     # -- after a response (Recorder) --------------------------------------------------------------------
 
-    def record_response(self, request: Request, response: Response) -> defer.Deferred[Any] | None:
+    def record_response(self, request: Request, response: Response) -> Deferred[Any] | None:
         """See :meth:`Recorder.record_response <scrapy_polite.recording.Recorder.record_response>`."""
         return self.recorder.record_response(request, response)
 
-    def record_failure(self, request: Request, exception: BaseException) -> defer.Deferred[Any] | None:
+    def record_failure(self, request: Request, exception: BaseException) -> Deferred[Any] | None:
         """See :meth:`Recorder.record_failure <scrapy_polite.recording.Recorder.record_failure>`."""
         return self.recorder.record_failure(request, exception)
 
@@ -199,7 +199,7 @@ class Pacer:
         """See :meth:`Recorder.throttled_since <scrapy_polite.recording.Recorder.throttled_since>`."""
         return self.recorder.throttled_since(request)
 
-    def set_crawl_delay(self, host: str, delay: float | None) -> defer.Deferred[Any]:
+    def set_crawl_delay(self, host: str, delay: float | None) -> Deferred[Any]:
         """See :meth:`Recorder.set_crawl_delay <scrapy_polite.recording.Recorder.set_crawl_delay>`."""
         return self.recorder.set_crawl_delay(host, delay)
 

@@ -22,8 +22,8 @@ import email.utils
 import ipaddress
 import math
 import re
-from dataclasses import dataclass, field, replace
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from .addresses import embedded_ipv4
@@ -296,7 +296,7 @@ class PacingPolicy:
     def backoff(self, eff: float, consec: int) -> float:
         """The computed backoff ``min(eff * 2**min(consec, 10), max_backoff)`` in seconds, never below ``eff``
         (a published Crawl-delay above the cap is still honoured in full)."""
-        return max(eff, min(eff * 2 ** min(consec, MAX_BACKOFF_EXPONENT), self.max_backoff))
+        return max(eff, min(eff * 2.0 ** min(consec, MAX_BACKOFF_EXPONENT), self.max_backoff))
 
     # -- after a response -------------------------------------------------------------------------
 
@@ -357,14 +357,13 @@ class PacingPolicy:
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end,
                           throttled_at=old.throttled_at if stale else end)
         else:
-            if stale:  # sent before a recorded throttle: it says nothing about the host's mood since
-                consec = old.consec
-            else:
-                consec = max(old.consec - 1, 0)
+            # Sent before a recorded throttle: it says nothing about the host's mood since.
+            consec = old.consec if stale else max(old.consec - 1, 0)
             delay = eff if consec == 0 else self.backoff(eff, consec)
             next_allowed = max(end + delay, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end)
-        if status is not None and 200 <= status < 300:  # set after the decision: the first 2xx-then-403 pair has no history yet
+        # ok_seen is set after the decision: the first 2xx-then-403 pair has no history yet.
+        if status is not None and 200 <= status < 300:
             new = replace(new, ok_seen=True)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
                         counted=throttle and not stale, retry_after_clamped=clamped)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import defer
@@ -22,21 +22,18 @@ def installed_reactor() -> Any:
     return reactor
 
 
-async def await_deferred(d: defer.Deferred[T] | T) -> T:
+async def await_deferred(d: defer.Deferred[T]) -> T:
     """Await a Deferred under both the asyncio and the plain Twisted reactor.
 
     A Deferred that has already fired (an inline store call, a cached DNS answer) is read directly,
-    without a round trip through the event loop; a failure is raised as its exception. A value that is
-    not a Deferred is returned as it is.
+    without a round trip through the event loop; a failure is raised as its exception.
     """
-    if not isinstance(d, defer.Deferred):
-        return d
     if d.called and not d.paused and not isinstance(d.result, defer.Deferred):
         result = d.result
         if isinstance(result, Failure):
             d.addErrback(lambda _failure: None)  # handled here: no "Unhandled error in Deferred"
             result.raiseException()
-        return result  # type: ignore[no-any-return]  # Deferred.result is Any once fired
+        return cast(T, result)  # Deferred.result is untyped; once fired without a Failure it is a T
     return await maybe_deferred_to_future(d)
 
 

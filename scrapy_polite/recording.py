@@ -161,8 +161,7 @@ class Recorder:
         if isinstance(failure.value, StoreError):
             self.on_store_error(failure.value)
         else:
-            logger.error("scrapy-polite could not record %s for %s", label, host,
-                         exc_info=(failure.type, failure.value, failure.getTracebackObject()))
+            logger.error("scrapy-polite could not record %s for %s", label, host, exc_info=failure.value)
 
     async def finish(self, request: Request) -> None:
         """After the response or failure was handled: wait for its record, then free the host's line."""

@@ -30,11 +30,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import dns.exception
+import dns.resolver
 from scrapy.exceptions import IgnoreRequest
-from twisted.internet import defer
+from twisted.internet import defer, threads
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import DNSLookupError
 from twisted.internet.interfaces import IHostnameResolver, IHostResolution, IResolutionReceiver
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from .addresses import AddressFilter, parse_ip_literal
@@ -131,7 +134,7 @@ class PublicHostnameResolver:
         self.counts: Counter[str] = Counter()
         self._cache: dict[str, tuple[tuple[str, ...], float]] = {}
         self._negative: dict[str, tuple[DNSLookupError, float]] = {}
-        self._pending: dict[str, defer.Deferred[tuple[str, ...]]] = {}
+        self._pending: dict[str, list[defer.Deferred[tuple[str, ...]]]] = {}
         self._pins: dict[str, Counter[str]] = {}
         self._verdicts: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         self._local = threading.local()
@@ -184,8 +187,6 @@ class PublicHostnameResolver:
             return defer.fail(negative[0])
         waiters = self._pending.get(host)
         if waiters is None:
-            from twisted.internet import threads
-
             waiters = self._pending[host] = []
             self.counts["lookups"] += 1
             query = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self._query, host)
@@ -222,9 +223,6 @@ class PublicHostnameResolver:
 
     def _query(self, host: str) -> tuple[tuple[str, ...], float]:
         """On a thread: A and AAAA with dnspython; (addresses, ttl)."""
-        import dns.exception
-        import dns.resolver
-
         resolver = getattr(self._local, "resolver", None)
         if resolver is None:
             if self.nameservers:
@@ -266,8 +264,6 @@ class PublicHostnameResolver:
         return unique, min(ttls) if ttls else self.min_ttl
 
     def _fire(self, result: Any, host: str) -> None:
-        from twisted.python.failure import Failure
-
         for waiter in self._pending.pop(host, []):
             if isinstance(result, Failure):
                 waiter.errback(result)

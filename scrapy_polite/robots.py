@@ -11,6 +11,8 @@ import logging
 import math
 from typing import Any
 
+from protego import Protego
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["robots_delay", "parse_robots_delay"]
@@ -48,8 +50,6 @@ def parse_robots_delay(body: str | bytes, user_agent: str) -> float | None:
 
     Undecodable bytes are replaced (robots.txt is UTF-8 by RFC 9309 §2.3); never raises on content.
     """
-    from protego import Protego
-
     if isinstance(body, bytes):
         body = body.decode("utf-8", errors="replace")
     return robots_delay(Protego.parse(body), user_agent)

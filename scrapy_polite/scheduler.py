@@ -28,14 +28,15 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import build_from_crawler, load_object
+from scrapy.utils.request import request_from_dict
 
 from ._compat import wake_engine
 from .pacer import Pacer, get_pacer
+from .reactor import call_later, installed_reactor
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
-
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class PoliteScheduler:
         """The wrapped scheduler's pending requests only: while requests are merely held, the engine sees
         the spider idle and sends ``spider_idle``, which the extension answers (``DontCloseSpider`` until
         everything held is due beyond ``POLITE_MAX_IDLE_WAIT``), so other ``spider_idle`` handlers still run."""
-        return self.inner.has_pending_requests()
+        return bool(self.inner.has_pending_requests())
 
     def held_count(self) -> int:
         """How many requests are held."""
@@ -118,7 +119,7 @@ class PoliteScheduler:
         if request in self._rehold:  # a deferred request coming back from the downloader: already held
             self._rehold.discard(request)
             return True
-        return self.inner.enqueue_request(request)
+        return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:
         request = self._next_due()
@@ -176,16 +177,14 @@ class PoliteScheduler:
             heapq.heappop(self._heap)
         if self._closing or not self._heap:
             return
-        from twisted.internet import reactor
-
         delay = self._heap[0][0] - self.clock()
         if delay <= 0:
             delay = fallback
         if self._timer is not None and self._timer.active():
-            if self._timer.getTime() - reactor.seconds() <= delay:
+            if self._timer.getTime() - installed_reactor().seconds() <= delay:
                 return
             self._timer.cancel()
-        self._timer = reactor.callLater(delay, self._poke)
+        self._timer = call_later(delay, self._poke)
 
     def _stale(self, entry: tuple[float, int, str]) -> bool:
         """A heap entry whose host has nothing held, or whose due time was moved since it was pushed."""
@@ -279,8 +278,6 @@ class PoliteScheduler:
         path = self._path()
         if not path or not os.path.exists(path):
             return
-        from scrapy.utils.request import request_from_dict
-
         with open(path, "rb") as f:
             data = pickle.load(f)
         spider = self.crawler.spider

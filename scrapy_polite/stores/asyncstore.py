@@ -9,6 +9,7 @@ from twisted.internet import defer, threads
 from twisted.python.threadpool import ThreadPool
 
 from ..policy import HostState
+from ..reactor import installed_reactor
 from .base import ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreError, UpdateFn
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
@@ -40,9 +41,7 @@ class AsyncStore:
     def __init__(self, store: PaceStore, reactor: Any = None, *, checkpoint_every: int = 1000,
                  threads: int = 1) -> None:
         if reactor is None:
-            from twisted.internet import reactor as installed  # the reactor is installed by Scrapy at start
-
-            reactor = installed
+            reactor = installed_reactor()
         self.store = store
         self._reactor = reactor
         self._pool: ThreadPool | None = None

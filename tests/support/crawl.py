@@ -26,8 +26,9 @@ reactor is shared by the whole test session).
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable
+from typing import Any
 
 import scrapy
 from scrapy.crawler import Crawler, CrawlerRunner

@@ -35,7 +35,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from typing import Callable, Iterable, Union
+from collections.abc import Callable, Iterable
 
 import dns.flags
 import dns.message
@@ -48,7 +48,7 @@ import pytest
 __all__ = ["LocalDNSServer", "Records", "dns_server"]
 
 Answer = list[tuple[str, int]]
-Records = dict[str, Union[Iterable[tuple[str, int]], Callable[[int, str], Iterable[tuple[str, int]]]]]
+Records = dict[str, Iterable[tuple[str, int]] | Callable[[int, str], Iterable[tuple[str, int]]]]
 
 MODES = ("answer", "servfail", "silent")
 
@@ -241,7 +241,7 @@ class LocalDNSServer:
         while not self._stopping.is_set():
             try:
                 wire, peer = self._udp.recvfrom(65535)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

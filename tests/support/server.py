@@ -37,8 +37,8 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 __all__ = [
     "Arrival",
