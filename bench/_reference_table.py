@@ -2,7 +2,7 @@
 
 Nothing in scrapy-polite uses this module. It exists so that ``bench/store.py`` can measure our SQLite
 store against the design it replaces, in the same process and on the same disk. It follows the reference
-(``seeds/001_0b89e239353058d8.txt``: ``pace_load_tbl_into``, ``pace_save_tbl``, ``pace_slot``,
+(the pacer reference of docs/spec.md, "The references": ``pace_load_tbl_into``, ``pace_save_tbl``, ``pace_slot``,
 ``pace_slot_or_evict``, ``pace_delay_after2``, ``pace_after_tbl``) in what costs time and what loses data:
 
 * one fixed file of 4096 slots × 40-byte records

@@ -14,7 +14,7 @@ Figures printed:
    127.0.0.1, A and AAAA per name): resolutions per second one at a time and with C in flight. This
    measures the resolver's own overhead (thread hand-off, dnspython, two queries per name) with a
    nameserver that answers in microseconds; a real recursive resolver adds its network latency.
-3. The downloader middleware's booking transaction (SPEC §3): ``pacer._book(...)`` run by
+3. The downloader middleware's booking transaction (docs/spec.md §3): ``pacer._book(...)`` run by
    ``store.update_many([host, ip:addr...], ...)``, with H hosts over A addresses already in the table
    (each host on 1 or 2 addresses), for ``MemoryStore`` and ``SQLiteStore`` (a temporary file):
    median and p99 in microseconds per booking, plus the pure ``_book`` step alone.

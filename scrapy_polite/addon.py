@@ -1,4 +1,4 @@
-"""The Scrapy add-on: ``ADDONS = {"scrapy_polite.Addon": 0}`` enables everything with defaults (SPEC §7).
+"""The Scrapy add-on: ``ADDONS = {"scrapy_polite.Addon": 0}`` enables everything with defaults (docs/spec.md §7).
 
 It installs
 
@@ -46,7 +46,7 @@ class Addon:
 
         The resolver is per process and Scrapy builds it from the process settings, so this runs only
         for ``ADDONS`` in the project settings (not a spider's ``custom_settings``). A resolver the project
-        configured explicitly is kept, and the crawl then refuses to start (SPEC §7)."""
+        configured explicitly is kept, and the crawl then refuses to start (docs/spec.md §7)."""
         if not settings.getbool("POLITE_ENABLED", True):
             return
         if (settings.getpriority("TWISTED_DNS_RESOLVER") or 0) <= SETTINGS_PRIORITIES["addon"]:
@@ -77,7 +77,7 @@ class Addon:
 
 
 class UnsafeHandlerError(RuntimeError):
-    """A configured download handler would bypass the public-only, pinned resolution (SPEC §4)."""
+    """A configured download handler would bypass the public-only, pinned resolution (docs/spec.md §4)."""
 
 
 def _check_handlers(settings: Settings) -> None:

@@ -1,6 +1,6 @@
-"""Which addresses may be contacted (SPEC §4): the public-address rule, pure and without I/O.
+"""Which addresses may be contacted (docs/spec.md §4): the public-address rule, pure and without I/O.
 
-* :func:`is_public` — the verdict of SPEC §4 for one address (string or :mod:`ipaddress` object);
+* :func:`is_public` — the verdict of docs/spec.md §4 for one address (string or :mod:`ipaddress` object);
 * :func:`embedded_ipv4` — the IPv4 address inside an IPv4-mapped, NAT64 or 6to4 IPv6 address;
 * :func:`parse_ip_literal` — a host string that *is* an IP literal, or ``None``; non-standard IPv4
   spellings (``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1``) are deliberately not addresses;
@@ -8,11 +8,12 @@
   ``POLITE_ALLOWED_NETWORKS``), applied to a resolver's answer.
 
 The ranges are written once, as :mod:`ipaddress` networks, in :data:`IPV4_NOT_PUBLIC` and
-:data:`IPV6_RULES`. They follow SPEC §4, which takes them from the IANA IPv4 and IPv6 Special-Purpose
-Address Registries (RFC 6890 and its updates) and the Rust reference (``seeds/000_…``), with the SPEC's
-deviation that 192.0.0.0/24 and 192.88.99.0/24 are refused too. IPv6 is an allow-list (only global
-unicast 2000::/3 can be public), so a block IANA reserves later *outside* 2000::/3 is refused without an
-update, while one reserved later *inside* it is accepted until :data:`IPV6_RULES` is updated.
+:data:`IPV6_RULES`. They follow docs/spec.md §4, which takes them from the IANA IPv4 and IPv6
+Special-Purpose Address Registries (RFC 6890 and its updates) and the Rust reference (docs/spec.md, "The
+references"), with the deviation that 192.0.0.0/24 and 192.88.99.0/24 are refused too. IPv6 is an
+allow-list (only global unicast 2000::/3 can be public), so a block IANA reserves later *outside*
+2000::/3 is refused without an update, while one reserved later *inside* it is accepted until
+:data:`IPV6_RULES` is updated.
 
 Nothing here reads the network, a file or a clock.
 """
@@ -37,7 +38,7 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _v4 = ipaddress.IPv4Network
 _v6 = ipaddress.IPv6Network
 
-#: IPv4 networks whose addresses are not public (SPEC §4; IANA IPv4 Special-Purpose Address Registry,
+#: IPv4 networks whose addresses are not public (docs/spec.md §4; IANA IPv4 Special-Purpose Address Registry,
 #: RFC 6890). Every other IPv4 address is public.
 IPV4_NOT_PUBLIC: tuple[ipaddress.IPv4Network, ...] = (
     _v4("0.0.0.0/8"),  # "this network" (RFC 791, RFC 1122)
@@ -62,7 +63,7 @@ _REFUSE = "refuse"  # never public
 _EMBEDDED = "embedded"  # the verdict of the embedded IPv4 address (see embedded_ipv4)
 _PUBLIC = "public"  # public
 
-#: The IPv6 rule of SPEC §4 as one ordered table of ``(network, verdict)``; the **first** network that
+#: The IPv6 rule of docs/spec.md §4 as one ordered table of ``(network, verdict)``; the **first** network that
 #: contains the address decides, and an address that matches none is not public. The order matters:
 #: the embedded forms come before everything else because ::ffff:0:0/96 and 64:ff9b::/96 lie outside
 #: 2000::/3 and 2002::/16 lies inside it; the refused blocks come before the 2000::/3 that contains them.
@@ -72,7 +73,7 @@ IPV6_RULES: tuple[tuple[ipaddress.IPv6Network, str], ...] = (
     (_v6("64:ff9b::/96"), _EMBEDDED),  # NAT64 well-known prefix (RFC 6052)
     (_v6("2002::/16"), _EMBEDDED),  # 6to4 (RFC 3056)
     # IPv4-compatible, deprecated (RFC 4291 §2.5.5.1); holds :: and ::1 too. Like Teredo below, already
-    # refused by the default and by 2001::/23: named so the table reads as SPEC §4 does.
+    # refused by the default and by 2001::/23: named so the table reads as docs/spec.md §4 does.
     (_v6("::/96"), _REFUSE),
     (_v6("2001::/32"), _REFUSE),  # Teredo (RFC 4380)
     (_v6("2001::/23"), _REFUSE),  # IETF protocol assignments: Teredo, benchmarking, ORCHID (RFC 2928)
@@ -108,7 +109,7 @@ def embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     * NAT64 ``64:ff9b::a.b.c.d`` (``64:ff9b::/96``, RFC 6052) → the low 32 bits;
     * 6to4 ``2002:AABB:CCDD::/48`` (``2002::/16``, RFC 3056) → bits 16–47.
 
-    Any other address, including IPv4-compatible ``::a.b.c.d`` and Teredo (which SPEC §4 refuses
+    Any other address, including IPv4-compatible ``::a.b.c.d`` and Teredo (which docs/spec.md §4 refuses
     outright) and any IPv4 address, gives ``None``.
 
     Args:
@@ -134,7 +135,7 @@ def _ipv6_verdict(addr: ipaddress.IPv6Address) -> str:
 
 
 def is_public(address: str | IPAddress) -> bool:
-    """Whether ``address`` may be contacted without an explicit exception (SPEC §4).
+    """Whether ``address`` may be contacted without an explicit exception (docs/spec.md §4).
 
     IPv4 is public unless it lies in one of :data:`IPV4_NOT_PUBLIC`. IPv6 is public only inside 2000::/3
     minus 2001::/23, 2001:db8::/32 and 3fff::/20; IPv4-mapped (``::ffff:0:0/96``), NAT64
@@ -176,7 +177,7 @@ def parse_ip_literal(text: str) -> IPAddress | None:
     (``fe80::1%eth0``) is kept on the result, which :func:`is_public` then refuses.
 
     Non-standard IPv4 spellings — a bare integer ``2130706433``, hex ``0x7f.1``, octal ``0177.0.0.1``,
-    shortened ``127.1`` — are deliberately **not** turned into addresses (SPEC §4): C resolvers read them
+    shortened ``127.1`` — are deliberately **not** turned into addresses (docs/spec.md §4): C resolvers read them
     as 127.0.0.1, and a filter that did not would be bypassed. They give ``None``, so they are treated as
     names and whatever a DNS lookup answers for them goes through the filter like any other answer.
 
@@ -204,7 +205,7 @@ def parse_ip_literal(text: str) -> IPAddress | None:
 
 
 class AddressFilter:
-    """The public-address rule plus the operator's exceptions, for a resolver's answers (SPEC §4).
+    """The public-address rule plus the operator's exceptions, for a resolver's answers (docs/spec.md §4).
 
     An address is allowed when it is public (:func:`is_public`), or ``allow_private`` is set
     (``POLITE_ALLOW_PRIVATE``), or it lies in one of ``allowed_networks`` (``POLITE_ALLOWED_NETWORKS``).

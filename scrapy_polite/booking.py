@@ -65,7 +65,7 @@ class Booker:
 
     def override(self, host: str, request: Request | None = None) -> float | None:
         """The largest per-host (``POLITE_HOST_DELAYS``), per-spider (``crawl_delay`` attribute) and
-        per-request (``meta['polite_delay']``) interval for this request, seconds, or None (§5).
+        per-request (``meta['polite_delay']``) interval for this request, seconds, or None (docs/spec.md §5).
         An invalid ``polite_delay`` is ignored, logged and counted once (``polite/invalid_meta``)."""
         values = [v for v in (self.config.host_delays.get(host), self.spider_delay) if v is not None]
         if request is not None and "polite_delay" in request.meta:
@@ -146,10 +146,10 @@ class Booker:
 
     async def _burst(self, host: str, override: float | None, addresses: list[str] | None,
                      deferrable: bool) -> Go | Defer:
-        """A burst request skips the interval unless its host should defer (§5, burst)."""
+        """A burst request skips the interval unless its host should defer (docs/spec.md §5, burst)."""
         while True:
             # The decision answers for the host's mood at this moment, before the read: a throttle
-            # recorded later makes this request's response stale (§2) and, if it has not been sent
+            # recorded later makes this request's response stale (docs/spec.md §2) and, if it has not been sent
             # yet, sends it back to be deferred (Recorder.throttled_since).
             decided_at = self.clock.clock()
             snapshot = await self._read(host)
@@ -194,7 +194,7 @@ class Booker:
                 self.release(request, host)
                 return self.defer(host, self.clock.to_local(verdict.due), verdict.reason)
             # Waiting for an address's budget (not the host's): one request per address waits in line,
-            # the next defers until that moment (§5).
+            # the next defers until that moment (docs/spec.md §5).
             waiting_key = ip_key(booking.address) if booking.address is not None else None
             if waiting_key is not None and booking.start > booking.host_free:
                 waiter = lines.ip_waiter.get(waiting_key)
@@ -252,7 +252,7 @@ class Booker:
             self.scheduler.wake(host)
 
     async def early_due(self, request: Request, host: str) -> float | None:
-        """When a request of a host that should defer now (§2) may come back (this process's clock, epoch
+        """When a request of a host that should defer now (docs/spec.md §2) may come back (this process's clock, epoch
         s), counting the deferral; None when it need not defer."""
         snapshot = await self._read(host)
         verdict = self.policy.defer_verdict(snapshot.states[host], snapshot.now,

@@ -1,9 +1,9 @@
-"""``scrapy polite`` — the operator command for the pace table (SPEC §7).
+"""``scrapy polite`` — the operator command for the pace table (docs/spec.md §7).
 
 Usage (inside a Scrapy project, or with ``-s POLITE_STORE=...``)::
 
     scrapy polite show [HOST ...]     # the table: next allowed, backoff steps, Crawl-delay, 2xx seen
-    scrapy polite reset HOST [...]    # forget a host's backoff (keeps its Crawl-delay, SPEC §2)
+    scrapy polite reset HOST [...]    # forget a host's backoff (keeps its Crawl-delay, docs/spec.md §2)
     scrapy polite expire              # remove rows idle longer than POLITE_STORE_EXPIRE
 
 Registered through the ``scrapy.commands`` entry point of the package.

@@ -1,4 +1,4 @@
-"""The signals-driven extension (SPEC §5): feeds the pace table and reports.
+"""The signals-driven extension (docs/spec.md §5): feeds the pace table and reports.
 
 * ``response_downloaded`` — every downloaded response's status and ``Retry-After`` go into the table
   (before any middleware, e.g. ``RetryMiddleware``, turns a 429 into a retry);
@@ -88,7 +88,7 @@ class PoliteExtension:
 
     def _warn_wider_address_rules(self) -> None:
         """The resolver is per process: a spider's ``POLITE_ALLOW_PRIVATE`` / ``POLITE_ALLOWED_NETWORKS`` can
-        narrow the process's rules, never widen them. Say so when a spider tries (SPEC §7)."""
+        narrow the process's rules, never widen them. Say so when a spider tries (docs/spec.md §7)."""
         resolver = getattr(installed_reactor(), "nameResolver", None)
         if not isinstance(resolver, PublicHostnameResolver):
             return  # not installed: the pacer reports that on the first request
@@ -107,7 +107,7 @@ class PoliteExtension:
                 "settings (settings.py), not in the spider's custom_settings.", ", ".join(wider))
 
     def spider_idle(self, spider: Spider) -> None:
-        """Keep the spider open while requests are held (SPEC §5), unless everything held is due beyond
+        """Keep the spider open while requests are held (docs/spec.md §5), unless everything held is due beyond
         ``POLITE_MAX_IDLE_WAIT``: then close with reason ``polite_deferred``, listing the hosts."""
         scheduler = self.pacer.scheduler
         if scheduler is None or not scheduler.held_count():

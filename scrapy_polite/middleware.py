@@ -1,4 +1,4 @@
-"""The downloader middleware that paces every request by host (SPEC §5).
+"""The downloader middleware that paces every request by host (docs/spec.md §5).
 
 Before a request it books the request on its host: the request goes now, **waits** (non-blocking, at most
 ``POLITE_MAX_WAIT`` at a time) or is **deferred** — it leaves the downloader and the
@@ -118,9 +118,9 @@ class PoliteEarlyDeferMiddleware(_PacerComponent):
     Installed by the add-on at priority 50, before Scrapy's ``RobotsTxtMiddleware`` (100): without it, the
     first request of a host still backing off from an earlier run would wait inside ``RobotsTxtMiddleware``
     while the host's robots.txt request waits out the backoff, and both would hold downloader slots that
-    other hosts could use (SPEC §5: other hosts run at full speed). Only requests the
+    other hosts could use (docs/spec.md §5: other hosts run at full speed). Only requests the
     :class:`~scrapy_polite.scheduler.PoliteScheduler` handed out are deferred; the decision is the same
-    predicate as in :class:`PoliteDownloaderMiddleware` (SPEC §2).
+    predicate as in :class:`PoliteDownloaderMiddleware` (docs/spec.md §2).
     """
 
     async def process_request(self, request: Request) -> Request | None:

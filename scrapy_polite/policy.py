@@ -1,8 +1,8 @@
-"""The pacing policy of SPEC §1–2: pure functions, no I/O, the clock passed in.
+"""The pacing policy of docs/spec.md §1–2: pure functions, no I/O, the clock passed in.
 
 Everything that decides *how long* a host must be left alone lives here:
 
-* :func:`host_key` — the pacing key of a URL (SPEC §1);
+* :func:`host_key` — the pacing key of a URL (docs/spec.md §1);
 * :func:`parse_retry_after` — the ``Retry-After`` header (RFC 9110 §10.2.3);
 * :class:`PacingPolicy` — the configuration (intervals and caps, in seconds) and the rules:
   :meth:`~PacingPolicy.after_response`, :meth:`~PacingPolicy.wait`,
@@ -41,7 +41,7 @@ __all__ = [
     "ip_key",
 ]
 
-#: URL schemes that make no network request: such URLs have no host to pace and pass untouched (SPEC §1).
+#: URL schemes that make no network request: such URLs have no host to pace and pass untouched (docs/spec.md §1).
 NO_NETWORK_SCHEMES = frozenset({"data", "file", "about"})
 
 #: The exponent of a backoff is capped here (``2**10`` = 1024 × the interval), as in the reference.
@@ -50,7 +50,7 @@ MAX_BACKOFF_EXPONENT = 10
 
 @dataclass(frozen=True)
 class HostState:
-    """One host's row of the pace table (SPEC §2). Immutable: every rule returns a new value.
+    """One host's row of the pace table (docs/spec.md §2). Immutable: every rule returns a new value.
 
     Attributes:
         next_allowed: Unix epoch seconds before which no request may start to the host.
@@ -72,7 +72,7 @@ class HostState:
 
 @dataclass(frozen=True)
 class Deferral:
-    """Why and until when a request must leave the downloader (SPEC §2, the deferral predicate).
+    """Why and until when a request must leave the downloader (docs/spec.md §2, the deferral predicate).
 
     Attributes:
         reason: ``"throttled"`` (the host is backing us off) or ``"crawl_delay"`` (a published or
@@ -86,7 +86,7 @@ class Deferral:
 
 @dataclass(frozen=True)
 class Booking:
-    """The outcome of :meth:`PacingPolicy.book` (SPEC §3).
+    """The outcome of :meth:`PacingPolicy.book` (docs/spec.md §3).
 
     Attributes:
         booked: the request may start now.
@@ -112,7 +112,7 @@ class Decision:
     Attributes:
         state: the host's new state.
         delay: seconds the host must now be left alone, counted from the response's end.
-        throttle: the response was judged a throttle (SPEC §2).
+        throttle: the response was judged a throttle (docs/spec.md §2).
         counted: the throttle took a new backoff step (False when requests in flight together already
             answered for this moment of the host's mood).
         retry_after_clamped: the honoured Retry-After was larger than ``max_retry_after`` and was clamped.
@@ -139,7 +139,7 @@ def parse_retry_after(value: str | bytes | None, *, now: float, date: str | byte
 
     RFC 9110 §10.2.3: delay-seconds (a non-negative integer) or an HTTP-date. An HTTP-date is taken
     relative to the response's ``Date`` header when it is present and valid, else relative to ``now``;
-    a date in the past gives ``0.0``. **Deviation (SPEC §2):** a non-negative decimal such as ``1.5`` is
+    a date in the past gives ``0.0``. **Deviation (docs/spec.md §2):** a non-negative decimal such as ``1.5`` is
     honoured as that many seconds.
 
     Args:
@@ -203,7 +203,7 @@ def _parse_http_date(text: str) -> float | None:
 
 
 def host_key(url: str) -> str | None:
-    """The pacing key of a URL (SPEC §1): its host, lower-cased, IDNA-encoded, without trailing dot or
+    """The pacing key of a URL (docs/spec.md §1): its host, lower-cased, IDNA-encoded, without trailing dot or
     IPv6 brackets. The port is not part of the key.
 
     Args:
@@ -249,7 +249,7 @@ def host_key(url: str) -> str | None:
 
 @dataclass(frozen=True)
 class PacingPolicy:
-    """The pacing rules of SPEC §2, configured by the ``POLITE_*`` settings. All durations in seconds.
+    """The pacing rules of docs/spec.md §2, configured by the ``POLITE_*`` settings. All durations in seconds.
 
     Attributes:
         host_interval: ``POLITE_HOST_INTERVAL``, the base interval between two requests to one host.
@@ -281,7 +281,7 @@ class PacingPolicy:
     # -- the interval -------------------------------------------------------------------------------
 
     def effective_interval(self, state: HostState | None, override: float | None = None) -> float:
-        """``eff = max(host_interval, crawl_delay, override)`` in seconds (SPEC §2).
+        """``eff = max(host_interval, crawl_delay, override)`` in seconds (docs/spec.md §2).
 
         A published Crawl-delay larger than an override always wins; an override can only slow us down
         below the base interval when it is larger than it.
@@ -301,7 +301,7 @@ class PacingPolicy:
     # -- after a response -------------------------------------------------------------------------
 
     def is_throttle(self, status: int, state: HostState | None) -> bool:
-        """A throttle status, or a 403 from a host that has already served a 2xx (SPEC §2)."""
+        """A throttle status, or a 403 from a host that has already served a 2xx (docs/spec.md §2)."""
         if status in self.throttle_statuses:
             return True
         return status == 403 and state is not None and state.ok_seen
@@ -316,7 +316,7 @@ class PacingPolicy:
         sent_at: float | None = None,
         override: float | None = None,
     ) -> Decision:
-        """The host's new state after a response (SPEC §2).
+        """The host's new state after a response (docs/spec.md §2).
 
         Args:
             state: the host's state now (None: never seen).
@@ -371,7 +371,7 @@ class PacingPolicy:
     # -- before a request -------------------------------------------------------------------------
 
     def wait(self, state: HostState | None, now: float) -> float:
-        """``clamp(next_allowed - now, 0, max_wait)`` in seconds (SPEC §2)."""
+        """``clamp(next_allowed - now, 0, max_wait)`` in seconds (docs/spec.md §2)."""
         if state is None:
             return 0.0
         return min(max(state.next_allowed - now, 0.0), self.max_wait)
@@ -383,13 +383,13 @@ class PacingPolicy:
 
     def defer_verdict(self, state: HostState | None, now: float, *,
                       override: float | None = None) -> Deferral | None:
-        """The deferral predicate of SPEC §2, with its reason and due time: a :class:`Deferral` when the
+        """The deferral predicate of docs/spec.md §2, with its reason and due time: a :class:`Deferral` when the
         request must leave the downloader, None when it may wait in line.
 
         * no state → False (deferral is never a default);
         * ``crawl_delay > max_wait`` and ``next_allowed > now`` → True (a published delay no in-line wait
           can honour; strictly greater-than). ``override`` (seconds: a per-host, per-spider or per-request
-          interval) counts as a published delay here (SPEC §2: "from robots.txt or an override");
+          interval) counts as a published delay here (docs/spec.md §2: "from robots.txt or an override");
         * ``consec > 0`` and ``next_allowed > now`` → True (the host actively refused us);
         * otherwise None: the discriminator is *why* we wait, never how long.
 
@@ -407,7 +407,7 @@ class PacingPolicy:
 
     def book(self, host: HostState | None, addresses: Mapping[str, HostState | None], *, now: float,
              floor: float = 0.0, ip_interval: float = 0.0) -> Booking:
-        """The booking step of SPEC §3 (the reference's ``reserve``), run inside one store transaction.
+        """The booking step of docs/spec.md §3 (the reference's ``reserve``), run inside one store transaction.
 
         Over the host's addresses (sorted; the mapping's order is the order of preference, lowest
         first) pick the one with the earliest ``free = max(now, host.next_allowed, ip.next_allowed)``;
@@ -445,14 +445,14 @@ class PacingPolicy:
     @staticmethod
     def finish_address(state: HostState | None, *, end: float, ip_interval: float) -> HostState:
         """An address's row after a response from it ended at ``end`` (epoch s): the reference's
-        ``finish``, ``next_allowed >= end + ip_interval`` (SPEC §3). Never shortens a recorded hold."""
+        ``finish``, ``next_allowed >= end + ip_interval`` (docs/spec.md §3). Never shortens a recorded hold."""
         old = state or HostState()
         return replace(old, next_allowed=max(old.next_allowed, end + ip_interval), updated=end)
 
     def robots_delay_update(self, state: HostState | None, delay: float | None, *,
                             now: float) -> HostState | None:
         """A host's row after its robots.txt (answered 2xx or 4xx at ``now``) published ``delay``
-        seconds (None or 0: no delay), or None when nothing changes (SPEC §2, §5).
+        seconds (None or 0: no delay), or None when nothing changes (docs/spec.md §2, §5).
 
         The delay is recorded as ``crawl_delay``, and since robots.txt was itself a request to the host,
         just answered, the host's next request is at least ``delay`` seconds after it.
@@ -472,7 +472,7 @@ class PacingPolicy:
 
     @staticmethod
     def reset(state: HostState | None, *, now: float) -> HostState:
-        """Forget ``next_allowed``, ``consec`` and ``ok_seen``; keep ``crawl_delay`` (SPEC §2)."""
+        """Forget ``next_allowed``, ``consec`` and ``ok_seen``; keep ``crawl_delay`` (docs/spec.md §2)."""
         crawl_delay = state.crawl_delay if state is not None else 0.0
         return HostState(crawl_delay=crawl_delay, updated=now)
 
@@ -490,7 +490,7 @@ class PacingPolicy:
     @staticmethod
     def reserve(state: HostState | None, *, start: float, interval: float) -> HostState:
         """Book a request starting at ``start``: no other request (in any process) may start within
-        ``interval`` seconds of it (SPEC §3, the reference's ``reserve``)."""
+        ``interval`` seconds of it (docs/spec.md §3, the reference's ``reserve``)."""
         old = state or HostState()
         return replace(old, next_allowed=max(old.next_allowed, start + interval), updated=start)
 
@@ -498,7 +498,7 @@ class PacingPolicy:
 def ip_key(address: str) -> str:
     """The pace-table key of an address's row: ``ip:`` + the canonical address (host keys never start with
     ``ip:``). An IPv4-mapped, NAT64 or 6to4 address reaches the IPv4 address it embeds and shares its row
-    (SPEC §3–4).
+    (docs/spec.md §3–4).
 
     Raises:
         ValueError: ``address`` is not an IP address.

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Recorder", "SERVER_SIDE_FAILURES"]
 
 #: Download failures that reached the server's side (timeouts, refused, reset or lost connections, and
-#: Scrapy's wrappers of them): they count as a throttle without Retry-After (§2). DNS failures are not
+#: Scrapy's wrappers of them): they count as a throttle without Retry-After (docs/spec.md §2). DNS failures are not
 #: among them and never touch a host's backoff.
 SERVER_SIDE_FAILURES: tuple[type[BaseException], ...] = server_side_failure_types()
 
@@ -71,7 +71,7 @@ class Recorder:
         self._clamped_hosts: set[str] = set()
 
     def record_response(self, request: Request, response: Response) -> defer.Deferred[Any] | None:
-        """Feed a downloaded response's status and Retry-After into the table (§2).
+        """Feed a downloaded response's status and Retry-After into the table (docs/spec.md §2).
 
         Returns a Deferred that fires once the table is written (the line is released only after it), or
         None for a request that was not paced."""
@@ -177,14 +177,14 @@ class Recorder:
 
     def throttled_since(self, request: Request) -> bool:
         """A throttle from the request's host was seen after the request was decided (``polite_sent_at``):
-        a burst request that has not been sent yet must be deferred again (§5, burst)."""
+        a burst request that has not been sent yet must be deferred again (docs/spec.md §5, burst)."""
         host = request.meta.get("polite_host")
         decided = request.meta.get("polite_sent_at")
         mark = self.throttle_marks.get(host) if host is not None else None
         return mark is not None and decided is not None and mark > decided
 
     def set_crawl_delay(self, host: str, delay: float | None) -> defer.Deferred[Any]:
-        """Record the host's published delay (seconds; None: it publishes none) in the table (§2, §5);
+        """Record the host's published delay (seconds; None: it publishes none) in the table (docs/spec.md §2, §5);
         a Deferred of whether the row changed."""
         value = float(delay) if delay is not None else 0.0
         policy = self.policy

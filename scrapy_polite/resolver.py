@@ -1,4 +1,4 @@
-"""Public-only, pinned name resolution for Twisted (SPEC §4).
+"""Public-only, pinned name resolution for Twisted (docs/spec.md §4).
 
 :class:`PublicHostnameResolver` is a Twisted ``IHostnameResolver`` (IPv4 and IPv6) built on dnspython, and
 Scrapy's ``TWISTED_DNS_RESOLVER`` when the add-on is enabled in the project settings. The order of a
@@ -59,7 +59,7 @@ __all__ = [
 
 
 class BlockedHost(IgnoreRequest):
-    """Every address of the host is non-public (SPEC §4). ``host`` and ``dropped`` (list of str) say which."""
+    """Every address of the host is non-public (docs/spec.md §4). ``host`` and ``dropped`` (list of str) say which."""
 
     def __init__(self, host: str, dropped: Sequence[str]) -> None:
         self.host = host
@@ -97,7 +97,7 @@ def _sort_key(address: str) -> tuple[int, Any]:
 
 @implementer(IHostnameResolver)
 class PublicHostnameResolver:
-    """A public-only, pinning ``IHostnameResolver`` (SPEC §4).
+    """A public-only, pinning ``IHostnameResolver`` (docs/spec.md §4).
 
     Args:
         reactor: the Twisted reactor.

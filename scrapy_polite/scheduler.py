@@ -1,4 +1,4 @@
-"""The scheduler that holds deferred requests out of the downloader (SPEC §5).
+"""The scheduler that holds deferred requests out of the downloader (docs/spec.md §5).
 
 :class:`PoliteScheduler` wraps the scheduler Scrapy would otherwise use (``POLITE_SCHEDULER_BASE``,
 default ``scrapy.core.scheduler.Scheduler``; the add-on moves a project's own ``SCHEDULER`` there). A

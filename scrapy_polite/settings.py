@@ -1,4 +1,4 @@
-"""The ``POLITE_*`` settings: defaults (SPEC §2, §4, §6), reading and validation, in one place.
+"""The ``POLITE_*`` settings: defaults (docs/spec.md §2, §4, §6), reading and validation, in one place.
 
 Every duration is in seconds (Scrapy's convention, as ``DOWNLOAD_DELAY``). Settings are read once, when the
 crawler builds the components (:meth:`PoliteConfig.from_settings`) or Scrapy builds the per-process resolver
@@ -249,7 +249,7 @@ def parse_dns_overrides(value: Any) -> dict[str, tuple[str, ...]]:
 
     Raises:
         SettingsError: not a dict, malformed JSON, an empty or non-string host, or an address that is not
-            an IP literal (``2130706433`` and ``0177.0.0.1`` are names, SPEC §4, so they are refused here).
+            an IP literal (``2130706433`` and ``0177.0.0.1`` are names, docs/spec.md §4, so they are refused here).
     """
     entries = parse_dict_setting("POLITE_DNS_OVERRIDES", value, what="a dict of host -> list of IP addresses",
                                  example={"api.example.test": ["127.0.0.1"]})
@@ -318,7 +318,7 @@ def _address_filter(settings: Any) -> AddressFilter:
 
 @dataclass(frozen=True)
 class DNSConfig:
-    """The validated settings of the per-process resolver (SPEC §4): the address rules and the DNS settings.
+    """The validated settings of the per-process resolver (docs/spec.md §4): the address rules and the DNS settings.
 
     Scrapy builds the resolver from the *process* settings (``TWISTED_DNS_RESOLVER``), so this is read
     without the pacing settings, by :meth:`from_settings`.

@@ -1,6 +1,6 @@
-"""Tests of scrapy_polite.addresses: the public-address rule of SPEC §4.
+"""Tests of scrapy_polite.addresses: the public-address rule of docs/spec.md §4.
 
-Expected verdicts are written out by hand from SPEC §4, never computed with the module under test.
+Expected verdicts are written out by hand from docs/spec.md §4, never computed with the module under test.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from scrapy_polite.addresses import (
 )
 
 # --------------------------------------------------------------------------------------------------
-# IPv4: every refused range of SPEC §4 at its first and last address, plus the neighbours just outside.
+# IPv4: every refused range of docs/spec.md §4 at its first and last address, plus the neighbours just outside.
 # (range, first, last, just below first or None, its verdict, just above last or None, its verdict)
 # --------------------------------------------------------------------------------------------------
 IPV4_RANGES = [
@@ -58,7 +58,7 @@ def test_ipv4_range_boundaries(address, expected):
 
 
 def test_ipv4_table_is_exactly_the_spec_list():
-    """Adding or dropping a range from the module's table without updating SPEC §4 fails here."""
+    """Adding or dropping a range from the module's table without updating docs/spec.md §4 fails here."""
     assert {str(n) for n in IPV4_NOT_PUBLIC} == {r[0] for r in IPV4_RANGES}
 
 
@@ -72,7 +72,7 @@ def test_plain_public_ipv4_accepted(address):
 
 
 # --------------------------------------------------------------------------------------------------
-# IPv6 ranges, same shape. Verdicts follow SPEC §4: public only inside 2000::/3 minus 2001::/23,
+# IPv6 ranges, same shape. Verdicts follow docs/spec.md §4: public only inside 2000::/3 minus 2001::/23,
 # 2001:db8::/32, 3fff::/20; embedded forms judged by their IPv4; ::/96 and Teredo refused.
 # --------------------------------------------------------------------------------------------------
 IPV6_RANGES = [
@@ -128,7 +128,7 @@ def test_ipv6_global_unicast_boundaries(address, expected):
     ],
 )
 def test_reference_counterexamples_refused(address):
-    """The three addresses the reference's earlier IPv6 branch accepted (seeds/000_…)."""
+    """The three addresses the reference's earlier IPv6 branch accepted (docs/spec.md, "The references")."""
     assert is_public(address) is False
 
 

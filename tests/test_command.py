@@ -36,7 +36,7 @@ def test_show_reset_keeps_crawl_delay_and_expire(tmp_path):
     store = open_store(uri)
     state = store.get("slow.example")
     assert state is not None and state.consec == 0 and state.next_allowed == 0.0 and not state.ok_seen
-    assert state.crawl_delay == 7.0  # the host's number is not ours to forget (SPEC §2)
+    assert state.crawl_delay == 7.0  # the host's number is not ours to forget (docs/spec.md §2)
     assert store.get("missing.example") is None  # a reset never creates a row
     store.close()
 

@@ -1,4 +1,4 @@
-"""End-to-end address safety and per-IP pacing (SPEC §3, §4, §7): real Scrapy crawls with the add-on,
+"""End-to-end address safety and per-IP pacing (docs/spec.md §3, §4, §7): real Scrapy crawls with the add-on,
 loopback :class:`~tests.support.server.ArrivalServer` hosts, and a scripted
 :class:`~tests.support.dns_server.LocalDNSServer` as the only nameserver (nothing goes to the real network).
 
@@ -214,7 +214,7 @@ async def test_hosts_sharing_one_address_are_paced_by_ip_interval(arrival_server
     assert {a.host for a in arrivals} == {"a.test", "b.test", "c.test"}
     assert {a.server_address for a in arrivals} == {"127.0.0.5"}
     assert {h for h, _ in connects} == {"127.0.0.5"}
-    # SPEC §3: two requests to one IP, through any hosts: start2 >= end1 + POLITE_IP_INTERVAL.
+    # docs/spec.md §3: two requests to one IP, through any hosts: start2 >= end1 + POLITE_IP_INTERVAL.
     assert min(gaps(arrivals)) >= 1.0 - TOL, [round(g, 3) for g in gaps(arrivals)]
     assert dns_srv.total() == 0, "overrides must answer without a query"
     assert {ip for _, ip, _ in spider.booked} == {"127.0.0.5"}
@@ -272,8 +272,8 @@ async def test_host_on_two_addresses_spreads_and_connects_where_booked(same_port
 @pytest_twisted.ensureDeferred
 async def test_ipv4_mapped_spelling_of_an_address_shares_its_ip_pacing(arrival_server, dns_server):
     """127.0.0.5 and ::ffff:127.0.0.5 are one destination (the filter already judges the mapped form by the
-    IPv4 it embeds, SPEC §4): a host answering the mapped form must not escape the per-IP interval of the
-    hosts answering the plain one (SPEC §3: "two requests to one IP, through any hosts")."""
+    IPv4 it embeds, docs/spec.md §4): a host answering the mapped form must not escape the per-IP interval of the
+    hosts answering the plain one (docs/spec.md §3: "two requests to one IP, through any hosts")."""
     srv = arrival_server("127.0.0.5")
     dns_srv = dns_server({})
     settings = polite_settings(
@@ -292,7 +292,7 @@ async def test_ipv4_mapped_spelling_of_an_address_shares_its_ip_pacing(arrival_s
 @pytest_twisted.ensureDeferred
 async def test_dns_failures_fail_the_request_and_leave_the_backoff_alone(arrival_server, dns_server, tmp_path):
     """NXDOMAIN, SERVFAIL and no answer fail their requests with HostNotFound / DNSServerFailure /
-    DNSTimeout (counted), and a DNS failure never touches the host's backoff (SPEC §2)."""
+    DNSTimeout (counted), and a DNS failure never touches the host's backoff (docs/spec.md §2)."""
     from scrapy_polite.stores import open_store
 
     srv = arrival_server("127.0.0.8")
@@ -492,7 +492,7 @@ def test_pre_crawler_settings_install_the_resolver_unless_one_is_configured():
 
 
 class SpiderOnlyAddon(ListSpider):
-    """The add-on enabled only in the spider's custom_settings (SPEC §7: the resolver cannot be installed)."""
+    """The add-on enabled only in the spider's custom_settings (docs/spec.md §7: the resolver cannot be installed)."""
 
     name = "spider_only"
     custom_settings = polite_settings(POLITE_HOST_INTERVAL=0.0)
@@ -525,7 +525,7 @@ class NarrowerSpider(RecordingSpider):
 @pytest_twisted.ensureDeferred
 async def test_spider_narrowing_the_address_exceptions_is_not_silently_ignored(same_port_servers, dns_server,
                                                                                 project):
-    """The resolver is per process (SPEC §7), built from the project settings. A spider whose
+    """The resolver is per process (docs/spec.md §7), built from the project settings. A spider whose
     custom_settings *narrow* POLITE_ALLOWED_NETWORKS / POLITE_ALLOW_PRIVATE must either get the narrower
     rule or be refused — never run with the wider one while its settings say otherwise."""
     allowed, victim = same_port_servers("127.0.0.8", "127.0.0.1")

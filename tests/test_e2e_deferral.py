@@ -1,4 +1,4 @@
-"""End-to-end deferral: a throttled or slow host leaves the downloader and comes back when due (SPEC §2
+"""End-to-end deferral: a throttled or slow host leaves the downloader and comes back when due (docs/spec.md §2
 deferral predicate, §5), judged on the *server-side* arrival log of loopback
 :class:`~tests.support.server.ArrivalServer` hosts.
 
@@ -390,7 +390,7 @@ async def test_burst_segment_sent_after_a_429_waits_for_the_backoff(arrival_serv
 async def test_burst_throttle_not_erased_by_a_segment_decided_before_it(arrival_server, tmp_path, monkeypatch):
     """The same stream with a pace table whose reads take 20 ms (a busy disk, a remote store). A segment whose
     decision read the table before the 429 was written answers for the host's mood *before* the throttle: its
-    200 must take no step off it (SPEC §2). So inside the 2 s window the host sees at most the requests that
+    200 must take no step off it (docs/spec.md §2). So inside the 2 s window the host sees at most the requests that
     were already in the downloader when the 429 arrived (≤ CONCURRENT_REQUESTS = 16) — not the rest of the
     stream."""
     import scrapy_polite.stores as store_mod

@@ -1,5 +1,5 @@
 """End-to-end: per-spider, per-host and per-request overrides, ``dont_pace``, and the start-up checks
-(SPEC §2, §5, §6): a real Scrapy crawl against loopback servers, asserted on the server-side arrival log."""
+(docs/spec.md §2, §5, §6): a real Scrapy crawl against loopback servers, asserted on the server-side arrival log."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """End-to-end pacing: real Scrapy crawls with ``ADDONS = {"scrapy_polite.Addon": 0}`` against loopback
-:class:`~tests.support.server.ArrivalServer` hosts, judged on the *server-side* arrival log (SPEC §2, §5, §6).
+:class:`~tests.support.server.ArrivalServer` hosts, judged on the *server-side* arrival log (docs/spec.md §2, §5, §6).
 
 Each test models its hosts as distinct 127.0.1.x addresses (the pacing key of an IP-literal URL is the
 address). ``POLITE_IP_INTERVAL`` is 0 throughout: these tests are about per-host pacing only.
@@ -207,7 +207,7 @@ async def test_repeated_503_doubles_up_to_cap_and_a_200_takes_one_step_off(arriv
 @pytest_twisted.ensureDeferred
 async def test_403_after_2xx_backs_off_403_from_never_served_host_does_not(arrival_server, tmp_path):
     """Host A: 200, 403 → consec 1, ok_seen, delay = the interval (the first throttle step is ``eff × 2**0``,
-    SPEC §2 and the gate's "403 AFTER a 2xx -> throttled base*1"). Host B: 200, 403, 403, 200 → the second
+    docs/spec.md §2 and the gate's "403 AFTER a 2xx -> throttled base*1"). Host B: 200, 403, 403, 200 → the second
     403 doubles: gaps ≈ 1, 1, 2. Host C never served us: 403, 403, 403 → not a throttle: gaps ≈ 1, consec 0."""
     a = arrival_server("127.0.1.30")
     b = arrival_server("127.0.1.31")
@@ -271,7 +271,7 @@ async def test_robots_crawl_delay_adopted_and_only_slows(arrival_server, tmp_pat
 async def test_robots_crawl_delay_applies_from_the_robots_fetch(arrival_server, tmp_path):
     """robots.txt is a request to the host too: the Crawl-delay it publishes is known (parsed and recorded)
     before the first page is booked, so the first page must not follow robots.txt sooner than the delay
-    (SPEC §3 invariant: ``start2 >= end1 + delay``; eff = max(interval, crawl_delay))."""
+    (docs/spec.md §3 invariant: ``start2 >= end1 + delay``; eff = max(interval, crawl_delay))."""
     srv = arrival_server("127.0.1.42")
     srv.route("/robots.txt", Reply.robots("User-agent: *\nCrawl-delay: 2\n"))
     s = settings(tmp_path, POLITE_HOST_INTERVAL=1.0, ROBOTSTXT_OBEY=True)

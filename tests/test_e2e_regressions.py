@@ -132,7 +132,7 @@ class SilentServer:
 @pytest_twisted.ensureDeferred
 async def test_refused_connection_and_timeout_count_as_throttles(tmp_path):
     """A refused connection (127.0.4.1) and a download timeout (127.0.4.2, a server that accepts and never
-    answers) are server-side failures: each counts as a throttle without Retry-After (SPEC §2), so each
+    answers) are server-side failures: each counts as a throttle without Retry-After (docs/spec.md §2), so each
     host's row has ``consec >= 1`` and ``polite/throttles/failure`` counts them.
 
     Fails when Scrapy's wrapped download errors (``DownloadConnectionRefusedError``,
@@ -162,7 +162,7 @@ async def test_refused_connection_and_timeout_count_as_throttles(tmp_path):
 @pytest_twisted.ensureDeferred
 async def test_dns_failure_does_not_touch_the_backoff(tmp_path):
     """A name with no DNS override, resolved through a nameserver that does not exist (a closed UDP port on
-    127.0.4.3), fails before any connection: a DNS failure never touches the host's backoff (SPEC §2), so
+    127.0.4.3), fails before any connection: a DNS failure never touches the host's backoff (docs/spec.md §2), so
     the host has no row, or one with ``consec == 0``, and ``polite/throttles/failure`` is not counted.
 
     Guards against an over-broad fix: it passed before the review fixes too, and fails when DNS failures
@@ -329,7 +329,7 @@ async def test_jobdir_unserialisable_deferred_request_is_skipped(arrival_server,
 @pytest_twisted.ensureDeferred
 async def test_host_delay_above_max_wait_defers(arrival_server):
     """``POLITE_HOST_DELAYS`` gives 127.0.4.30 a 3 s interval, above ``POLITE_MAX_WAIT=1``: no in-line wait
-    can honour it, so the requests leave the downloader (``polite/deferrals/crawl_delay > 0``, SPEC §2: a
+    can honour it, so the requests leave the downloader (``polite/deferrals/crawl_delay > 0``, docs/spec.md §2: a
     crawl delay "from robots.txt or an override") and still arrive at least 3 s apart.
 
     Fails when the deferral predicate only looks at the robots.txt delay: the requests then wait in line in

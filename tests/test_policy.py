@@ -1,9 +1,9 @@
-"""Tests of scrapy_polite.policy: the pacing rules of SPEC §1–2.
+"""Tests of scrapy_polite.policy: the pacing rules of docs/spec.md §1–2.
 
-The first half is the reference gate (``seeds/002_66fabc8700f51cd1.txt``) vector by vector, with its
+The first half is the reference gate (docs/spec.md §2, "The gate, in seconds") vector by vector, with its
 negative controls, translated from milliseconds with a 1000 ms base to seconds with a 1.0 s base. Every
-expected value is written out by hand from the gate or from SPEC §2, never computed with the module under
-test. Then one test per SPEC **Deviation**, the in-flight rule, ``host_key`` and the policy's own validation.
+expected value is written out by hand from the gate or from docs/spec.md §2, never computed with the module under
+test. Then one test per **Deviation** of docs/spec.md, the in-flight rule, ``host_key`` and the policy's own validation.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_403_from_a_never_seen_host_equals_the_ok_seen_false_form():
 
 
 def test_download_failure_counts_as_a_throttle_without_retry_after():
-    # SPEC §2: a failure that reached the server's side (timeout, refused, reset) is passed as status None.
+    # docs/spec.md §2: a failure that reached the server's side (timeout, refused, reset) is passed as status None.
     decision = POLICY.after_response(HostState(consec=2), status=None, end=T0)
     assert (decision.throttle, decision.state.consec, decision.delay) == (True, 3, 4.0)
     assert decision.state.ok_seen is False
@@ -357,7 +357,7 @@ def test_r14_slow_host_defers_until_its_own_interval_has_elapsed():
 
 
 # --------------------------------------------------------------------------------------------------
-# SPEC §2 Deviations from the reference
+# docs/spec.md §2 Deviations from the reference
 # --------------------------------------------------------------------------------------------------
 
 
@@ -413,12 +413,12 @@ def test_deviation_retry_after_decimal_honoured():
 
 
 def test_retry_after_zero_is_treated_as_absent():
-    # SPEC: delay = retry_after if given and > 0, else the computed backoff.
+    # docs/spec.md §2: delay = retry_after if given and > 0, else the computed backoff.
     assert POLICY.after_response(HostState(consec=2), status=429, end=T0, retry_after=0.0).delay == 4.0
 
 
 # --------------------------------------------------------------------------------------------------
-# SPEC §2: requests in flight together answer for one moment of the host's mood
+# docs/spec.md §2: requests in flight together answer for one moment of the host's mood
 # --------------------------------------------------------------------------------------------------
 
 
@@ -500,7 +500,7 @@ def test_stale_throttle_after_the_step_was_earned_back_takes_no_new_step():
 
 
 # --------------------------------------------------------------------------------------------------
-# SPEC §1: host keys
+# docs/spec.md §1: host keys
 # --------------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""PublicHostnameResolver (SPEC §4) against a scripted local DNS server (:mod:`tests.support.dns_server`).
+"""PublicHostnameResolver (docs/spec.md §4) against a scripted local DNS server (:mod:`tests.support.dns_server`).
 
 Every test points the resolver at a :class:`~tests.support.dns_server.LocalDNSServer` on 127.0.0.1 and an
 ephemeral port, with a fake clock (``clock=lambda: t[0]``) so TTLs are checked without sleeping. Nothing

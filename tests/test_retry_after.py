@@ -1,4 +1,4 @@
-"""Tests of scrapy_polite.policy.parse_retry_after: RFC 9110 §10.2.3 plus SPEC §2's decimal deviation.
+"""Tests of scrapy_polite.policy.parse_retry_after: RFC 9110 §10.2.3 plus docs/spec.md §2's decimal deviation.
 
 Expected values are written out by hand; HTTP-dates are checked against ``calendar.timegm`` of the same
 instant, never against the parser under test.

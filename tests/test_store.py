@@ -1,6 +1,6 @@
 """Tests of scrapy_polite.store: one shared suite run against every backend, then what only SQLite has
 (persistence across processes, schema version, failing closed with an error naming the path and the fix),
-``open_store`` URIs, and the multi-process no-lost-update guarantee of SPEC §6.
+``open_store`` URIs, and the multi-process no-lost-update guarantee of docs/spec.md §6.
 """
 
 from __future__ import annotations
