@@ -20,7 +20,7 @@ from scrapy.exceptions import UsageError
 
 from .pacer import default_store_uri
 from .policy import HostState, PacingPolicy, host_key
-from .settings import DEFAULTS
+from .settings import PoliteConfig, SettingsError
 from .stores import PaceStore, StoreError, StoreOptions, open_store, sqlite_path
 
 __all__ = ["Command", "format_table"]
@@ -59,24 +59,23 @@ class Command(ScrapyCommand):
         parser.add_argument("--store", metavar="URI", default=None,
                             help="the pace table (default: POLITE_STORE, or .scrapy/polite.sqlite3)")
 
-    def _store(self, opts: argparse.Namespace) -> PaceStore:
-        assert self.settings is not None
-        uri = opts.store or self.settings.get("POLITE_STORE")
-        if not uri:
-            uri = default_store_uri()
+    def _store(self, opts: argparse.Namespace, config: PoliteConfig) -> PaceStore:
+        uri = opts.store or config.store_uri or default_store_uri()
         path = sqlite_path(uri)
         if path is not None and not os.path.exists(path):  # a look must not create a table
             raise StoreError(f"no pace table at {os.path.abspath(path)} (nothing crawled with this "
                              "POLITE_STORE yet). Fix: run it inside the Scrapy project, or pass --store URI")
-        return open_store(uri, StoreOptions())
+        return open_store(uri, StoreOptions(expire=config.store_expire))
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if not args or args[0] not in ("show", "reset", "expire"):
             raise UsageError("expected one of: show, reset, expire")
         verb, hosts = args[0], args[1:]
+        assert self.settings is not None
         try:
-            store = self._store(opts)
-        except StoreError as exc:
+            config = PoliteConfig.from_settings(self.settings)  # the settings are read once, here
+            store = self._store(opts, config)
+        except (SettingsError, StoreError) as exc:
             print(exc)
             self.exitcode = 1
             return
@@ -94,8 +93,6 @@ class Command(ScrapyCommand):
                     found = store.update(key, _reset)
                     print(f"{key}: {'reset' if found else 'not in the table (nothing to reset)'}")
             else:
-                assert self.settings is not None
-                age = float(self.settings.get("POLITE_STORE_EXPIRE") or DEFAULTS["POLITE_STORE_EXPIRE"])
-                print(f"expired {store.expire(now - age)} rows from {store.uri}")
+                print(f"expired {store.expire(now - config.store_expire)} rows from {store.uri}")
         finally:
             store.close()
