@@ -33,6 +33,7 @@ from scrapy.utils.request import request_from_dict
 from ._compat import wake_engine
 from .pacer import Pacer, get_pacer
 from .reactor import call_later, installed_reactor
+from .settings import SettingsError
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -72,12 +73,14 @@ class PoliteScheduler:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        base = crawler.settings.get("POLITE_SCHEDULER_BASE") or "scrapy.core.scheduler.Scheduler"
-        inner_cls = load_object(base)
+        pacer = get_pacer(crawler)
+        base = pacer.config.scheduler_base
+        inner_cls = load_object(base) if isinstance(base, str) else base
         if inner_cls is cls:
-            raise ValueError("POLITE_SCHEDULER_BASE must not be PoliteScheduler itself")
+            raise SettingsError("POLITE_SCHEDULER_BASE must not be PoliteScheduler itself: name the scheduler it "
+                                "wraps, e.g. 'scrapy.core.scheduler.Scheduler'")
         inner = build_from_crawler(inner_cls, crawler)
-        return cls(crawler, inner, get_pacer(crawler))
+        return cls(crawler, inner, pacer)
 
     # -- BaseScheduler interface -------------------------------------------------------------------------
 
