@@ -13,16 +13,11 @@ resolves the target, so pinning cannot apply (the middleware says so in the log 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import scrapy.core.downloader.handlers.http11 as http11
-from scrapy.core.downloader.handlers.http11 import (
-    HTTP11DownloadHandler,
-    _BindAddressAgent,
-    _ScrapyAgent,
-)
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
 
+from ._compat import download_pinned
 from .pacer import Redefer, find_pacer
 
 if TYPE_CHECKING:
@@ -30,41 +25,6 @@ if TYPE_CHECKING:
     from scrapy.http import Response
 
 __all__ = ["PinnedHTTP11DownloadHandler"]
-
-
-class _PinnedAgent(_BindAddressAgent):
-    """A Twisted Agent whose endpoint is the booked address and whose pool key includes it."""
-
-    def __init__(self, *, address: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._address = address
-
-    def _getEndpoint(self, uri: Any) -> Any:
-        factory = self._endpointFactory
-        kwargs: dict[str, Any] = {}
-        if factory._connectTimeout is not None:
-            kwargs["timeout"] = factory._connectTimeout
-        kwargs["bindAddress"] = factory._bindAddress
-        endpoint = HostnameEndpoint(factory._reactor, self._address, uri.port, **kwargs)
-        if uri.scheme == b"https":
-            creator = factory._policyForHTTPS.creatorForNetloc(uri.host, uri.port)
-            return wrapClientTLS(creator, endpoint)
-        return endpoint
-
-    def _requestWithEndpoint(self, key: Any, endpoint: Any, *args: Any) -> Any:
-        return super()._requestWithEndpoint(key + (self._address,), endpoint, *args)
-
-
-class _PinnedScrapyAgent(_ScrapyAgent):
-    def _get_agent(self, request: Request, timeout: float) -> Any:
-        address = request.meta.get("polite_ip")
-        if not address or request.meta.get("proxy"):
-            return super()._get_agent(request, timeout)
-        from twisted.internet import reactor
-
-        bindaddress = http11.normalize_bind_address(request.meta.get("bindaddress") or self._bindAddress)
-        return _PinnedAgent(address=address, reactor=reactor, contextFactory=self._contextFactory,
-                            connectTimeout=timeout, bindAddress=bindaddress, pool=self._pool)
 
 
 class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
@@ -75,28 +35,9 @@ class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
     """
 
     async def download_request(self, request: Request) -> Response:
-        pacer = find_pacer(self._crawler)
+        pacer = find_pacer(self.crawler)
         if (pacer is not None and request.meta.get("polite_burst") and pacer.throttled_since(request)
                 and pacer.can_defer(request)):
             # Decided before its host throttled, queued in Scrapy's slot since: do not send it into the backoff.
             raise Redefer(request.url)
-        # Scrapy's HTTP11DownloadHandler.download_request, with the pinning agent.
-        spider = self._crawler.spider
-        agent = _PinnedScrapyAgent(
-            contextFactory=self._contextFactory,
-            bindAddress=self._bind_address,
-            pool=self._pool,
-            maxsize=getattr(spider, "download_maxsize", self._default_maxsize),
-            warnsize=getattr(spider, "download_warnsize", self._default_warnsize),
-            fail_on_dataloss=self._fail_on_dataloss,
-            crawler=self._crawler,
-            tls_verbose_logging=self._tls_verbose_logging,
-        )
-        try:
-            with http11.wrap_twisted_exceptions():
-                return await http11.maybe_deferred_to_future(agent.download_request(request))
-        except http11.ResponseDataLossError:
-            if not self._fail_on_dataloss_warned:
-                http11.logger.warning(http11.get_dataloss_msg(request.url))
-                self._fail_on_dataloss_warned = True
-            raise
+        return await download_pinned(self, request)

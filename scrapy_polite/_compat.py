@@ -1,0 +1,231 @@
+"""The one place that touches private Scrapy and Twisted API.
+
+Everything else in scrapy-polite uses only the public names defined here. Each private use says which
+versions it was checked against; the lowest ones are the floors in ``setup.cfg``
+(``tests/constraints-lowest.txt``, tox env ``lowest``), the highest the ones the main test run installs.
+When a new Scrapy or Twisted release changes one of them, this module is the only one to adapt.
+
+Checked against Scrapy 2.18.0 and 2.19.0, Twisted 21.7.0 and 26.10.0.
+
+What it provides:
+
+* :func:`download_pinned`: Scrapy's ``HTTP11DownloadHandler.download_request``, with an agent that
+  connects a booked request (``meta['polite_ip']``) to that address and keys the keep-alive pool by it;
+* :func:`pinned_agent`: that Twisted agent on its own (built from public Twisted API only);
+* :func:`server_side_failure_types`: the download failures that reached the server's side;
+* :func:`wake_engine`: ask the engine to pull from the scheduler again now.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, cast
+
+from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler, _ScrapyAgent
+from scrapy.exceptions import (
+    DownloadConnectionRefusedError,
+    DownloadFailedError,
+    DownloadTimeoutError,
+    ResponseDataLossError,
+)
+from scrapy.utils._download_handlers import get_dataloss_msg, normalize_bind_address, wrap_twisted_exceptions
+from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.deprecate import warn_on_deprecated_spider_attribute
+from twisted.internet import error as txerror
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
+from twisted.web.error import SchemeNotSupported
+from twisted.web.iweb import IAgentEndpointFactory
+from zope.interface import implementer
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from twisted.internet.defer import Deferred
+    from twisted.internet.interfaces import IStreamClientEndpoint
+    from twisted.web.client import URI
+    from twisted.web.iweb import IPolicyForHTTPS
+
+__all__ = ["download_pinned", "pinned_agent", "server_side_failure_types", "wake_engine"]
+
+#: Scrapy's HTTP/1.1 handler logs its data-loss warning here (``http11.logger``); so do we.
+_http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
+
+
+# -- The pinned agent (public Twisted API only) -------------------------------------------------------------
+
+@implementer(IAgentEndpointFactory)
+class _PinnedEndpointFactory:
+    """Twisted's standard endpoint factory (``_StandardEndpointFactory.endpointForURI``), connecting to
+    ``address`` instead of the URI's host. TLS (SNI, certificate checks) still uses the URI's host."""
+
+    def __init__(self, *, reactor: Any, address: str, context_factory: IPolicyForHTTPS,
+                 connect_timeout: float | None, bind_address: tuple[str, int] | None) -> None:
+        self._reactor = reactor
+        self._address = address
+        self._context_factory = context_factory
+        self._connect_timeout = connect_timeout
+        self._bind_address = bind_address
+
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        if uri.scheme not in (b"http", b"https"):
+            raise SchemeNotSupported(f"Unsupported scheme: {uri.scheme!r}")
+        kwargs: dict[str, Any] = {"bindAddress": self._bind_address}
+        if self._connect_timeout is not None:
+            kwargs["timeout"] = self._connect_timeout
+        # Any: zope interfaces (IPolicyForHTTPS, IStreamClientEndpoint) type-check alike with or without mypy-zope.
+        endpoint: Any = HostnameEndpoint(self._reactor, self._address, uri.port, **kwargs)
+        if uri.scheme == b"https":
+            policy: Any = self._context_factory
+            endpoint = wrapClientTLS(policy.creatorForNetloc(uri.host, uri.port), endpoint)
+        return cast("IStreamClientEndpoint", endpoint)
+
+
+class _AddressKeyedPool:
+    """A view of an ``HTTPConnectionPool`` whose keys carry the bind address and the pinned address, so a
+    pooled connection is reused only for the same (scheme, host, port, bind address, address).
+
+    ``Agent`` uses only ``pool.getConnection(key, endpoint)`` and ``pool.persistent`` (public
+    ``HTTPConnectionPool`` API; Twisted 21.7.0 and 26.10.0); the pool files the connection back under the
+    key it was given."""
+
+    def __init__(self, pool: HTTPConnectionPool, extra: tuple[Any, ...]) -> None:
+        self._pool = pool
+        self._extra = extra
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the pool keeps connections alive (the wrapped pool's)."""
+        return bool(self._pool.persistent)
+
+    def getConnection(self, key: tuple[Any, ...], endpoint: IStreamClientEndpoint) -> Deferred[Any]:
+        return self._pool.getConnection(key + self._extra, endpoint)
+
+
+def pinned_agent(*, reactor: Any, address: str, context_factory: IPolicyForHTTPS, connect_timeout: float | None,
+                 bind_address: tuple[str, int] | None, pool: HTTPConnectionPool) -> Agent:
+    """A Twisted ``Agent`` that connects every request to ``address`` (an IP address literal).
+
+    The connection goes through ``HostnameEndpoint``, hence through the reactor's name resolver with the
+    literal, so the resolver's public-address filter applies once more at connect time. The keep-alive
+    ``pool`` is shared with Scrapy's other agents; its keys get ``(bind_address, address)`` appended, so a
+    connection to another address of the same host (or from another local address, as Scrapy ≥ 2.19's
+    ``_BindAddressAgent`` also ensures) is never reused.
+
+    Args:
+        reactor: the Twisted reactor.
+        address: the booked IP address (``meta['polite_ip']``).
+        context_factory: Scrapy's ``IPolicyForHTTPS`` (TLS uses the URL's host name).
+        connect_timeout: seconds, or None for Twisted's default.
+        bind_address: the local ``(host, port)`` to bind to, or None.
+        pool: the handler's ``HTTPConnectionPool``.
+
+    Raises (from the returned agent's ``request``): ``SchemeNotSupported`` for a scheme other than http/https.
+    """
+    factory = _PinnedEndpointFactory(reactor=reactor, address=address, context_factory=context_factory,
+                                     connect_timeout=connect_timeout, bind_address=bind_address)
+    keyed = _AddressKeyedPool(pool, (bind_address, address))
+    # Twisted (21.7.0 to 26.10.0) leaves usingEndpointFactory unannotated; ``keyed`` stands in for the pool.
+    agent: Agent = Agent.usingEndpointFactory(reactor, factory, pool=keyed)  # type: ignore[no-untyped-call]
+    return agent
+
+
+# -- Scrapy's HTTP/1.1 handler with the pinned agent --------------------------------------------------------
+
+class _PinnedScrapyAgent(_ScrapyAgent):
+    """Scrapy's ``_ScrapyAgent`` (private; checked against Scrapy 2.18.0 and 2.19.0, whose constructor,
+    ``_get_agent(request, timeout)``, ``_contextFactory``, ``_bindAddress`` and ``_pool`` are the same):
+    a request booked on an address and not sent through a proxy gets :func:`pinned_agent`; any other
+    request gets Scrapy's own agent (Scrapy 2.18: ``Agent``; 2.19: ``_BindAddressAgent``)."""
+
+    def _get_agent(self, request: Request, timeout: float) -> Agent:
+        address = request.meta.get("polite_ip")
+        if not address or request.meta.get("proxy"):
+            return super()._get_agent(request, timeout)
+        from twisted.internet import reactor  # noqa: PLC0415 - the installed reactor, read when used (as Scrapy does)
+
+        # scrapy.utils._download_handlers.normalize_bind_address: private module, same in 2.18.0 and 2.19.0.
+        bind_address = normalize_bind_address(request.meta.get("bindaddress") or self._bindAddress)
+        assert self._pool is not None  # the handler always passes its pool
+        return pinned_agent(reactor=reactor, address=str(address), context_factory=self._contextFactory,
+                            connect_timeout=timeout, bind_address=bind_address, pool=self._pool)
+
+
+async def download_pinned(handler: HTTP11DownloadHandler, request: Request) -> Response:
+    """Download ``request`` as Scrapy's ``HTTP11DownloadHandler.download_request`` does, connecting a request
+    booked on an address (``meta['polite_ip']``, without ``meta['proxy']``) to that address.
+
+    A copy of Scrapy's method (identical in Scrapy 2.18.0 and 2.19.0) with the agent replaced. It reads the
+    handler's private settings attributes ``_contextFactory``, ``_bind_address``, ``_pool`` (set by
+    ``HTTP11DownloadHandler.__init__``) and ``_default_maxsize``, ``_default_warnsize``, ``_fail_on_dataloss``,
+    ``_fail_on_dataloss_warned``, ``_tls_verbose_logging`` (``BaseHttpDownloadHandler.__init__``), all
+    checked against Scrapy 2.18.0 and 2.19.0.
+
+    Raises: what Scrapy's handler raises (Scrapy's download exceptions, wrapped from Twisted's by
+    ``wrap_twisted_exceptions``; ``ResponseDataLossError`` when ``DOWNLOAD_FAIL_ON_DATALOSS`` is on).
+    """
+    spider = handler.crawler.spider
+    if hasattr(spider, "download_maxsize"):
+        warn_on_deprecated_spider_attribute("download_maxsize", "DOWNLOAD_MAXSIZE")
+    if hasattr(spider, "download_warnsize"):
+        warn_on_deprecated_spider_attribute("download_warnsize", "DOWNLOAD_WARNSIZE")
+    agent = _PinnedScrapyAgent(
+        contextFactory=handler._contextFactory,
+        bindAddress=handler._bind_address,
+        pool=handler._pool,
+        maxsize=getattr(spider, "download_maxsize", handler._default_maxsize),
+        warnsize=getattr(spider, "download_warnsize", handler._default_warnsize),
+        fail_on_dataloss=handler._fail_on_dataloss,
+        crawler=handler.crawler,
+        tls_verbose_logging=handler._tls_verbose_logging,
+    )
+    try:
+        # scrapy.utils._download_handlers.wrap_twisted_exceptions: private module, same in 2.18.0 and 2.19.0.
+        with wrap_twisted_exceptions():
+            return await maybe_deferred_to_future(agent.download_request(request))
+    except ResponseDataLossError:
+        if not handler._fail_on_dataloss_warned:
+            _http11_logger.warning(get_dataloss_msg(request.url))
+            handler._fail_on_dataloss_warned = True
+        raise
+
+
+# -- Failures and the engine -------------------------------------------------------------------------------
+
+def server_side_failure_types() -> tuple[type[BaseException], ...]:
+    """The download failures that reached the server's side (SPEC §2: they count as a throttle without
+    Retry-After). DNS failures (``DNSLookupError``, Scrapy's ``CannotResolveHostError``) are not among them.
+
+    Twisted's connection errors, its HTTP client's ``ResponseFailed`` and ``ResponseNeverReceived``
+    (defined in the private ``twisted.web._newclient``, imported from their public re-export in
+    ``twisted.web.client``; Twisted 21.7.0 and 26.10.0), and the wrappers Scrapy ≥ 2.17 raises instead
+    of Twisted's errors (``DownloadTimeoutError``, ``DownloadConnectionRefusedError``,
+    ``DownloadFailedError``; Scrapy 2.18.0 and 2.19.0).
+    """
+    return (
+        txerror.TimeoutError,
+        txerror.TCPTimedOutError,
+        txerror.ConnectionRefusedError,
+        txerror.ConnectionLost,
+        txerror.ConnectionDone,
+        txerror.ConnectError,
+        ResponseFailed,
+        ResponseNeverReceived,
+        DownloadTimeoutError,
+        DownloadConnectionRefusedError,
+        DownloadFailedError,
+    )
+
+
+def wake_engine(crawler: Crawler) -> None:
+    """Make the engine ask the scheduler for requests on its next reactor turn (it otherwise polls every
+    few seconds). Does nothing before the engine opened the spider or after it closed it.
+
+    Uses ``ExecutionEngine._slot.nextcall.schedule()`` (private; Scrapy 2.18.0 and 2.19.0): Scrapy has
+    no public way to wake the engine; ``engine.crawl()`` would also schedule a request.
+    """
+    slot = getattr(crawler.engine, "_slot", None)
+    nextcall = getattr(slot, "nextcall", None)
+    if nextcall is not None:
+        nextcall.schedule()

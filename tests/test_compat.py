@@ -1,0 +1,160 @@
+"""Tests of scrapy_polite._compat, the one module that uses private Scrapy/Twisted API, and of the dependency
+floors it is checked against (tests/constraints-lowest.txt, tox env ``lowest``).
+
+* the pinned agent: a request goes to the booked address (not to what the URL's host resolves to), keeps the
+  URL's host in the Host header, and the shared keep-alive pool never hands a connection to one address to
+  a request for another (nor across local bind addresses), while it does reuse one for the same address;
+* the server-side failure types (DNS failures are not among them);
+* waking the engine (and doing nothing when there is no engine slot);
+* the Protego floor: a unit-less ``Request-rate`` is read in seconds.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import pytest_twisted
+from scrapy.exceptions import (
+    CannotResolveHostError,
+    DownloadConnectionRefusedError,
+    DownloadFailedError,
+    DownloadTimeoutError,
+)
+from twisted.internet import error as txerror
+from twisted.web.client import (
+    BrowserLikePolicyForHTTPS,
+    HTTPConnectionPool,
+    ResponseFailed,
+    ResponseNeverReceived,
+    readBody,
+)
+
+from scrapy_polite._compat import pinned_agent, server_side_failure_types, wake_engine
+from scrapy_polite.robots import parse_robots_delay
+from tests.support.server import ArrivalServer, Reply, always
+
+# Twisted warns when a response's transport lacks abortConnection (its own proxy transport): not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
+
+
+@pytest.fixture
+def two_addresses():
+    """ArrivalServers on 127.0.0.2 and 127.0.0.3 on one port number, answering with their own address."""
+    started: list[ArrivalServer] = []
+    for _ in range(20):
+        try:
+            first = ArrivalServer("127.0.0.2")
+            started.append(first)
+            started.append(ArrivalServer("127.0.0.3", port=first.port))
+            break
+        except OSError:  # that port is taken on 127.0.0.3: try another one
+            for srv in started:
+                srv.stop()
+            started.clear()
+    assert len(started) == 2, "no common free port on 127.0.0.2 and 127.0.0.3"
+    for srv in started:
+        srv.route("/*", always(Reply.text(srv.address)))
+    yield started
+    for srv in started:
+        srv.stop()
+
+
+async def _get(agent, url: str) -> bytes:
+    response = await agent.request(b"GET", url.encode())
+    return await readBody(response)
+
+
+def _agent(pool: HTTPConnectionPool, address: str, bind_address: tuple[str, int] | None = None):
+    from twisted.internet import reactor
+
+    return pinned_agent(reactor=reactor, address=address, context_factory=BrowserLikePolicyForHTTPS(),
+                        connect_timeout=5.0, bind_address=bind_address, pool=pool)
+
+
+@pytest_twisted.ensureDeferred
+async def test_pinned_agent_connects_to_the_booked_address_and_keeps_the_host_name(two_addresses):
+    from twisted.internet import reactor
+
+    low, high = two_addresses
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    try:
+        # pinned.invalid resolves nowhere: only the pinned address can be reached.
+        assert await _get(_agent(pool, "127.0.0.3"), f"http://pinned.invalid:{low.port}/a") == b"127.0.0.3"
+    finally:
+        await pool.closeCachedConnections()
+    assert [(a.host, a.path) for a in high.arrivals()] == [("pinned.invalid", "/a")]
+    assert low.arrivals() == []  # negative control: the other address of the same port saw nothing
+
+
+@pytest_twisted.ensureDeferred
+async def test_pinned_agent_pool_never_reuses_a_connection_across_addresses(two_addresses):
+    from twisted.internet import reactor
+
+    low, high = two_addresses
+    url = f"http://pinned.invalid:{low.port}/"
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    try:
+        bodies = [await _get(_agent(pool, address), url) for address in ("127.0.0.2", "127.0.0.3", "127.0.0.2")]
+    finally:
+        await pool.closeCachedConnections()
+    assert bodies == [b"127.0.0.2", b"127.0.0.3", b"127.0.0.2"]
+    assert len(high.arrivals()) == 1  # not served on the pooled connection to 127.0.0.2
+    first, again = low.arrivals()
+    assert first.client_port == again.client_port  # the same address does reuse its keep-alive connection
+
+
+@pytest_twisted.ensureDeferred
+async def test_pinned_agent_pool_keys_by_local_bind_address(two_addresses):
+    from twisted.internet import reactor
+
+    low, _ = two_addresses
+    url = f"http://pinned.invalid:{low.port}/"
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    try:
+        for bind in (None, ("127.0.0.5", 0), None, ("127.0.0.5", 0)):
+            assert await _get(_agent(pool, "127.0.0.2", bind), url) == b"127.0.0.2"
+    finally:
+        await pool.closeCachedConnections()
+    ports = [a.client_port for a in low.arrivals()]
+    assert len(ports) == 4 and ports[0] == ports[2] and ports[1] == ports[3]
+    assert ports[0] != ports[1]  # one connection per bind address, none shared between them
+
+
+def test_server_side_failure_types_are_twisted_and_scrapy_connection_errors():
+    types = server_side_failure_types()
+    for cls in (txerror.TimeoutError, txerror.TCPTimedOutError, txerror.ConnectionRefusedError,
+                txerror.ConnectionLost, txerror.ConnectionDone, txerror.ConnectError, ResponseFailed,
+                ResponseNeverReceived, DownloadTimeoutError, DownloadConnectionRefusedError, DownloadFailedError):
+        assert cls in types, cls
+    assert isinstance(txerror.TCPTimedOutError(), types)
+
+
+def test_dns_failures_are_not_server_side():
+    types = server_side_failure_types()
+    assert not isinstance(txerror.DNSLookupError(), types)
+    assert not isinstance(CannotResolveHostError(), types)
+    assert not isinstance(ValueError(), types)
+
+
+def test_wake_engine_schedules_the_engines_next_call():
+    calls: list[str] = []
+    nextcall = SimpleNamespace(schedule=lambda: calls.append("schedule"))
+    crawler = SimpleNamespace(engine=SimpleNamespace(_slot=SimpleNamespace(nextcall=nextcall)))
+    wake_engine(crawler)  # type: ignore[arg-type]
+    assert calls == ["schedule"]
+
+
+@pytest.mark.parametrize("engine", [None, SimpleNamespace(_slot=None)], ids=["no engine", "spider not open"])
+def test_wake_engine_does_nothing_without_an_engine_slot(engine):
+    wake_engine(SimpleNamespace(engine=engine))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("Request-rate: 1/20", 20.0),  # Protego < 0.6.1: 2.0 (the last digit taken for a unit)
+    ("Request-rate: 5/1", 0.2),  # Protego < 0.6.1: None
+    ("Request-rate: 1/20s", 20.0),
+    ("Request-rate: 1/1m", 60.0),
+])
+def test_protego_floor_reads_request_rates_in_seconds(line, expected):
+    assert parse_robots_delay(f"User-agent: *\n{line}\n", "bot") == pytest.approx(expected)
