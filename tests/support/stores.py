@@ -1,0 +1,211 @@
+"""The pace-table backends the shared store suite (``tests/test_store_protocol.py``) runs over.
+
+:data:`BACKENDS` lists one :class:`Backend` per store; every test of the suite runs once per entry. To
+add a backend (Redis), add one entry to that list, in this module (the fixtures' parameters are read
+from it when this module is imported)::
+
+    Backend("redis", _open_redis, persistent=True, injectable_clock=False, inline_async=False,
+            cleanup=_flush_redis_prefix),
+
+``open(location, clock)`` builds a store at ``location`` (a directory unique to the test; a server
+backend can derive a unique key prefix from it) on ``clock`` (None: the backend's default clock). A
+backend that cannot run here may call ``pytest.skip`` inside ``open``; ``cleanup(location)``, when
+given, runs after the test (delete a server's keys).
+
+Fixtures (import them into the test module: ``from tests.support.stores import any_store``):
+
+* ``any_store`` — a :class:`StoreUnderTest` per backend;
+* ``clocked_store`` — the backends whose clock can be injected (exact clock values);
+* ``persistent_store`` — the backends that keep their rows when reopened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from scrapy_polite.stores import MemoryStore, PaceStore, SQLiteStore, StoreOptions
+
+__all__ = ["T0", "FakeClock", "Backend", "BACKENDS", "StoreUnderTest", "any_store", "clocked_store",
+           "persistent_store"]
+
+#: The fake clock's start, Unix epoch seconds (2033): far from today's time.time(), so a store that reads
+#: the real clock instead of the injected one is caught.
+T0 = 2_000_000_000.0
+
+
+class FakeClock:
+    """A clock that moves only when told: ``clock()`` is the time (epoch s); ``advance(seconds)``."""
+
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One pace-table backend of the suite.
+
+    Attributes:
+        name: the test id.
+        open: ``open(location, clock) -> PaceStore``; ``clock`` None: the backend's own clock.
+        persistent: a store reopened at the same location sees what an earlier one wrote.
+        injectable_clock: ``open`` honours ``clock`` (False: the backend has a clock of its own, a server's).
+        inline_async: :class:`~scrapy_polite.stores.AsyncStore` calls it on the reactor thread when it is
+            not contended, so its Deferreds have fired when the call returns.
+        cleanup: ``cleanup(location)`` after the test, or None.
+    """
+
+    name: str
+    open: Callable[[str, Callable[[], float] | None], PaceStore]
+    persistent: bool = False
+    injectable_clock: bool = True
+    inline_async: bool = False
+    cleanup: Callable[[str], None] | None = None
+
+
+def _open_memory(location: str, clock: Callable[[], float] | None) -> PaceStore:
+    return MemoryStore(clock=clock) if clock is not None else MemoryStore()
+
+
+def _open_sqlite(location: str, clock: Callable[[], float] | None) -> PaceStore:
+    path = os.path.join(location, "pace.sqlite3")
+    return SQLiteStore(path, clock=clock) if clock is not None else SQLiteStore(path)
+
+
+def _redis_prefix(location: str) -> str:
+    return f"test:{hashlib.sha1(location.encode()).hexdigest()[:16]}:"
+
+
+def _open_redis(location: str, clock: Callable[[], float] | None) -> PaceStore:
+    # The session's real redis-server (tests/support/redis_server.py); one key prefix per location.
+    from scrapy_polite.stores.redis import RedisStore
+    from tests.support.redis_server import session_redis_url
+
+    return RedisStore(session_redis_url(), StoreOptions(prefix=_redis_prefix(location)))
+
+
+def _flush_redis_prefix(location: str) -> None:
+    import redis
+
+    from tests.support.redis_server import session_redis_url
+
+    client = redis.Redis.from_url(session_redis_url())
+    try:
+        for prefix in (_redis_prefix(location), _redis_prefix(location + "-other")):
+            names = list(client.scan_iter(match=prefix + "*", count=1000))
+            if names:
+                client.delete(*names)
+    finally:
+        client.close()
+
+
+#: Every backend the shared suite runs over. Append one entry to add a backend.
+BACKENDS: list[Backend] = [
+    Backend("memory", _open_memory, persistent=False, injectable_clock=True, inline_async=True),
+    Backend("sqlite", _open_sqlite, persistent=True, injectable_clock=True, inline_async=True),
+    Backend("redis", _open_redis, persistent=True, injectable_clock=False, inline_async=False,
+            cleanup=_flush_redis_prefix),
+]
+
+
+@dataclass
+class StoreUnderTest:
+    """One backend opened for one test.
+
+    Attributes:
+        backend: the :class:`Backend`.
+        location: where its rows live (a directory unique to the test).
+        clock: the injected :class:`FakeClock`, or None when the backend keeps its own clock.
+        store: the open store (the latest one after :meth:`reopen`).
+    """
+
+    backend: Backend
+    location: str
+    clock: FakeClock | None
+    store: PaceStore = field(init=False)
+    _opened: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.store = self.open()
+
+    def open(self, *, clock: Callable[[], float] | None = None, location: str | None = None) -> PaceStore:
+        """Another store on the same rows (or at ``location``), on this test's clock unless ``clock`` is
+        given; closed at the end of the test."""
+        where = location or self.location
+        os.makedirs(where, exist_ok=True)
+        store = self.backend.open(where, clock if clock is not None else self.clock)
+        self._opened.append(store)
+        return store
+
+    def open_on_own_clock(self) -> PaceStore:
+        """Another store on the same rows on the backend's default clock (``time.time()``, a server's)."""
+        store = self.backend.open(self.location, None)
+        self._opened.append(store)
+        return store
+
+    def reopen(self) -> PaceStore:
+        """Close the store and open a new one at the same location (see :attr:`Backend.persistent`)."""
+        self.store.close()
+        self._opened.remove(self.store)
+        self.store = self.open()
+        return self.store
+
+    def adopt(self, closer: Any) -> None:
+        """Close ``closer`` (an AsyncStore, which also closes its backend) at the end, instead of the store."""
+        if self.store in self._opened:
+            self._opened.remove(self.store)
+        self._opened.append(closer)
+
+    def close(self) -> None:
+        while self._opened:
+            self._opened.pop().close()
+        if self.backend.cleanup is not None:
+            self.backend.cleanup(self.location)
+
+
+def _handle(request: Any, tmp_path: Any) -> Any:
+    backend: Backend = request.param
+    clock = FakeClock() if backend.injectable_clock else None
+    handle = StoreUnderTest(backend, str(tmp_path / backend.name), clock)
+    return handle
+
+
+def _ids(backend: Backend) -> str:
+    return backend.name
+
+
+@pytest.fixture(params=BACKENDS, ids=_ids)
+def any_store(request: Any, tmp_path: Any) -> Any:
+    """Every backend in turn, as a :class:`StoreUnderTest`."""
+    handle = _handle(request, tmp_path)
+    yield handle
+    handle.close()
+
+
+@pytest.fixture(params=[b for b in BACKENDS if b.injectable_clock], ids=_ids)
+def clocked_store(request: Any, tmp_path: Any) -> Any:
+    """The backends whose clock is the injected :class:`FakeClock` (``handle.clock``)."""
+    handle = _handle(request, tmp_path)
+    yield handle
+    handle.close()
+
+
+@pytest.fixture(params=[b for b in BACKENDS if b.persistent], ids=_ids)
+def persistent_store(request: Any, tmp_path: Any) -> Any:
+    """The backends whose rows outlive the store object (reopen sees them)."""
+    handle = _handle(request, tmp_path)
+    yield handle
+    handle.close()

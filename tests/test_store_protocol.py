@@ -1,0 +1,376 @@
+"""The store protocol (docs/spec.md §6, scrapy_polite.stores.base.PaceStore), one shared suite run over every
+backend of :data:`tests.support.stores.BACKENDS` (memory, SQLite; Redis by adding one entry there).
+
+What every backend must do: rows read and written whole (no lossy column); ``update`` / ``update_many``
+apply ``fn(states, now)`` atomically with **the store's now**, write only keys they read, and change
+nothing when ``fn`` raises; ``delete``, ``items`` sorted by key, ``expire``; a plausible ``now()``; and
+the :class:`~scrapy_polite.stores.AsyncStore` adapter over it (Deferreds; fired at once when inline).
+Then what only persistent backends have (reopen), and SQLite's contended path of the adapter.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import replace
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer
+
+from scrapy_polite.policy import HostState
+from scrapy_polite.stores import AsyncStore, MemoryStore, Snapshot, SQLiteStore
+from tests.support.stores import (  # noqa: F401  (fixtures)
+    T0,
+    StoreUnderTest,
+    any_store,
+    clocked_store,
+    persistent_store,
+)
+
+#: Every field away from its default, with awkward floats, to catch a lossy column.
+FULL = HostState(next_allowed=T0 + 0.123456789, consec=7, crawl_delay=2.5, ok_seen=True,
+                 throttled_at=T0 - 1e-6, updated=T0 + 1 / 3)
+OTHER = HostState(next_allowed=T0 + 5, consec=1, updated=T0)
+
+
+class Boom(Exception):
+    """Raised by an update function."""
+
+
+def put(store, key, state):
+    store.update(key, lambda old, now: (state, None))
+
+
+def rows(store):
+    return list(store.items())
+
+
+# --------------------------------------------------------------------------------------------------
+# get / read
+
+
+def test_get_missing_is_none_and_a_written_row_is_read_back_whole(any_store):
+    store = any_store.store
+    assert store.get("a.example") is None
+    put(store, "a.example", FULL)
+    assert store.get("a.example") == FULL
+    assert store.get("b.example") is None  # negative control: keys are independent
+    assert type(store.get("a.example").ok_seen) is bool
+    assert type(store.get("a.example").consec) is int
+
+
+def test_read_returns_every_key_asked_in_order_with_the_store_now(any_store):
+    store = any_store.store
+    put(store, "a.example", FULL)
+    put(store, "ip:192.0.2.1", OTHER)
+    before = store.now()
+    snap = store.read(["ip:192.0.2.1", "missing.example", "a.example"])
+    after = store.now()
+    assert isinstance(snap, Snapshot)
+    assert list(snap.states) == ["ip:192.0.2.1", "missing.example", "a.example"]
+    assert snap.states == {"ip:192.0.2.1": OTHER, "missing.example": None, "a.example": FULL}
+    assert before <= snap.now <= after
+    one = store.read(["a.example"])
+    assert one.states == {"a.example": FULL} and before <= one.now
+
+
+def test_read_now_is_the_injected_clock(clocked_store):
+    store, clock = clocked_store.store, clocked_store.clock
+    assert store.read(["a.example"]).now == T0
+    assert store.read(["a.example", "b.example"]).now == T0
+    clock.advance(2.5)
+    assert store.read(["a.example"]).now == T0 + 2.5  # negative control: not a constant
+    assert store.read(["a.example", "b.example"]).now == T0 + 2.5
+    assert store.now() == T0 + 2.5
+
+
+# --------------------------------------------------------------------------------------------------
+# update
+
+
+def test_update_passes_the_current_state_and_returns_the_result(any_store):
+    store = any_store.store
+    seen = []
+
+    def bump(old, now):
+        seen.append(old)
+        return (replace(old, consec=old.consec + 1) if old else FULL), len(seen)
+
+    assert store.update("a.example", bump) == 1
+    assert store.update("a.example", bump) == 2
+    assert seen == [None, FULL]
+    assert store.get("a.example") == replace(FULL, consec=8)
+
+
+def test_update_returning_none_writes_nothing(any_store):
+    store = any_store.store
+    assert store.update("a.example", lambda old, now: (None, "kept")) == "kept"
+    assert store.get("a.example") is None and rows(store) == []  # no row created
+    put(store, "a.example", FULL)
+    assert store.update("a.example", lambda old, now: (None, 1)) == 1
+    assert store.get("a.example") == FULL  # an existing row untouched
+
+
+def test_update_fn_receives_the_store_now(any_store):
+    store = any_store.store
+    seen = []
+    before = store.now()
+    store.update("a.example", lambda old, now: (None, seen.append(now)))
+    store.update_many(["a.example", "b.example"], lambda states, now: ({}, seen.append(now)))
+    after = store.now()
+    assert len(seen) == 2 and all(before <= n <= after for n in seen)
+
+
+def test_update_fn_receives_the_injected_clock(clocked_store):
+    store, clock = clocked_store.store, clocked_store.clock
+    seen = []
+    store.update("a.example", lambda old, now: (replace(FULL, updated=now), seen.append(now)))
+    clock.advance(0.75)
+    store.update_many(["a.example", "ip:192.0.2.1"], lambda states, now: ({}, seen.append(now)))
+    clock.advance(-0.25)  # the store takes its clock as it is, even when it steps back
+    store.update("a.example", lambda old, now: (None, seen.append(now)))
+    assert seen == [T0, T0 + 0.75, T0 + 0.5]
+    assert store.get("a.example").updated == T0
+    assert abs(seen[0] - time.time()) > 3600  # negative control: not the real clock
+
+
+def test_update_that_raises_changes_nothing(any_store):
+    store = any_store.store
+    put(store, "a.example", FULL)
+
+    def fail(old, now):
+        raise Boom("no")
+
+    with pytest.raises(Boom):
+        store.update("a.example", fail)
+    with pytest.raises(Boom):
+        store.update("new.example", fail)
+    assert rows(store) == [("a.example", FULL)]
+    # The store is usable afterwards (no transaction left open).
+    put(store, "a.example", OTHER)
+    assert store.get("a.example") == OTHER
+
+
+# --------------------------------------------------------------------------------------------------
+# update_many
+
+
+def test_update_many_passes_every_key_in_order_and_writes_what_fn_returns(any_store):
+    store = any_store.store
+    put(store, "a.example", FULL)
+    put(store, "ip:192.0.2.2", OTHER)
+    seen = []
+
+    def fn(states, now):
+        seen.append(dict(states))
+        return {"ip:192.0.2.1": OTHER, "a.example": replace(FULL, consec=0)}, "result"
+
+    keys = ["a.example", "ip:192.0.2.1", "ip:192.0.2.2"]
+    assert store.update_many(keys, fn) == "result"
+    assert [list(s) for s in seen] == [keys]
+    assert seen[0] == {"a.example": FULL, "ip:192.0.2.1": None, "ip:192.0.2.2": OTHER}
+    assert rows(store) == [("a.example", replace(FULL, consec=0)), ("ip:192.0.2.1", OTHER),
+                           ("ip:192.0.2.2", OTHER)]  # a key read but not returned is untouched
+
+
+def test_update_many_with_no_writes_changes_nothing(any_store):
+    store = any_store.store
+    put(store, "a.example", FULL)
+    assert store.update_many(["a.example", "b.example"], lambda states, now: ({}, 3)) == 3
+    assert rows(store) == [("a.example", FULL)]
+
+
+@pytest.mark.parametrize("order", ["stray_last", "stray_first"])
+def test_update_many_refuses_to_write_a_key_it_did_not_read(any_store, order):
+    store = any_store.store
+    put(store, "a.example", FULL)
+    writes = [("a.example", OTHER), ("b.example", OTHER)]
+    if order == "stray_first":
+        writes.reverse()
+    with pytest.raises(ValueError, match="did not read"):
+        store.update_many(["a.example"], lambda states, now: (dict(writes), None))
+    assert rows(store) == [("a.example", FULL)]  # nothing written, not even the key it read
+    # Negative control: the same write of the keys it read goes through.
+    store.update_many(["a.example", "b.example"], lambda states, now: (dict(writes), None))
+    assert rows(store) == [("a.example", OTHER), ("b.example", OTHER)]
+
+
+def test_update_many_that_raises_changes_nothing(any_store):
+    store = any_store.store
+    put(store, "a.example", FULL)
+
+    def fail(states, now):
+        raise Boom("no")
+
+    with pytest.raises(Boom):
+        store.update_many(["a.example", "ip:192.0.2.1"], fail)
+    assert rows(store) == [("a.example", FULL)]
+    store.update_many(["a.example"], lambda states, now: ({"a.example": OTHER}, None))
+    assert store.get("a.example") == OTHER
+
+
+def test_updates_are_not_lost_across_two_stores_on_the_same_rows(persistent_store):
+    # Two store objects (two connections, two processes' view) interleaving read-modify-writes.
+    first, second = persistent_store.store, persistent_store.open()
+    bump = lambda old, now: (replace(old or HostState(), consec=(old.consec if old else 0) + 1), None)  # noqa: E731
+    for _ in range(10):
+        first.update("a.example", bump)
+        second.update("a.example", bump)
+    assert first.get("a.example").consec == 20 and second.get("a.example").consec == 20
+
+
+# --------------------------------------------------------------------------------------------------
+# delete / items / expire / now
+
+
+def test_delete(any_store):
+    store = any_store.store
+    put(store, "a.example", FULL)
+    put(store, "b.example", OTHER)
+    assert store.delete("a.example") is True
+    assert store.delete("a.example") is False  # negative control: no row, no deletion
+    assert store.delete("never.example") is False
+    assert rows(store) == [("b.example", OTHER)]
+
+
+def test_items_sorted_by_key(any_store):
+    store = any_store.store
+    assert rows(store) == []
+    keys = ["xn--bcher-kva.example", "ip:2001:db8::1", "b.example", "ip:192.0.2.1", "a.example", "192.0.2.9"]
+    for i, key in enumerate(keys):
+        put(store, key, replace(OTHER, consec=i))
+    assert [k for k, _ in rows(store)] == sorted(keys)
+    assert dict(rows(store)) == {key: replace(OTHER, consec=i) for i, key in enumerate(keys)}
+
+
+def test_expire_removes_rows_idle_and_due_before_the_moment(any_store):
+    store = any_store.store
+    put(store, "stale.example", HostState(next_allowed=T0 - 5, updated=T0 - 10))
+    put(store, "recent.example", HostState(next_allowed=T0 - 5, updated=T0))          # updated at the moment
+    put(store, "held.example", HostState(next_allowed=T0 + 5, updated=T0 - 10))       # still held
+    put(store, "due-now.example", HostState(next_allowed=T0, updated=T0 - 10))        # due at the moment
+    put(store, "ip:192.0.2.1", HostState(next_allowed=T0 - 1, updated=T0 - 1))
+    assert store.expire(T0) == 2
+    assert [k for k, _ in rows(store)] == ["due-now.example", "held.example", "recent.example"]
+    assert store.expire(T0) == 0  # negative control: nothing left to expire at that moment
+    assert store.expire(T0 + 6) == 3
+
+
+def test_now_is_close_to_the_real_clock_and_does_not_go_back(any_store):
+    store = any_store.open_on_own_clock()
+    reads = [store.now() for _ in range(50)]
+    assert all(b >= a - 0.001 for a, b in zip(reads, reads[1:]))
+    assert abs(reads[0] - time.time()) < 5.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Persistent backends
+
+
+def test_reopen_sees_what_was_written(persistent_store):
+    put(persistent_store.store, "a.example", FULL)
+    put(persistent_store.store, "ip:192.0.2.1", OTHER)
+    persistent_store.store.delete("ip:192.0.2.1")
+    put(persistent_store.store, "ip:192.0.2.2", OTHER)
+    store = persistent_store.reopen()
+    assert rows(store) == [("a.example", FULL), ("ip:192.0.2.2", OTHER)]
+    # Negative control: another location has none of it.
+    elsewhere = persistent_store.open(location=persistent_store.location + "-other")
+    assert rows(elsewhere) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# The AsyncStore adapter over each backend
+
+
+def wrap(handle: StoreUnderTest) -> AsyncStore:
+    astore = AsyncStore(handle.store)
+    handle.adopt(astore)
+    return astore
+
+
+@pytest_twisted.ensureDeferred
+async def test_async_store_returns_deferreds_of_the_results(any_store):
+    astore = wrap(any_store)
+    assert astore.uri == any_store.store.uri
+    calls = [
+        astore.update("a.example", lambda old, now: (FULL, "one")),
+        astore.update_many(["a.example", "ip:192.0.2.1"],
+                           lambda states, now: ({"ip:192.0.2.1": OTHER}, sorted(k for k, v in states.items() if v))),
+        astore.get("a.example"),
+        astore.read(["a.example", "ip:192.0.2.1", "nope"]),
+    ]
+    assert all(isinstance(d, defer.Deferred) for d in calls)
+    if any_store.backend.inline_async:
+        assert all(d.called for d in calls)  # inline: fired before the reactor turns
+    one, many, got, snap = [await d for d in calls]
+    assert (one, many, got) == ("one", ["a.example"], FULL)
+    assert snap.states == {"a.example": FULL, "ip:192.0.2.1": OTHER, "nope": None}
+
+
+@pytest_twisted.ensureDeferred
+async def test_async_store_fn_receives_the_injected_clock(clocked_store):
+    astore = wrap(clocked_store)
+    clocked_store.clock.advance(1.25)
+    seen = []
+    await astore.update("a.example", lambda old, now: (None, seen.append(now)))
+    await astore.update_many(["a.example"], lambda states, now: ({}, seen.append(now)))
+    snap = await astore.read(["a.example"])
+    assert seen == [T0 + 1.25, T0 + 1.25] and snap.now == T0 + 1.25
+
+
+@pytest_twisted.ensureDeferred
+async def test_async_store_failures_are_failed_deferreds_and_change_nothing(any_store):
+    astore = wrap(any_store)
+    await astore.update("a.example", lambda old, now: (FULL, None))
+
+    def fail(old, now):
+        raise Boom("no")
+
+    with pytest.raises(Boom):
+        await astore.update("a.example", fail)
+    with pytest.raises(ValueError, match="did not read"):
+        await astore.update_many(["a.example"], lambda states, now: ({"b.example": OTHER}, None))
+    assert (await astore.read(["a.example", "b.example"])).states == {"a.example": FULL, "b.example": None}
+    # Negative control: the adapter still works after the failures.
+    assert await astore.update("a.example", lambda old, now: (OTHER, 7)) == 7
+    assert await astore.get("a.example") == OTHER
+
+
+def test_async_store_over_memory_is_inline():
+    store = MemoryStore(clock=lambda: T0)
+    astore = AsyncStore(store)
+    d = astore.update("a.example", lambda old, now: (FULL, now))
+    assert d.called and d.result == T0  # no thread, no reactor turn
+    assert store.get("a.example") == FULL
+    astore.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# SQLite only: the adapter's contended path
+
+
+@pytest_twisted.ensureDeferred
+async def test_async_sqlite_waits_on_its_thread_when_another_writer_holds_the_lock(tmp_path):
+    from twisted.internet import reactor  # installed by pytest-twisted (--reactor=asyncio)
+
+    path = str(tmp_path / "pace.sqlite3")
+    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0))
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process's write transaction
+        first = astore.update("a.example", lambda old, now: (FULL, "first"))
+        second = astore.get("a.example")  # queued behind it: calls complete in call order
+        assert not first.called and not second.called  # the inline try found the lock and handed over
+        reactor.callLater(0.05, other.execute, "COMMIT")
+        assert await first == "first"
+        assert await second == FULL
+        # Uncontended again: inline.
+        third = astore.get("a.example")
+        assert third.called and third.result == FULL
+    finally:
+        if other.in_transaction:  # never leave the store's thread waiting for the lock
+            other.execute("ROLLBACK")
+        other.close()
+        astore.close()
