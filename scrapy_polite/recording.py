@@ -17,12 +17,13 @@ from twisted.python.failure import Failure
 
 from ._compat import server_side_failure_types
 from .lines import Lines
+from .outage import DeferredStore
 from .policy import Decision, HostState, InvalidRetryAfter, PacingPolicy, ip_key, parse_retry_after
 from .reactor import await_deferred
 from .reporting import Report
 from .seams import ClockSync
 from .settings import PoliteConfig
-from .stores import AsyncStore, StoreError
+from .stores import StoreError
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -53,7 +54,7 @@ class Recorder:
         user_agent: the user agent robots.txt delays are read for (for the log).
     """
 
-    def __init__(self, config: PoliteConfig, store: AsyncStore, lines: Lines, report: Report, clock: ClockSync,
+    def __init__(self, config: PoliteConfig, store: DeferredStore, lines: Lines, report: Report, clock: ClockSync,
                  override: Callable[[str, Any], float | None], release: Callable[[Any, str], None],
                  on_store_error: Callable[[StoreError], None], user_agent: str) -> None:
         self.config = config
@@ -202,9 +203,5 @@ class Recorder:
                 logger.info("%s publishes a delay of %g s for %s: adopted", host, value, self.user_agent)
             return changed
 
-        def failed(failure: Failure) -> None:
-            if isinstance(failure.value, StoreError):
-                self.on_store_error(failure.value)
-
-        d.addCallbacks(done, failed)
+        d.addCallbacks(done, self._failed, errbackArgs=(host, "its robots.txt delay"))
         return d

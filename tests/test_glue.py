@@ -823,9 +823,6 @@ def test_a_store_error_while_recording_stops_the_pacer(step):
         pacer.check()
 
 
-@pytest.mark.xfail(strict=True, reason="Recorder.set_crawl_delay's errback swallows every error that is not a "
-                   "StoreError: an invalid delay fails inside the update function and the Deferred fires None, "
-                   "with nothing logged (Recorder._failed logs them for responses)")
 def test_set_crawl_delay_does_not_swallow_an_invalid_delay(caplog):
     g = glue()
     d = g.recorder.set_crawl_delay("a.example", -1.0)
