@@ -85,10 +85,6 @@ class LocalDNSServer:
         for name, value in (records or {}).items():
             self.set(name, value)
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        self._udp = socket.socket(family, socket.SOCK_DGRAM)
-        self._udp.bind((address, 0))
-        self.port: int = self._udp.getsockname()[1]
-        self._udp.settimeout(0.05)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._tcp: socketserver.ThreadingTCPServer | None = None
@@ -128,10 +124,21 @@ class LocalDNSServer:
                 daemon_threads = True
                 address_family = family
 
+        # UDP and TCP share one port: when the TCP side of an ephemeral UDP port is taken, try another port.
+        for _attempt in range(50):
+            self._udp = socket.socket(family, socket.SOCK_DGRAM)
+            self._udp.bind((address, 0))
+            self.port: int = self._udp.getsockname()[1]
+            self._udp.settimeout(0.05)
+            if not tcp:
+                break
             try:
                 self._tcp = _TCPServer((address, self.port), _TCPHandler)
-            except OSError:  # the TCP port is taken: UDP only (dnspython uses TCP only on truncation)
-                self._tcp = None
+                break
+            except OSError:
+                self._udp.close()
+        else:
+            raise RuntimeError(f"no port on {address} is free for both UDP and TCP")
         self.start()
 
     # -- configuration -------------------------------------------------------------------------------
