@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING
 from twisted.internet.defer import Deferred
 
 from .lines import Lines
+from .outage import DeferredStore
 from .policy import Booking, HostState, PacingPolicy, ip_key
 from .reactor import await_deferred
 from .reporting import Report
 from .resolution import Resolution
 from .seams import ClockSync, Defer, Go, HoldingScheduler
 from .settings import PoliteConfig
-from .stores import AsyncStore, Snapshot, StoreError
+from .stores import Snapshot, StoreError
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -45,7 +46,7 @@ class Booker:
         on_store_error: called with a :class:`~scrapy_polite.stores.StoreError` (stops the crawl).
     """
 
-    def __init__(self, config: PoliteConfig, store: AsyncStore, lines: Lines, resolution: Resolution,
+    def __init__(self, config: PoliteConfig, store: DeferredStore, lines: Lines, resolution: Resolution,
                  report: Report, clock: ClockSync, sleep: Callable[[float], Deferred[None]],
                  on_store_error: Callable[[StoreError], None]) -> None:
         self.config = config

@@ -65,7 +65,8 @@ class Command(ScrapyCommand):
         if path is not None and not os.path.exists(path):  # a look must not create a table
             raise StoreError(f"no pace table at {os.path.abspath(path)} (nothing crawled with this "
                              "POLITE_STORE yet). Fix: run it inside the Scrapy project, or pass --store URI")
-        return open_store(uri, StoreOptions(expire=config.store_expire))
+        return open_store(uri, StoreOptions(prefix=config.store_prefix, timeout=config.store_timeout,
+                                            expire=config.store_expire))
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if not args or args[0] not in ("show", "reset", "expire"):

@@ -8,7 +8,8 @@ It composes the glue units, each with one job:
 * :class:`~scrapy_polite.recording.Recorder` — responses, failures and robots.txt delays into the table;
 * :class:`~scrapy_polite.resolution.Resolution` — public-only resolution and pinning;
 * :class:`~scrapy_polite.reporting.Report` — per-host counters and ``polite/...`` stats;
-* the pace table, an :class:`~scrapy_polite.stores.AsyncStore` (I/O never blocks the reactor).
+* the pace table, an :class:`~scrapy_polite.stores.AsyncStore` (I/O never blocks the reactor) behind a
+  :class:`~scrapy_polite.outage.StoreGuard` (calls wait through an outage of a server store).
 
 The rules themselves are in :mod:`scrapy_polite.policy`; nothing here decides a duration.
 """
@@ -29,6 +30,7 @@ from twisted.internet.defer import Deferred
 from .addresses import AddressFilter
 from .booking import Booker
 from .lines import Lines
+from .outage import StoreGuard
 from .policy import PacingPolicy
 from .reactor import call_later, reactor_sleep
 from .recording import SERVER_SIDE_FAILURES, Recorder
@@ -85,9 +87,11 @@ class Pacer:
         self.lines = Lines()
         self.sync = ClockSync(clock, server_clock=bool(getattr(store.store, "server_clock", False)))
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)
-        self.booker = Booker(config, store, self.lines, self.resolution, self.report, self.sync,
+        self.guard = StoreGuard(store, timeout=config.store_timeout, report=self.report, clock=clock,
+                                sleep=sleep or reactor_sleep)
+        self.booker = Booker(config, self.guard, self.lines, self.resolution, self.report, self.sync,
                              sleep or reactor_sleep, self._store_failed)
-        self.recorder = Recorder(config, store, self.lines, self.report, self.sync, self.booker.override,
+        self.recorder = Recorder(config, self.guard, self.lines, self.report, self.sync, self.booker.override,
                                  self.booker.release, self._store_failed, self.user_agent)
 
     # -- shared state -----------------------------------------------------------------------------------
@@ -225,7 +229,7 @@ class Pacer:
 
     def close(self) -> None:
         """Close the pace table."""
-        self.store.close()
+        self.guard.close()
 
 
 def close_spider_soon(crawler: Crawler, reason: str) -> None:
@@ -267,7 +271,8 @@ def get_pacer(crawler: Crawler) -> Pacer:
     if pacer is None:
         config = PoliteConfig.from_settings(crawler.settings)
         uri = config.store_uri or default_store_uri()
-        backend = open_store(uri, StoreOptions(expire=config.store_expire))
+        backend = open_store(uri, StoreOptions(prefix=config.store_prefix, timeout=config.store_timeout,
+                                               expire=config.store_expire))
         try:
             expired = backend.expire(backend.now() - config.store_expire)
         except StoreError:
@@ -276,7 +281,8 @@ def get_pacer(crawler: Crawler) -> Pacer:
         if expired:
             logger.info("scrapy-polite: expired %d stale hosts from %s", expired, backend.uri)
         logger.info("scrapy-polite: pace table %s", backend.uri)
-        pacer = Pacer(crawler, config, AsyncStore(backend))
+        # A server store (Redis) is called from a few threads: each call is network I/O.
+        pacer = Pacer(crawler, config, AsyncStore(backend, threads=getattr(backend, "threads", 1)))
         _PACERS[crawler] = pacer
     return pacer
 

@@ -63,6 +63,8 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_MAX_IDLE_WAIT": 300.0,
     "POLITE_STORE": None,  # None: sqlite in the project's data dir (.scrapy/polite.sqlite3)
     "POLITE_STORE_EXPIRE": 30 * 24 * 3600.0,
+    "POLITE_STORE_PREFIX": "polite:",  # the keys of a table in a shared server (Redis)
+    "POLITE_STORE_TIMEOUT": 60.0,
     "POLITE_HOST_DELAYS": {},
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
     "POLITE_ALLOW_PRIVATE": False,
@@ -424,6 +426,14 @@ def _store_uri(settings: Any) -> str | None:
     return raw or None
 
 
+def _store_prefix(settings: Any) -> str:
+    raw = _raw(settings, "POLITE_STORE_PREFIX")
+    if not isinstance(raw, str) or not raw or not raw.isprintable() or any(ch.isspace() for ch in raw):
+        raise SettingsError(f"POLITE_STORE_PREFIX must be a non-empty string without spaces, the prefix of the pace "
+                            f"table's keys in a shared server, such as 'polite:' or 'crawl1:', got {raw!r}")
+    return raw
+
+
 def _scheduler_base(settings: Any) -> str | type[Any]:
     raw = _raw(settings, "POLITE_SCHEDULER_BASE")
     if isinstance(raw, type) or (isinstance(raw, str) and raw.strip()):
@@ -445,6 +455,9 @@ class PoliteConfig:
             spider closes with reason ``polite_deferred``.
         store_uri: ``POLITE_STORE`` (None: the project's data dir).
         store_expire: ``POLITE_STORE_EXPIRE``, seconds after which an idle host's row is removed.
+        store_prefix: ``POLITE_STORE_PREFIX``, the key prefix of the table in a shared server (Redis).
+        store_timeout: ``POLITE_STORE_TIMEOUT``, seconds a server store may stay unreachable mid-crawl
+            before the spider closes with reason ``polite_store_error`` (> 0).
         host_delays: ``POLITE_HOST_DELAYS`` with normalised host keys, seconds.
         enabled: ``POLITE_ENABLED``.
         scheduler_base: ``POLITE_SCHEDULER_BASE``, the scheduler class (or its import path) wrapped.
@@ -461,6 +474,8 @@ class PoliteConfig:
     enabled: bool = True
     scheduler_base: str | type[Any] = DEFAULTS["POLITE_SCHEDULER_BASE"]
     dns: DNSConfig = field(default_factory=DNSConfig)
+    store_prefix: str = DEFAULTS["POLITE_STORE_PREFIX"]
+    store_timeout: float = DEFAULTS["POLITE_STORE_TIMEOUT"]
 
     @property
     def address_filter(self) -> AddressFilter:
@@ -474,7 +489,8 @@ class PoliteConfig:
         Raises:
             SettingsError: a negative, non-finite or non-numeric duration; an empty or non-integer
                 ``POLITE_THROTTLE_STATUSES``; a malformed ``POLITE_HOST_DELAYS`` entry; a bad boolean,
-                ``POLITE_STORE`` or ``POLITE_SCHEDULER_BASE``; any error of :meth:`DNSConfig.from_settings`.
+                ``POLITE_STORE``, ``POLITE_STORE_PREFIX`` or ``POLITE_SCHEDULER_BASE``; a
+                ``POLITE_STORE_TIMEOUT`` <= 0; any error of :meth:`DNSConfig.from_settings`.
         """
         enabled = _bool(settings, "POLITE_ENABLED")
         host_interval = _seconds(settings, "POLITE_HOST_INTERVAL")
@@ -486,6 +502,10 @@ class PoliteConfig:
         max_retry_after = _seconds(settings, "POLITE_MAX_RETRY_AFTER")
         statuses = _throttle_statuses(settings)
         host_delays = _host_delays(settings)
+        store_timeout = _seconds(settings, "POLITE_STORE_TIMEOUT")
+        if store_timeout <= 0:
+            raise SettingsError(f"POLITE_STORE_TIMEOUT must be > 0 seconds (how long the crawl waits for an "
+                                f"unreachable pace table), got {_raw(settings, 'POLITE_STORE_TIMEOUT')!r}")
         return cls(
             policy=PacingPolicy(host_interval=host_interval, max_backoff=max_backoff, max_wait=max_wait,
                                 max_retry_after=max_retry_after, throttle_statuses=statuses),
@@ -497,6 +517,8 @@ class PoliteConfig:
             enabled=enabled,
             scheduler_base=_scheduler_base(settings),
             dns=DNSConfig.from_settings(settings),
+            store_prefix=_store_prefix(settings),
+            store_timeout=store_timeout,
         )
 
 

@@ -188,6 +188,10 @@ INVALID = [
     ("POLITE_MAX_IDLE_WAIT", -1),
     ("POLITE_STORE_EXPIRE", "a month"),
     ("POLITE_STORE", 5),
+    ("POLITE_STORE_PREFIX", 5),
+    ("POLITE_STORE_PREFIX", "my crawl:"),
+    ("POLITE_STORE_TIMEOUT", 0, "got 0"),
+    ("POLITE_STORE_TIMEOUT", "a minute"),
     ("POLITE_SCHEDULER_BASE", ""),
     ("POLITE_THROTTLE_STATUSES", "[]", "is empty"),
     ("POLITE_THROTTLE_STATUSES", "429,slow"),
@@ -252,7 +256,8 @@ VALID = {
     "POLITE_ENABLED": "false", "POLITE_ALLOW_PRIVATE": "1", "POLITE_HOST_INTERVAL": "0",
     "POLITE_IP_INTERVAL": 0.5, "POLITE_MAX_BACKOFF": "10", "POLITE_MAX_WAIT": 0.1,
     "POLITE_MAX_RETRY_AFTER": 0, "POLITE_MAX_IDLE_WAIT": 1, "POLITE_STORE_EXPIRE": "60",
-    "POLITE_STORE": "memory://", "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
+    "POLITE_STORE": "memory://", "POLITE_STORE_PREFIX": "crawl1:", "POLITE_STORE_TIMEOUT": "5",
+    "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
     "POLITE_THROTTLE_STATUSES": "429", "POLITE_HOST_DELAYS": '{"api.example.com": 0}',
     "POLITE_ALLOWED_NETWORKS": '["10.0.0.0/8"]', "POLITE_DNS_OVERRIDES": '{"a.test": "127.0.0.1"}',
     "POLITE_DNS_NAMESERVERS": "127.0.0.1:5353", "POLITE_DNS_TIMEOUT": "0.1", "POLITE_DNS_MIN_TTL": 0,
@@ -269,6 +274,7 @@ def test_valid_values_are_the_negative_control():
         assert config.policy.host_interval == 0 and config.policy.max_wait == 0.1
         assert config.policy.throttle_statuses == {429} and config.host_delays == {"api.example.com": 0.0}
         assert config.store_uri == "memory://" and config.store_expire == 60
+        assert config.store_prefix == "crawl1:" and config.store_timeout == 5.0
         assert config.dns.address_filter.allowed_networks == (ipaddress.ip_network("10.0.0.0/8"),)
         assert dict(config.dns.overrides) == {"a.test": ("127.0.0.1",)}
         assert config.dns.nameservers == (("127.0.0.1", 5353),)

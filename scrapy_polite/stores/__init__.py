@@ -13,7 +13,7 @@ and the fix: the crawl stops (fail closed), it never falls back to unpaced crawl
 from __future__ import annotations
 
 from .asyncstore import AsyncStore
-from .base import ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreError, StoreOptions, UpdateFn
+from .base import ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreError, StoreOptions, StoreUnavailable, UpdateFn
 from .memory import MemoryStore
 from .registry import open_store, register_store, registered_schemes, sqlite_path
 from .sqlite import SCHEMA_VERSION, SQLiteStore
@@ -29,6 +29,7 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "StoreOptions",
+    "StoreUnavailable",
     "UpdateFn",
     "open_store",
     "register_store",

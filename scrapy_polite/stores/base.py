@@ -23,6 +23,7 @@ __all__ = [
     "StoreError",
     "StoreBusy",
     "StoreOptions",
+    "StoreUnavailable",
     "UpdateFn",
     "ManyUpdateFn",
 ]
@@ -45,6 +46,13 @@ class StoreError(RuntimeError):
 class StoreBusy(StoreError):
     """An operation found the table contended (a no-wait SQLite connection found it locked; a Redis
     optimistic write lost its race too often); it may be retried where waiting is allowed."""
+
+
+class StoreUnavailable(StoreError):
+    """A server store cannot be reached right now (connection refused or lost, the server loading its data
+    after a restart). Transient: the crawl waits and retries until ``POLITE_STORE_TIMEOUT`` has passed
+    since the outage began (:class:`~scrapy_polite.outage.StoreGuard`); an operation that raised it may
+    or may not have been applied, and the backend makes its retry safe."""
 
 
 @dataclass(frozen=True)

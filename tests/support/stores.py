@@ -21,6 +21,7 @@ Fixtures (import them into the test module: ``from tests.support.stores import a
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from scrapy_polite.stores import MemoryStore, PaceStore, SQLiteStore
+from scrapy_polite.stores import MemoryStore, PaceStore, SQLiteStore, StoreOptions
 
 __all__ = ["T0", "FakeClock", "Backend", "BACKENDS", "StoreUnderTest", "any_store", "clocked_store",
            "persistent_store"]
@@ -84,10 +85,39 @@ def _open_sqlite(location: str, clock: Callable[[], float] | None) -> PaceStore:
     return SQLiteStore(path, clock=clock) if clock is not None else SQLiteStore(path)
 
 
+def _redis_prefix(location: str) -> str:
+    return f"test:{hashlib.sha1(location.encode()).hexdigest()[:16]}:"
+
+
+def _open_redis(location: str, clock: Callable[[], float] | None) -> PaceStore:
+    # The session's real redis-server (tests/support/redis_server.py); one key prefix per location.
+    from scrapy_polite.stores.redis import RedisStore
+    from tests.support.redis_server import session_redis_url
+
+    return RedisStore(session_redis_url(), StoreOptions(prefix=_redis_prefix(location)))
+
+
+def _flush_redis_prefix(location: str) -> None:
+    import redis
+
+    from tests.support.redis_server import session_redis_url
+
+    client = redis.Redis.from_url(session_redis_url())
+    try:
+        for prefix in (_redis_prefix(location), _redis_prefix(location + "-other")):
+            names = list(client.scan_iter(match=prefix + "*", count=1000))
+            if names:
+                client.delete(*names)
+    finally:
+        client.close()
+
+
 #: Every backend the shared suite runs over. Append one entry to add a backend.
 BACKENDS: list[Backend] = [
     Backend("memory", _open_memory, persistent=False, injectable_clock=True, inline_async=True),
     Backend("sqlite", _open_sqlite, persistent=True, injectable_clock=True, inline_async=True),
+    Backend("redis", _open_redis, persistent=True, injectable_clock=False, inline_async=False,
+            cleanup=_flush_redis_prefix),
 ]
 
 

@@ -1,0 +1,375 @@
+"""``redis://host:port/db`` (also ``rediss://`` and ``unix://``): one pace table shared by every process
+on every machine that points ``POLITE_STORE`` at the same Redis (docs/spec.md §6).
+
+Needs the ``redis`` client (``pip install scrapy-polite[redis]``; it uses ``hiredis`` when installed).
+
+**One policy, optimistic writes.** The pacing rules stay in Python (:mod:`scrapy_polite.policy`); Redis
+only stores rows and checks versions. Every row is a hash carrying a version. A read is one round trip,
+``MULTI`` / ``TIME`` / ``HMGET``… / ``EXEC``; a write is one small generic Lua script that writes the new
+rows only if **every row read** still has the version read (absent = 0), else returns the current rows
+and the clock, on which the update function is applied again (a bounded number of times, then
+:class:`~scrapy_polite.stores.base.StoreBusy`). So an uncontended booking is two round trips, and a
+contended one costs one more per lost race. ``WATCH``/``MULTI`` would need a connection held per
+transaction and a third round trip (``WATCH``, read, ``MULTI…EXEC``), and a lost race starts over
+with a new read; the script returns what the retry needs.
+
+Versions come from one counter per table, so a row deleted and written again never reuses a version
+(no ABA). Every write also leaves a random token in the rows it writes: when the connection is lost
+after a write was sent, the retry of the same update finds its token and returns the first result
+instead of applying the update twice.
+
+**The server's clock.** ``TIME`` is the ``now`` of every booking and record (:attr:`RedisStore.server_clock`),
+so processes whose clocks disagree still keep the spacing.
+
+**Keys.** ``<prefix>{pace}:<key>`` for the rows (``POLITE_STORE_PREFIX``, default ``polite:``) and
+``<prefix>{pace}`` for the version counter: every key of one table has the hash tag ``{pace}`` (or the
+prefix's own ``{tag}`` when it has one), so a table lives in one hash slot of a Redis Cluster. A row expires
+``POLITE_STORE_EXPIRE`` seconds after the later of its write and its ``next_allowed``.
+
+**Outages.** A lost connection raises :class:`~scrapy_polite.stores.base.StoreUnavailable` (after one
+immediate reconnect attempt); the crawl waits and retries (:class:`~scrapy_polite.outage.StoreGuard`).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis import exceptions as redis_errors
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ..policy import HostState
+from .base import ManyUpdateFn, Snapshot, StoreBusy, StoreError, StoreOptions, StoreUnavailable, UpdateFn
+
+__all__ = ["RedisStore", "redact_uri"]
+
+T = TypeVar("T")
+
+#: The fields of a row's hash: version, write token, then the :class:`HostState` fields.
+_FIELDS = ("v", "w", "n", "c", "d", "o", "t", "u")
+
+#: Writes the rows of ARGV if every row of KEYS still has the version read; else returns the clock and the
+#: current rows. KEYS[1..n]: the rows read; KEYS[n+1]: the table's version counter. ARGV[1]: the write's
+#: token; ARGV[2..n+1]: the versions read ("0": absent); then 8 values per row to write: its index in
+#: KEYS, its expiry (Unix ms, "0": none) and its fields n, c, d, o, t, u. Generic: no pacing rule here.
+_WRITE_IF_UNCHANGED = """
+local n = #KEYS - 1
+for i = 1, n do
+  local v = redis.call('HGET', KEYS[i], 'v')
+  if (v or '0') ~= ARGV[i + 1] then
+    local t = redis.call('TIME')
+    local out = {t[1], t[2]}
+    for j = 1, n do
+      out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', 'w', 'n', 'c', 'd', 'o', 't', 'u')
+    end
+    return out
+  end
+end
+local version = redis.call('INCR', KEYS[n + 1])
+local i = n + 2
+while i <= #ARGV do
+  local key = KEYS[tonumber(ARGV[i])]
+  redis.call('HSET', key, 'v', version, 'w', ARGV[1], 'n', ARGV[i + 2], 'c', ARGV[i + 3], 'd', ARGV[i + 4],
+             'o', ARGV[i + 5], 't', ARGV[i + 6], 'u', ARGV[i + 7])
+  if ARGV[i + 1] == '0' then
+    redis.call('PERSIST', key)
+  else
+    redis.call('PEXPIREAT', key, ARGV[i + 1])
+  end
+  i = i + 8
+end
+return version
+"""
+
+#: Deletes each row of KEYS whose version is still ARGV[i]; returns how many it deleted.
+_DELETE_IF_UNCHANGED = """
+local deleted = 0
+for i = 1, #KEYS do
+  if redis.call('HGET', KEYS[i], 'v') == ARGV[i] then
+    deleted = deleted + redis.call('DEL', KEYS[i])
+  end
+end
+return deleted
+"""
+
+#: Conflicts one update may meet before it gives up (each costs one round trip; the winner of every race
+#: makes progress, so this is only reached under extreme contention on one row).
+MAX_ATTEMPTS = 100
+
+#: Writes of unknown outcome remembered for their retry (oldest forgotten first).
+_PENDING_LIMIT = 10_000
+
+#: Error replies that mean "not now" rather than "never": the server is loading its data after a restart,
+#: is a read-only replica (a failover in progress), cannot persist, or its cluster is reconfiguring.
+_TRANSIENT_REPLIES = ("LOADING", "READONLY", "MISCONF", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+
+
+@dataclass(frozen=True)
+class _Row:
+    version: bytes
+    token: bytes | None
+    state: HostState | None
+
+
+def _row(values: Sequence[Any]) -> _Row:
+    version, token, n, c, d, o, t, u = values
+    if version is None:
+        return _Row(b"0", None, None)
+    return _Row(bytes(version), token, HostState(next_allowed=float(n), consec=int(c), crawl_delay=float(d),
+                                                 ok_seen=o == b"1", throttled_at=float(t), updated=float(u)))
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` with its password (in the authority or a ``password=`` query parameter) replaced by ``***``,
+    for messages and logs."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri
+    netloc = parts.netloc
+    if parts.password is not None:
+        user = parts.username or ""
+        host = netloc.rpartition("@")[2]
+        netloc = f"{user}:***@{host}"
+    query = parts.query
+    if "password=" in query:
+        query = urlencode([(k, "***" if k == "password" else v) for k, v in parse_qsl(query, keep_blank_values=True)])
+    if (netloc, query) == (parts.netloc, parts.query):
+        return uri
+    rebuilt = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return rebuilt if netloc else rebuilt.replace(":", "://", 1)  # unix:///path keeps its empty authority
+
+
+class RedisStore:
+    """The pace table in a Redis server, shared by every process that uses the same URI and prefix.
+
+    Args:
+        uri: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` (TLS) or
+            ``unix:///path/to/socket?db=N`` (redis-py's URL forms).
+        options: ``prefix`` (``POLITE_STORE_PREFIX``), ``timeout`` (``POLITE_STORE_TIMEOUT``, seconds; one
+            call waits at most ``min(timeout, 5)`` seconds for the server) and ``expire``
+            (``POLITE_STORE_EXPIRE``, seconds).
+        client: a ready ``redis.Redis`` (tests); built from ``uri`` when None.
+
+    Raises:
+        StoreError: the server cannot be reached, refuses the credentials, or is not a usable Redis (at
+            construction: the crawl must not start). The message names the URI (password hidden) and the fix.
+    """
+
+    #: The table's clock is the server's (``TIME``): the pacer converts its due times to this process's clock.
+    server_clock = True
+    #: Threads of :class:`~scrapy_polite.stores.AsyncStore` for this backend (each call is network I/O).
+    threads = 4
+
+    def __init__(self, uri: str, options: StoreOptions | None = None, *, client: redis.Redis | None = None) -> None:
+        options = options or StoreOptions()
+        self.uri = redact_uri(uri)
+        self.prefix = options.prefix
+        self.expire_after = options.expire
+        self._base = f"{options.prefix}{{pace}}"
+        self._rows = f"{self._base}:"
+        self._counter = self._base
+        wait = max(0.1, min(5.0, options.timeout))
+        try:
+            self._client = client or redis.Redis.from_url(
+                uri, socket_timeout=wait, socket_connect_timeout=wait, retry=Retry(NoBackoff(), 0),
+                health_check_interval=30, client_name="scrapy-polite")
+        except (ValueError, redis_errors.RedisError) as exc:
+            raise StoreError(f"POLITE_STORE {self.uri!r} is not a Redis URL scrapy-polite can use: {exc}. Fix: use "
+                             "redis://host:port/db, rediss://host:port/db or unix:///path/to/redis.sock?db=0."
+                             ) from exc
+        self._write = self._client.register_script(_WRITE_IF_UNCHANGED)
+        self._delete_if = self._client.register_script(_DELETE_IF_UNCHANGED)
+        self._lock = threading.Lock()
+        #: (update function, keys) → (token, result) of a write whose connection was lost.
+        self._ambiguous: OrderedDict[tuple[Any, tuple[str, ...]], tuple[str, Any]] = OrderedDict()
+        try:
+            self._client.ping()
+        except redis_errors.RedisError as exc:
+            self._client.close()
+            raise self._error("reach", exc) from None  # the message says it all: one error, the URL, the fix
+
+    # -- errors -----------------------------------------------------------------------------------------
+
+    def _error(self, action: str, exc: BaseException) -> StoreError:
+        text = (str(exc) or type(exc).__name__).rstrip(".")
+        if isinstance(exc, (redis_errors.AuthenticationError, redis_errors.AuthorizationError,
+                            redis_errors.NoPermissionError)):
+            return StoreError(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: give the "
+                              "right user and password in POLITE_STORE (redis://user:password@host:port/db).")
+        if self._transient(exc):
+            cls = StoreUnavailable if action != "reach" else StoreError
+            return cls(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: start Redis "
+                       "there (e.g. redis-server --port 6379) or point POLITE_STORE to a reachable server "
+                       "(redis://host:port/db).")
+        return StoreError(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: point "
+                          "POLITE_STORE to a Redis server (version 5 or later) whose keys under "
+                          f"{self.prefix!r} only scrapy-polite writes, or change POLITE_STORE_PREFIX.")
+
+    @staticmethod
+    def _transient(exc: BaseException) -> bool:
+        if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError, ConnectionError,
+                            TimeoutError)):
+            return not isinstance(exc, redis_errors.AuthenticationError)
+        return isinstance(exc, redis_errors.ResponseError) and str(exc).startswith(_TRANSIENT_REPLIES)
+
+    def _run(self, action: str, call: Callable[[], T]) -> T:
+        """``call()``, retried once at once on a lost connection (a pooled connection the server closed);
+        redis errors become :class:`StoreError` (:class:`StoreUnavailable` when transient)."""
+        try:
+            try:
+                return call()
+            except (redis_errors.ConnectionError, ConnectionError) as exc:
+                if isinstance(exc, (redis_errors.AuthenticationError, redis_errors.BusyLoadingError)):
+                    raise
+                return call()
+        except redis_errors.RedisError as exc:
+            raise self._error(action, exc) from exc
+        except (ConnectionError, TimeoutError) as exc:
+            raise self._error(action, exc) from exc
+
+    # -- reads ------------------------------------------------------------------------------------------
+
+    def _key(self, key: str) -> str:
+        return self._rows + key
+
+    def _read(self, keys: Sequence[str]) -> tuple[list[_Row], float]:
+        def call() -> list[Any]:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.time()
+            for key in keys:
+                pipe.hmget(self._key(key), _FIELDS)
+            return pipe.execute()
+
+        replies = self._run("read", call)
+        seconds, micros = replies[0]
+        return [_row(values) for values in replies[1:]], seconds + micros / 1e6
+
+    def now(self) -> float:
+        """The server's clock (``TIME``), Unix epoch seconds."""
+        seconds, micros = self._run("read", self._client.time)
+        return float(seconds + micros / 1e6)
+
+    def get(self, key: str) -> HostState | None:
+        return self._read([key])[0][0].state
+
+    def read(self, keys: Sequence[str]) -> Snapshot:
+        rows, now = self._read(keys)
+        return Snapshot({key: row.state for key, row in zip(keys, rows)}, now)
+
+    # -- writes -----------------------------------------------------------------------------------------
+
+    def update(self, key: str, fn: UpdateFn[T]) -> T:
+        def many(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState], T]:
+            new, result = fn(states[key], now)
+            return ({key: new} if new is not None else {}), result
+
+        return self._update([key], many, fn)
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
+        return self._update(list(dict.fromkeys(keys)), fn, fn)
+
+    def _update(self, keys: list[str], fn: ManyUpdateFn[T], identity: Any) -> T:
+        """The optimistic read-modify-write. ``identity`` (the caller's update function) and ``keys`` name one
+        logical update: when a write of it was sent but its connection was lost (the write may or may not
+        have been applied), the next call with the same function on the same keys first looks for the
+        token of that write, and returns the first result when it finds it."""
+        name = (identity, tuple(keys))
+        with self._lock:
+            pending = self._ambiguous.pop(name, None)
+        token = pending[0] if pending is not None else uuid.uuid4().hex
+        mark = token.encode()
+        names = [*map(self._key, keys), self._counter]
+        rows, now = self._read(keys)
+        if pending is not None and any(row.token == mark for row in rows):
+            return pending[1]  # type: ignore[no-any-return]  # the result of the write that was applied
+        for _attempt in range(MAX_ATTEMPTS):
+            new, result = fn({key: row.state for key, row in zip(keys, rows)}, now)
+            stray = set(new).difference(keys)
+            if stray:
+                raise ValueError(f"update function wrote {sorted(stray)!r}, which it did not read")
+            if not new:
+                return result
+            args: list[Any] = [token, *(row.version for row in rows)]
+            for index, key in enumerate(keys, start=1):
+                state = new.get(key)
+                if state is not None:
+                    args.extend((index, self._expiry_ms(state, now), repr(float(state.next_allowed)),
+                                 int(state.consec), repr(float(state.crawl_delay)), int(bool(state.ok_seen)),
+                                 repr(float(state.throttled_at)), repr(float(state.updated))))
+            try:
+                reply = self._run("write", partial(self._write, keys=names, args=args))
+            except StoreUnavailable:
+                with self._lock:
+                    self._ambiguous[name] = (token, result)
+                    while len(self._ambiguous) > _PENDING_LIMIT:
+                        self._ambiguous.popitem(last=False)
+                raise
+            if not isinstance(reply, list):
+                return result
+            now = int(reply[0]) + int(reply[1]) / 1e6
+            rows = [_row(values) for values in reply[2:]]
+            if any(row.token == mark for row in rows):  # the immediate resend found the first write applied
+                return result
+        raise StoreBusy(f"scrapy-polite could not write its pace table {self.uri}: {len(keys)} rows "
+                        f"({', '.join(keys)}) changed under {MAX_ATTEMPTS} attempts in a row. Fix: fewer "
+                        "processes on these hosts, or a less loaded Redis.")
+
+    def _expiry_ms(self, state: HostState, now: float) -> int:
+        """When the row's key expires: ``POLITE_STORE_EXPIRE`` after the later of now, its write and its
+        ``next_allowed`` (Unix ms); 0 for never (an expiry beyond what Redis can hold)."""
+        at = (max(now, state.updated, state.next_allowed) + self.expire_after) * 1000.0
+        return int(at) + 1 if at < 2**62 else 0
+
+    def delete(self, key: str) -> bool:
+        return bool(self._run("write", lambda: self._client.delete(self._key(key))))
+
+    # -- the whole table --------------------------------------------------------------------------------
+
+    def _scan(self) -> Iterator[list[tuple[str, _Row]]]:
+        """Every row, in batches, as ``(key, row)``."""
+        pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in self._rows) + "*"
+        cursor = 0
+        while True:
+            cursor, names = self._scan_batch(cursor, pattern)
+            if names:
+                rows = self._run("read", partial(self._hmget_all, names))
+                batch = [(name[len(self._rows):], _row(values)) for name, values in zip(names, rows)]
+                yield [(key, row) for key, row in batch if row.state is not None]
+            if cursor == 0:
+                return
+
+    def _scan_batch(self, cursor: int, pattern: str) -> tuple[int, list[str]]:
+        next_cursor, names = self._run("read", lambda: self._client.scan(cursor, match=pattern, count=1000))
+        return int(next_cursor), [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+
+    def _hmget_all(self, names: list[str]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.hmget(name, _FIELDS)
+        return pipe.execute()
+
+    def items(self) -> Iterator[tuple[str, HostState]]:
+        rows = sorted((key, row.state) for batch in self._scan() for key, row in batch if row.state is not None)
+        return iter(rows)
+
+    def expire(self, before: float) -> int:
+        removed = 0
+        for batch in self._scan():
+            stale = [(key, row) for key, row in batch if row.state is not None
+                     and row.state.updated < before and row.state.next_allowed < before]
+            if stale:
+                removed += int(self._run("write", partial(self._delete_if, keys=[self._key(k) for k, _ in stale],
+                                                          args=[row.version for _, row in stale])))
+        return removed
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,321 @@
+"""Many Scrapy processes, one Redis pace table (docs/spec.md §6; README "Running many crawlers").
+
+Real ``scrapy`` processes (subprocesses with ``CrawlerProcess``) crawl the same loopback hosts through one
+real ``redis-server``, and the checks read the **server-side** arrival log:
+
+* four processes, five hosts (two of them on one address): no two requests to one host, or to one address,
+  closer than the interval, across processes; a 429 with ``Retry-After`` answered to one process holds
+  every process off; one process runs with its clock 30 s ahead and the spacing still holds (the table's
+  clock is the server's). Negative control: the same crawl with a pace table per process (``memory://``)
+  breaks the spacing;
+* Redis stopped and restarted mid-crawl: no request goes out while it is down, the crawl finishes, the
+  stats count the outage, and the hold recorded before the outage is still honoured after it; not back
+  within ``POLITE_STORE_TIMEOUT``: the spider closes with reason ``polite_store_error``;
+* Redis not running at start: ``scrapy crawl`` refuses to start, with one error naming the URL and the fix,
+  and exits with a non-zero status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.support.redis_server import RedisServer, free_port, redis_url, unique_prefix  # noqa: F401
+from tests.support.server import Arrival, Reply, RequestInfo, page, scripted
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: Seconds of slack for the arrival log (timestamps taken by the server's threads; loopback latency).
+TOL = 0.03
+
+HOST_INTERVAL = 0.25
+IP_INTERVAL = 0.35
+RETRY_AFTER = 2.0
+
+#: Five hosts on four loopback addresses: h4 and h5 share one.
+HOSTS = {"h1.test": "127.0.9.1", "h2.test": "127.0.9.2", "h3.test": "127.0.9.3", "h4.test": "127.0.9.4",
+         "h5.test": "127.0.9.4"}
+
+CRAWL = textwrap.dedent("""
+    import json, sys, time
+    config = json.load(open(sys.argv[1]))
+    if config.get("skew"):  # this process's clock runs ahead (patched before anything reads it)
+        _real_time = time.time
+        time.time = lambda: _real_time() + config["skew"]
+    sys.path.insert(0, config["root"])
+    from scrapy.crawler import CrawlerProcess
+    from tests.support.crawl import TEST_SETTINGS, ListSpider
+
+    process = CrawlerProcess({**TEST_SETTINGS, **config["settings"]})
+    crawler = process.create_crawler(ListSpider)
+    process.crawl(crawler, urls=config["urls"])
+    process.start()
+    stats = {k: v for k, v in crawler.stats.get_stats().items() if isinstance(v, (int, float, str))}
+    spider = crawler.spider
+    with open(config["out"], "w") as f:
+        json.dump({"stats": stats, "statuses": spider.statuses() if spider else [], "clock": time.time(),
+                   "failed": [x.error for x in spider.failed] if spider else []}, f)
+""")
+
+
+def settings(store: str, prefix: str, **overrides: Any) -> dict[str, Any]:
+    s: dict[str, Any] = {
+        "ADDONS": {"scrapy_polite.Addon": 0},
+        "POLITE_STORE": store,
+        "POLITE_STORE_PREFIX": prefix,
+        "POLITE_HOST_INTERVAL": HOST_INTERVAL,
+        "POLITE_IP_INTERVAL": IP_INTERVAL,
+        "POLITE_ALLOWED_NETWORKS": ["127.0.0.0/8"],
+        "POLITE_DNS_OVERRIDES": {host: [address] for host, address in HOSTS.items()},
+        "CONCURRENT_REQUESTS": 16,
+        "LOG_LEVEL": "INFO",
+    }
+    s.update(overrides)
+    return s
+
+
+class Crawl:
+    """One Scrapy process started with :data:`CRAWL`; :meth:`result` waits for it."""
+
+    def __init__(self, tmp_path: Any, name: str, urls: list[str], settings: dict[str, Any], skew: float = 0.0):
+        self.out = tmp_path / f"{name}.json"
+        self.log = tmp_path / f"{name}.log"
+        config = tmp_path / f"{name}-config.json"
+        config.write_text(json.dumps({"root": ROOT, "settings": settings, "urls": urls, "out": str(self.out),
+                                      "skew": skew}))
+        script = tmp_path / "crawl.py"
+        if not script.exists():
+            script.write_text(CRAWL)
+        self._log = open(self.log, "w")
+        self.proc = subprocess.Popen([sys.executable, str(script), str(config)], cwd=str(tmp_path),
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+
+    def result(self, timeout: float = 120.0) -> dict[str, Any]:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"crawl did not finish in {timeout} s:\n{self.log.read_text()[-4000:]}") from None
+        finally:
+            self._log.close()
+        assert self.proc.returncode == 0, self.log.read_text()[-4000:]
+        return json.loads(self.out.read_text())  # type: ignore[no-any-return]
+
+
+def violations(arrivals: list[Arrival], interval: float) -> list[str]:
+    """Consecutive arrivals closer than ``interval`` (from the end of one response to the next start)."""
+    ordered = sorted(arrivals, key=lambda a: a.start)
+    return [f"{a.host}{a.path} ended {a.end:.3f}, {b.host}{b.path} started {b.start:.3f} "
+            f"({b.start - a.end:.3f} s < {interval} s)"
+            for a, b in zip(ordered, ordered[1:]) if b.start - a.end < interval - TOL]
+
+
+def describe(arrivals: list[Arrival]) -> str:
+    return "\n".join(f"  {a.start:.3f}-{a.end:.3f} {a.status} {a.host}{a.path}"
+                     for a in sorted(arrivals, key=lambda a: a.start))
+
+
+def start_servers(arrival_server: Any) -> dict[str, Any]:
+    """One ArrivalServer per address; h1's second request (from whichever process) is a 429 with
+    Retry-After. Returns host → its server."""
+    servers: dict[str, Any] = {}
+    for address in sorted(set(HOSTS.values())):
+        servers[address] = arrival_server(address)
+    lock = threading.Lock()
+    seen = [0]
+
+    def h1(info: RequestInfo, count: int) -> Reply:
+        with lock:
+            seen[0] += 1
+            n = seen[0]
+        return Reply.throttle(429, str(RETRY_AFTER)) if n == 2 else page(info.path)
+
+    servers[HOSTS["h1.test"]].route("/*", h1, host="h1.test")
+    return {host: servers[address] for host, address in HOSTS.items()}
+
+
+def urls_for(servers: dict[str, Any], process: int, pages: int) -> list[str]:
+    return [servers[host].url(f"/p{process}/{i}", host=host) for i in range(pages) for host in HOSTS]
+
+
+def all_arrivals(servers: dict[str, Any]) -> list[Arrival]:
+    return [a for srv in {id(s): s for s in servers.values()}.values() for a in srv.arrivals()]
+
+
+PROCESSES = 4
+PAGES = 3
+
+
+def run_four(tmp_path: Any, arrival_server: Any, store: str, prefix: str, skew: float = 0.0
+             ) -> tuple[list[Arrival], list[dict[str, Any]]]:
+    servers = start_servers(arrival_server)
+    crawls = [Crawl(tmp_path, f"crawl{p}", urls_for(servers, p, PAGES), settings(store, prefix),
+                    skew=skew if p == PROCESSES - 1 else 0.0)
+              for p in range(PROCESSES)]
+    results = [c.result() for c in crawls]
+    return all_arrivals(servers), results
+
+
+def test_four_processes_share_one_budget_per_host_and_address(redis_url, arrival_server, tmp_path):
+    prefix = unique_prefix("e2e")
+    hits, results = run_four(tmp_path, arrival_server, redis_url, prefix, skew=30.0)
+    assert len(hits) == PROCESSES * PAGES * len(HOSTS), describe(hits)
+    # The skewed process really was 30 s ahead.
+    assert results[-1]["clock"] - time.time() > 29.0
+    problems = []
+    for host in HOSTS:
+        problems += violations([a for a in hits if a.host == host], HOST_INTERVAL)
+    problems += violations([a for a in hits if HOSTS[a.host] == "127.0.9.4"], IP_INTERVAL)  # h4 + h5
+    for address in ("127.0.9.1", "127.0.9.2", "127.0.9.3"):
+        problems += violations([a for a in hits if HOSTS[a.host] == address], IP_INTERVAL)
+    assert not problems, "\n".join(problems) + "\n" + describe(hits)
+    # Every process crawled every host (they shared the work, none waited it all out alone).
+    for p in range(PROCESSES):
+        assert {a.host for a in hits if a.path.startswith(f"/p{p}/")} == set(HOSTS)
+    # The 429 answered to one process held every process off h1 for Retry-After.
+    h1 = sorted((a for a in hits if a.host == "h1.test"), key=lambda a: a.start)
+    (throttled,) = [a for a in h1 if a.status == 429]
+    after = [a for a in h1 if a.start > throttled.start]
+    assert after and after[0].start >= throttled.end + RETRY_AFTER - TOL, describe(h1)
+    throttled_process = throttled.path.split("/")[1]
+    assert {a.path.split("/")[1] for a in after} - {throttled_process}, "no other process came back to h1"
+    assert sum(r["stats"].get("polite/throttles/429", 0) for r in results) == 1
+
+
+def test_negative_control_a_table_per_process_breaks_the_spacing(arrival_server, tmp_path):
+    hits, _ = run_four(tmp_path, arrival_server, "memory://", "unused:")
+    problems = [p for host in HOSTS for p in violations([a for a in hits if a.host == host], HOST_INTERVAL)]
+    assert len(problems) >= 5, describe(hits)  # each process paced alone: several at once on every host
+
+
+# --------------------------------------------------------------------------------------------------
+# Redis lost mid-crawl
+
+
+def test_redis_stopped_and_restarted_mid_crawl(arrival_server, tmp_path):
+    """Host a answers its first request with a 429 (Retry-After 3 s), recorded before Redis goes away; host b
+    crawls steadily. Redis is stopped while both are busy, kept down 2 s, then restarted."""
+    with RedisServer() as redis_server:
+        a, b = arrival_server("127.0.9.11"), arrival_server("127.0.9.12")
+        a.route("/*", scripted(Reply.throttle(429, "3")))
+        stopped = threading.Event()
+        down: dict[str, float] = {}
+        seen = [0]
+
+        def maybe_stop(info: RequestInfo, count: int) -> Reply:
+            seen[0] += 1
+            if seen[0] == 4 and not stopped.is_set():  # b's 4th request: stop Redis before answering it
+                redis_server.stop()
+                down["stopped"] = time.time()
+                stopped.set()
+            return page(info.path)
+
+        b.route("/*", maybe_stop)
+        urls = [a.url(f"/{i}") for i in range(3)] + [b.url(f"/{i}") for i in range(12)]
+        crawl = Crawl(tmp_path, "outage", urls, settings(redis_server.url, "t:", POLITE_DNS_OVERRIDES={},
+                                                          POLITE_IP_INTERVAL=0, POLITE_STORE_TIMEOUT=30))
+        assert stopped.wait(60), (tmp_path / "outage.log").read_text()[-3000:]
+        time.sleep(2.0)
+        down["end"] = time.time()
+        redis_server.start()  # from the main thread (see RedisServer.start)
+        result = crawl.result()
+        hits = a.arrivals() + b.arrivals()
+
+    during = [h for h in hits if down["stopped"] + TOL < h.start < down["end"]]
+    assert not during, f"requests went out while Redis was down:\n{describe(during)}"
+    assert sorted(result["statuses"]) == sorted([429] + [200] * 14), result
+    stats = result["stats"]
+    assert stats["finish_reason"] == "finished"
+    assert stats["polite/store/outages"] == 1
+    assert 1.5 <= stats["polite/store/outage_seconds"] <= 10, stats
+    # The 429's hold, recorded before the outage, survived it: h1's next request waited out Retry-After.
+    h1 = sorted(a.arrivals(), key=lambda x: x.start)
+    assert h1[0].status == 429 and h1[1].start >= h1[0].end + 3.0 - TOL, describe(h1)
+    log = (tmp_path / "outage.log").read_text()
+    assert log.count("Requests wait (none is sent without a booking)") == 1  # one WARNING per outage
+    assert "reachable again" in log
+
+
+def test_redis_not_back_within_the_timeout_closes_the_spider(arrival_server, tmp_path):
+    with RedisServer() as redis_server:
+        srv = arrival_server("127.0.9.13")
+        stopped = threading.Event()
+
+        seen = [0]
+
+        def stop_at_3rd(info: RequestInfo, count: int) -> Reply:
+            seen[0] += 1
+            if seen[0] == 3 and not stopped.is_set():
+                redis_server.stop()
+                stopped.set()
+            return page(info.path)
+
+        srv.route("/*", stop_at_3rd)
+        started = time.time()
+        crawl = Crawl(tmp_path, "gone", [srv.url(f"/{i}") for i in range(10)],
+                      settings(redis_server.url, "t:", POLITE_DNS_OVERRIDES={}, POLITE_IP_INTERVAL=0,
+                               POLITE_STORE_TIMEOUT=2))
+        result = crawl.result()
+    stats = result["stats"]
+    assert stats["finish_reason"] == "polite_store_error", stats
+    assert len(srv.arrivals()) == 3  # none after Redis went away
+    assert stats["polite/store/outages"] == 1 and stats["polite/store/outage_seconds"] == pytest.approx(2.0, abs=0.5)
+    assert time.time() - started < 30
+    log = (tmp_path / "gone.log").read_text()
+    assert "POLITE_STORE_TIMEOUT" in log and "Stopping the crawl" in log
+
+
+# --------------------------------------------------------------------------------------------------
+# Redis not running at start
+
+SPIDER = textwrap.dedent("""
+    import scrapy
+
+    class Once(scrapy.Spider):
+        name = "once"
+        start_urls = [{url!r}]
+
+        def parse(self, response):
+            pass
+""")
+
+
+def runspider(spider: Any, store: str, cwd: Any) -> subprocess.CompletedProcess[str]:
+    """``scrapy runspider`` with the add-on and the store on the command line, as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "scrapy", "runspider", str(spider),
+                           "-s", 'ADDONS={"scrapy_polite.Addon": 0}', "-s", f"POLITE_STORE={store}",
+                           "-s", "POLITE_ALLOWED_NETWORKS=127.0.0.0/8", "-s", "TELNETCONSOLE_ENABLED=0",
+                           "-s", "RETRY_ENABLED=0"],
+                          cwd=str(cwd), env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_redis_not_running_at_start_refuses_to_crawl(arrival_server, tmp_path):
+    srv = arrival_server("127.0.9.14")
+    port = free_port()
+    store = f"redis://127.0.0.1:{port}/0"
+    spider = tmp_path / "once.py"
+    spider.write_text(SPIDER.format(url=srv.url("/")))
+    proc = runspider(spider, store, tmp_path)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert len(re.findall(r"\] ERROR: ", output)) == 1, output[-3000:]  # one error record...
+    last = output.strip().splitlines()[-1]  # ...whose exception names the URL and the fix
+    assert last.startswith("scrapy_polite.stores.base.StoreError: ") and store in last and "Fix:" in last, last
+    assert "redis.exceptions" not in output  # the message says it all: no chain of client errors
+    assert srv.arrivals() == []
+    # Negative control: with the server running, the same spider crawls and exits 0.
+    with RedisServer(port=port):
+        ok = runspider(spider, store, tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert len(srv.arrivals()) == 1, ok.stderr[-3000:]

@@ -1,0 +1,669 @@
+"""The Redis pace table (scrapy_polite.stores.redis, docs/spec.md §6) on a real ``redis-server``, and the
+outage guard (scrapy_polite.outage) on a fake clock.
+
+The protocol every backend shares runs on Redis in tests/test_store_protocol.py (the ``redis`` entry of
+tests/support/stores.py). Here: what only a server store has — the server's clock, optimistic writes that
+retry on a lost race and never apply twice, key layout, expiry and prefix, the errors at start and mid-call,
+eight processes updating the same rows — then the guard that waits through an outage, and ``scrapy polite``
+on a ``redis://`` table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+from twisted.internet import defer
+from twisted.internet.task import Clock, deferLater
+
+from scrapy_polite.outage import StoreGuard
+from scrapy_polite.policy import HostState
+from scrapy_polite.reporting import Report
+from scrapy_polite.stores import (
+    MemoryStore,
+    StoreBusy,
+    StoreError,
+    StoreOptions,
+    StoreUnavailable,
+    open_store,
+    registered_schemes,
+)
+from scrapy_polite.stores import redis as redis_module
+from scrapy_polite.stores.redis import RedisStore, redact_uri
+from tests.support.redis_server import RedisServer, free_port, redis_url, unique_prefix  # noqa: F401
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def prefix(redis_url):
+    """A key prefix of this test only; its keys are deleted afterwards."""
+    name = unique_prefix("redis")
+    yield name
+    client = redis.Redis.from_url(redis_url)
+    names = list(client.scan_iter(match=name + "*", count=1000))
+    if names:
+        client.delete(*names)
+    client.close()
+
+
+@pytest.fixture
+def store(redis_url, prefix):
+    s = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def raw(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def bump(old: HostState | None, now: float) -> tuple[HostState, int]:
+    old = old or HostState()
+    return replace(old, consec=old.consec + 1, updated=now), old.consec
+
+
+def put(store, key, state):
+    store.update(key, lambda old, now: (state, None))
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry, URIs, errors at start
+
+
+def test_redis_schemes_are_registered():
+    assert {"redis", "rediss", "unix"} <= set(registered_schemes())
+
+
+def test_open_store_builds_a_redis_store_with_the_options(redis_url, prefix):
+    s = open_store(redis_url, StoreOptions(prefix=prefix, timeout=3.0, expire=120.0))
+    try:
+        assert isinstance(s, RedisStore) and s.server_clock is True
+        assert s.prefix == prefix and s.expire_after == 120.0
+        assert s.uri == redis_url
+    finally:
+        s.close()
+
+
+def test_unix_socket_uri(tmp_path):
+    from tests.support.redis_server import require_redis
+
+    socket_path = tmp_path / "redis.sock"
+    proc = subprocess.Popen([require_redis(), "--port", "0", "--unixsocket", str(socket_path), "--dir", str(tmp_path),
+                             "--save", ""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s = open_store(f"unix://{socket_path}?db=0", StoreOptions(prefix=unique_prefix("unix")))
+        try:
+            s.update("a.example", bump)
+            assert s.get("a.example").consec == 1
+            assert s.uri.startswith("unix://")
+        finally:
+            s.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_unreachable_at_start_names_the_url_and_the_fix():
+    port = free_port()
+    with pytest.raises(StoreError) as info:
+        open_store(f"redis://:s3cret@127.0.0.1:{port}/0", StoreOptions(timeout=1.0))
+    message = str(info.value)
+    assert f"redis://:***@127.0.0.1:{port}/0" in message
+    assert "s3cret" not in message  # the password is never printed
+    assert "Fix:" in message and "redis-server" in message
+    assert not isinstance(info.value, StoreUnavailable)  # at start it is fatal, not an outage to wait out
+
+
+def test_wrong_password_says_so():
+    port = free_port()
+    with RedisServer(port=port) as server:
+        client = redis.Redis(port=server.port)
+        client.config_set("requirepass", "right")
+        client.close()
+        with pytest.raises(StoreError, match="password") as info:
+            open_store(f"redis://:wrong@127.0.0.1:{port}/0")
+        assert "wrong" not in str(info.value)
+        ok = open_store(f"redis://:right@127.0.0.1:{port}/0")  # negative control: the right password works
+        ok.close()
+
+
+def test_not_a_redis_url_is_a_store_error():
+    with pytest.raises(StoreError, match="Fix:"):
+        open_store("redis://127.0.0.1:notaport/0")
+
+
+def test_redact_uri():
+    assert redact_uri("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+    assert redact_uri("redis://h:1/0") == "redis://h:1/0"
+    assert redact_uri("unix:///s.sock?db=1&password=pw") == "unix:///s.sock?db=1&password=%2A%2A%2A"
+
+
+def test_missing_client_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "redis", None)  # import redis -> ImportError
+    monkeypatch.delitem(sys.modules, "scrapy_polite.stores.redis")
+    with pytest.raises(StoreError) as info:
+        open_store("redis://127.0.0.1:6379/0")
+    assert "pip install 'scrapy-polite[redis]'" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# The server's clock
+
+
+def test_now_and_every_update_use_the_server_clock(store, raw, monkeypatch):
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 30.0)  # this process's clock is 30 s ahead
+    seconds, micros = raw.time()
+    server = seconds + micros / 1e6
+    assert abs(store.now() - server) < 1.0
+    seen = []
+    store.update("a.example", lambda old, now: (seen.append(now), (None, None))[1])
+    assert abs(seen[0] - server) < 1.0
+    assert store.read(["a.example"]).now - server < 1.0
+    # Negative control: a store whose clock is this process's sees the skew.
+    assert MemoryStore(clock=time.time).now() - server > 29.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Optimistic writes
+
+
+def test_a_lost_race_reruns_fn_on_the_winner_row(redis_url, prefix):
+    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    calls = []
+
+    def racing(old, now):
+        calls.append(old.consec if old else None)
+        if len(calls) == 1:  # another process writes the row between our read and our write
+            second.update("a.example", bump)
+        return bump(old, now)
+
+    try:
+        first.update("a.example", racing)
+        assert calls == [None, 1]  # ran again, on the row the other process wrote
+        assert first.get("a.example").consec == 2  # neither update lost
+        # Negative control: without a race fn runs once.
+        calls.clear()
+        first.update("a.example", lambda old, now: (calls.append(old.consec), bump(old, now))[1])
+        assert calls == [2]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_every_row_read_is_checked_not_only_the_ones_written(redis_url, prefix):
+    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    calls = []
+
+    def book(states, now):
+        calls.append(dict(states))
+        if len(calls) == 1:  # the address row changes under us; we only write the host row
+            second.update("ip:192.0.2.1", bump)
+        return {"a.example": HostState(consec=len(calls), updated=now)}, None
+
+    try:
+        first.update_many(["a.example", "ip:192.0.2.1"], book)
+        assert len(calls) == 2 and calls[1]["ip:192.0.2.1"].consec == 1
+        assert first.get("a.example").consec == 2
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_write_lost_too_often_is_store_busy(redis_url, prefix, monkeypatch):
+    monkeypatch.setattr(redis_module, "MAX_ATTEMPTS", 3)
+    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+
+    def always_racing(old, now):
+        second.update("a.example", bump)
+        return bump(old, now)
+
+    try:
+        with pytest.raises(StoreBusy, match="a.example"):
+            first.update("a.example", always_racing)
+        assert first.get("a.example").consec == 3  # only the other writer's updates
+    finally:
+        first.close()
+        second.close()
+
+
+class LoseReplies:
+    """Wraps the write script: runs it, then loses the reply (the connection dropped) ``times`` times."""
+
+    def __init__(self, script, times):
+        self.script, self.times, self.sent = script, times, 0
+
+    def __call__(self, *args, **kwargs):
+        self.sent += 1
+        result = self.script(*args, **kwargs)
+        if self.times:
+            self.times -= 1
+            raise redis.ConnectionError("Connection lost (simulated) after the write was applied")
+        return result
+
+
+def test_a_write_whose_reply_was_lost_is_not_applied_twice(store):
+    store.update("a.example", bump)
+    store._write = LoseReplies(store._write, times=1)
+    assert store.update("a.example", bump) == 1  # the immediate resend found the first write applied
+    assert store.get("a.example").consec == 2
+    assert store._write.sent == 2
+
+
+def test_the_retry_of_an_update_that_raised_unavailable_is_not_applied_twice(store):
+    store.update("a.example", bump)
+    store._write = LoseReplies(store._write, times=2)
+
+    def once(old, now):
+        return bump(old, now)
+
+    with pytest.raises(StoreUnavailable):
+        store.update("a.example", once)  # applied, but we could not know
+    assert store.get("a.example").consec == 2
+    assert store.update("a.example", once) == 1  # the retry (same fn) returns the first result
+    assert store.get("a.example").consec == 2
+    # Negative control: another update function is another update.
+    assert store.update("a.example", bump) == 2
+    assert store.get("a.example").consec == 3
+
+
+def test_an_update_whose_write_never_reached_the_server_is_applied_by_its_retry(store):
+    class Unsent:
+        def __call__(self, *args, **kwargs):
+            raise redis.ConnectionError("Connection refused (simulated)")
+
+    real = store._write
+    store._write = Unsent()
+
+    def once(old, now):
+        return bump(old, now)
+
+    with pytest.raises(StoreUnavailable):
+        store.update("a.example", once)
+    assert store.get("a.example") is None
+    store._write = real
+    assert store.update("a.example", once) == 0
+    assert store.get("a.example").consec == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys, expiry, prefix
+
+
+def test_keys_share_one_hash_slot_and_expire_after_next_allowed(store, raw, prefix):
+    now = store.now()
+    put(store, "a.example", HostState(next_allowed=now + 100, updated=now))
+    put(store, "ip:192.0.2.1", HostState(next_allowed=now + 1, updated=now))
+    names = sorted(n.decode() for n in raw.scan_iter(match=prefix + "*"))
+    assert names == [f"{prefix}{{pace}}", f"{prefix}{{pace}}:a.example", f"{prefix}{{pace}}:ip:192.0.2.1"]
+    assert len({key_slot(n.encode()) for n in names}) == 1  # one hash slot: works on a Redis Cluster
+    expire = store.expire_after
+    host_at = raw.pexpiretime(f"{prefix}{{pace}}:a.example") / 1000
+    ip_at = raw.pexpiretime(f"{prefix}{{pace}}:ip:192.0.2.1") / 1000
+    assert abs(host_at - (now + 100 + expire)) < 1.0  # POLITE_STORE_EXPIRE past its next_allowed
+    assert abs(ip_at - (now + 1 + expire)) < 1.0
+    assert raw.ttl(f"{prefix}{{pace}}") == -1  # the version counter never expires
+
+
+def test_a_row_expires_on_the_server(redis_url, prefix):
+    s = RedisStore(redis_url, StoreOptions(prefix=prefix, expire=0.3))
+    try:
+        now = s.now()
+        put(s, "a.example", HostState(next_allowed=now + 0.2, updated=now))
+        put(s, "b.example", HostState(next_allowed=now + 30, updated=now))
+        time.sleep(0.8)
+        assert s.get("a.example") is None
+        assert s.get("b.example") is not None  # negative control: still held, kept
+    finally:
+        s.close()
+
+
+def test_prefixes_are_separate_tables(redis_url, prefix):
+    a = RedisStore(redis_url, StoreOptions(prefix=prefix + "a:"))
+    b = RedisStore(redis_url, StoreOptions(prefix=prefix + "b:"))
+    try:
+        a.update("x.example", bump)
+        assert b.get("x.example") is None and list(b.items()) == []
+        assert [k for k, _ in a.items()] == ["x.example"]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_items_and_expire_over_many_scan_batches(store):
+    now = store.now()
+    client = store._client
+    pipe = client.pipeline(transaction=False)
+    for i in range(2500):  # quicker than 2500 updates; the same fields the store writes
+        pipe.hset(store._key(f"h{i:04d}.example"), mapping={
+            "v": 1, "w": "x", "n": repr(now - 10), "c": i % 3, "d": "0.0", "o": 0, "t": "0.0",
+            "u": repr(now - 100 if i % 2 else now)})
+    pipe.execute()
+    keys = [k for k, _ in store.items()]
+    assert len(keys) == 2500 and keys == sorted(keys)
+    assert store.expire(now - 1) == 1250
+    assert len(list(store.items())) == 1250
+
+
+def test_a_key_of_another_type_is_a_store_error_not_an_outage(store):
+    store._client.set(store._key("a.example"), "not a hash")
+    with pytest.raises(StoreError) as info:
+        store.get("a.example")
+    assert not isinstance(info.value, StoreUnavailable)
+    assert "POLITE_STORE_PREFIX" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# A server that goes away mid-crawl
+
+
+def test_a_stopped_server_is_unavailable_then_back_with_every_row():
+    with RedisServer() as server:
+        s = RedisStore(server.url, StoreOptions(prefix="t:", timeout=1.0))
+        try:
+            s.update("a.example", bump)
+            server.stop()
+            with pytest.raises(StoreUnavailable, match="Fix:"):
+                s.update("a.example", bump)
+            with pytest.raises(StoreUnavailable):
+                s.read(["a.example"])
+            server.start()
+            assert s.get("a.example").consec == 1  # nothing acknowledged before the outage is lost
+            s.update("a.example", bump)
+            assert s.get("a.example").consec == 2
+        finally:
+            s.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Eight processes, the same rows, no update lost
+
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    from dataclasses import replace
+    sys.path.insert(0, {root!r})
+    from scrapy_polite.policy import HostState
+    from scrapy_polite.stores import StoreOptions
+    from scrapy_polite.stores.redis import RedisStore
+
+    url, prefix, go, updates = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    store = RedisStore(url, StoreOptions(prefix=prefix))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go):  # start together, for the most contention
+        if time.monotonic() > deadline:
+            sys.exit("never told to go")
+        time.sleep(0.001)
+
+    def bump(state):
+        state = state or HostState()
+        return replace(state, consec=state.consec + 1)
+
+    for i in range(updates):
+        host, ip = "h%d.example" % (i % 5), "ip:192.0.2.%d" % (i % 2)
+        # Host and address rows in one transaction, as a booking does.
+        store.update_many([host, ip], lambda states, now: ({{host: bump(states[host]), ip: bump(states[ip])}}, None))
+    store.close()
+""")
+
+PROCESSES = 8
+UPDATES = 1000
+
+
+def test_eight_processes_lose_no_update(redis_url, prefix, tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(root=ROOT))
+    go = tmp_path / "go"
+    workers = [subprocess.Popen([sys.executable, str(script), redis_url, prefix, str(go), str(UPDATES)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for _ in range(PROCESSES)]
+    time.sleep(1.0)  # let them all connect
+    go.write_text("go")
+    for worker in workers:
+        out, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err.decode(errors="replace")
+    s = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    try:
+        counts = {key: state.consec for key, state in s.items()}
+    finally:
+        s.close()
+    total = PROCESSES * UPDATES
+    assert counts == {**{f"h{i}.example": total // 5 for i in range(5)},
+                      "ip:192.0.2.0": total // 2, "ip:192.0.2.1": total // 2}
+
+
+# --------------------------------------------------------------------------------------------------
+# The outage guard, on a fake clock
+
+
+class FlakyStore:
+    """An AsyncStore stand-in: the first ``failures`` calls fail with ``error``, then calls succeed."""
+
+    uri = "redis://flaky.test:6379/0"
+
+    def __init__(self, failures: int = 0, error: Exception | None = None) -> None:
+        self.failures = failures
+        self.error = error or StoreUnavailable("scrapy-polite cannot read its pace table redis://flaky.test:6379/0: "
+                                               "Connection refused. Fix: start Redis there.")
+        self.calls: list[Any] = []
+        self.closed = False
+
+    def _answer(self, value):
+        if self.failures:
+            self.failures -= 1
+            return defer.fail(self.error)
+        return defer.succeed(value)
+
+    def read(self, keys):
+        self.calls.append(("read", tuple(keys)))
+        return self._answer("snapshot")
+
+    def get(self, key):
+        self.calls.append(("get", key))
+        return self._answer(None)
+
+    def update(self, key, fn):
+        self.calls.append(("update", fn))
+        return self._answer("updated")
+
+    def update_many(self, keys, fn):
+        self.calls.append(("update_many", fn))
+        return self._answer("updated many")
+
+    def close(self):
+        self.closed = True
+
+
+class Stats:
+    def __init__(self):
+        self.values: dict[str, float] = {}
+
+    def inc_value(self, key, count=1):
+        self.values[key] = self.values.get(key, 0) + count
+
+
+def guard_on(store, timeout=60.0):
+    clock = Clock()
+    clock.advance(1000.0)  # small numbers: exact enough to step by microseconds
+    stats = Stats()
+    guard = StoreGuard(store, timeout=timeout, report=Report(stats), clock=clock.seconds,
+                       sleep=lambda s: deferLater(clock, s, lambda: None), jitter=lambda: 1.0)
+    return guard, clock, stats
+
+
+def results(d):
+    out = []
+    d.addBoth(out.append)
+    return out
+
+
+def test_guard_passes_calls_through_and_counts_nothing_without_an_outage(caplog):
+    store = FlakyStore()
+    guard, clock, stats = guard_on(store)
+    assert results(guard.read(["a"])) == ["snapshot"]
+    assert results(guard.update("a", bump)) == ["updated"]
+    assert stats.values == {} and not caplog.records
+    assert guard.uri == store.uri
+
+
+def test_guard_waits_with_backoff_and_counts_one_outage(caplog):
+    caplog.set_level(logging.INFO, logger="scrapy_polite.outage")
+    store = FlakyStore(failures=5)
+    guard, clock, stats = guard_on(store)
+    fn = lambda old, now: (None, None)  # noqa: E731
+    got = results(guard.update_many(["a", "ip:192.0.2.1"], fn))
+    attempts_at = []
+    for delay in (0.1, 0.2, 0.4, 0.8, 1.6):
+        assert got == []  # still waiting: nothing answered, so nothing may be sent
+        attempts_at.append(len(store.calls))
+        clock.advance(delay - 1e-6)
+        assert len(store.calls) == attempts_at[-1]  # not before its backoff
+        clock.advance(1e-6)
+    assert got == ["updated many"]
+    assert [c[1] for c in store.calls] == [fn] * 6  # the same update function each time
+    assert stats.values == {"polite/store/outages": 1, "polite/store/outage_seconds": pytest.approx(3.1)}
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "redis://flaky.test:6379/0" in warnings[0].getMessage()
+    assert "POLITE_STORE_TIMEOUT=60" in warnings[0].getMessage()
+    assert any("reachable again after 3.1 s" in r.getMessage() for r in caplog.records)
+
+
+def test_calls_during_one_outage_count_it_once_and_a_later_outage_again(caplog):
+    caplog.set_level(logging.WARNING, logger="scrapy_polite.outage")
+    store = FlakyStore(failures=2)
+    guard, clock, stats = guard_on(store)
+    first, second = results(guard.read(["a"])), results(guard.read(["b"]))
+    clock.advance(0.1)
+    assert first == ["snapshot"] and second == ["snapshot"]
+    assert stats.values["polite/store/outages"] == 1
+    clock.advance(10)
+    store.failures = 1
+    third = results(guard.get("c"))
+    clock.advance(0.1)
+    assert third == [None]
+    assert stats.values["polite/store/outages"] == 2
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
+
+
+def test_guard_gives_up_after_the_timeout_with_a_store_error():
+    store = FlakyStore(failures=10**6)
+    guard, clock, stats = guard_on(store, timeout=5.0)
+    got = results(guard.read(["a"]))
+    for _ in range(100):
+        clock.advance(0.5)
+    assert len(got) == 1
+    exc = got[0].value
+    assert isinstance(exc, StoreError) and not isinstance(exc, StoreUnavailable)  # fatal: the pacer stops
+    assert "POLITE_STORE_TIMEOUT" in str(exc) and "Fix:" in str(exc)
+    attempts = len(store.calls)
+    assert attempts < 10  # backed off, not hammering
+    assert stats.values["polite/store/outage_seconds"] == pytest.approx(5.0)
+    # A call after giving up fails at once (the outage is still on).
+    late = results(guard.read(["b"]))
+    assert isinstance(late[0].value, StoreError) and len(store.calls) == attempts + 1
+
+
+def test_guard_passes_other_errors_at_once():
+    store = FlakyStore(failures=1, error=StoreError("disk full. Fix: free some space."))
+    guard, clock, stats = guard_on(store)
+    got = results(guard.read(["a"]))
+    assert got[0].value is store.error and len(store.calls) == 1 and stats.values == {}
+
+
+def test_closing_the_guard_stops_its_retries():
+    store = FlakyStore(failures=10**6)
+    guard, clock, stats = guard_on(store)
+    got = results(guard.read(["a"]))
+    clock.advance(0.1)
+    calls = len(store.calls)
+    guard.close()
+    assert store.closed
+    clock.advance(5)
+    assert len(got) == 1 and isinstance(got[0].value, StoreUnavailable) and len(store.calls) == calls
+
+
+# --------------------------------------------------------------------------------------------------
+# The pacer on Redis
+
+
+def test_the_pacer_uses_the_server_clock_and_threads_for_redis(redis_url, prefix):
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_polite.pacer import get_pacer
+
+    crawler = get_crawler(settings_dict={"POLITE_STORE": redis_url, "POLITE_STORE_PREFIX": prefix,
+                                         "POLITE_STORE_TIMEOUT": 7})
+    pacer = get_pacer(crawler)
+    try:
+        assert isinstance(pacer.store.store, RedisStore) and pacer.store.store.prefix == prefix
+        assert pacer.sync.server_clock is True
+        assert pacer.guard.timeout == 7.0
+    finally:
+        pacer.close()
+    # Negative control: SQLite's clock is this process's.
+    crawler = get_crawler(settings_dict={"POLITE_STORE": "memory://"})
+    pacer = get_pacer(crawler)
+    assert pacer.sync.server_clock is False
+    pacer.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# scrapy polite on a redis:// table
+
+
+def _scrapy(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scrapy", "polite", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_operator_command_on_redis(redis_url, prefix, tmp_path):
+    s = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    now = s.now()
+    put(s, "slow.example", HostState(next_allowed=now + 500, consec=3, crawl_delay=7.0, ok_seen=True, updated=now))
+    put(s, "old.example", HostState(next_allowed=1.0, updated=1.0))
+    s.close()
+    common = ("--store", redis_url, "-s", f"POLITE_STORE_PREFIX={prefix}")
+
+    shown = _scrapy("show", *common, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "2 rows" in shown.stdout and "slow.example" in shown.stdout and "7 s" in shown.stdout
+    other = _scrapy("show", "--store", redis_url, "-s", f"POLITE_STORE_PREFIX={prefix}x:", cwd=tmp_path)
+    assert "0 rows" in other.stdout  # negative control: another prefix is another table
+
+    reset = _scrapy("reset", "slow.example", *common, cwd=tmp_path)
+    assert reset.returncode == 0 and "slow.example: reset" in reset.stdout, reset.stderr
+    s = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    state = s.get("slow.example")
+    assert state.consec == 0 and state.crawl_delay == 7.0
+    s.close()
+
+    expired = _scrapy("expire", *common, cwd=tmp_path)
+    assert expired.returncode == 0 and "expired 1 rows" in expired.stdout, expired.stderr
+
+    down = _scrapy("show", "--store", f"redis://127.0.0.1:{free_port()}/0", cwd=tmp_path)
+    assert down.returncode == 1 and "Fix:" in down.stdout
+
+
+def test_pacing_policy_is_not_in_lua():
+    """The scripts only compare versions and copy fields: no pacing rule lives on the server."""
+    for script in (redis_module._WRITE_IF_UNCHANGED, redis_module._DELETE_IF_UNCHANGED):
+        for word in ("interval", "backoff", "retry", "consec", "crawl", "next_allowed", "2 ^", "math"):
+            assert word not in script
