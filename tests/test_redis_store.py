@@ -604,7 +604,7 @@ def test_closing_the_guard_stops_its_retries():
 # The pacer on Redis
 
 
-def test_the_pacer_uses_the_server_clock_and_threads_for_redis(redis_url, prefix):
+def test_the_pacer_opens_redis_with_its_settings_and_the_server_clock(redis_url, prefix):
     from scrapy.utils.test import get_crawler
 
     from scrapy_polite.pacer import get_pacer

@@ -4,10 +4,11 @@ on every machine that points ``POLITE_STORE`` at the same Redis (docs/spec.md §
 Needs the ``redis`` client (``pip install scrapy-polite[redis]``; it uses ``hiredis`` when installed).
 
 **One policy, optimistic writes.** The pacing rules stay in Python (:mod:`scrapy_polite.policy`); Redis
-only stores rows and checks versions. Every row is a hash carrying a version. A read is one round trip,
-``MULTI`` / ``TIME`` / ``HMGET``… / ``EXEC``; a write is one small generic Lua script that writes the new
-rows only if **every row read** still has the version read (absent = 0), else returns the current rows
-and the clock, on which the update function is applied again (a bounded number of times, then
+only stores rows and checks versions. Every row is a hash carrying a version. A read is one pipelined
+round trip, ``TIME`` + ``HMGET``… (inside ``MULTI``/``EXEC`` for a snapshot of several rows); a write is
+one small generic Lua script that writes the new rows only if **every row read** still has the version
+read (absent = 0), else returns the current rows and the clock, on which the update function is applied
+again (a bounded number of times, then
 :class:`~scrapy_polite.stores.base.StoreBusy`). So an uncontended booking is two round trips, and a
 contended one costs one more per lost race. ``WATCH``/``MULTI`` would need a connection held per
 transaction and a third round trip (``WATCH``, read, ``MULTI…EXEC``), and a lost race starts over
@@ -166,8 +167,9 @@ class RedisStore:
 
     #: The table's clock is the server's (``TIME``): the pacer converts its due times to this process's clock.
     server_clock = True
-    #: Threads of :class:`~scrapy_polite.stores.AsyncStore` for this backend (each call is network I/O).
-    threads = 4
+    #: Threads of :class:`~scrapy_polite.stores.AsyncStore` for this backend: each call waits on the network,
+    #: so two overlap their round trips; more only contend for the GIL (bench/distributed.py, 2 cores).
+    threads = 2
 
     def __init__(self, uri: str, options: StoreOptions | None = None, *, client: redis.Redis | None = None) -> None:
         options = options or StoreOptions()
@@ -241,9 +243,12 @@ class RedisStore:
     def _key(self, key: str) -> str:
         return self._rows + key
 
-    def _read(self, keys: Sequence[str]) -> tuple[list[_Row], float]:
+    def _read(self, keys: Sequence[str], *, atomic: bool = True) -> tuple[list[_Row], float]:
+        """The rows of ``keys`` and the server's clock, in one round trip: ``MULTI`` / ``TIME`` / ``HMGET``… /
+        ``EXEC`` when ``atomic`` (and more than one key), else a plain pipeline (an update's read: its write
+        checks every row it read anyway)."""
         def call() -> list[Any]:
-            pipe = self._client.pipeline(transaction=True)
+            pipe = self._client.pipeline(transaction=atomic and len(keys) > 1)
             pipe.time()
             for key in keys:
                 pipe.hmget(self._key(key), _FIELDS)
@@ -288,7 +293,7 @@ class RedisStore:
         token = pending[0] if pending is not None else uuid.uuid4().hex
         mark = token.encode()
         names = [*map(self._key, keys), self._counter]
-        rows, now = self._read(keys)
+        rows, now = self._read(keys, atomic=False)
         if pending is not None and any(row.token == mark for row in rows):
             return pending[1]  # type: ignore[no-any-return]  # the result of the write that was applied
         for _attempt in range(MAX_ATTEMPTS):
