@@ -119,6 +119,66 @@ def test_unix_socket_uri(tmp_path):
         proc.wait(10)
 
 
+def _self_signed(directory):
+    """A key and a self-signed certificate for 127.0.0.1 (PEM files), made with ``cryptography``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_rediss_uri_over_tls(tmp_path):
+    from tests.support.redis_server import require_redis
+
+    cert, key = _self_signed(tmp_path)
+    port = free_port()
+    proc = subprocess.Popen([require_redis(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+                             "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                             "--tls-auth-clients", "no", "--save", "", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        uri = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                s = open_store(uri, StoreOptions(prefix=unique_prefix("tls"), timeout=1.0))
+                break
+            except StoreError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        try:
+            s.update("a.example", bump)
+            assert s.get("a.example").consec == 1
+        finally:
+            s.close()
+        # Negative control: a client that does not trust the server's certificate is refused, at start.
+        with pytest.raises(StoreError, match="Fix:"):
+            open_store(f"rediss://127.0.0.1:{port}/0", StoreOptions(timeout=1.0))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_unreachable_at_start_names_the_url_and_the_fix():
     port = free_port()
     with pytest.raises(StoreError) as info:
