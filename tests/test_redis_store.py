@@ -454,6 +454,21 @@ def test_a_stopped_server_is_unavailable_then_back_with_every_row():
             s.close()
 
 
+@pytest.mark.parametrize("error, transient", [
+    (redis.ConnectionError("Connection refused"), True),
+    (redis.TimeoutError("Timeout reading from socket"), True),
+    (redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"), True),  # just restarted
+    (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), True),  # failover
+    (redis.ResponseError("MISCONF Redis is configured to save RDB snapshots, but it's currently unable"), True),
+    (redis.ResponseError("BUSY Redis is busy running a script."), True),
+    (redis.exceptions.AuthenticationError("invalid username-password pair"), False),
+    (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), False),
+    (redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), False),
+])
+def test_which_errors_are_an_outage_to_wait_out(error, transient):
+    assert RedisStore._transient(error) is transient
+
+
 # --------------------------------------------------------------------------------------------------
 # Eight processes, the same rows, no update lost
 

@@ -108,9 +108,13 @@ MAX_ATTEMPTS = 100
 #: Writes of unknown outcome remembered for their retry (oldest forgotten first).
 _PENDING_LIMIT = 10_000
 
-#: Error replies that mean "not now" rather than "never": the server is loading its data after a restart,
-#: is a read-only replica (a failover in progress), cannot persist, or its cluster is reconfiguring.
-_TRANSIENT_REPLIES = ("LOADING", "READONLY", "MISCONF", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+#: Error replies that mean "not now" rather than "never": the server is loading its data after a restart
+#: (a ``BusyLoadingError``, a connection error), is a read-only replica or lost its master (a failover in
+#: progress), its cluster is reconfiguring, it cannot persist (``MISCONF``), or a script holds it (``BUSY``).
+#: redis-py maps some replies to classes (and strips their code from the message), the others by their code.
+_TRANSIENT_ERRORS: tuple[type[Exception], ...] = (redis_errors.ReadOnlyError, redis_errors.MasterDownError,
+                                                  redis_errors.TryAgainError, redis_errors.ClusterDownError)
+_TRANSIENT_REPLIES = ("MISCONF", "BUSY ")
 
 
 @dataclass(frozen=True)
@@ -221,7 +225,8 @@ class RedisStore:
         if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError, ConnectionError,
                             TimeoutError)):
             return not isinstance(exc, redis_errors.AuthenticationError)
-        return isinstance(exc, redis_errors.ResponseError) and str(exc).startswith(_TRANSIENT_REPLIES)
+        return isinstance(exc, _TRANSIENT_ERRORS) or (isinstance(exc, redis_errors.ResponseError)
+                                                      and str(exc).startswith(_TRANSIENT_REPLIES))
 
     def _run(self, action: str, call: Callable[[], T]) -> T:
         """``call()``, retried once at once on a lost connection (a pooled connection the server closed);
