@@ -33,7 +33,9 @@ immediate reconnect attempt); the crawl waits and retries (:class:`~scrapy_polit
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -101,9 +103,12 @@ end
 return deleted
 """
 
-#: Conflicts one update may meet before it gives up (each costs one round trip; the winner of every race
-#: makes progress, so this is only reached under extreme contention on one row).
-MAX_ATTEMPTS = 100
+#: Lost races one update may meet before it gives up (each costs one round trip; the winner of every race
+#: makes progress, so this is only reached under extreme contention on one row) …
+MAX_ATTEMPTS = 10_000
+#: … or seconds it may spend losing them. After the second lost race in a row each retry first sleeps a
+#: random moment (up to 0.2 ms, doubling up to 20 ms), so that writers of one row stop colliding.
+MAX_BUSY_SECONDS = 10.0
 
 #: Writes of unknown outcome remembered for their retry (oldest forgotten first).
 _PENDING_LIMIT = 10_000
@@ -301,7 +306,13 @@ class RedisStore:
         rows, now = self._read(keys, atomic=False)
         if pending is not None and any(row.token == mark for row in rows):
             return pending[1]  # type: ignore[no-any-return]  # the result of the write that was applied
-        for _attempt in range(MAX_ATTEMPTS):
+        busy_until: float | None = None
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt >= 2:  # lost twice in a row: step aside a random moment before the next try
+                busy_until = busy_until or time.monotonic() + MAX_BUSY_SECONDS
+                if time.monotonic() > busy_until:
+                    break
+                time.sleep(random.uniform(0.0, min(0.02, 0.0001 * 2 ** (attempt - 1))))
             new, result = fn({key: row.state for key, row in zip(keys, rows)}, now)
             stray = set(new).difference(keys)
             if stray:
@@ -330,8 +341,8 @@ class RedisStore:
             if any(row.token == mark for row in rows):  # the immediate resend found the first write applied
                 return result
         raise StoreBusy(f"scrapy-polite could not write its pace table {self.uri}: {len(keys)} rows "
-                        f"({', '.join(keys)}) changed under {MAX_ATTEMPTS} attempts in a row. Fix: fewer "
-                        "processes on these hosts, or a less loaded Redis.")
+                        f"({', '.join(keys)}) changed under every one of its attempts (at most {MAX_ATTEMPTS}, "
+                        f"{MAX_BUSY_SECONDS:g} s). Fix: fewer processes on these hosts, or a less loaded Redis.")
 
     def _expiry_ms(self, state: HostState, now: float) -> int:
         """When the row's key expires: ``POLITE_STORE_EXPIRE`` after the later of now, its write and its
