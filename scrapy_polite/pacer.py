@@ -273,8 +273,9 @@ def get_pacer(crawler: Crawler) -> Pacer:
         uri = config.store_uri or default_store_uri()
         backend = open_store(uri, StoreOptions(prefix=config.store_prefix, timeout=config.store_timeout,
                                                expire=config.store_expire))
-        try:
-            expired = backend.expire(backend.now() - config.store_expire)
+        try:  # a store whose rows expire on their own (Redis key TTLs) needs no sweep of the whole table
+            expired = 0 if getattr(backend, "expires_rows", False) else backend.expire(
+                backend.now() - config.store_expire)
         except StoreError:
             backend.close()
             raise

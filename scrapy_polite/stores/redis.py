@@ -176,6 +176,8 @@ class RedisStore:
 
     #: The table's clock is the server's (``TIME``): the pacer converts its due times to this process's clock.
     server_clock = True
+    #: Rows expire on the server (key TTLs): no sweep at start is needed.
+    expires_rows = True
     #: Threads of :class:`~scrapy_polite.stores.AsyncStore` for this backend: each call waits on the network,
     #: so two overlap their round trips; more only contend for the GIL (bench/distributed.py, 2 cores).
     threads = 2
