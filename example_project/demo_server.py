@@ -208,10 +208,11 @@ class DemoServer:
         site: what to serve.
         throttle: makes the host answer 429 at times (None: a healthy host).
         name: the host name visitors use in URLs (defaults to the address).
+        port: the port to listen on (0, the default: a free one).
     """
 
     def __init__(self, address: str, site: PydocSite, *, throttle: Throttle | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, port: int = 0) -> None:
         if not ipaddress.ip_address(address).is_loopback:
             raise ValueError(f"the demo binds only loopback addresses, got {address!r}")
         self.address = address
@@ -220,7 +221,7 @@ class DemoServer:
         self.throttle = throttle
         self.arrivals: list[Arrival] = []
         self._lock = threading.Lock()
-        self._httpd = _HTTPServer((address, 0), _Handler)
+        self._httpd = _HTTPServer((address, port), _Handler)
         self._httpd.owner = self
         self.port: int = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name=f"demo-{address}", daemon=True)

@@ -9,6 +9,7 @@ then prints, per host, what the server saw and what scrapy-polite did, and the p
     python run_demo.py --reset                         # forget the pace table first
     python run_demo.py --pages 8                       # a quick run: 8 pages per host
     python run_demo.py --store /tmp/pace.sqlite3       # another pace table (also: env POLITE_DEMO_STORE)
+    python run_demo.py --check                         # serve the sites on port 8765, run `scrapy check`
 
 Run it twice: the second run starts from the pace table the first one left ("pace table at start").
 Exit status: 0 when the crawl finished and every page of every site was fetched, 1 otherwise.
@@ -45,6 +46,9 @@ RETRY_AFTER = 3
 
 DEFAULT_PAGES = 30  # about 90 s at the robots host's 3 s Crawl-delay
 
+#: The port the sites are served on for ``--check``: the spider's contracts name it in their ``@url``.
+CHECK_PORT = 8765
+
 
 def dns_overrides() -> dict[str, list[str]]:
     """``POLITE_DNS_OVERRIDES`` for the host names of HOSTS that are not IP literals."""
@@ -67,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "default: env POLITE_DEMO_STORE, else the project's .scrapy/polite.sqlite3")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--arrivals", metavar="PATH", help="also write every server-side arrival as CSV to PATH")
+    parser.add_argument("--check", action="store_true",
+                        help=f"serve the sites on port {CHECK_PORT} and run `scrapy check pydoc_site` (the spider's "
+                             "scrapy-polite contracts) instead of the crawl; exits with its status")
     args = parser.parse_args(argv)
     if args.pages < 1:
         parser.error("--pages must be >= 1")
@@ -104,7 +111,7 @@ def sqlite_path(uri: str) -> str | None:
 
 # -- the sites ------------------------------------------------------------------------------------------
 
-def build_servers(pages: int) -> list[Any]:
+def build_servers(pages: int, port: int = 0) -> list[Any]:
     from demo_server import DemoServer, PydocSite, Throttle, stdlib_modules
 
     modules = stdlib_modules()
@@ -119,7 +126,7 @@ def build_servers(pages: int) -> list[Any]:
         site = PydocSite(f"Python documentation ({role} host {name})", modules[i::len(HOSTS)][:pages - 1],
                          robots_txt=robots if role == "robots" else None)
         throttle = Throttle(total=len(site.pages), retry_after=RETRY_AFTER) if role == "throttling" else None
-        servers.append(DemoServer(address, site, throttle=throttle, name=name))
+        servers.append(DemoServer(address, site, throttle=throttle, name=name, port=port))
     return servers
 
 
@@ -228,26 +235,29 @@ def _state_dict(state: Any) -> dict[str, Any]:
             "next_allowed": state.next_allowed, "updated": state.updated}
 
 
-def _deferrals(rep: dict[str, Any]) -> str:
-    """Total deferrals and why: waiting for the host's line (another request of the host in flight) is
-    ordinary; ``throttled`` and ``crawl_delay`` are the host telling us to slow down."""
-    reasons = rep.get("deferral_reasons") or {}
-    why = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items()))
-    return f"{rep.get('deferrals', 0)} ({why})" if why else str(rep.get("deferrals", 0))
+def _deferred(rep: dict[str, Any]) -> str:
+    """Deferrals because the host slows us down (``throttled``, ``Crawl-delay``), in the summary's words; the
+    ordinary waits for the host's line are turn waits (README, "Stats")."""
+    from scrapy_polite.reporting import TURN_REASONS
+    from scrapy_polite.summary import reason_words
+
+    reasons = {k: n for k, n in sorted((rep.get("deferral_reasons") or {}).items()) if k not in TURN_REASONS and n}
+    return ", ".join(f"{n} {reason_words(k)}" for k, n in reasons.items()) or "-"
 
 
 def print_results(results: dict[str, dict[str, Any]]) -> None:
     now = time.time()
-    table = [("host", "role", "pages", "requests", "statuses", "waits", "backoff steps", "deferrals",
-              "crawl-delay", "min gap (expected)", "consec", "next_allowed")]
+    table = [("host", "role", "pages", "requests", "statuses", "throttles", "backoff steps", "turn waits",
+              "deferred", "Crawl-delay", "min gap (expected)", "consec", "next_allowed")]
     for host, r in results.items():
         rep, st = r["report"], r["persisted"]
         statuses = " ".join(f"{k}×{v}" for k, v in r["server_statuses"].items())
         gap = "-" if r["min_gap"] is None else f"{r['min_gap']:.2f} s (>= {r['expected_interval']:g} s)"
         table.append((
             host, r["role"], f"{r['pages_ok']}/{r['pages']}", str(r["server_requests"]), statuses,
-            f"{rep.get('waits', 0)} ({rep.get('wait_seconds', 0.0):.1f} s)", str(rep.get("backoff_steps", 0)),
-            _deferrals(rep), "-" if not rep.get("crawl_delay") else f"{rep['crawl_delay']:g} s",
+            str(rep.get("throttles", 0)), str(rep.get("backoff_steps", 0)),
+            f"{rep.get('turn_waits', 0)} ({rep.get('turn_wait_seconds', 0.0):.1f} s)",
+            _deferred(rep), "-" if not rep.get("crawl_delay") else f"{rep['crawl_delay']:g} s",
             gap, "-" if st is None else str(st["consec"]), "-" if st is None else relative(st["next_allowed"], now),
         ))
     print_table(table)
@@ -259,8 +269,31 @@ def print_results(results: dict[str, dict[str, Any]]) -> None:
                   f"(expected >= {r['expected_interval']:g} s)")
     print("  requests, statuses, min gap: server side (gap = a request's arrival - the previous response's end);\n"
           "  expected = max(POLITE_HOST_INTERVAL, Crawl-delay, POLITE_IP_INTERVAL) (each host has its own address);\n"
-          "  waits, backoff steps, deferrals, crawl-delay: scrapy-polite's host_report();\n"
+          "  throttles, backoff steps, turn waits, deferred, Crawl-delay: scrapy-polite's host_report(), in the\n"
+          "  words of its closing summary (README, \"Stats\");\n"
           "  consec, next_allowed: the persisted pace table")
+
+
+# -- scrapy check ---------------------------------------------------------------------------------------
+
+def run_check(pages: int, store_uri: str | None) -> int:
+    """Serve the sites on :data:`CHECK_PORT` and run ``scrapy check pydoc_site`` in the project, the host names
+    given to scrapy-polite's resolver on the command line; its exit status."""
+    import subprocess
+
+    servers = build_servers(pages, port=CHECK_PORT)
+    for srv in servers:
+        srv.start()
+    args = [sys.executable, "-m", "scrapy", "check", "pydoc_site", "-s",
+            f"POLITE_DNS_OVERRIDES={json.dumps(dns_overrides())}"]
+    if store_uri:
+        args += ["-s", f"POLITE_STORE={store_uri}"]
+    print("$ scrapy check pydoc_site", flush=True)
+    try:
+        return subprocess.run(args, cwd=HERE, check=False).returncode
+    finally:
+        for srv in servers:
+            srv.stop()
 
 
 # -- main -----------------------------------------------------------------------------------------------
@@ -277,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     os.environ["SCRAPY_SETTINGS_MODULE"] = "polite_demo.settings"
+    if args.check:
+        return run_check(min(args.pages, 3), store_uri)
 
     from polite_demo.spiders.pydoc_site import PydocSiteSpider
     from scrapy.crawler import CrawlerProcess

@@ -8,21 +8,31 @@ It installs
 * :class:`~scrapy_polite.extension.PoliteExtension`;
 * :class:`~scrapy_polite.scheduler.PoliteScheduler` as ``SCHEDULER``, wrapping the project's own scheduler
   (moved to ``POLITE_SCHEDULER_BASE``);
-* the ``POLITE_*`` defaults (README), at add-on priority, so project and spider settings override them.
+* the ``POLITE_*`` defaults (README), at add-on priority, so project and spider settings override them;
+* the ``scrapy check`` contracts ``@polite_delay``, ``@public_only`` and ``@paced_requests``
+  (:mod:`scrapy_polite.contracts`) in ``SPIDER_CONTRACTS`` of the process settings.
+
+A configuration that cannot run safely or an invalid setting stops the crawl before any request, with one
+ERROR line (:func:`~scrapy_polite.startup.refuse_to_start`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from .settings import DEFAULTS, warn_unknown_settings
+from .resolver import PublicHostnameResolver
+from .seams import ResolverNotInstalled
+from .settings import DEFAULTS, DNSConfig, PoliteConfig, SettingsError, warn_unknown_settings
+from .startup import refuse_to_start
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings, Settings
 
-__all__ = ["Addon"]
+    from .addresses import AddressFilter
+
+__all__ = ["Addon", "CONTRACTS", "check_resolver"]
 
 MIDDLEWARE = "scrapy_polite.middleware.PoliteDownloaderMiddleware"
 EXTENSION = "scrapy_polite.extension.PoliteExtension"
@@ -35,6 +45,12 @@ REPLACEABLE_HANDLERS = {"scrapy.core.downloader.handlers.http11.HTTP11DownloadHa
 MIDDLEWARE_PRIORITY = 950
 EARLY_MIDDLEWARE = "scrapy_polite.middleware.PoliteEarlyDeferMiddleware"
 EARLY_MIDDLEWARE_PRIORITY = 50
+#: The ``scrapy check`` contracts (README, "Contracts"), by ``SPIDER_CONTRACTS`` priority.
+CONTRACTS = {
+    "scrapy_polite.contracts.PoliteDelayContract": 50,
+    "scrapy_polite.contracts.PublicOnlyContract": 51,
+    "scrapy_polite.contracts.PacedRequestsContract": 52,
+}
 
 
 class Addon:
@@ -46,21 +62,44 @@ class Addon:
 
         The resolver is per process and Scrapy builds it from the process settings, so this runs only
         for ``ADDONS`` in the project settings (not a spider's ``custom_settings``). A resolver the project
-        configured explicitly is kept, and the crawl then refuses to start (docs/spec.md §7)."""
+        configured explicitly is kept, and the crawl then refuses to start (docs/spec.md §7).
+
+        Also registers the contracts in ``SPIDER_CONTRACTS``: ``scrapy check`` reads them from the process
+        settings. With an invalid address or DNS setting the resolver is not installed (it could not be
+        built): the crawl then refuses to start, naming the setting."""
+        _register_contracts(settings)
         if not settings.getbool("POLITE_ENABLED", True):
             return
+        try:
+            DNSConfig.from_settings(settings)
+        except SettingsError:
+            return  # reported by update_settings, before any request
         if (settings.getpriority("TWISTED_DNS_RESOLVER") or 0) <= SETTINGS_PRIORITIES["addon"]:
             settings.set("TWISTED_DNS_RESOLVER", RESOLVER, priority="addon")
 
     def update_settings(self, settings: Settings) -> None:
-        """Install the components and the ``POLITE_*`` defaults (project and spider settings win)."""
+        """Install the components and the ``POLITE_*`` defaults (project and spider settings win).
+
+        Raises:
+            SettingsError: a bad ``POLITE_*`` setting; UnsafeHandlerError: see :func:`_check_handlers` —
+                each reported first as one ERROR line (:func:`~scrapy_polite.startup.refuse_to_start`).
+        """
         warn_unknown_settings(settings)
         for name, value in DEFAULTS.items():
             if settings.getpriority(name) is None:
                 settings.set(name, value, priority="addon")
-        if not settings.getbool("POLITE_ENABLED"):
+        _register_contracts(settings)
+        try:
+            enabled = settings.getbool("POLITE_ENABLED")
+        except ValueError:  # not a boolean: PoliteConfig names the setting and the values it accepts
+            enabled = True
+        if not enabled:
             return
-        _check_handlers(settings)
+        try:
+            PoliteConfig.from_settings(settings)
+            _check_handlers(settings)
+        except (SettingsError, UnsafeHandlerError) as exc:
+            raise refuse_to_start(exc, settings) from None
         for scheme in ("http", "https"):
             settings["DOWNLOAD_HANDLERS"][scheme] = HANDLER
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)
@@ -106,6 +145,56 @@ def _check_handlers(settings: Settings) -> None:
                 f"resolves host names itself, so non-public addresses could be reached. Remove that "
                 f"DOWNLOAD_HANDLERS entry (scrapy-polite installs {HANDLER}), or set POLITE_ALLOW_PRIVATE = "
                 "True to accept that risk.")
+
+
+def _register_contracts(settings: BaseSettings) -> None:
+    """Add :data:`CONTRACTS` to ``SPIDER_CONTRACTS`` (a priority the project set is kept)."""
+    contracts = settings["SPIDER_CONTRACTS"]
+    for path, priority in CONTRACTS.items():
+        if path not in contracts:
+            contracts[path] = priority
+
+
+def check_resolver(settings: BaseSettings, address_filter: AddressFilter, reactor: Any = None) -> None:
+    """Refuse a crawl whose process will not resolve through
+    :class:`~scrapy_polite.resolver.PublicHostnameResolver` (docs/spec.md §7), before any request.
+
+    ``reactor``: the installed reactor, when one is installed. A running reactor must have the resolver
+    installed already (``scrapy crawl`` installs ``TWISTED_DNS_RESOLVER`` before the crawl starts); a
+    reactor not running yet (a ``CrawlerProcess`` before ``start()``) will get ``TWISTED_DNS_RESOLVER``,
+    which must then be ours.
+
+    Raises:
+        ResolverNotInstalled: naming what is wrong (the add-on enabled only in a spider's
+            ``custom_settings``, another ``TWISTED_DNS_RESOLVER``, a ``CrawlerRunner`` without the
+            resolver) and the fix. Not raised with ``POLITE_ALLOW_PRIVATE``.
+    """
+    if address_filter.allow_private:
+        return
+    configured = component_name(settings.get("TWISTED_DNS_RESOLVER"))
+    if reactor is not None and getattr(reactor, "running", False):
+        installed = getattr(reactor, "nameResolver", None)
+        if isinstance(installed, PublicHostnameResolver):
+            return
+        found = f"the reactor's name resolver is {type(installed).__name__}"
+    elif configured == RESOLVER:
+        return
+    else:
+        found = f"TWISTED_DNS_RESOLVER is {configured}"
+    if (settings.getpriority("TWISTED_DNS_RESOLVER") or 0) > SETTINGS_PRIORITIES["addon"]:
+        raise ResolverNotInstalled(
+            f"{found}, not {RESOLVER}, so non-public addresses could be reached. Fix: remove the "
+            "TWISTED_DNS_RESOLVER setting (the add-on installs its own).")
+    if configured != RESOLVER:
+        raise ResolverNotInstalled(
+            f"the add-on is enabled only in the spider's custom_settings, so the per-process DNS resolver is "
+            f"not scrapy-polite's ({found}) and non-public addresses could be reached. Fix: move "
+            "ADDONS = {'scrapy_polite.Addon': 0} to the project settings (settings.py, or the settings "
+            "given to CrawlerProcess).")
+    raise ResolverNotInstalled(
+        f"{found}, not {RESOLVER}, so non-public addresses could be reached. Fix: with CrawlerRunner, "
+        "install it before the crawl: PublicHostnameResolver.from_crawler(runner, reactor)"
+        ".install_on_reactor().")
 
 
 def component_name(component: object) -> str:

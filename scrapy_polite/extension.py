@@ -4,8 +4,15 @@
   (before any middleware, e.g. ``RetryMiddleware``, turns a 429 into a retry);
 * ``robots_parsed`` (Scrapy ≥ 2.18) — the host's ``Crawl-delay`` / ``Request-rate`` for the crawler's
   user agent (``ROBOTSTXT_USER_AGENT`` or ``USER_AGENT``), read with Protego, is recorded;
-* ``spider_opened`` — the spider's ``crawl_delay`` attribute (seconds) becomes a per-spider override;
-* ``spider_closed`` — an INFO summary (hosts backing off, waits, deferrals) and the store is closed.
+* ``spider_opened`` — the spider's ``crawl_delay`` attribute (seconds) becomes a per-spider override; the
+  hosts that start in backoff from the persisted table are listed once at INFO, with the
+  ``scrapy polite reset`` command that clears them; a progress line is logged at INFO every
+  ``LOGSTATS_INTERVAL`` seconds while requests are held or hosts back off (:mod:`scrapy_polite.summary`);
+* ``spider_closed`` — the INFO summary in README's words (:func:`~scrapy_polite.summary.format_summary`)
+  and the store is closed.
+
+At construction it refuses a crawl that cannot run safely or has an invalid setting, before any request
+(:func:`~scrapy_polite.startup.refuse_to_start`: one ERROR line, a non-zero exit status).
 
 Stats are under ``polite/`` (see README).
 """
@@ -18,14 +25,22 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider, NotConfigured
+from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.reactor import is_reactor_installed
+from twisted.internet import task, threads
 
-from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY
+from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, check_resolver
 from .addon import component_name as name
 from .pacer import Pacer, get_pacer
-from .policy import host_key
+from .policy import HostState, host_key
 from .reactor import await_deferred, installed_reactor
 from .resolver import PublicHostnameResolver
 from .robots import robots_delay
+from .seams import ResolverNotInstalled
+from .settings import SettingsError
+from .startup import refuse_to_start
+from .stores import StoreError
+from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -50,12 +65,19 @@ class PoliteExtension:
         self.crawler = crawler
         self.pacer = pacer
         self._robots_status: dict[str, int] = {}
+        self._progress: task.LoopingCall | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         if not crawler.settings.getbool("POLITE_ENABLED", True):
             raise NotConfigured("POLITE_ENABLED is False")
-        ext = cls(crawler, get_pacer(crawler))
+        try:
+            pacer = get_pacer(crawler)
+            check_resolver(crawler.settings, pacer.address_filter,
+                           installed_reactor() if is_reactor_installed() else None)
+        except (SettingsError, StoreError, ResolverNotInstalled) as exc:
+            raise refuse_to_start(exc, crawler.settings) from None
+        ext = cls(crawler, pacer)
         crawler.signals.connect(ext.response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(ext.robots_parsed, signal=signals.robots_parsed)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
@@ -127,8 +149,64 @@ class PoliteExtension:
             if host is not None:
                 self._robots_status[host] = response.status
 
-    def spider_opened(self, spider: Spider) -> None:
+    async def spider_opened(self, spider: Spider) -> None:
         self._warn_wider_address_rules()
+        self._spider_delay(spider)
+        await self._list_start_backoffs()
+        interval = self.crawler.settings.getfloat("LOGSTATS_INTERVAL")
+        if interval > 0:
+            self._progress = task.LoopingCall(self.log_progress)
+            self._progress.clock = installed_reactor()
+            self._progress.start(interval, now=False).addErrback(
+                lambda failure: logger.error("scrapy-polite: the progress line failed", exc_info=failure.value))
+
+    async def _list_start_backoffs(self) -> None:
+        """List once, at INFO, the hosts that start in backoff from the persisted table (host, cause, due),
+        with the command that clears them. The table is read on a thread (it may be large, or remote)."""
+        backend = self.pacer.store.store
+
+        def scan() -> tuple[float, list[tuple[str, HostState]]]:
+            now = backend.now()
+            return now, [(key, state) for key, state in backend.items()
+                         if not key.startswith("ip:") and state.consec > 0 and state.next_allowed > now]
+
+        try:
+            store_now, rows = await await_deferred(threads.deferToThread(scan))
+        except Exception as exc:  # only a report: the crawl goes on, its own calls meet any store error
+            logger.warning("scrapy-polite: could not list the hosts in backoff at start: %s", exc)
+            return
+        offset = self.pacer.clock() - store_now if self.pacer.sync.server_clock else 0.0
+        for key, state in rows:
+            self.pacer.report.starts_in_backoff(key, state, offset=offset)
+        settings = self.crawler.settings
+        option = None
+        if (settings.getpriority("POLITE_STORE") or 0) >= SETTINGS_PRIORITIES["spider"]:
+            option = self.pacer.store.uri
+        line = format_start_backoffs(self.pacer.hosts, now=self.pacer.clock(), store_uri=self.pacer.store.uri,
+                                     store_option=option)
+        if line is not None:
+            logger.info("%s", line)
+
+    def held_hosts(self) -> list[HeldHost]:
+        """The requests the scheduler holds, per host (empty without the scheduler)."""
+        scheduler = self.pacer.scheduler
+        if scheduler is None:
+            return []
+        return [HeldHost(host, count, due) for host, count, due in scheduler.held_hosts()]
+
+    def log_progress(self) -> None:
+        """Log the progress line at INFO (:func:`~scrapy_polite.summary.format_progress`), when requests are
+        held or hosts back off."""
+        scheduler = self.pacer.scheduler
+        engine = getattr(self.crawler, "engine", None)
+        downloader = getattr(engine, "downloader", None)
+        idle = (scheduler is not None and not scheduler.has_pending_requests()
+                and not getattr(downloader, "active", None))
+        line = format_progress(self.pacer.report, self.held_hosts(), now=self.pacer.clock(), idle=idle)
+        if line is not None:
+            logger.info("%s", line)
+
+    def _spider_delay(self, spider: Spider) -> None:
         raw = getattr(spider, "crawl_delay", None)
         if raw is None:
             return
@@ -164,19 +242,9 @@ class PoliteExtension:
         await await_deferred(self.pacer.set_crawl_delay(host, delay))
 
     def spider_closed(self, spider: Spider, reason: str) -> None:
-        report = self.pacer.host_report()
+        if self._progress is not None and self._progress.running:
+            self._progress.stop()
         stats = self.crawler.stats
-
-        def get(key: str) -> Any:
-            return stats.get_value(f"polite/{key}", 0) if stats is not None else 0
-
-        backing_off = {h: r for h, r in report.items() if r["throttles"]}
-        logger.info(
-            "scrapy-polite summary: %d hosts, %d paced requests, %d waits (%.1f s), %d deferrals, "
-            "%d throttles%s",
-            len(report), get("requests"), get("waits"), get("wait_seconds") or 0.0, get("deferrals"),
-            sum(r["throttles"] for r in report.values()),
-            "".join(f"\n  {h}: {r['throttles']} throttles, statuses {r['statuses']}"
-                    for h, r in sorted(backing_off.items())),
-        )
+        no_host = stats.get_value("polite/refused/no_host", 0) if stats is not None else 0
+        logger.info("%s", format_summary(self.pacer.report, now=self.pacer.clock(), no_host=no_host or 0))
         self.pacer.close()

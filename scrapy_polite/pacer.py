@@ -83,7 +83,7 @@ class Pacer:
         self.failed: Exception | None = None
         self.user_agent: str = (crawler.settings.get("ROBOTSTXT_USER_AGENT") or crawler.settings.get("USER_AGENT")
                                 or "Scrapy")
-        self.report = Report(crawler.stats)
+        self.report = Report(crawler.stats, clock)
         self.lines = Lines()
         self.sync = ClockSync(clock, server_clock=bool(getattr(store.store, "server_clock", False)))
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)

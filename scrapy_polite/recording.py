@@ -156,6 +156,7 @@ class Recorder:
                                    host, retry_after, self.policy.max_retry_after)
             logger.debug("%s throttled (%s): backing off %.3f s (consec=%d)", host, label,
                          decision.delay, decision.state.consec)
+        self.report.recorded(host, decision, offset=self.clock.offset, label=label, retry_after=retry_after)
         return decision
 
     def _failed(self, failure: Failure, host: str, label: str) -> None:

@@ -1,13 +1,67 @@
 """What one crawl saw, per host: the counters behind the closing summary, the example's table and the
-``polite/...`` stats (README, "Stats")."""
+``polite/...`` stats (README, "Stats").
+
+The counters speak the user's words, the same in README ("Stats"), the closing summary
+(:mod:`scrapy_polite.summary`), the progress lines and ``scrapy polite``:
+
+* **requests** — requests sent to the host (booked on it);
+* **given up** — pages given up after the host kept throttling;
+* **throttles** — responses that told us to slow down; **backoff steps** — throttles that doubled its backoff;
+* **backing off** — seconds of this crawl during which the host was in backoff (no request allowed);
+* **turn waits** — requests that waited for the host's turn: in line (count and seconds), or held out of
+  the downloader while another request of the host, or of its address, was in flight;
+* **deferred** — requests held out of the downloader because the host is throttling us (``throttled``) or
+  publishes a Crawl-delay longer than ``POLITE_MAX_WAIT`` (``Crawl-delay``);
+* **refused** — requests never sent: ``non-public`` (the host has only non-public addresses), ``no host``.
+"""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HostCounters", "Report"]
+from .policy import Decision, HostState
+
+__all__ = ["HostCounters", "Report", "Span", "TURN_REASONS"]
+
+#: Deferral reasons that only mean "wait for the host's turn" (another request of the host, or of one of its
+#: addresses, is in flight); the others (``throttled``, ``crawl_delay``, …) are the host slowing us down.
+TURN_REASONS = frozenset({"line", "ip_line"})
+
+#: How many URLs of pages given up each host keeps for the summary.
+GIVEN_UP_URLS = 5
+
+
+class Span:
+    """The length of a union of time intervals (epoch seconds) added in about increasing start order:
+    "during how much of the crawl was this going on" — never longer than the time the intervals cover."""
+
+    def __init__(self) -> None:
+        self.closed = 0.0
+        self.start: float | None = None
+        self.end = 0.0
+
+    def add(self, start: float, end: float) -> None:
+        """Add ``[start, end)``; an interval that overlaps the last one extends it."""
+        if end <= start:
+            return
+        if self.start is None or start > self.end:
+            if self.start is not None:
+                self.closed += self.end - self.start
+            self.start, self.end = start, end
+        else:
+            self.start = min(self.start, start)
+            self.end = max(self.end, end)
+
+    def seconds(self, until: float | None = None) -> float:
+        """The seconds covered, the last interval counted only up to ``until`` (epoch s) when given."""
+        if self.start is None:
+            return self.closed
+        end = self.end if until is None else min(self.end, until)
+        return self.closed + max(0.0, end - self.start)
 
 
 @dataclass
@@ -15,10 +69,19 @@ class HostCounters:
     """What one host saw in this crawl.
 
     Attributes:
-        requests: paced requests booked; waits / wait_seconds: waits in line and their seconds;
+        requests: paced requests booked; waits / wait_seconds: waits in line and their seconds (every reason);
+        turn_waits_in_line / turn_wait_seconds: the waits in line for the host's turn (its interval, its
+            address's budget), not for a backoff;
         deferrals / deferral_reasons: requests deferred, by reason; throttles: responses judged a throttle;
         backoff_steps: throttles that took a new step; statuses: status (or failure name) → count;
-        crawl_delay: the delay (s) the host's robots.txt published, or None.
+        crawl_delay: the delay (s) the host's robots.txt published, or None;
+        given_up / given_up_urls: pages given up after throttles (and the first :data:`GIVEN_UP_URLS` URLs);
+        refusals: requests refused, by reason (``non_public``);
+        state: the host's row as last recorded by this process (None: not recorded yet);
+        throttle_cause: what the last throttle was (``"429, Retry-After 30 s"``, ``"a TimeoutError"``,
+            ``"3 backoff steps from an earlier run"``), None before any;
+        backoff_due: this process's epoch s at which the host's backoff ends (None: not backing off);
+        backing_off: the windows of this crawl during which the host was in backoff.
     """
 
     requests: int = 0
@@ -30,6 +93,30 @@ class HostCounters:
     backoff_steps: int = 0
     statuses: Counter[Any] = field(default_factory=Counter)
     crawl_delay: float | None = None
+    turn_waits_in_line: int = 0
+    turn_wait_seconds: float = 0.0
+    given_up: int = 0
+    given_up_urls: list[str] = field(default_factory=list)
+    refusals: Counter[str] = field(default_factory=Counter)
+    state: HostState | None = None
+    throttle_cause: str | None = None
+    backoff_due: float | None = None
+    backing_off: Span = field(default_factory=Span)
+
+    @property
+    def turn_waits(self) -> int:
+        """Requests that waited for the host's turn: in line, or held while its line (or its address's) was
+        busy."""
+        return self.turn_waits_in_line + sum(self.deferral_reasons[r] for r in TURN_REASONS)
+
+    @property
+    def slowed_deferrals(self) -> dict[str, int]:
+        """Deferrals because the host slows us down (``throttled``, ``crawl_delay``, …), by reason."""
+        return {r: n for r, n in sorted(self.deferral_reasons.items()) if r not in TURN_REASONS and n}
+
+    def in_backoff(self, now: float) -> bool:
+        """The host is backing us off at ``now`` (this process's epoch s): no request may start to it."""
+        return self.backoff_due is not None and self.backoff_due > now
 
 
 class Report:
@@ -37,10 +124,21 @@ class Report:
 
     Args:
         stats: the crawler's stats collector (None: counters only).
+        clock: this process's clock, epoch seconds (when waits start; the crawl's start).
+
+    Attributes:
+        started: when the crawl started (epoch s).
+        turn_span: the moments of the crawl when some request waited in line for its host's turn;
+        backoff_span: the moments of the crawl when some host was backing us off (the totals the summary
+            gives: never longer than the crawl, unlike sums over hosts).
     """
 
-    def __init__(self, stats: Any) -> None:
+    def __init__(self, stats: Any, clock: Callable[[], float] = time.time) -> None:
         self.stats = stats
+        self.clock = clock
+        self.started = clock()
+        self.turn_span = Span()
+        self.backoff_span = Span()
         self.hosts: dict[str, HostCounters] = {}
 
     def counters(self, host: str) -> HostCounters:
@@ -61,12 +159,65 @@ class Report:
         self.inc("requests")
 
     def waited(self, host: str, seconds: float) -> None:
-        """A request of ``host`` waits ``seconds`` in line."""
+        """A request of ``host`` waits ``seconds`` in line, from now. It waits for the host's turn unless the
+        host is backing us off now (a request that could not be deferred waits the backoff out: that time
+        is in **backing off**, not in the turn waits)."""
         counters = self.counters(host)
         counters.waits += 1
         counters.wait_seconds += seconds
         self.inc("waits")
         self.inc("wait_seconds", seconds)
+        now = self.clock()
+        if not counters.in_backoff(now):
+            counters.turn_waits_in_line += 1
+            counters.turn_wait_seconds += seconds
+            self.turn_span.add(now, now + seconds)
+
+    def recorded(self, host: str, decision: Decision, *, offset: float = 0.0, label: str = "",
+                 retry_after: float | None = None) -> None:
+        """The host's row after a response (or failure) was recorded (``decision``, times in the store's
+        clock; ``offset``: this process's clock minus the store's). A throttle opens a backoff window until
+        the host's ``next_allowed``, and its cause is kept: ``label`` (the status, or ``"failure"``) and the
+        ``Retry-After`` honoured (seconds), e.g. ``"429, Retry-After 30 s"``."""
+        counters = self.counters(host)
+        state = decision.state
+        counters.state = state
+        due = state.next_allowed + offset
+        if decision.throttle:
+            cause = "a connection failure" if label == "failure" else label
+            if retry_after is not None and retry_after > 0:
+                cause += f", Retry-After {retry_after:g} s"
+            counters.throttle_cause = cause
+            counters.backing_off.add(state.updated + offset, due)
+            self.backoff_span.add(state.updated + offset, due)
+        if state.consec > 0 and due > state.updated + offset:
+            counters.backoff_due = due
+        elif state.consec == 0:
+            counters.backoff_due = None
+
+    def starts_in_backoff(self, host: str, state: HostState, *, offset: float = 0.0) -> None:
+        """The host starts the crawl in backoff, from the persisted table (an earlier run or another process)."""
+        counters = self.counters(host)
+        counters.state = state
+        counters.backoff_due = state.next_allowed + offset
+        if counters.throttle_cause is None:
+            steps = "1 backoff step" if state.consec == 1 else f"{state.consec} backoff steps"
+            counters.throttle_cause = f"{steps} from an earlier run"
+        counters.backing_off.add(self.started, counters.backoff_due)
+        self.backoff_span.add(self.started, counters.backoff_due)
+
+    def gave_up(self, host: str, url: str) -> None:
+        """A page of ``host`` was given up after throttles (``polite/throttle/given_up``)."""
+        counters = self.counters(host)
+        counters.given_up += 1
+        if len(counters.given_up_urls) < GIVEN_UP_URLS:
+            counters.given_up_urls.append(url)
+        self.inc("throttle/given_up")
+
+    def refused(self, host: str, reason: str) -> None:
+        """A request of ``host`` was refused: ``non_public`` (``polite/blocked/private_address``)."""
+        self.counters(host).refusals[reason] += 1
+        self.inc("blocked/private_address" if reason == "non_public" else f"refused/{reason}")
 
     def deferred(self, host: str, reason: str) -> None:
         """A request of ``host`` was deferred for ``reason``."""
@@ -79,13 +230,21 @@ class Report:
     def host_report(self) -> dict[str, dict[str, Any]]:
         """Per host: ``requests``, ``waits``, ``wait_seconds``, ``deferrals`` (total) and
         ``deferral_reasons`` (``throttled``, ``crawl_delay``, ``line``, ``ip_line`` -> count), ``throttles``,
-        ``backoff_steps``, ``statuses`` (status or failure name -> count), ``crawl_delay`` (seconds or None)."""
+        ``backoff_steps``, ``statuses`` (status or failure name -> count), ``crawl_delay`` (seconds or None);
+        in the summary's words: ``given_up``, ``turn_waits`` (in line and held for a busy line),
+        ``turn_wait_seconds`` (in line), ``backing_off_seconds`` (up to now), ``refused`` (reason -> count),
+        ``throttle_cause`` (the last one, or None)."""
+        now = self.clock()
         return {
             host: {
                 "requests": c.requests, "waits": c.waits, "wait_seconds": round(c.wait_seconds, 3),
                 "deferrals": c.deferrals, "deferral_reasons": dict(c.deferral_reasons),
                 "throttles": c.throttles, "backoff_steps": c.backoff_steps,
                 "statuses": dict(c.statuses), "crawl_delay": c.crawl_delay,
+                "given_up": c.given_up, "turn_waits": c.turn_waits,
+                "turn_wait_seconds": round(c.turn_wait_seconds, 3),
+                "backing_off_seconds": round(c.backing_off.seconds(until=now), 3),
+                "refused": dict(c.refusals), "throttle_cause": c.throttle_cause,
             }
             for host, c in sorted(self.hosts.items())
         }

@@ -31,6 +31,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.request import request_from_dict
 
 from ._compat import wake_engine
+from .contracts import fail_held_contract_requests
 from .pacer import Pacer, get_pacer
 from .reactor import call_later, installed_reactor
 from .settings import SettingsError
@@ -230,12 +231,20 @@ class PoliteScheduler:
             parts.append(f"{host}: {len(queue)} requests, {when}")
         return "Deferred: " + "; ".join(parts)
 
+    def held_hosts(self) -> list[tuple[str, int, float]]:
+        """``(host, requests held, due)`` per host holding requests, soonest due first (``due``: epoch s of
+        this process's clock; ``inf``: when its line frees), for the progress line."""
+        return sorted(((host, len(queue), self._due.get(host, math.inf)) for host, queue in self._held.items()),
+                      key=lambda row: (row[2], row[0]))
+
     # -- persistence ------------------------------------------------------------------------------------
 
     def _path(self) -> str | None:
         return os.path.join(self._jobdir, DEFERRED_FILE) if self._jobdir else None
 
     def _save_or_report(self) -> None:
+        # In `scrapy check`, a contract request still held fails the check instead of passing silently.
+        fail_held_contract_requests([r for queue in self._held.values() for r in queue], self._due.get, self.pacer)
         count = sum(len(q) for q in self._held.values())
         if not count:
             path = self._path()

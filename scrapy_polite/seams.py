@@ -77,6 +77,15 @@ class HoldingScheduler(Protocol):
         """The held requests by host and when each is due, for the log."""
         ...
 
+    def held_hosts(self) -> list[tuple[str, int, float]]:
+        """``(host, requests held, due)`` per host holding requests, soonest due first (``due``: epoch s of
+        this process's clock; ``inf``: when its line frees)."""
+        ...
+
+    def has_pending_requests(self) -> bool:
+        """The wrapped scheduler has requests that are not held."""
+        ...
+
 
 class ClockSync:
     """The offset between this process's clock and the pace table's (a server clock may differ).

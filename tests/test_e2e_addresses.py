@@ -30,6 +30,7 @@ from twisted.internet.error import ConnectError
 from scrapy_polite import addon as addon_module
 from scrapy_polite.addon import Addon, UnsafeHandlerError
 from scrapy_polite.pacer import find_pacer
+from scrapy_polite.seams import ResolverNotInstalled
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.dns_server import dns_server  # noqa: F401  (a fixture)
 from tests.support.server import Arrival, ArrivalServer, Reply, gaps
@@ -501,15 +502,14 @@ class SpiderOnlyAddon(ListSpider):
 @pytest.mark.parametrize("install_resolver", [False, True])
 @pytest_twisted.ensureDeferred
 async def test_addon_only_in_spider_settings_refuses_to_crawl(arrival_server, install_resolver):
+    """The crawl does not start (issue 9: one ERROR line, a non-zero exit status from scrapy crawl, see
+    tests/test_operator_output.py), and nothing is sent."""
     srv = arrival_server("127.0.0.8")
-    with guarded_connects() as connects:
-        crawler = await run_crawl(SpiderOnlyAddon, {}, install_resolver=install_resolver,
-                                  urls=[srv.url("/"), srv.url("/a")], timeout=20)
+    with guarded_connects() as connects, pytest.raises(ResolverNotInstalled, match="only in the spider's custom_"):
+        await run_crawl(SpiderOnlyAddon, {}, install_resolver=install_resolver,
+                        urls=[srv.url("/"), srv.url("/a")], timeout=20)
     assert srv.arrivals() == [], "a request was sent without the public-only resolver"
     assert connects == []
-    assert stat(crawler, "finish_reason", None) == "polite_resolver_missing"
-    assert stat(crawler, "polite/resolver_missing") == 1
-    assert crawler.spider.fetched == []
 
 
 class NarrowerSpider(RecordingSpider):
@@ -544,9 +544,9 @@ async def test_spider_narrowing_the_address_exceptions_is_not_silently_ignored(s
 async def test_another_configured_resolver_refuses_to_crawl(arrival_server):
     srv = arrival_server("127.0.0.8")
     settings = polite_settings(TWISTED_DNS_RESOLVER="scrapy.resolver.CachingThreadedResolver")
-    crawler = await run_crawl(ListSpider, settings, urls=[srv.url("/")], timeout=20)
+    with pytest.raises(ResolverNotInstalled, match="remove the TWISTED_DNS_RESOLVER setting"):
+        await run_crawl(ListSpider, settings, urls=[srv.url("/")], timeout=20)
     assert srv.arrivals() == []
-    assert stat(crawler, "finish_reason", None) == "polite_resolver_missing"
 
 
 @pytest_twisted.ensureDeferred

@@ -140,3 +140,17 @@ def test_second_run_paces_the_robots_host_from_its_first_request(runs):
     _, _, _, data2 = runs
     r = data2["hosts"]["strict.pydoc.test"]
     assert min(g[2] for g in _gaps(r["arrivals"])) >= ROBOTS_CRAWL_DELAY - TOLERANCE, _gaps(r["arrivals"])
+
+
+def test_the_spider_carries_the_contracts_and_scrapy_check_passes(tmp_path):
+    """``run_demo.py --check``: the example spider's scrapy-polite contracts, through the real ``scrapy check``."""
+    source = (PROJECT / "polite_demo" / "spiders" / "pydoc_site.py").read_text()
+    for contract in ("@polite_delay 3", "@public_only", "@paced_requests"):
+        assert contract in source
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    proc = subprocess.run([sys.executable, str(DEMO), "--check", "--store", str(tmp_path / "pace.sqlite3")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "Ran 6 contracts" in out and out.rstrip().endswith("OK"), out

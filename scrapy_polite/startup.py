@@ -1,0 +1,124 @@
+"""Refusing to start a crawl (docs/spec.md §7): a configuration that cannot run safely (the add-on only in a
+spider's ``custom_settings``, a download handler that resolves names itself) or an invalid setting stops
+the crawl before any request is sent, with
+
+* **one** ERROR line naming the problem and the fix (the traceback only at DEBUG), and
+* a non-zero exit status from ``scrapy crawl`` / ``scrapy check``: the error is raised out of the crawl's
+  start, which Scrapy's runner counts as a crawl that failed to start (``bootstrap_failed``).
+
+Scrapy's ``AsyncCrawlerProcess`` (what ``scrapy crawl`` uses with the default asyncio reactor) would also log
+the raised error a second time, with its traceback, as ``Task exception was never retrieved``: the error is
+marked as retrieved once it has been reported here. With the plain Twisted ``CrawlerProcess`` the same
+report of Twisted (``Unhandled error in Deferred``) is dropped by a filter on the ``twisted`` logger that
+only matches the errors reported here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+
+from scrapy.settings import SETTINGS_PRIORITIES
+
+__all__ = ["refuse_to_start", "where_set"]
+
+logger = logging.getLogger(__name__)
+
+#: Where a setting of each priority was set, in the user's words.
+_SOURCES = {
+    SETTINGS_PRIORITIES["cmdline"]: "on the command line (-s)",
+    SETTINGS_PRIORITIES["spider"]: "in the spider's custom_settings",
+    SETTINGS_PRIORITIES["project"]: "in the project settings (settings.py)",
+    SETTINGS_PRIORITIES["addon"]: "by an add-on",
+    SETTINGS_PRIORITIES["command"]: "by the command",
+}
+
+_SETTING = re.compile(r"\bPOLITE_[A-Z_]+\b")
+
+#: The messages of the errors reported by :func:`refuse_to_start` (for the ``twisted`` log filter).
+_reported: set[str] = set()
+
+
+def where_set(settings: Any, name: str) -> str | None:
+    """Where setting ``name`` got its value (``"on the command line (-s)"``, …), or None when unknown or a
+    default."""
+    getpriority = getattr(settings, "getpriority", None)
+    priority = getpriority(name) if getpriority is not None else None
+    if priority is None:
+        return None
+    return _SOURCES.get(priority) or (f"at priority {priority}" if priority else None)
+
+
+def refuse_to_start(exc: BaseException, settings: Any = None) -> BaseException:
+    """Report ``exc``, the reason the crawl cannot start, as one ERROR line (its traceback at DEBUG) and
+    return it, to be raised: ``raise refuse_to_start(exc, settings)``.
+
+    The line is ``scrapy-polite cannot start the crawl: <the error>``; for an error naming a ``POLITE_*``
+    setting, followed by where that setting was set (``settings``: the crawler's settings). An error
+    reported once is not reported again.
+
+    Args:
+        exc: the error (its message names the problem and the fix).
+        settings: the settings the error was found in (to say where the setting came from), or None.
+    """
+    if getattr(exc, "_polite_reported", False):
+        return exc
+    message = " ".join(str(exc).split())  # one line
+    match = _SETTING.search(message)
+    source = where_set(settings, match.group(0)) if match is not None and settings is not None else None
+    suffix = f" ({match.group(0) if match else 'it'} is set {source})" if source else ""
+    logger.error("scrapy-polite cannot start the crawl: %s%s", message, suffix)
+    logger.debug("scrapy-polite: the crawl was refused here", exc_info=exc)
+    try:
+        exc._polite_reported = True  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type with __slots__: it may be reported twice
+        pass
+    _reported.add(str(exc))
+    _install_twisted_filter()
+    _retrieve_in_current_task(exc)
+    return exc
+
+
+def _retrieve_in_current_task(exc: BaseException) -> None:
+    """Mark ``exc`` retrieved when the asyncio task it is raised in ends with it (it was reported already);
+    a task that ends with any other error is handed to the loop's exception handler as before."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return
+    if task is None:
+        return
+
+    def retrieve(done: asyncio.Task[Any]) -> None:
+        if done.cancelled():
+            return
+        raised = done.exception()  # marks it retrieved
+        if raised is not None and raised is not exc:
+            done.get_loop().call_exception_handler(
+                {"message": "Task exception was never retrieved", "exception": raised, "future": done})
+
+    task.add_done_callback(retrieve)
+
+
+class _ReportedFilter(logging.Filter):
+    """Drops Twisted's report of an unhandled failure that :func:`refuse_to_start` has reported already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None and str(record.exc_info[1]) in _reported:
+            return False
+        try:
+            text = record.getMessage()
+        except Exception:  # a record whose arguments do not format: not ours
+            return True
+        return not any(message in text for message in _reported)
+
+
+_FILTER = _ReportedFilter()
+
+
+def _install_twisted_filter() -> None:
+    twisted_logger = logging.getLogger("twisted")
+    if _FILTER not in twisted_logger.filters:
+        twisted_logger.addFilter(_FILTER)

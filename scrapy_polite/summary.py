@@ -1,0 +1,203 @@
+"""What the crawl tells its user at INFO, in the words of README ("Stats"): the closing summary, the live
+progress line (every ``LOGSTATS_INTERVAL`` seconds) and the hosts that start in backoff.
+
+Pure formatting: counters (:class:`~scrapy_polite.reporting.Report`) and times in, text out. The words are
+the same everywhere (README, the summary, ``scrapy polite``): **requests**, **given up**, **throttles**,
+**backoff steps**, **backing off**, **turn waits**, **deferred** (``throttled``, ``Crawl-delay``),
+**refused** (``non-public``, ``no host``), **held**, **due**.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .reporting import HostCounters, Report
+
+__all__ = [
+    "HeldHost",
+    "format_due",
+    "format_duration",
+    "format_progress",
+    "format_start_backoffs",
+    "format_summary",
+    "reason_words",
+    "reset_command",
+]
+
+#: How a deferral reason is named to the user.
+REASON_WORDS = {"throttled": "throttled", "crawl_delay": "Crawl-delay", "line": "line busy",
+                "ip_line": "address busy"}
+
+#: How a refusal reason is named to the user.
+REFUSAL_WORDS = {"non_public": "non-public", "no_host": "no host"}
+
+#: The per-host columns of the summary (README, "Stats").
+COLUMNS = ("host", "requests", "given up", "throttles", "backoff steps", "backing off", "turn waits",
+           "deferred", "refused")
+
+
+def reason_words(reason: str) -> str:
+    """The user's word for a deferral reason (``crawl_delay`` → ``Crawl-delay``)."""
+    return REASON_WORDS.get(reason, reason.replace("_", " "))
+
+
+def format_duration(seconds: float) -> str:
+    """``0.4 s``, ``12.0 s``, ``4 m 10 s``, ``2 h 5 m`` (seconds, rounded for reading)."""
+    if seconds < 60:
+        return f"{max(0.0, seconds):.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} m {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} m"
+
+
+def format_due(due: float, now: float) -> str:
+    """``in 4 m 10 s (at 10:15:02)`` for an epoch time ``due`` (local time of day); ``now`` when passed."""
+    if due <= now:
+        return "now"
+    return f"in {format_duration(due - now)} (at {time.strftime('%H:%M:%S', time.localtime(due))})"
+
+
+def reset_command(hosts: Iterable[str], store_option: str | None = None) -> str:
+    """The ``scrapy polite reset`` command line that forgets these hosts' backoffs."""
+    option = f" --store {store_option}" if store_option else ""
+    return f"scrapy polite reset {' '.join(hosts)}{option}"
+
+
+def format_start_backoffs(hosts: Mapping[str, HostCounters], *, now: float, store_uri: str,
+                          store_option: str | None = None) -> str | None:
+    """The start-up line: the hosts that start this crawl in backoff from the persisted table (host, cause,
+    due) and the command that clears them; None when there are none."""
+    backing = sorted((c.backoff_due or 0.0, host, c) for host, c in hosts.items() if c.in_backoff(now))
+    if not backing:
+        return None
+    listed = "; ".join(f"{host} ({c.throttle_cause or 'throttled'}) due {format_due(due, now)}"
+                       for due, host, c in backing)
+    count = "1 host starts" if len(backing) == 1 else f"{len(backing)} hosts start"
+    return (f"scrapy-polite: {count} in backoff from the pace table {store_uri}: {listed}. Its requests are "
+            f"deferred until due; to forget the backoff: {reset_command([h for _, h, _ in backing], store_option)}")
+
+
+@dataclass(frozen=True)
+class HeldHost:
+    """Requests the scheduler holds for one host.
+
+    Attributes:
+        host: the host key; count: requests held; due: this process's epoch s at which the host is due
+            (``inf``: when its line frees).
+    """
+
+    host: str
+    count: int
+    due: float
+
+
+def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idle: bool) -> str | None:
+    """The progress line: requests held, hosts in backoff, the next host due and when; when ``idle`` (nothing
+    else is being crawled) and everything held is due later, says that the crawl is only waiting, and on
+    what (host, cause, due). None when there is nothing to tell (nothing held, no host in backoff)."""
+    backing = {host: c for host, c in report.hosts.items() if c.in_backoff(now)}
+    total = sum(h.count for h in held)
+    if not total and not backing:
+        return None
+    waiting = sorted((h for h in held if h.due != float("inf")), key=lambda h: h.due)
+    if idle and waiting and all(h.due > now for h in held):
+        parts = []
+        for h in waiting:
+            c = report.hosts.get(h.host)
+            if c is not None and c.in_backoff(now):
+                why = f"backing off after {c.throttle_cause or 'a throttle'}"
+            elif c is not None and c.state is not None and c.state.crawl_delay:
+                why = f"Crawl-delay {c.state.crawl_delay:g} s"
+            else:
+                why = "its turn"
+            parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(h.due, now)}")
+        return "scrapy-polite: only waiting on backoffs and delays: " + "; ".join(parts)
+    line = f"scrapy-polite: {_count(total, 'request')} held, {_count(len(backing), 'host')} in backoff"
+    if waiting:
+        line += f"; next due: {waiting[0].host} {format_due(waiting[0].due, now)}"
+    elif backing:
+        host, c = min(backing.items(), key=lambda item: item[1].backoff_due or 0.0)
+        line += f"; next due: {host} {format_due(c.backoff_due or now, now)}"
+    return line
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _cell_deferred(c: HostCounters) -> str:
+    slowed = c.slowed_deferrals
+    return ", ".join(f"{n} {reason_words(r)}" for r, n in slowed.items()) or "-"
+
+
+def _cell_refused(c: HostCounters) -> str:
+    return ", ".join(f"{n} {REFUSAL_WORDS.get(r, r)}" for r, n in sorted(c.refusals.items()) if n) or "-"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
+                             enumerate(zip(r, widths))).rstrip() for r in rows]
+
+
+def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
+    """The closing summary: a totals line, then one row per host (:data:`COLUMNS`) and the pages given up.
+
+    The totals never add per-host times into a figure longer than the crawl: "backing off" and "turn
+    waits" are the time during which *some* host was backing off / *some* request waited in line.
+
+    Args:
+        report: the crawl's counters.
+        now: the crawl's end, epoch seconds (this process's clock).
+        no_host: requests refused because their URL has no host (``polite/refused/no_host``).
+    """
+    hosts = report.hosts
+    elapsed = max(0.0, now - report.started)
+    given_up = sum(c.given_up for c in hosts.values())
+    throttles = sum(c.throttles for c in hosts.values())
+    steps = sum(c.backoff_steps for c in hosts.values())
+    turn = sum(c.turn_waits for c in hosts.values())
+    deferred: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    for c in hosts.values():
+        for reason, n in c.slowed_deferrals.items():
+            deferred[reason] = deferred.get(reason, 0) + n
+        for reason, n in c.refusals.items():
+            refused[reason] = refused.get(reason, 0) + n
+    if no_host:
+        refused["no_host"] = refused.get("no_host", 0) + no_host
+    parts = [_count(sum(c.requests for c in hosts.values()), "request"),
+             f"{_count(given_up, 'page')} given up",
+             f"{_count(throttles, 'throttle')} ({_count(steps, 'backoff step')})"]
+    if deferred:
+        parts.append(f"{sum(deferred.values())} deferred ("
+                     + ", ".join(f"{n} {reason_words(r)}" for r, n in sorted(deferred.items())) + ")")
+    else:
+        parts.append("0 deferred")
+    if refused:
+        parts.append(f"{sum(refused.values())} refused ("
+                     + ", ".join(f"{n} {REFUSAL_WORDS.get(r, r)}" for r, n in sorted(refused.items())) + ")")
+    else:
+        parts.append("0 refused")
+    backing_off = format_duration(report.backoff_span.seconds(until=now))
+    in_line = format_duration(report.turn_span.seconds(until=now))
+    lines = [f"scrapy-polite summary: {_count(len(hosts), 'host')} in {format_duration(elapsed)}: "
+             + ", ".join(parts) + f"; backing off during {backing_off} of the crawl; {_count(turn, 'turn wait')} "
+             f"(a request waiting in line during {in_line} of the crawl)"]
+    if hosts:
+        rows: list[tuple[str, ...]] = [COLUMNS]
+        for host, c in sorted(hosts.items()):
+            backing = c.backing_off.seconds(until=now)
+            rows.append((host, str(c.requests), str(c.given_up), str(c.throttles), str(c.backoff_steps),
+                         format_duration(backing) if backing else "-",
+                         f"{c.turn_waits} ({format_duration(c.turn_wait_seconds)})" if c.turn_waits else "-",
+                         _cell_deferred(c), _cell_refused(c)))
+        lines.extend(_table(rows))
+    for host, c in sorted(hosts.items()):
+        if c.given_up:
+            more = f" and {c.given_up - len(c.given_up_urls)} more" if c.given_up > len(c.given_up_urls) else ""
+            lines.append(f"  given up on {host}: {', '.join(c.given_up_urls)}{more}")
+    return "\n".join(lines)

@@ -1,0 +1,248 @@
+"""What the crawl tells its user at INFO (issue 9): the hosts that start in backoff, the progress line on
+``LOGSTATS_INTERVAL``, and the closing summary in README's words ("Stats").
+
+The formatting is pure (:mod:`scrapy_polite.summary`, on a :class:`~scrapy_polite.reporting.Report` with a
+fake clock); the start-up and progress lines are also checked on real crawls against loopback servers,
+each with its negative control (the same crawl without a host in backoff).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+import pytest
+import pytest_twisted
+
+from scrapy_polite.policy import Decision, HostState
+from scrapy_polite.reporting import Report, Span
+from scrapy_polite.stores import open_store
+from scrapy_polite.summary import HeldHost, format_duration, format_progress, format_summary
+from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.server import Reply, scripted
+
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def report() -> tuple[Report, Clock]:
+    clock = Clock()
+    return Report(None, clock), clock
+
+
+def throttle(report: Report, host: str, *, at: float, due: float, steps: int, label: str = "429",
+             retry_after: float | None = None) -> None:
+    counters = report.counters(host)
+    counters.throttles += 1
+    counters.backoff_steps += 1
+    state = HostState(next_allowed=due, consec=steps, updated=at)
+    report.recorded(host, Decision(state=state, delay=due - at, throttle=True, counted=True), label=label,
+                    retry_after=retry_after)
+
+
+# --------------------------------------------------------------------------------------------------
+# Span and words
+
+
+def test_span_counts_overlapping_intervals_once():
+    span = Span()
+    span.add(0, 10)
+    span.add(5, 12)  # overlaps: extends
+    span.add(20, 25)  # a gap
+    assert span.seconds() == 17
+    assert span.seconds(until=22) == 14  # the last interval only up to the end
+    empty = Span()
+    empty.add(3, 3)
+    assert empty.seconds() == 0
+
+
+def test_durations_read_as_a_person_would():
+    assert [format_duration(s) for s in (0.44, 12.0, 250.4, 7300)] == ["0.4 s", "12.0 s", "4 m 10 s", "2 h 1 m"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The summary
+
+
+def test_turn_waits_are_kept_apart_from_deferrals_caused_by_throttling_or_a_long_crawl_delay():
+    rep, clock = report()
+    for _ in range(3):
+        rep.booked("healthy.example")
+        rep.waited("healthy.example", 1.0)  # its turn: the host is not backing off
+        clock.t += 1.0
+    rep.deferred("healthy.example", "line")
+    rep.deferred("healthy.example", "ip_line")
+    throttle(rep, "busy.example", at=clock.t, due=clock.t + 30, steps=1, retry_after=30)
+    rep.deferred("busy.example", "throttled")
+    rep.deferred("busy.example", "throttled")
+    rep.waited("busy.example", 5.0)  # a request that could not be deferred waits the backoff out
+    rep.deferred("slow.example", "crawl_delay")
+    clock.t += 10
+    text = format_summary(rep, now=clock.t)
+    rows = {line.split()[0]: line for line in text.splitlines()[2:]}
+    # healthy: 3 waits in line + 2 held for a busy line = 5 turn waits, nothing deferred
+    assert re.search(r"healthy\.example +3 +0 +0 +0 +- +5 \(3\.0 s\) +- +-$", rows["healthy.example"]), text
+    # busy: its backoff is not a turn wait; its deferrals say why
+    assert re.search(r"busy\.example +0 +0 +1 +1 +10\.0 s +- +2 throttled +-$", rows["busy.example"]), text
+    assert rows["slow.example"].rstrip().endswith("1 Crawl-delay        -") or "1 Crawl-delay" in rows["slow.example"]
+    header = text.splitlines()[1].split("  ")
+    assert [h.strip() for h in header if h.strip()] == ["host", "requests", "given up", "throttles",
+                                                        "backoff steps", "backing off", "turn waits",
+                                                        "deferred", "refused"]
+    assert "3 deferred (1 Crawl-delay, 2 throttled)" in text.splitlines()[0]
+    assert "5 turn waits" in text.splitlines()[0]
+    assert rep.counters("busy.example").throttle_cause == "429, Retry-After 30 s"
+
+
+def test_totals_never_add_per_host_times_into_more_than_the_crawl():
+    """Ten hosts waiting in line at the same time for 10 s, and backing off at the same time, in a 10 s crawl:
+    the totals say 10 s, not 100 s (the per-host rows keep their own 10 s)."""
+    rep, clock = report()
+    for i in range(10):
+        rep.waited(f"h{i}.example", 10.0)
+    for i in range(10, 20):
+        throttle(rep, f"h{i}.example", at=T0, due=T0 + 10, steps=1)
+    clock.t = T0 + 10
+    first = format_summary(rep, now=clock.t).splitlines()[0]
+    assert "20 hosts in 10.0 s" in first
+    assert "backing off during 10.0 s of the crawl" in first
+    assert "10 turn waits (a request waiting in line during 10.0 s of the crawl)" in first
+    assert "100.0 s" not in first and "1 m 40 s" not in first
+
+
+def test_refusals_and_pages_given_up_are_in_the_summary():
+    rep, clock = report()
+    rep.refused("lan.example", "non_public")
+    rep.refused("lan.example", "non_public")
+    rep.gave_up("busy.example", "http://busy.example/a")
+    clock.t += 1
+    text = format_summary(rep, now=clock.t, no_host=1)
+    first = text.splitlines()[0]
+    assert "1 page given up" in first
+    assert "3 refused (1 no host, 2 non-public)" in first
+    assert re.search(r"lan\.example .* 2 non-public$", text, re.MULTILINE), text
+    assert "given up on busy.example: http://busy.example/a" in text
+    assert rep.stats is None  # counters only (no stats collector)
+
+
+def test_a_healthy_crawl_has_nothing_deferred_or_refused():
+    """The negative control of the above: the words a healthy crawl gets."""
+    rep, clock = report()
+    rep.booked("a.example")
+    clock.t += 2
+    first = format_summary(rep, now=clock.t).splitlines()[0]
+    assert "1 request, 0 pages given up, 0 throttles (0 backoff steps), 0 deferred, 0 refused" in first
+
+
+# --------------------------------------------------------------------------------------------------
+# The progress line
+
+
+def test_progress_names_what_is_held_and_what_is_due_next():
+    rep, clock = report()
+    throttle(rep, "busy.example", at=T0, due=T0 + 250, steps=2, label="503")
+    held = [HeldHost("busy.example", 4, T0 + 250), HeldHost("other.example", 1, float("inf"))]
+    line = format_progress(rep, held, now=clock.t, idle=False)
+    assert line is not None
+    assert line.startswith("scrapy-polite: 5 requests held, 1 host in backoff; next due: busy.example in 4 m 10 s")
+    # everything else done, only the backoff left: say so, with host, cause and due
+    only = format_progress(rep, held[:1], now=clock.t, idle=True)
+    assert only is not None
+    assert only.startswith("scrapy-polite: only waiting on backoffs and delays: busy.example (backing off after "
+                           "503, 4 held) due in 4 m 10 s (at ")
+    # negative controls: nothing held and nobody backing off -> nothing to say; a host due now -> not "only"
+    assert format_progress(Report(None, clock), [], now=clock.t, idle=True) is None
+    due_now = format_progress(rep, [HeldHost("busy.example", 1, T0)], now=clock.t, idle=True)
+    assert due_now is not None and "only waiting" not in due_now
+
+
+# --------------------------------------------------------------------------------------------------
+# On real crawls
+
+
+def backoff_table(tmp_path: Any, host: str | None, *, seconds: float) -> str:
+    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+    store = open_store(uri)
+    if host is not None:
+        store.update(host, lambda s, now: (HostState(next_allowed=now + seconds, consec=2, updated=now), None))
+    store.close()
+    return uri
+
+
+def polite_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "scrapy_polite.extension" and r.levelno == logging.INFO]
+
+
+@pytest.mark.parametrize("in_backoff", [True, False], ids=["in_backoff", "negative_control"])
+@pytest_twisted.ensureDeferred
+async def test_startup_and_progress_lines_at_info_when_a_host_is_in_backoff(tmp_path, arrival_server, caplog,
+                                                                            in_backoff):
+    srv = arrival_server("127.0.0.41")
+    uri = backoff_table(tmp_path, "127.0.0.41" if in_backoff else None, seconds=2.5)
+    caplog.set_level(logging.INFO)
+    started = time.time()
+    crawler = await run_crawl(ListSpider, polite_settings(POLITE_STORE=uri, LOGSTATS_INTERVAL=0.5,
+                                                          POLITE_HOST_INTERVAL=0.2, POLITE_IP_INTERVAL=0.2),
+                              urls=[srv.url("/"), srv.url("/a")], timeout=30)
+    assert sorted(crawler.spider.statuses()) == [200, 200]
+    lines = polite_lines(caplog)
+    start = [line for line in lines if "in backoff from the pace table" in line]
+    only = [line for line in lines if "only waiting on backoffs and delays" in line]
+    summary = [line for line in lines if line.startswith("scrapy-polite summary:")]
+    assert len(summary) == 1
+    if not in_backoff:
+        assert start == [] and only == [], lines
+        assert not any("in backoff;" in line and "0 hosts in backoff" not in line for line in lines), lines
+        return
+    assert len(start) == 1, lines  # listed once
+    assert ("1 host starts in backoff from the pace table " + uri.replace("sqlite:///", "sqlite:///")) in start[0]
+    assert "127.0.0.41 (2 backoff steps from an earlier run) due in " in start[0]
+    assert start[0].endswith("to forget the backoff: scrapy polite reset 127.0.0.41"), start[0]
+    assert only, lines
+    assert re.match(r"scrapy-polite: only waiting on backoffs and delays: 127\.0\.0\.41 \(backing off after 2 "
+                    r"backoff steps from an earlier run, \d held\) due in \d\.\d s \(at \d\d:\d\d:\d\d\)", only[0]), only
+    # the requests went only once the backoff was over
+    assert min(a.start for a in srv.arrivals()) >= started + 2.0
+    assert "backing off during 2." in summary[0] or "backing off during 3." in summary[0], summary
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_summary_of_a_real_crawl(arrival_server, caplog):
+    """A healthy host, a throttling one and one with only non-public addresses: the summary's rows say what
+    each host went through, in README's words."""
+    healthy = arrival_server("127.0.0.42")
+    busy = arrival_server("127.0.0.43")
+    busy.route("/*", scripted(Reply.throttle(429, retry_after=1), then=Reply.html("<html>ok</html>")))
+    caplog.set_level(logging.INFO)
+    settings = polite_settings(POLITE_HOST_INTERVAL=0.3, POLITE_IP_INTERVAL=0.0,
+                               POLITE_DNS_OVERRIDES={"lan.test": ["10.0.0.7"]}, RETRY_ENABLED=True,
+                               RETRY_TIMES=3)
+    started = time.time()
+    crawler = await run_crawl(ListSpider, settings, timeout=60,
+                              urls=[healthy.url("/1"), healthy.url("/2"), healthy.url("/3"),
+                                    busy.url("/x"), "http://lan.test/"])
+    elapsed = time.time() - started
+    summary = [line for line in polite_lines(caplog) if line.startswith("scrapy-polite summary:")]
+    assert len(summary) == 1
+    text = summary[0]
+    rows = {line.split()[0]: line for line in text.splitlines()[2:] if line.startswith("  ")}
+    assert re.search(r"^  127\.0\.0\.42 +3 +0 +0 +0 +- +\d+ \(\d+\.\d s\) +- +-$", rows["127.0.0.42"], re.M), text
+    assert re.search(r"^  127\.0\.0\.43 +2 +0 +1 +1 +1\.\d s +.* throttled +-$", rows["127.0.0.43"], re.M), text
+    assert rows["lan.test"].rstrip().endswith("1 non-public"), text
+    first = text.splitlines()[0]
+    assert "1 refused (1 non-public)" in first
+    crawl_seconds = float(re.search(r"hosts in (\d+\.\d) s", first).group(1))  # type: ignore[union-attr]
+    assert crawl_seconds <= elapsed + 0.1
+    backing = float(re.search(r"backing off during (\d+\.\d) s", first).group(1))  # type: ignore[union-attr]
+    assert 0.9 <= backing <= crawl_seconds
+    assert crawler.stats.get_value("polite/blocked/private_address") == 1

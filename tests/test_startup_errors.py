@@ -1,0 +1,147 @@
+"""Errors a user can act on (issue 9): a configuration that cannot run safely or an invalid setting stops
+``scrapy crawl`` before any request, with **one** ERROR line naming the problem and the fix, the traceback
+only at DEBUG, and a non-zero exit status. Through the real ``scrapy crawl`` on a project written into a
+temporary directory, against a loopback :class:`~tests.support.server.ArrivalServer` that must see nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SETTINGS = '''
+BOT_NAME = "started"
+SPIDER_MODULES = ["started.spiders"]
+{addons}
+POLITE_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+POLITE_STORE = "memory://"
+TELNETCONSOLE_ENABLED = False
+REMOTE_CONTROL_ENABLED = False
+RETRY_ENABLED = False
+'''
+
+SPIDERS = '''
+import scrapy
+
+
+class Plain(scrapy.Spider):
+    name = "plain"
+    start_urls = ["{url}"]
+
+    def parse(self, response):
+        pass
+
+
+class SpiderOnly(Plain):
+    name = "spider_only"
+    custom_settings = {{"ADDONS": {{"scrapy_polite.Addon": 0}}}}
+
+
+class OwnHandler(Plain):
+    name = "own_handler"
+    custom_settings = {{"DOWNLOAD_HANDLERS": {{"http": "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler"}}}}
+'''
+
+ERROR_LINE = re.compile(r"^\S+ \S+ \[[^\]]+\] ERROR: ", re.MULTILINE)
+
+
+def make_project(path: Path, url: str, *, addons: bool) -> Path:
+    (path / "scrapy.cfg").write_text("[settings]\ndefault = started.settings\n")
+    package = path / "started"
+    (package / "spiders").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "spiders" / "__init__.py").write_text("")
+    (package / "settings.py").write_text(SETTINGS.format(
+        addons='ADDONS = {"scrapy_polite.Addon": 0}' if addons else ""))
+    (package / "spiders" / "spiders.py").write_text(SPIDERS.format(url=url))
+    return path
+
+
+def crawl(cwd: Path, spider: str, *args: str, level: str = "INFO") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    return subprocess.run([sys.executable, "-m", "scrapy", "crawl", spider, "-s", f"LOG_LEVEL={level}", *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=90)
+
+
+def errors(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if ERROR_LINE.match(line)]
+
+
+@pytest.fixture
+def server(arrival_server):
+    return arrival_server("127.0.0.31")
+
+
+def assert_refused(proc: subprocess.CompletedProcess[str], server, *expected: str) -> str:
+    """Non-zero exit, exactly one ERROR line (containing ``expected``), no traceback, nothing sent."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    lines = errors(proc)
+    assert len(lines) == 1, "\n".join(lines) or out
+    assert "scrapy-polite cannot start the crawl: " in lines[0]
+    for text in expected:
+        assert text in lines[0], lines[0]
+    assert "Traceback" not in out, out
+    assert "Task exception was never retrieved" not in out and "Unhandled error" not in out, out
+    assert server.arrivals() == [], "a request was sent"
+    return lines[0]
+
+
+def test_a_valid_crawl_exits_0_without_errors(tmp_path, server):
+    """The negative control: the same project and spider, nothing wrong."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain")
+    assert proc.returncode == 0, proc.stderr
+    assert errors(proc) == []
+    assert [a.path for a in server.arrivals()] == ["/"]
+
+
+def test_addon_only_in_custom_settings(tmp_path, server):
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=False), "spider_only")
+    assert_refused(proc, server, "enabled only in the spider's custom_settings",
+                   "Fix: move ADDONS = {'scrapy_polite.Addon': 0} to the project settings")
+
+
+def test_invalid_setting_on_the_command_line(tmp_path, server):
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_HOST_INTERVAL=-1")
+    assert_refused(proc, server, "POLITE_HOST_INTERVAL must be a finite number of seconds >= 0, got '-1'",
+                   "(POLITE_HOST_INTERVAL is set on the command line (-s))")
+
+
+def test_invalid_dns_setting(tmp_path, server):
+    """A DNS setting is read by the per-process resolver, before the crawl: still one line, no traceback."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_DNS_TIMEOUT=0")
+    assert_refused(proc, server, "POLITE_DNS_TIMEOUT")
+
+
+def test_unsafe_handler(tmp_path, server):
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "own_handler")
+    assert_refused(proc, server, "HttpxDownloadHandler", "Remove that DOWNLOAD_HANDLERS entry")
+
+
+def test_the_traceback_is_logged_at_debug(tmp_path, server):
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_HOST_INTERVAL=-1",
+                 level="DEBUG")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert len(errors(proc)) == 1, out
+    debug = out.split("DEBUG: scrapy-polite: the crawl was refused here", 1)
+    assert len(debug) == 2, out
+    assert debug[1].lstrip("\n").startswith("Traceback (most recent call last):"), out
+    assert "Task exception was never retrieved" not in out
+
+
+def test_a_disabled_addon_does_not_refuse(tmp_path, server):
+    """POLITE_ENABLED = False turns everything off, the checks included."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_ENABLED=False",
+                 "-s", "POLITE_HOST_INTERVAL=-1")
+    assert proc.returncode == 0, proc.stderr
+    assert errors(proc) == []
+    assert [a.path for a in server.arrivals()] == ["/"]
