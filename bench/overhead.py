@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/overhead.py [--hosts 50] [--pages 40] [--repeat 2]
+    python bench/overhead.py [--hosts 50] [--pages 40] [--repeat 5] [--profile FILE]
 
 A crawl of ``hosts × pages`` pages (default 50 × 40 = 2,000) over loopback hosts 127.0.5.10, 127.0.5.11, …
 (one :class:`~tests.support.server.ArrivalServer` per address, all in a *separate process* so that the
@@ -10,14 +10,19 @@ servers do not compete with the crawler for the GIL), URLs listed round-robin ov
 
 * ``plain``: plain Scrapy (``CONCURRENT_REQUESTS=16``, ``CONCURRENT_REQUESTS_PER_DOMAIN=8``, no delay);
 * ``polite``: the same with ``ADDONS = {"scrapy_polite.Addon": 0}`` and every interval 0
-  (``POLITE_HOST_INTERVAL=0``, ``POLITE_IP_INTERVAL=0``), the default SQLite pace table in a temporary
-  directory, loopback allowed (``POLITE_ALLOWED_NETWORKS``).
+  (``POLITE_HOST_INTERVAL=0``, ``POLITE_IP_INTERVAL=0``), the default SQLite pace table (a fresh file in a
+  temporary directory each run), loopback allowed (``POLITE_ALLOWED_NETWORKS``).
 
 For comparison, ``polite (memory://)`` is the add-on with the in-memory pace table (``--no-memory`` skips it).
-Each is run ``--repeat`` times, alternating; printed: pages/s of every run (crawl wall time from start to
-close), the best of each, and the ratio polite/plain of the bests (target ≥ 0.9). A warm-up crawl runs first.
+Each is run ``--repeat`` times, alternating (the order rotates every round, so none always runs first);
+printed for every run: pages/s (crawl wall time from start to close) and the crawler process's CPU time
+per page (``time.process_time()``: user + system of every thread of the crawling process, the servers'
+process excluded). Then the **medians** of each and the ratios to plain Scrapy: pages/s polite/plain
+(target ≥ 0.97) and CPU per page polite − plain (target ≤ +3 %). A warm-up crawl runs first.
+``-s NAME=VALUE`` adds a setting to the polite runs (``-s POLITE_EVENT_LOG=false``).
 ``--order host`` lists all URLs of one host, then the next (the add-on then defers the requests whose host's
-line is taken). Runs in well under a minute on two cores.
+line is taken). ``--profile FILE`` runs one more polite crawl under ``cProfile`` and writes its stats to
+FILE (read with ``python -m pstats FILE``). Runs in about a minute on two cores.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,16 +58,26 @@ def serve(hosts: int, first: int) -> None:
         srv.stop()
 
 
-async def crawl(settings, urls):
+async def crawl(settings, urls, profile: str | None = None):
+    """One crawl; ``(pages/s, CPU seconds per page, crawler)``."""
     from tests.support.crawl import ListSpider, run_crawl
 
-    t0 = time.time()
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    t0, c0 = time.time(), time.process_time()
     crawler = await run_crawl(ListSpider, settings, urls=urls, timeout=600)
-    elapsed = time.time() - t0
+    elapsed, cpu = time.time() - t0, time.process_time() - c0
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
     ok = sum(1 for f in crawler.spider.fetched if f.status == 200)
     assert ok == len(urls), f"{ok} of {len(urls)} pages fetched: {crawler.stats.get_stats()}"
     assert crawler.stats.get_value("finish_reason") == "finished"
-    return len(urls) / elapsed, crawler
+    return len(urls) / elapsed, cpu / len(urls), crawler
 
 
 async def main(args) -> None:
@@ -79,38 +95,58 @@ async def main(args) -> None:
         tmp = tempfile.mkdtemp(prefix="polite-overhead-")
         plain = {"LOG_LEVEL": "WARNING", "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 8}
 
-        def polite(run: int, store: str = "sqlite"):
+        def polite(run: str, store: str = "sqlite"):
             uri = "memory://" if store == "memory" else f"sqlite:///{tmp}/run{run}/polite.sqlite3"
             return {**plain, **polite_settings(
                 POLITE_HOST_INTERVAL=0, POLITE_IP_INTERVAL=0, POLITE_ALLOWED_NETWORKS=["127.0.0.0/8"],
-                POLITE_STORE=uri)}
+                POLITE_STORE=uri), **extra_settings}
 
-        os.makedirs(f"{tmp}/warm", exist_ok=True)
+        extra_settings = {}
+        for item in args.set:  # -s POLITE_EVENT_LOG=false: a value is read as JSON when it parses as JSON
+            name, _, value = item.partition("=")
+            try:
+                extra_settings[name] = json.loads(value)
+            except ValueError:
+                extra_settings[name] = value
+
         await crawl({**plain, "LOG_LEVEL": "ERROR"}, urls[: len(hosts)])
+        await crawl({**polite("warm"), "LOG_LEVEL": "ERROR"}, urls[: len(hosts)])
         print(f"overhead benchmark: {len(urls)} pages over {len(hosts)} loopback hosts "
               f"({hosts[0]} .. {hosts[-1]}, URLs in {args.order} order), CONCURRENT_REQUESTS=16, "
-              "servers in a separate process")
+              f"servers in a separate process; {args.repeat} alternating rounds, {os.cpu_count()} CPUs")
         names = ["plain", "polite"] + (["polite (memory://)"] if args.memory else [])
-        results: dict[str, list[float]] = {name: [] for name in names}
+        if args.only:  # for a sampling profiler (py-spy record -- python bench/overhead.py --only polite)
+            names = [{"plain": "plain", "polite": "polite", "memory": "polite (memory://)"}[args.only]]
+        rates: dict[str, list[float]] = {name: [] for name in names}
+        cpus: dict[str, list[float]] = {name: [] for name in names}
         for run in range(args.repeat):
-            for name in names:
+            for name in names[run % len(names):] + names[: run % len(names)]:
                 if name == "plain":
                     settings = plain
                 else:
-                    os.makedirs(f"{tmp}/run{run}", exist_ok=True)
-                    settings = polite(run, "memory" if "memory" in name else "sqlite")
-                rate, crawler = await crawl(settings, urls)
-                results[name].append(rate)
+                    settings = polite(str(run), "memory" if "memory" in name else "sqlite")
+                rate, cpu, crawler = await crawl(settings, urls)
+                rates[name].append(rate)
+                cpus[name].append(cpu)
                 extra = ""
                 if name != "plain":
                     get = crawler.stats.get_value
                     extra = (f"  (polite/requests={get('polite/requests')}, deferrals={get('polite/deferrals', 0)}, "
                              f"waits={get('polite/waits', 0)})")
-                print(f"  run {run + 1} {name:19} {rate:8.1f} pages/s{extra}", flush=True)
-        best = {name: max(rates) for name, rates in results.items()}
-        print("best: " + ", ".join(f"{name} {rate:.1f} pages/s" for name, rate in best.items()))
-        print(f"ratio polite/plain {best['polite'] / best['plain']:.2f} (target >= 0.9)"
-              + (f"; with the memory:// store {best['polite (memory://)'] / best['plain']:.2f}" if args.memory else ""))
+                print(f"  run {run + 1} {name:19} {rate:8.1f} pages/s {cpu * 1e6:8.0f} µs CPU/page{extra}",
+                      flush=True)
+        rate = {name: statistics.median(v) for name, v in rates.items()}
+        cpu = {name: statistics.median(v) for name, v in cpus.items()}
+        print("medians: " + ", ".join(f"{name} {rate[name]:.1f} pages/s {cpu[name] * 1e6:.0f} µs CPU/page"
+                                      for name in names))
+        for name in names[1:] if "plain" in rate else []:
+            ratio, extra_cpu = rate[name] / rate["plain"], cpu[name] / cpu["plain"] - 1
+            print(f"{name}/plain: pages/s {ratio:.3f}x (target >= 0.97: {'met' if ratio >= 0.97 else 'NOT met'}), "
+                  f"CPU per page {extra_cpu * 100:+.1f} % (target <= +3 %: "
+                  f"{'met' if extra_cpu <= 0.03 else 'NOT met'})")
+        if args.profile:
+            await crawl(polite("profile"), urls, profile=args.profile)
+            print(f"cProfile stats of one more polite crawl written to {args.profile}")
     finally:
         child.stdin.close()
         child.wait(timeout=30)
@@ -120,11 +156,16 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=50)
     parser.add_argument("--pages", type=int, default=40, help="pages per host")
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--profile", metavar="FILE", help="profile one more polite crawl with cProfile into FILE")
     parser.add_argument("--order", choices=["round-robin", "host"], default="round-robin",
                         help="URL order: round-robin over the hosts (default) or all of one host, then the next")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the extra polite run with the memory:// store (for comparison)")
+    parser.add_argument("-s", "--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of the polite runs (repeatable), e.g. -s POLITE_EVENT_LOG=false")
+    parser.add_argument("--only", choices=["plain", "polite", "memory"],
+                        help="run only this crawl (--repeat times), e.g. under a sampling profiler")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=10, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -49,8 +49,7 @@ def _hosts(n: int) -> list[str]:
 
 
 def _ours_update(store: SQLiteStore, host: str) -> None:
-    end = time.time()
-    store.update(host, lambda state: (POLICY.after_response(state, status=429, end=end).state, None))
+    store.update(host, lambda state, now: (POLICY.after_response(state, status=429, end=now).state, None))
 
 
 def _reference_update(table: ReferenceTable, host: str) -> None:

@@ -22,14 +22,42 @@ from .reporting import Report
 from .resolution import Resolution
 from .seams import ClockSync, Defer, Go, HoldingScheduler
 from .settings import PoliteConfig
-from .stores import Snapshot, StoreError
+from .stores import ManyUpdateFn, Snapshot, StoreError
 
 if TYPE_CHECKING:
     from scrapy import Request
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Booker"]
+__all__ = ["Booker", "booking_update"]
+
+
+def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor: float, ip_interval: float
+                   ) -> tuple[list[str], ManyUpdateFn[tuple[Booking, float]]]:
+    """The booking transaction of one request (docs/spec.md §3): the keys to read (the host's row, then the
+    ``ip:`` row of each of ``addresses``) and the update function to run on them with
+    :meth:`~scrapy_polite.stores.PaceStore.update_many`, whose result is ``(booking, the store's now)``.
+
+    Args:
+        policy: the pacing rules (:meth:`PacingPolicy.book <scrapy_polite.policy.PacingPolicy.book>`).
+        host: the host key.
+        addresses: the addresses the request may be booked on, in order of preference (their lines free).
+        floor: seconds, the request's interval override (0: none).
+        ip_interval: ``POLITE_IP_INTERVAL``, seconds.
+
+    Raises:
+        ValueError: an address is not an IP address.
+    """
+    keys = {a: ip_key(a) for a in addresses}
+
+    def fn(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState],
+                                                                     tuple[Booking, float]]:
+        booking = policy.book(states[host], {a: states[k] for a, k in keys.items()}, now=now,
+                              floor=floor, ip_interval=ip_interval)
+        writes = {(host if a == "" else keys[a]): state for a, state in booking.writes.items()}
+        return writes, (booking, now)
+
+    return [host, *keys.values()], fn
 
 
 class Booker:
@@ -214,18 +242,9 @@ class Booker:
     async def _transact(self, host: str, addresses: list[str], floor: float,
                         ip_interval: float) -> tuple[Booking, float]:
         """One booking transaction over the host's row and the rows of ``addresses``."""
-        policy = self.policy
-        keys = {a: ip_key(a) for a in addresses}
-
-        def fn(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState],
-                                                                         tuple[Booking, float]]:
-            booking = policy.book(states[host], {a: states[k] for a, k in keys.items()}, now=now,
-                                  floor=floor, ip_interval=ip_interval)
-            writes = {(host if a == "" else keys[a]): state for a, state in booking.writes.items()}
-            return writes, (booking, now)
-
+        keys, fn = booking_update(self.policy, host, addresses, floor, ip_interval)
         try:
-            booking, now = await await_deferred(self.store.update_many([host, *keys.values()], fn))
+            booking, now = await await_deferred(self.store.update_many(keys, fn))
         except StoreError as exc:
             self.on_store_error(exc)
             raise

@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 from .addresses import embedded_ipv4
@@ -337,6 +338,9 @@ class PacingPolicy:
         eff = self.effective_interval(old, override)
         stale = sent_at is not None and old.throttled_at > sent_at
         throttle = status is None or self.is_throttle(status, state)
+        # ok_seen is set after the decision (is_throttle read the old state): the first 2xx-then-403 pair has
+        # no history yet. Set in the same replace() as the rest of the row (one copy of it, not two).
+        ok_seen = old.ok_seen or (status is not None and 200 <= status < 300)
         clamped = False
         if throttle:
             if stale:  # this moment of the host's mood was already counted: no second step
@@ -355,16 +359,13 @@ class PacingPolicy:
             # A later hold already recorded (another process's booking, a robots delay) is never shortened.
             next_allowed = max(end + delay, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end,
-                          throttled_at=old.throttled_at if stale else end)
+                          throttled_at=old.throttled_at if stale else end, ok_seen=ok_seen)
         else:
             # Sent before a recorded throttle: it says nothing about the host's mood since.
             consec = old.consec if stale else max(old.consec - 1, 0)
             delay = eff if consec == 0 else self.backoff(eff, consec)
             next_allowed = max(end + delay, old.next_allowed)
-            new = replace(old, consec=consec, next_allowed=next_allowed, updated=end)
-        # ok_seen is set after the decision: the first 2xx-then-403 pair has no history yet.
-        if status is not None and 200 <= status < 300:
-            new = replace(new, ok_seen=True)
+            new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
                         counted=throttle and not stale, retry_after_clamped=clamped)
 
@@ -495,6 +496,7 @@ class PacingPolicy:
         return replace(old, next_allowed=max(old.next_allowed, start + interval), updated=start)
 
 
+@lru_cache(maxsize=16384)  # called for every booking and release: parse each address once
 def ip_key(address: str) -> str:
     """The pace-table key of an address's row: ``ip:`` + the canonical address (host keys never start with
     ``ip:``). An IPv4-mapped, NAT64 or 6to4 address reaches the IPv4 address it embeds and shares its row
