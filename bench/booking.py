@@ -271,7 +271,7 @@ def bench_booking(directory: str, n_hosts: int, n_addresses: int, n_ops: int) ->
     size = os.path.getsize(path) / 1e6
     p99 = percentile(timings, 99)
     print(latency_line("AsyncStore.update_many", timings,
-                       f"   ({booked:,} booked now, {threaded:,} on the store's thread, WAL {wal:.1f} MB; "
+                       f"   ({booked:,} booked now, {threaded:,} waited (checkpoint or thread), WAL {wal:.1f} MB; "
                        "the pacer's path)"))
     path = os.path.join(directory, "booking-raw-async.sqlite3")
     fill(path, table_rows)

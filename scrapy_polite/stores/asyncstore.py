@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -27,7 +28,9 @@ class AsyncStore:
       transaction without fsync, tens of microseconds); when another writer holds the lock
       (:class:`~scrapy_polite.stores.base.StoreBusy`) or earlier calls are still queued, the call runs on
       the store's own thread, which may wait for the lock. The thread also checkpoints the WAL every
-      ``checkpoint_every`` inline writes. Calls complete in call order.
+      ``checkpoint_every`` inline writes; the calls made meanwhile wait on the reactor's side (no write
+      lands in the WAL while it is copied back, so the WAL can start over) and then run inline again,
+      instead of each taking a round trip through the thread. Calls complete in call order.
     * any other backend (a network server): every call runs on the store's thread pool of
       ``threads`` threads.
 
@@ -48,6 +51,9 @@ class AsyncStore:
         self._inline: PaceStore | None = None
         self._queued = 0
         self._writes = 0
+        #: Calls made while a checkpoint runs, in call order: ``(method name, args, Deferred of the result)``.
+        self._held: deque[tuple[str, tuple[Any, ...], defer.Deferred[Any]]] = deque()
+        self._checkpointing = False
         self._checkpoint_every = checkpoint_every
         if isinstance(store, MemoryStore):
             self._inline = store
@@ -58,6 +64,13 @@ class AsyncStore:
         self._pool.start()
 
     def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
+        if self._checkpointing or self._held:  # behind the checkpoint, and behind the calls already held
+            d: defer.Deferred[Any] = defer.Deferred()
+            self._held.append((name, args, d))
+            return d
+        return self._run(name, args)
+
+    def _run(self, name: str, args: tuple[Any, ...]) -> defer.Deferred[Any]:
         if self._inline is not None and not self._queued:
             try:
                 result = getattr(self._inline, name)(*args)
@@ -69,9 +82,25 @@ class AsyncStore:
                 if name in ("update", "update_many") and self._pool is not None:
                     self._writes += 1
                     if self._writes % self._checkpoint_every == 0:
-                        self._threaded("checkpoint").addErrback(lambda _failure: None)
+                        self._checkpoint()
                 return defer.succeed(result)
         return self._threaded(name, *args)
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the WAL on the store's thread; calls wait on the reactor's side until it is done."""
+        if self._pool is None or not isinstance(self.store, SQLiteStore):
+            return
+        self._checkpointing = True
+        d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._pool, self.store.checkpoint)
+        d.addErrback(lambda _failure: None)
+        d.addCallback(self._checkpointed)
+
+    def _checkpointed(self, _result: None) -> None:
+        """The checkpoint is done: run the calls held meanwhile, in order (inline while they can be)."""
+        self._checkpointing = False
+        while self._held and not self._checkpointing:  # a held write may start the next checkpoint
+            name, args, d = self._held.popleft()
+            self._run(name, args).chainDeferred(d)
 
     def _threaded(self, name: str, *args: Any) -> defer.Deferred[Any]:
         if self._pool is None:
@@ -109,6 +138,10 @@ class AsyncStore:
 
     def close(self) -> None:
         """Stop the thread (after the calls already queued), checkpoint and close the backend."""
+        self._checkpointing = False
+        while self._held:  # calls held behind a checkpoint still running: queued after it, in order
+            name, args, d = self._held.popleft()
+            self._threaded(name, *args).chainDeferred(d)
         if self._pool is not None:
             self._pool.stop()
             self._pool = None
