@@ -13,12 +13,14 @@ What it provides:
   connects a booked request (``meta['polite_ip']``) to that address and keys the keep-alive pool by it;
 * :func:`pinned_agent`: that Twisted agent on its own (built from public Twisted API only);
 * :func:`server_side_failure_types`: the download failures that reached the server's side;
-* :func:`wake_engine`: ask the engine to pull from the scheduler again now.
+* :func:`wake_engine`: ask the engine to pull from the scheduler again now;
+* :func:`commit_without_fsync`: let a queuelib SQLite disk queue commit without waiting for the disk.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 from typing import TYPE_CHECKING, Any, cast
 
 from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler, _ScrapyAgent
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
     from twisted.web.client import URI
     from twisted.web.iweb import IPolicyForHTTPS
 
-__all__ = ["download_pinned", "pinned_agent", "server_side_failure_types", "wake_engine"]
+__all__ = ["commit_without_fsync", "download_pinned", "pinned_agent", "server_side_failure_types", "wake_engine"]
 
 #: Scrapy's HTTP/1.1 handler logs its data-loss warning here (``http11.logger``); so do we.
 _http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
@@ -229,3 +231,18 @@ def wake_engine(crawler: Crawler) -> None:
     nextcall = getattr(slot, "nextcall", None)
     if nextcall is not None:
         nextcall.schedule()
+
+
+def commit_without_fsync(queue: Any) -> None:
+    """Make a queuelib ``FifoSQLiteQueue`` (``scrapy.squeues.PickleFifoSQLiteQueue``) on a WAL-mode file
+    commit without an fsync (``PRAGMA synchronous=NORMAL``, as the SQLite pace table does): each commit is
+    then an append to the WAL, about 20 µs instead of about 1 ms on the reactor. A committed push still
+    survives the death of the process (``kill -9``); only an operating-system crash or a power cut may
+    lose the last commits, never the file's consistency.
+
+    Uses the queue's connection ``_db`` (private; queuelib 1.6.1 to 1.10.0): the queue has no public way
+    to set a pragma. A queue without it is left as it is (each commit then waits for the disk).
+    """
+    db = getattr(queue, "_db", None)
+    if isinstance(db, sqlite3.Connection):
+        db.execute("PRAGMA synchronous=NORMAL")

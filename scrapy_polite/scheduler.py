@@ -9,9 +9,11 @@ request the downloader middleware defers is handed back to it and **held** by ho
 * when its host is due and its line is free, it is handed out before any new request;
 * the spider stays open while requests are held; when everything left is held beyond
   ``POLITE_MAX_IDLE_WAIT`` seconds, the spider closes with reason ``polite_deferred``;
-* at close, requests still held are saved under ``JOBDIR`` (``polite_deferred.pickle``) and re-held on
-  resume at their due time; without ``JOBDIR`` they are reported (count and hosts) and counted
-  (``polite/deferred/not_crawled``).
+* held requests are kept by :class:`~scrapy_polite.held.HeldRequests`: at most
+  ``POLITE_MAX_HELD_IN_MEMORY`` in memory, the others on disk; under ``JOBDIR`` every one is written to
+  ``JOBDIR/polite_held`` as it is held, so a crawl that stops, or is killed, holds them again on resume at
+  their due time; without ``JOBDIR`` the requests still held at close are reported (count and hosts) and
+  counted (``polite/deferred/not_crawled``).
 """
 
 from __future__ import annotations
@@ -22,9 +24,7 @@ import logging
 import math
 import os
 import pickle
-import time
 import weakref
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -32,6 +32,7 @@ from scrapy.utils.request import request_from_dict
 
 from ._compat import wake_engine
 from .contracts import fail_held_contract_requests
+from .held import HELD_DIR, HeldRequests
 from .pacer import Pacer, get_pacer
 from .reactor import call_later, installed_reactor
 from .settings import SettingsError
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["PoliteScheduler"]
 
+#: The file in which versions before :mod:`scrapy_polite.held` saved held requests; read once on resume.
 DEFERRED_FILE = "polite_deferred.pickle"
 
 
@@ -62,14 +64,14 @@ class PoliteScheduler:
         self.inner = inner
         self.pacer = pacer
         self.clock = pacer.clock
-        self._held: dict[str, deque[Request]] = {}
+        self._jobdir: str | None = crawler.settings.get("JOBDIR") or None
+        self._held = HeldRequests(crawler, max_in_memory=pacer.config.max_held_in_memory, jobdir=self._jobdir)
         self._due: dict[str, float] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
         self._timer: Any = None
-        self._jobdir: str | None = crawler.settings.get("JOBDIR") or None
         self._closing = False
 
     @classmethod
@@ -112,7 +114,7 @@ class PoliteScheduler:
 
     def held_count(self) -> int:
         """How many requests are held."""
-        return sum(len(q) for q in self._held.values())
+        return len(self._held)
 
     def earliest_due(self) -> float | None:
         """The earliest due time (epoch s) of a held request; ``inf`` when held only for a busy line;
@@ -135,7 +137,7 @@ class PoliteScheduler:
         return request
 
     def __len__(self) -> int:
-        return len(self.inner) + sum(len(q) for q in self._held.values())
+        return len(self.inner) + len(self._held)
 
     # -- holding ------------------------------------------------------------------------------------------
 
@@ -148,13 +150,13 @@ class PoliteScheduler:
         line is free). The middleware then returns it to the engine, whose ``enqueue_request`` we skip."""
         self._rehold.add(request)
         self._owned.discard(request)
-        self._held.setdefault(host, deque()).append(request)
+        self._held.push(host, request, due)
         when = due if due is not None else math.inf
         current = self._due.get(host)
         if current is None or (due is not None and when > current) or current == math.inf:
             self._due[host] = when
-        if when != math.inf:
-            self._push(when, host)
+            if when != math.inf:  # one heap entry per change of the host's due time, not per request
+                self._push(when, host)
         stats = self.crawler.stats
         if stats is not None:
             stats.max_value("polite/deferred/max_held", self.held_count())
@@ -206,35 +208,34 @@ class PoliteScheduler:
         while self._heap and self._heap[0][0] <= now:
             entry = heapq.heappop(self._heap)
             host = entry[2]
-            queue = self._held.get(host)
-            if not queue or self._due.get(host, math.inf) > now:
+            if host not in self._held or self._due.get(host, math.inf) > now:
                 continue  # a stale heap entry
             if self.pacer.line_busy(host):
                 self._due[host] = math.inf  # woken again when the line frees
                 continue
-            found = queue.popleft()
-            if not queue:
-                del self._held[host]
+            found = self._held.pop(host)  # None only when none of the host's records could be read back
+            if host not in self._held:
                 del self._due[host]
             else:
                 self._due[host] = math.inf
-            break
+            if found is not None:
+                break
         return found
 
     def describe(self) -> str:
         """The held requests by host and when each host is due, for the log."""
         now = self.clock()
         parts = []
-        for host, queue in sorted(self._held.items()):
+        for host, count in self._held.items():
             due = self._due.get(host, math.inf)
             when = "when its line frees" if due == math.inf else f"due in {max(0.0, due - now):.0f} s"
-            parts.append(f"{host}: {len(queue)} requests, {when}")
+            parts.append(f"{host}: {count} requests, {when}")
         return "Deferred: " + "; ".join(parts)
 
     def held_hosts(self) -> list[tuple[str, int, float]]:
         """``(host, requests held, due)`` per host holding requests, soonest due first (``due``: epoch s of
         this process's clock; ``inf``: when its line frees), for the progress line."""
-        return sorted(((host, len(queue), self._due.get(host, math.inf)) for host, queue in self._held.items()),
+        return sorted(((host, count, self._due.get(host, math.inf)) for host, count in self._held.items()),
                       key=lambda row: (row[2], row[0]))
 
     # -- persistence ------------------------------------------------------------------------------------
@@ -243,66 +244,68 @@ class PoliteScheduler:
         return os.path.join(self._jobdir, DEFERRED_FILE) if self._jobdir else None
 
     def _save_or_report(self) -> None:
-        # In `scrapy check`, a contract request still held fails the check instead of passing silently.
-        fail_held_contract_requests([r for queue in self._held.values() for r in queue], self._due.get, self.pacer)
-        count = sum(len(q) for q in self._held.values())
-        if not count:
-            path = self._path()
-            if path and os.path.exists(path):
-                os.remove(path)
-            return
+        """Close the held requests: under ``JOBDIR`` they stay on disk for resume (those that could not be
+        written are logged and counted), without it they are reported and counted as not crawled."""
         stats = self.crawler.stats
-        path = self._path()
-        if path:
-            spider = self.crawler.spider
-            rows = []
-            unsaved = 0
-            for host, queue in self._held.items():
-                due = self._due.get(host, 0.0)
-                for request in queue:
-                    try:
-                        row = {"host": host, "due": None if due == math.inf else due,
-                               "request": request.to_dict(spider=spider)}
-                        pickle.dumps(row, protocol=4)
-                    except Exception as exc:  # a callback that is not a spider method, unpicklable meta
-                        unsaved += 1
-                        logger.error("scrapy-polite: cannot save deferred %s for resume: %s", request, exc)
-                        continue
-                    rows.append(row)
-            count -= unsaved
-            if unsaved and stats is not None:
-                stats.set_value("polite/deferred/not_saved", unsaved)
-            tmp = path + ".tmp"
-            with open(tmp, "wb") as f:
-                pickle.dump({"version": 1, "saved": time.time(), "requests": rows}, f, protocol=4)
-            os.replace(tmp, path)
-            if stats is not None:
-                stats.set_value("polite/deferred/saved", count)
-            logger.info("scrapy-polite: saved %d deferred requests to %s for resume. %s", count, path,
-                        self.describe())
-        else:
+        count = len(self._held)
+        summary = self.describe() if count else ""
+        left = self._held.close()  # the requests held in memory, which are not kept
+        # In `scrapy check`, a contract request still held fails the check instead of passing silently.
+        fail_held_contract_requests(left, self._due.get, self.pacer)
+        if stats is not None:
+            if self._held.written:
+                stats.set_value("polite/deferred/spilled", self._held.written)
+            if self._held.unreadable:
+                stats.set_value("polite/deferred/unreadable", self._held.unreadable)
+        if not count:
+            return
+        if not self._jobdir:
             if stats is not None:
                 stats.set_value("polite/deferred/not_crawled", count)
             logger.warning("scrapy-polite: %d deferred requests were not crawled (set JOBDIR to resume them). %s",
-                           count, self.describe())
+                           count, summary)
+            return
+        spider = self.crawler.spider
+        for request in left:
+            try:
+                pickle.dumps(request.to_dict(spider=spider), protocol=4)
+                reason = "it could not be written to disk"
+            except Exception as exc:  # a callback that is not a spider method, unpicklable meta
+                reason = str(exc)
+            logger.error("scrapy-polite: cannot save deferred %s for resume: %s", request, reason)
+        if left and stats is not None:
+            stats.set_value("polite/deferred/not_saved", len(left))
+        saved = count - len(left)
+        if stats is not None:
+            stats.set_value("polite/deferred/saved", saved)
+        logger.info("scrapy-polite: %d deferred requests are kept in %s for resume. %s", saved,
+                    os.path.join(self._jobdir, HELD_DIR), summary)
 
     def _load(self) -> None:
+        """Hold again what a previous run left under ``JOBDIR`` (stopped or killed), at the due times it
+        recorded; a ``polite_deferred.pickle`` of an older version is moved into the held requests."""
+        dues = {host: due or 0.0 for host, due in self._held.load().items()}
         path = self._path()
-        if not path or not os.path.exists(path):
-            return
-        with open(path, "rb") as f:
-            data = pickle.load(f)
-        spider = self.crawler.spider
-        count = 0
-        for row in data.get("requests", []):
-            request = request_from_dict(row["request"], spider=spider)
-            self._held.setdefault(row["host"], deque()).append(request)
-            due = row["due"] if row["due"] is not None else 0.0
-            self._due[row["host"]] = max(self._due.get(row["host"], 0.0), due)
-            count += 1
-        for host, due in self._due.items():
+        if path and os.path.exists(path):
+            try:
+                with open(path, "rb") as f:
+                    data = pickle.load(f)
+                spider = self.crawler.spider
+                for row in data.get("requests", []):
+                    request = request_from_dict(row["request"], spider=spider)
+                    self._held.push(row["host"], request, row["due"])
+                    dues[row["host"]] = max(dues.get(row["host"], 0.0), row["due"] or 0.0)
+            except Exception:
+                logger.exception("scrapy-polite: cannot read the deferred requests saved in %s", path)
+            else:
+                os.remove(path)  # its requests are held (on disk) now
+        for host, due in dues.items():
+            self._due[host] = due
             self._push(due, host)
-        # The file stays until close rewrites it: a crash after resuming loses nothing.
+        count = len(self._held)
+        if not count:
+            return
         if self.crawler.stats is not None:
             self.crawler.stats.set_value("polite/deferred/resumed", count)
-        logger.info("scrapy-polite: resumed %d deferred requests from %s", count, path)
+        logger.info("scrapy-polite: resumed %d deferred requests from %s", count,
+                    os.path.join(self._jobdir or "", HELD_DIR))

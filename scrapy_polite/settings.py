@@ -61,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_THROTTLE_STATUSES": [429, 503],
     "POLITE_MAX_RETRY_AFTER": 3600.0,
     "POLITE_MAX_IDLE_WAIT": 300.0,
+    "POLITE_MAX_HELD_IN_MEMORY": 10_000,  # held requests beyond it are kept on disk (README)
     "POLITE_STORE": None,  # None: sqlite in the project's data dir (.scrapy/polite.sqlite3)
     "POLITE_STORE_EXPIRE": 30 * 24 * 3600.0,
     "POLITE_STORE_PREFIX": "polite:",  # the keys of a table in a shared server (Redis)
@@ -434,6 +435,25 @@ def _store_prefix(settings: Any) -> str:
     return raw
 
 
+def _count(settings: Any, name: str, *, what: str) -> int:
+    """A whole-number setting ``>= 0`` (an int, or a string or float of one: ``-s NAME=1000``); ``what``
+    says what it counts, for the error message.
+
+    Raises:
+        SettingsError: a bool, a fraction, a negative number, or not a number.
+    """
+    raw = _raw(settings, name)
+    try:
+        value = int(raw)
+        if isinstance(raw, bool) or value != float(raw):
+            raise ValueError(raw)
+    except (TypeError, ValueError, OverflowError):
+        value = -1
+    if value < 0:
+        raise SettingsError(f"{name} must be a whole number >= 0 ({what}), got {raw!r}")
+    return value
+
+
 def _scheduler_base(settings: Any) -> str | type[Any]:
     raw = _raw(settings, "POLITE_SCHEDULER_BASE")
     if isinstance(raw, type) or (isinstance(raw, str) and raw.strip()):
@@ -453,6 +473,8 @@ class PoliteConfig:
         ip_interval: ``POLITE_IP_INTERVAL``, seconds between two requests to one IP address.
         max_idle_wait: ``POLITE_MAX_IDLE_WAIT``, seconds; when everything left is deferred beyond it the
             spider closes with reason ``polite_deferred``.
+        max_held_in_memory: ``POLITE_MAX_HELD_IN_MEMORY``, how many held (deferred) requests are kept in
+            memory; the others wait on disk (:mod:`scrapy_polite.held`). An int >= 0.
         store_uri: ``POLITE_STORE`` (None: the project's data dir).
         store_expire: ``POLITE_STORE_EXPIRE``, seconds after which an idle host's row is removed.
         store_prefix: ``POLITE_STORE_PREFIX``, the key prefix of the table in a shared server (Redis).
@@ -473,6 +495,7 @@ class PoliteConfig:
     host_delays: Mapping[str, float] = field(default_factory=dict)
     enabled: bool = True
     scheduler_base: str | type[Any] = DEFAULTS["POLITE_SCHEDULER_BASE"]
+    max_held_in_memory: int = DEFAULTS["POLITE_MAX_HELD_IN_MEMORY"]
     dns: DNSConfig = field(default_factory=DNSConfig)
     store_prefix: str = DEFAULTS["POLITE_STORE_PREFIX"]
     store_timeout: float = DEFAULTS["POLITE_STORE_TIMEOUT"]
@@ -490,7 +513,8 @@ class PoliteConfig:
             SettingsError: a negative, non-finite or non-numeric duration; an empty or non-integer
                 ``POLITE_THROTTLE_STATUSES``; a malformed ``POLITE_HOST_DELAYS`` entry; a bad boolean,
                 ``POLITE_STORE``, ``POLITE_STORE_PREFIX`` or ``POLITE_SCHEDULER_BASE``; a
-                ``POLITE_STORE_TIMEOUT`` <= 0; any error of :meth:`DNSConfig.from_settings`.
+                ``POLITE_STORE_TIMEOUT`` <= 0; a ``POLITE_MAX_HELD_IN_MEMORY`` that is not a whole
+                number >= 0; any error of :meth:`DNSConfig.from_settings`.
         """
         enabled = _bool(settings, "POLITE_ENABLED")
         host_interval = _seconds(settings, "POLITE_HOST_INTERVAL")
@@ -511,6 +535,9 @@ class PoliteConfig:
                                 max_retry_after=max_retry_after, throttle_statuses=statuses),
             ip_interval=_seconds(settings, "POLITE_IP_INTERVAL"),
             max_idle_wait=_seconds(settings, "POLITE_MAX_IDLE_WAIT"),
+            max_held_in_memory=_count(
+                settings, "POLITE_MAX_HELD_IN_MEMORY",
+                what="how many deferred requests are held in memory before the others go to disk, e.g. 10000"),
             store_uri=_store_uri(settings),
             store_expire=_seconds(settings, "POLITE_STORE_EXPIRE"),
             host_delays=host_delays,

@@ -19,6 +19,7 @@ import pytest
 import pytest_twisted
 from scrapy import signals
 
+from scrapy_polite.held import HELD_DIR, read_held
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, Reply, gaps, page, scripted
 
@@ -199,7 +200,7 @@ async def test_deferred_requests_survive_a_stop_with_jobdir(arrival_server, tmp_
     assert c1.stats.get_value("finish_reason") == ("polite_deferred" if how == "idle" else "shutdown")
     assert stat(c1, "deferred/saved") == 5, c1.stats.get_stats()  # the retry of the 429'd URL + 4 others
     assert not stat(c1, "deferred/not_crawled")
-    assert (jobdir / "polite_deferred.pickle").exists()
+    assert len(list(read_held(str(jobdir)))) == 5, "the deferred requests must be on disk under JOBDIR"
     assert c1.stats.get_value("retry/count") == 1
     assert c1.spider.fetched == [] and c1.spider.failed == []
     assert time.time() < due - 1.0, "run 1 took too long for the due-time check to mean anything"
@@ -210,7 +211,8 @@ async def test_deferred_requests_survive_a_stop_with_jobdir(arrival_server, tmp_
     assert c2.stats.get_value("finish_reason") == "finished"
     assert stat(c2, "deferred/resumed") == 5
     assert not stat(c2, "deferred/saved") and not stat(c2, "deferred/not_crawled")
-    assert not (jobdir / "polite_deferred.pickle").exists(), "the saved requests must be consumed on resume"
+    assert not list(read_held(str(jobdir))), "the saved requests must be consumed on resume"
+    assert not any((jobdir / HELD_DIR).iterdir()), "an emptied host leaves no file under JOBDIR"
     # Exactly one 429 (run 1) and exactly one 200 per URL (run 2), nothing else.
     seen = Counter((a.path, a.status) for a in both)
     assert seen == Counter({(throttle.path, 429): 1, **{(p, 200): 1 for p in paths}}), describe(both)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 import socket
 import threading
 import time
@@ -32,6 +31,7 @@ import scrapy
 from scrapy import Request
 from scrapy.utils.defer import deferred_from_coro
 
+from scrapy_polite.held import read_held
 from scrapy_polite.policy import HostState
 from scrapy_polite.settings import SettingsError
 from scrapy_polite.stores import open_store
@@ -313,9 +313,7 @@ async def test_jobdir_unserialisable_deferred_request_is_skipped(arrival_server,
     others = held - {"/fn"}
     assert stats.get("polite/deferred/saved") == len(others), (
         f"the {len(others)} other deferred requests must be saved: {stats}")
-    with open(jobdir / "polite_deferred.pickle", "rb") as f:
-        saved = pickle.load(f)
-    saved_paths = {"/" + r["request"]["url"].split("/", 3)[3] for r in saved["requests"]}
+    saved_paths = {"/" + request["url"].split("/", 3)[3] for _, _, request in read_held(str(jobdir))}
     assert saved_paths == others, f"saved {sorted(saved_paths)}, expected {sorted(others)}"
     assert (jobdir / "requests.queue" / "active.json").exists(), (
         f"the inner scheduler did not close (no JOBDIR/requests.queue/active.json): "

@@ -186,6 +186,10 @@ INVALID = [
     ("POLITE_MAX_WAIT", 0, "got 0"),
     ("POLITE_MAX_RETRY_AFTER", "nan"),
     ("POLITE_MAX_IDLE_WAIT", -1),
+    ("POLITE_MAX_HELD_IN_MEMORY", -1),
+    ("POLITE_MAX_HELD_IN_MEMORY", 2.5),
+    ("POLITE_MAX_HELD_IN_MEMORY", "many"),
+    ("POLITE_MAX_HELD_IN_MEMORY", True),
     ("POLITE_STORE_EXPIRE", "a month"),
     ("POLITE_STORE", 5),
     ("POLITE_STORE_PREFIX", 5),
@@ -255,7 +259,8 @@ def test_invalid_value_names_the_setting(make, name, value, shown):
 VALID = {
     "POLITE_ENABLED": "false", "POLITE_ALLOW_PRIVATE": "1", "POLITE_HOST_INTERVAL": "0",
     "POLITE_IP_INTERVAL": 0.5, "POLITE_MAX_BACKOFF": "10", "POLITE_MAX_WAIT": 0.1,
-    "POLITE_MAX_RETRY_AFTER": 0, "POLITE_MAX_IDLE_WAIT": 1, "POLITE_STORE_EXPIRE": "60",
+    "POLITE_MAX_RETRY_AFTER": 0, "POLITE_MAX_IDLE_WAIT": 1, "POLITE_MAX_HELD_IN_MEMORY": "0",
+    "POLITE_STORE_EXPIRE": "60",
     "POLITE_STORE": "memory://", "POLITE_STORE_PREFIX": "crawl1:", "POLITE_STORE_TIMEOUT": "5",
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
     "POLITE_THROTTLE_STATUSES": "429", "POLITE_HOST_DELAYS": '{"api.example.com": 0}',
@@ -275,6 +280,7 @@ def test_valid_values_are_the_negative_control():
         assert config.policy.throttle_statuses == {429} and config.host_delays == {"api.example.com": 0.0}
         assert config.store_uri == "memory://" and config.store_expire == 60
         assert config.store_prefix == "crawl1:" and config.store_timeout == 5.0
+        assert config.max_held_in_memory == 0
         assert config.dns.address_filter.allowed_networks == (ipaddress.ip_network("10.0.0.0/8"),)
         assert dict(config.dns.overrides) == {"a.test": ("127.0.0.1",)}
         assert config.dns.nameservers == (("127.0.0.1", 5353),)

@@ -1,0 +1,380 @@
+"""Where the scheduler keeps held (deferred) requests: in memory up to a bound, the rest on disk (docs/spec.md §5).
+
+:class:`HeldRequests` keeps the requests of each host in the order they were held. A request is kept in
+memory while fewer than ``POLITE_MAX_HELD_IN_MEMORY`` held requests (of all hosts) are and none of its
+host's is on disk; any other is written to its host's disk queue, one Scrapy disk queue per host, as
+Scrapy's ``DownloaderAwarePriorityQueue`` keeps one per download slot:
+
+* under ``JOBDIR``, in ``JOBDIR/polite_held/<host>-<hash>/``: ``requests.sqlite3``, a
+  ``scrapy.squeues.PickleFifoSQLiteQueue`` (queuelib's SQLite queue, in WAL mode), and ``host.json``, the
+  host and its due time (replaced atomically). There **every** held request is written when it is held,
+  one SQLite transaction each (committed to the WAL without an fsync, about 20 µs), so a crawl killed at
+  any moment (``kill -9``) loses none of the requests it held; a resumed crawl holds them again
+  (:meth:`HeldRequests.load`). An operating-system crash or power cut may lose the last ones written;
+* without ``JOBDIR``, a ``scrapy.squeues.PickleFifoDiskQueue`` per host in a temporary directory, removed
+  at close.
+
+Requests are serialised the way Scrapy's own disk queues do it (``request.to_dict(spider=...)``, pickled;
+read back with ``request_from_dict``), so their callbacks and errbacks must be methods of the spider. A
+request that cannot be serialised stays in memory, beyond the bound if need be (under ``JOBDIR`` it is then
+lost to a kill and reported at close, ``polite/deferred/not_saved``).
+
+At most :data:`OPEN_QUEUES` disk queues are open at once (each holds file descriptors); the least recently
+used one is closed and reopened when next needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import shutil
+import sqlite3
+import tempfile
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy.squeues import PickleFifoDiskQueue, PickleFifoSQLiteQueue
+from scrapy.utils.misc import build_from_crawler
+
+from ._compat import commit_without_fsync
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HELD_DIR", "OPEN_QUEUES", "HeldRequests", "read_held"]
+
+#: The directory under ``JOBDIR`` that keeps held requests across runs.
+HELD_DIR = "polite_held"
+#: How many per-host disk queues may be open at once.
+OPEN_QUEUES = 64
+
+_HOST_FILE = "host.json"
+_QUEUE_FILE = "requests.sqlite3"
+
+
+def _dir_name(host: str) -> str:
+    """A file-system-safe, collision-free directory name for ``host`` (readable prefix + hash)."""
+    readable = "".join(c if c.isascii() and (c.isalnum() or c in "-._") else "_" for c in host)[:80]
+    return f"{readable}-{hashlib.sha1(host.encode('utf-8')).hexdigest()[:16]}"
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` atomically: a reader (or a restart after a kill) sees the old file
+    or the new one, never a torn one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _read_host_file(directory: str) -> tuple[str, float | None] | None:
+    """The host and due time recorded in ``directory``, or None when the file is missing or unreadable."""
+    try:
+        with open(os.path.join(directory, _HOST_FILE), encoding="utf-8") as f:
+            data = json.load(f)
+        host = data["host"]
+        due = data.get("due")
+        if not isinstance(host, str) or not (due is None or isinstance(due, (int, float))):
+            return None
+        return host, None if due is None else float(due)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _create_wal_database(path: str) -> None:
+    """Create an empty SQLite file in WAL mode (persisted in the file), so the queue that opens it next
+    commits with one WAL append instead of a rollback journal."""
+    db = sqlite3.connect(path)
+    try:
+        db.execute("PRAGMA journal_mode=WAL").fetchone()
+    finally:
+        db.close()
+
+
+def read_held(jobdir: str) -> Iterator[tuple[str, float | None, dict[str, Any]]]:
+    """Every request held under ``jobdir`` (as a killed or closed crawl left them), without a crawler.
+
+    Yields:
+        ``(host, due or None, request dict)`` per request, host by host, each host's in the order held;
+        the dict is ``request.to_dict()`` (``request_from_dict`` makes the request again).
+
+    Raises:
+        sqlite3.Error, pickle.UnpicklingError: a queue file that cannot be read.
+    """
+    root = os.path.join(jobdir, HELD_DIR)
+    if not os.path.isdir(root):
+        return
+    for name in sorted(os.listdir(root)):
+        directory = os.path.join(root, name)
+        found = _read_host_file(directory)
+        path = os.path.join(directory, _QUEUE_FILE)
+        if found is None or not os.path.exists(path):
+            continue
+        host, due = found
+        db = sqlite3.connect(path)
+        try:
+            has_table = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'queue'").fetchone()
+            rows = db.execute("SELECT item FROM queue ORDER BY id").fetchall() if has_table else []
+        finally:
+            db.close()
+        for (item,) in rows:
+            yield host, due, pickle.loads(item)
+
+
+@dataclass
+class _Host:
+    """One host's held requests: the first ones in memory, then ``on_disk`` in its disk queue."""
+
+    memory: deque[Request] = field(default_factory=deque)
+    on_disk: int = 0
+    due: float | None = None  # the due time recorded on disk (JOBDIR only)
+
+    def __len__(self) -> int:
+        return len(self.memory) + self.on_disk
+
+
+class HeldRequests:
+    """Held requests by host, first in first out per host, with at most ``max_in_memory`` in memory.
+
+    Args:
+        crawler: the crawler (its spider serialises and restores the requests' callbacks).
+        max_in_memory: ``POLITE_MAX_HELD_IN_MEMORY``; ignored under ``jobdir``, where every request that
+            can be serialised is written to disk when held.
+        jobdir: ``JOBDIR`` (held requests then survive a stop or a kill and are resumed), or None (a
+            temporary directory, removed by :meth:`close`, takes what does not fit in memory).
+
+    Counters (read by the scheduler for its stats): :attr:`written` requests written to disk,
+    :attr:`unreadable` records that could not be read back.
+    """
+
+    def __init__(self, crawler: Crawler, *, max_in_memory: int, jobdir: str | None) -> None:
+        self.crawler = crawler
+        self.durable = jobdir is not None
+        self.max_in_memory = 0 if self.durable else max_in_memory
+        self._root: str | None = os.path.join(jobdir, HELD_DIR) if jobdir is not None else None
+        self._temp: str | None = None
+        self._hosts: dict[str, _Host] = {}
+        self._queues: OrderedDict[str, Any] = OrderedDict()  # host -> open disk queue, least recent first
+        self._total = 0
+        self._in_memory = 0
+        self.written = 0
+        self.unreadable = 0
+        self._warned: set[str] = set()
+
+    # -- reading -----------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._total
+
+    def __contains__(self, host: object) -> bool:
+        return host in self._hosts
+
+    def count(self, host: str) -> int:
+        """How many requests of ``host`` are held."""
+        entry = self._hosts.get(host)
+        return len(entry) if entry is not None else 0
+
+    @property
+    def in_memory(self) -> int:
+        """How many held requests are in memory."""
+        return self._in_memory
+
+    @property
+    def directory(self) -> str | None:
+        """Where the disk queues are: ``JOBDIR/polite_held``, the temporary directory, or None (none yet)."""
+        return self._root if self._root is not None else self._temp
+
+    @property
+    def open_queues(self) -> int:
+        """How many disk queues are open (at most :data:`OPEN_QUEUES`)."""
+        return len(self._queues)
+
+    def items(self) -> list[tuple[str, int]]:
+        """``(host, count)`` of every host with held requests, sorted by host."""
+        return sorted((host, len(entry)) for host, entry in self._hosts.items())
+
+    # -- holding and releasing -----------------------------------------------------------------------------
+
+    def push(self, host: str, request: Request, due: float | None) -> None:
+        """Hold ``request`` behind the host's other held requests.
+
+        Args:
+            host: the request's host key.
+            request: the request.
+            due: when the host is due (epoch s), or None (when its line frees); under ``JOBDIR`` the
+                latest due time of the host is recorded for a resumed crawl.
+        """
+        entry = self._hosts.get(host)
+        if entry is None:
+            entry = self._hosts[host] = _Host()
+        self._total += 1
+        if not entry.on_disk and self._in_memory < self.max_in_memory:
+            entry.memory.append(request)
+            self._in_memory += 1
+            return
+        try:
+            later = due is not None and (entry.due is None or due > entry.due)
+            if later:
+                entry.due = due
+            if self.durable and (later or not entry.on_disk):  # the host file goes first, then the queue
+                self._write_host_file(host, entry)
+            self._queue(host).push(request)
+        except ValueError as exc:  # Scrapy's serialisation refused it: a callback that is not a spider method
+            self._keep_in_memory(entry, request, "cannot be serialised", exc)
+            return
+        except (OSError, sqlite3.Error) as exc:
+            self._keep_in_memory(entry, request, "could not be written to disk", exc)
+            return
+        entry.on_disk += 1
+        self.written += 1
+
+    def _keep_in_memory(self, entry: _Host, request: Request, why: str, exc: Exception) -> None:
+        """Hold ``request`` in memory after all; warn once per ``why`` (under ``JOBDIR`` the scheduler
+        reports each such request at close instead)."""
+        entry.memory.append(request)
+        self._in_memory += 1
+        if why not in self._warned and not self.durable:
+            self._warned.add(why)
+            logger.warning("scrapy-polite: a deferred request %s %s (%s); it is kept in memory beyond "
+                           "POLITE_MAX_HELD_IN_MEMORY, as is any other such request", request, why, exc)
+
+    def pop(self, host: str) -> Request | None:
+        """The host's first held request, removed; None when it has none (or none can be read back)."""
+        entry = self._hosts.get(host)
+        if entry is None:
+            return None
+        request: Request | None = None
+        if entry.memory:
+            request = entry.memory.popleft()
+            self._in_memory -= 1
+            self._total -= 1
+        while request is None and entry.on_disk:
+            entry.on_disk -= 1
+            self._total -= 1
+            try:
+                request = self._queue(host).pop()
+            except Exception as exc:  # a record written by another spider version, a damaged file
+                self.unreadable += 1
+                logger.error("scrapy-polite: a deferred request of %s cannot be read back: %s", host, exc)
+                continue
+            if request is None:  # the queue has fewer records than counted: nothing more to read
+                self.unreadable += entry.on_disk + 1
+                self._total -= entry.on_disk
+                entry.on_disk = 0
+        if not len(entry):
+            del self._hosts[host]
+        return request
+
+    # -- disk ------------------------------------------------------------------------------------------------
+
+    def _directory(self, host: str) -> str:
+        if self._root is None:
+            if self._temp is None:
+                self._temp = tempfile.mkdtemp(prefix="scrapy-polite-held-")
+            return os.path.join(self._temp, _dir_name(host))
+        return os.path.join(self._root, _dir_name(host))
+
+    def _write_host_file(self, host: str, entry: _Host) -> None:
+        directory = self._directory(host)
+        os.makedirs(directory, exist_ok=True)
+        _write_json(os.path.join(directory, _HOST_FILE), {"host": host, "due": entry.due})
+
+    def _queue(self, host: str) -> Any:
+        """The host's open disk queue (opened or created on demand; the least recently used one beyond
+        :data:`OPEN_QUEUES` is closed)."""
+        queue = self._queues.get(host)
+        if queue is not None:
+            self._queues.move_to_end(host)
+            return queue
+        while len(self._queues) >= OPEN_QUEUES:
+            self._close_queue(*self._queues.popitem(last=False))
+        directory = self._directory(host)
+        if self.durable:
+            path = os.path.join(directory, _QUEUE_FILE)
+            if not os.path.exists(path):
+                os.makedirs(directory, exist_ok=True)
+                _create_wal_database(path)
+            queue = build_from_crawler(PickleFifoSQLiteQueue, self.crawler, path)
+            commit_without_fsync(queue)
+        else:
+            queue = build_from_crawler(PickleFifoDiskQueue, self.crawler, directory)
+        self._queues[host] = queue
+        return queue
+
+    def _close_queue(self, host: str, queue: Any) -> None:
+        """Close one disk queue; when the host has nothing on disk any more, remove its directory."""
+        try:
+            queue.close()  # queuelib removes an empty queue's files
+        except (OSError, sqlite3.Error) as exc:
+            logger.error("scrapy-polite: could not close the deferred requests of %s on disk: %s", host, exc)
+        entry = self._hosts.get(host)
+        if entry is None or not entry.on_disk:
+            shutil.rmtree(self._directory(host), ignore_errors=True)
+
+    # -- resume and close ------------------------------------------------------------------------------------
+
+    def load(self) -> dict[str, float | None]:
+        """Hold again the requests a previous run left under ``JOBDIR`` (nothing without ``JOBDIR``).
+
+        Returns:
+            host → its recorded due time (None: when its line frees) for every host with requests on disk.
+            Directories with no request (a host emptied, or a kill before its first write) are removed.
+        """
+        found: dict[str, float | None] = {}
+        root = self._root
+        if root is None or not os.path.isdir(root):
+            return found
+        for name in sorted(os.listdir(root)):
+            directory = os.path.join(root, name)
+            recorded = _read_host_file(directory)
+            path = os.path.join(directory, _QUEUE_FILE)
+            if recorded is None or not os.path.exists(path):
+                shutil.rmtree(directory, ignore_errors=True)
+                continue
+            host, due = recorded
+            try:
+                queue = build_from_crawler(PickleFifoSQLiteQueue, self.crawler, path)
+                commit_without_fsync(queue)
+                count = len(queue)
+            except sqlite3.Error as exc:
+                logger.error("scrapy-polite: the deferred requests of %s in %s cannot be read: %s",
+                             host, directory, exc)
+                continue
+            if not count:
+                queue.close()
+                shutil.rmtree(directory, ignore_errors=True)
+                continue
+            entry = self._hosts.setdefault(host, _Host())
+            entry.on_disk += count
+            entry.due = due
+            self._total += count
+            found[host] = due
+            self._queues[host] = queue
+            while len(self._queues) > OPEN_QUEUES:
+                self._close_queue(*self._queues.popitem(last=False))
+        return found
+
+    def close(self) -> list[Request]:
+        """Close the disk queues (under ``JOBDIR`` their requests stay for a resumed crawl; the temporary
+        directory is removed) and return the requests still held in memory, which are not kept."""
+        left = [request for entry in self._hosts.values() for request in entry.memory]
+        for entry in self._hosts.values():
+            self._in_memory -= len(entry.memory)
+            self._total -= len(entry.memory)
+            entry.memory.clear()
+        while self._queues:
+            self._close_queue(*self._queues.popitem(last=False))
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = None
+            self._hosts.clear()
+            self._total = 0
+        return left

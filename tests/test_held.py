@@ -1,0 +1,374 @@
+"""Held (deferred) requests beyond ``POLITE_MAX_HELD_IN_MEMORY`` wait on disk and come back in due order;
+under ``JOBDIR`` every held request is on disk as soon as it is held (docs/spec.md §5, ``scrapy_polite/held.py``).
+
+The unit tests drive :class:`~scrapy_polite.held.HeldRequests` and :class:`~scrapy_polite.scheduler.PoliteScheduler`
+(with a stand-in pacer on an injected clock) directly; the memory test runs a real crawl of 20,000 requests
+of one throttled host in a fresh process (``tests/support/held_crawl.py``) and compares the crawl
+process's RSS with and without the bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import scrapy
+from scrapy.utils.test import get_crawler
+
+from scrapy_polite import held as held_module
+from scrapy_polite import scheduler as scheduler_module
+from scrapy_polite.held import HELD_DIR, HeldRequests, read_held
+from scrapy_polite.reactor import installed_reactor
+from scrapy_polite.scheduler import DEFERRED_FILE, PoliteScheduler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T0 = 1_000_000.0
+
+
+class HeldSpider(scrapy.Spider):
+    name = "held"
+
+    def parse(self, response: Any) -> None:
+        pass
+
+    def on_error(self, failure: Any) -> None:
+        pass
+
+
+class OtherSpider(scrapy.Spider):
+    """A spider without ``parse_other``: a request saved with that callback cannot be read back."""
+
+    name = "held"
+
+    def parse(self, response: Any) -> None:
+        pass
+
+    def on_error(self, failure: Any) -> None:
+        pass
+
+
+class PartSpider(HeldSpider):
+    def parse_other(self, response: Any) -> None:
+        pass
+
+
+def make_crawler(spider_cls: type[scrapy.Spider] = HeldSpider, **settings: Any) -> Any:
+    crawler = get_crawler(spider_cls, settings)
+    crawler.spider = spider_cls()
+    crawler.spider.crawler = crawler
+    return crawler
+
+
+def request(crawler: Any, url: str, **meta: Any) -> scrapy.Request:
+    spider = crawler.spider
+    return scrapy.Request(url, callback=spider.parse, errback=spider.on_error, meta=dict(meta), dont_filter=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# HeldRequests
+
+
+def test_beyond_the_bound_requests_wait_on_disk_and_come_back_in_order():
+    """50 requests, bound 10: 10 in memory, 40 written to a temporary directory; popped back in the order held,
+    each with its callback, errback and meta; close removes the directory."""
+    crawler = make_crawler()
+    held = HeldRequests(crawler, max_in_memory=10, jobdir=None)
+    urls = [f"http://a.example/{i}" for i in range(50)]
+    for i, url in enumerate(urls):
+        held.push("a.example", request(crawler, url, n=i), due=T0 + 5)
+    assert (len(held), held.in_memory, held.written) == (50, 10, 40)
+    temp = held.directory
+    assert temp is not None and os.path.isdir(temp) and os.listdir(temp)
+    back = [held.pop("a.example") for _ in range(50)]
+    assert [r.url for r in back] == urls
+    assert [r.meta["n"] for r in back] == list(range(50))
+    assert all(r.callback == crawler.spider.parse and r.errback == crawler.spider.on_error for r in back)
+    assert held.pop("a.example") is None and len(held) == 0 and "a.example" not in held
+    assert held.close() == []
+    assert not os.path.exists(temp), "the temporary directory must be removed at close"
+
+
+def test_negative_control_under_the_bound_nothing_is_written():
+    crawler = make_crawler()
+    held = HeldRequests(crawler, max_in_memory=100, jobdir=None)
+    for i in range(50):
+        held.push("a.example", request(crawler, f"http://a.example/{i}"), due=None)
+    assert (held.in_memory, held.written, held.directory) == (50, 0, None)
+    left = held.close()
+    assert len(left) == 50, "requests still held in memory at close are returned (reported as not crawled)"
+
+
+def test_a_host_with_requests_on_disk_keeps_its_order_when_memory_frees():
+    """Once a host has requests on disk, its new ones go behind them even if memory has room again."""
+    crawler = make_crawler()
+    held = HeldRequests(crawler, max_in_memory=2, jobdir=None)
+    for i in range(4):
+        held.push("a.example", request(crawler, f"http://a.example/{i}"), due=None)
+    assert held.pop("a.example").url.endswith("/0")  # memory has room again
+    held.push("a.example", request(crawler, "http://a.example/4"), due=None)
+    assert [held.pop("a.example").url[-1] for _ in range(4)] == ["1", "2", "3", "4"]
+    held.close()
+
+
+def test_more_hosts_than_open_queues(monkeypatch):
+    """With at most 3 queues open, 10 hosts on disk still give every request back (queues reopened)."""
+    monkeypatch.setattr(held_module, "OPEN_QUEUES", 3)
+    crawler = make_crawler()
+    held = HeldRequests(crawler, max_in_memory=0, jobdir=None)
+    hosts = [f"h{i}.example" for i in range(10)]
+    for round_ in range(3):
+        for host in hosts:
+            held.push(host, request(crawler, f"http://{host}/{round_}"), due=None)
+    assert held.open_queues == 3
+    got: dict[str, list[str]] = {host: [] for host in hosts}
+    for _ in range(3):
+        for host in reversed(hosts):
+            got[host].append(held.pop(host).url)
+    assert got == {host: [f"http://{host}/{r}" for r in range(3)] for host in hosts}
+    held.close()
+
+
+def test_a_request_that_cannot_be_serialised_stays_in_memory():
+    crawler = make_crawler()
+    held = HeldRequests(crawler, max_in_memory=0, jobdir=None)
+    odd = scrapy.Request("http://a.example/fn", callback=lambda response: None, dont_filter=True)
+    held.push("a.example", odd, due=None)
+    held.push("a.example", request(crawler, "http://a.example/ok"), due=None)
+    assert (held.in_memory, held.written) == (1, 1)
+    assert held.pop("a.example") is odd
+    assert held.pop("a.example").url == "http://a.example/ok"
+    held.close()
+
+
+def test_jobdir_every_held_request_is_on_disk_at_once(tmp_path):
+    """Under JOBDIR the bound does not apply: each request is on disk when push returns, with its host's
+    latest due time, before any close (a kill -9 loses none)."""
+    crawler = make_crawler(JOBDIR=str(tmp_path))
+    held = HeldRequests(crawler, max_in_memory=1000, jobdir=str(tmp_path))
+    held.push("a.example", request(crawler, "http://a.example/0"), due=T0 + 1)
+    assert [(h, d, r["url"]) for h, d, r in read_held(str(tmp_path))] == [("a.example", T0 + 1, "http://a.example/0")]
+    held.push("a.example", request(crawler, "http://a.example/1"), due=T0 + 9)
+    held.push("b.example", request(crawler, "http://b.example/0"), due=None)
+    rows = sorted((h, d, r["url"]) for h, d, r in read_held(str(tmp_path)))
+    assert rows == [("a.example", T0 + 9, "http://a.example/0"), ("a.example", T0 + 9, "http://a.example/1"),
+                    ("b.example", None, "http://b.example/0")]
+    assert held.in_memory == 0 and held.written == 3
+    assert held.pop("a.example").url == "http://a.example/0"
+    assert [r["url"] for _, _, r in read_held(str(tmp_path))] == ["http://a.example/1", "http://b.example/0"]
+
+
+def test_negative_control_a_request_kept_in_memory_is_not_on_disk(tmp_path):
+    crawler = make_crawler(JOBDIR=str(tmp_path))
+    held = HeldRequests(crawler, max_in_memory=0, jobdir=str(tmp_path))
+    held.push("a.example", scrapy.Request("http://a.example/fn", callback=lambda r: None), due=None)
+    assert list(read_held(str(tmp_path))) == [] and len(held) == 1
+
+
+def test_a_record_that_cannot_be_read_back_is_skipped_and_counted(tmp_path):
+    """A resumed spider without the callback a request was saved with: that request is logged and counted
+    (``unreadable``), the host's others still come back."""
+    first = make_crawler(PartSpider, JOBDIR=str(tmp_path))
+    held = HeldRequests(first, max_in_memory=0, jobdir=str(tmp_path))
+    held.push("a.example", request(first, "http://a.example/0"), due=None)
+    held.push("a.example", scrapy.Request("http://a.example/x", callback=first.spider.parse_other), due=None)
+    held.push("a.example", request(first, "http://a.example/2"), due=None)
+    held.close()
+    second = make_crawler(OtherSpider, JOBDIR=str(tmp_path))
+    again = HeldRequests(second, max_in_memory=0, jobdir=str(tmp_path))
+    assert again.load() == {"a.example": None} and len(again) == 3
+    assert again.pop("a.example").url == "http://a.example/0"
+    assert again.pop("a.example").url == "http://a.example/2"
+    assert again.unreadable == 1 and again.pop("a.example") is None and len(again) == 0
+    again.close()
+    assert not os.listdir(tmp_path / HELD_DIR), "an emptied host leaves nothing under JOBDIR"
+
+
+# ---------------------------------------------------------------------------------------------------
+# PoliteScheduler: due order over memory and disk, resume
+
+
+@dataclass
+class Config:
+    max_held_in_memory: int
+
+
+class Pacer:
+    """What PoliteScheduler uses of the pacer: an injected clock, the bound, free lines."""
+
+    def __init__(self, max_held_in_memory: int) -> None:
+        self.now = T0
+        self.config = Config(max_held_in_memory)
+        self.scheduler: Any = None
+
+    def clock(self) -> float:
+        return self.now
+
+    def line_busy(self, host: str) -> bool:
+        return False
+
+
+class Inner:
+    """An empty wrapped scheduler."""
+
+    def open(self, spider: Any) -> None:
+        pass
+
+    def close(self, reason: str) -> None:
+        pass
+
+    def has_pending_requests(self) -> bool:
+        return False
+
+    def enqueue_request(self, request: Any) -> bool:
+        return True
+
+    def next_request(self) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return 0
+
+
+class Timer:
+    """A reactor timer that never fires (the tests call ``next_request`` themselves)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.cancelled = False
+
+    def active(self) -> bool:
+        return not self.cancelled
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def getTime(self) -> float:  # noqa: N802 (Twisted's name)
+        return installed_reactor().seconds() + self.delay
+
+
+@pytest.fixture(autouse=True)
+def no_timers(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "call_later", lambda delay, fn: Timer(delay))
+
+
+def scheduler(crawler: Any, max_held_in_memory: int) -> PoliteScheduler:
+    s = PoliteScheduler(crawler, Inner(), Pacer(max_held_in_memory))  # type: ignore[arg-type]
+    s.open(crawler.spider)
+    return s
+
+
+def drain(s: PoliteScheduler) -> list[str]:
+    """Every request the scheduler hands out now; then the lines of their hosts free, in that order."""
+    out = []
+    while (r := s.next_request()) is not None:
+        out.append(r.url)
+    for url in out:
+        s.wake(url.split("/")[2])
+    return out
+
+
+def hold_three_hosts(crawler: Any, s: PoliteScheduler) -> None:
+    for host, due, n in (("a", T0 + 3, 3), ("b", T0 + 1, 3), ("c", T0 + 2, 2)):
+        for i in range(n):
+            s.hold(request(crawler, f"http://{host}/{i}"), host, due)
+
+
+@pytest.mark.parametrize("bound", [2, 0, 100], ids=["bound-2", "bound-0", "all-in-memory"])
+def test_held_requests_come_back_in_due_order_from_memory_and_disk(bound):
+    """Hosts due at +1 (b), +2 (c), +3 (a): nothing before it is due; then b, c, a (a host whose line
+    freed again goes as soon as it is due, in the order the lines freed), and each host's requests in the
+    order held, whether they waited in memory or on disk."""
+    crawler = make_crawler()
+    s = scheduler(crawler, bound)
+    hold_three_hosts(crawler, s)
+    assert s.held_count() == 8 and s.earliest_due() == T0 + 1
+    s.pacer.now = T0 + 0.5
+    assert s.next_request() is None
+    s.pacer.now = T0 + 2.5
+    assert drain(s) == ["http://b/0", "http://c/0"]
+    s.pacer.now = T0 + 10
+    assert drain(s) == ["http://b/1", "http://c/1", "http://a/0"]
+    assert drain(s) == ["http://b/2", "http://a/1"]
+    assert drain(s) == ["http://a/2"]
+    assert drain(s) == [] and s.held_count() == 0
+    s.close("finished")
+    stats = crawler.stats.get_stats()
+    assert stats.get("polite/deferred/spilled", 0) == max(0, 8 - bound)
+
+
+def test_jobdir_a_killed_scheduler_loses_no_held_request(tmp_path):
+    """A scheduler that holds requests and is never closed (a kill): a new one on the same JOBDIR holds them
+    all again at their due times and hands them out in due order."""
+    crawler = make_crawler(JOBDIR=str(tmp_path))
+    hold_three_hosts(crawler, scheduler(crawler, 100))  # never closed
+    assert len(list(read_held(str(tmp_path)))) == 8
+    again = make_crawler(JOBDIR=str(tmp_path))
+    s = scheduler(again, 100)
+    assert s.held_count() == 8 and s.earliest_due() == T0 + 1
+    assert again.stats.get_value("polite/deferred/resumed") == 8
+    s.pacer.now = T0 + 10
+    assert [s.next_request().url for _ in range(3)] == ["http://b/0", "http://c/0", "http://a/0"]
+    s.close("shutdown")
+    assert again.stats.get_value("polite/deferred/saved") == 5
+    assert len(list(read_held(str(tmp_path)))) == 5
+
+
+def test_jobdir_file_of_an_older_version_is_resumed(tmp_path):
+    """``polite_deferred.pickle`` (saved at close by versions before held.py) is held again, then removed."""
+    crawler = make_crawler(JOBDIR=str(tmp_path))
+    rows = [{"host": "a", "due": T0 + 4, "request": request(crawler, "http://a/0").to_dict(spider=crawler.spider)},
+            {"host": "b", "due": None, "request": request(crawler, "http://b/0").to_dict(spider=crawler.spider)}]
+    with open(tmp_path / DEFERRED_FILE, "wb") as f:
+        pickle.dump({"version": 1, "saved": T0, "requests": rows}, f, protocol=4)
+    s = scheduler(crawler, 100)
+    assert s.held_count() == 2 and crawler.stats.get_value("polite/deferred/resumed") == 2
+    assert not (tmp_path / DEFERRED_FILE).exists()
+    assert sorted(r["url"] for _, _, r in read_held(str(tmp_path))) == ["http://a/0", "http://b/0"]
+    s.pacer.now = T0 + 5
+    assert drain(s) == ["http://b/0", "http://a/0"]
+    s.close("finished")
+
+
+# ---------------------------------------------------------------------------------------------------
+# A real crawl: memory stays flat
+
+
+def held_crawl(requests: int, bound: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "tests.support.held_crawl", "--requests", str(requests),
+                          "--max-in-memory", str(bound)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def growth_per_1000(samples: list[list[int]], start: int, end: int) -> float:
+    """RSS growth (bytes) per 1,000 held requests between the first samples at ``start`` and ``end`` held."""
+    first = next(s for s in samples if s[0] >= start)
+    last = next(s for s in samples if s[0] >= end)
+    return (last[1] - first[1]) / ((last[0] - first[0]) / 1000)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_a_crawl_holding_20000_requests_of_one_throttled_host_keeps_its_memory_flat():
+    """20,000 requests of one host whose first answer is 429 + Retry-After: 3600, all held. With
+    ``POLITE_MAX_HELD_IN_MEMORY = 500`` the crawl process's RSS barely grows from 5,000 to 19,000 held
+    requests; with the bound above 20,000 (the negative control: all in memory) it grows by over 1 KB per
+    request."""
+    n = 20_000
+    bounded = held_crawl(n, 500)
+    unbounded = held_crawl(n, n + 1)
+    for run in (bounded, unbounded):
+        assert run["stats"]["polite/deferred/max_held"] >= n - 1, run["stats"]  # all but the 429 (if not retried)
+        assert run["arrivals"] == 1
+    assert bounded["stats"]["polite/deferred/spilled"] >= n - 1 - 500
+    assert "polite/deferred/spilled" not in unbounded["stats"]
+    flat = growth_per_1000(bounded["samples"], 5_000, 19_000)
+    grows = growth_per_1000(unbounded["samples"], 5_000, 19_000)
+    assert grows > 800_000, f"the control must grow with the held requests: {grows:.0f} B per 1,000"
+    assert flat < 250_000 and flat < grows / 4, (
+        f"RSS grew {flat:.0f} B per 1,000 held requests with the bound (without: {grows:.0f} B)")
