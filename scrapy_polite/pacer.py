@@ -30,7 +30,7 @@ from twisted.internet.defer import Deferred
 from .addresses import AddressFilter
 from .booking import Booker
 from .lines import Lines
-from .outage import StoreGuard
+from .outage import DeferredStore, StoreGuard
 from .policy import PacingPolicy
 from .reactor import call_later, reactor_sleep
 from .recording import SERVER_SIDE_FAILURES, Recorder
@@ -89,9 +89,12 @@ class Pacer:
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)
         self.guard = StoreGuard(store, timeout=config.store_timeout, report=self.report, clock=clock,
                                 sleep=sleep or reactor_sleep)
-        self.booker = Booker(config, self.guard, self.lines, self.resolution, self.report, self.sync,
+        # Only a server store (Redis: it has a clock of its own) has outages to wait out; the embedded
+        # stores (SQLite, memory) fail closed at once, so their calls skip the guard.
+        self.table: DeferredStore = self.guard if self.sync.server_clock else store
+        self.booker = Booker(config, self.table, self.lines, self.resolution, self.report, self.sync,
                              sleep or reactor_sleep, self._store_failed)
-        self.recorder = Recorder(config, self.guard, self.lines, self.report, self.sync, self.booker.override,
+        self.recorder = Recorder(config, self.table, self.lines, self.report, self.sync, self.booker.override,
                                  self.booker.release, self._store_failed, self.user_agent)
 
     # -- shared state -----------------------------------------------------------------------------------
