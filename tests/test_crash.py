@@ -3,8 +3,9 @@
 Four loopback hosts (127.0.6.1-4, 12 pages each) answer each request ``429`` + ``Retry-After: 2`` or ``3``
 a quarter of the time (a seeded random choice), else ``200``. The crawl (``tests/support/kill_crawl.py``: the
 add-on, a SQLite pace table, ``JOBDIR``, Scrapy's retries) runs in its own process, 50 times over, each
-time stopped at a random moment 0.05-1.8 s after it was started (from Python's start-up, through opening
-the pace table and resuming the held requests, to the crawl itself) and killed: ``SIGSTOP`` freezes it at
+time stopped at a random moment 0.05-1.8 s after it was started (up to 1.2 s past the longest start-up seen,
+on a slow machine), from Python's start-up, through opening the pace table and resuming the held requests,
+to the crawl itself, and killed: ``SIGSTOP`` freezes it at
 that moment, the test reads what is on disk, then ``SIGKILL`` ends it — a ``kill -9`` that the test can
 observe. After each kill:
 
@@ -213,6 +214,7 @@ def test_kill_9_at_random_moments_loses_no_backoff_and_no_held_request(arrival_s
     held_before: Held = {}  # what the next run finds under JOBDIR
     seen: dict[str, int] = {"killed_in_startup": 0, "reports": 0, "held_at_kill": 0, "unreadable_at_kill": 0,
                             "open_windows_at_restart": 0}
+    startup = 0.0  # the longest time a run took to open its spider: kills land before and after it
     for run in range(ITERATIONS + 1):
         where = f"run {run} (POLITE_CRASH_SEED={seed})"
         answered = {f"http://{a.host}:{srv.port}{a.path}" for srv in servers for a in srv.arrivals()
@@ -228,13 +230,15 @@ def test_kill_9_at_random_moments_loses_no_backoff_and_no_held_request(arrival_s
             assert proc.wait(timeout=90) == 0, f"{where}: the last crawl failed (see {tmp_path}/run-{run}.log)"
             ended = time.time()
         else:
-            time.sleep(rng.uniform(0.05, 1.8))
+            time.sleep(rng.uniform(0.05, max(1.8, startup + 1.2)))
             proc.send_signal(signal.SIGSTOP)
             ended = time.time()
             at_kill, held_at_kill = table(store), held(jobdir)
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
         report = read_report(report_path)
+        if report is not None and not final:  # the report was first written when the spider opened
+            startup = max(startup, os.path.getmtime(report_path) - started)
 
         check_store_opens(store, where)
         after = table(store)
