@@ -39,7 +39,7 @@ from .robots import robots_delay
 from .seams import ResolverNotInstalled
 from .settings import SettingsError
 from .startup import refuse_to_start
-from .stores import StoreError
+from .stores import SQLiteStore, StoreError
 from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
 
 if TYPE_CHECKING:
@@ -167,6 +167,8 @@ class PoliteExtension:
 
         def scan() -> tuple[float, list[tuple[str, HostState]]]:
             now = backend.now()
+            if isinstance(backend, SQLiteStore):  # one query: a table of a million hosts is not read whole
+                return now, list(backend.backing_off(now))
             return now, [(key, state) for key, state in backend.items()
                          if not key.startswith("ip:") and state.consec > 0 and state.next_allowed > now]
 

@@ -218,6 +218,22 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
+    def backing_off(self, now: float) -> Iterator[tuple[str, HostState]]:
+        """The host rows (not ``ip:`` rows) still backing off at ``now`` (``consec > 0`` and ``next_allowed >
+        now``), sorted by host: one query, without reading the rest of the table into memory.
+
+        Raises:
+            StoreError: the file cannot be read.
+        """
+        try:
+            with self._lock:
+                rows = self._db.execute(
+                    f"SELECT host, {_COLUMNS} FROM hosts WHERE consec > 0 AND next_allowed > ? "
+                    "AND host NOT LIKE 'ip:%' ORDER BY host", (now,)).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+        return iter([(row[0], state) for row in rows if (state := _state(row[1:])) is not None])
+
     def delete(self, key: str) -> bool:
         try:
             with self._lock:
