@@ -2,8 +2,9 @@
 
 * :func:`is_public` — the verdict of docs/spec.md §4 for one address (string or :mod:`ipaddress` object);
 * :func:`embedded_ipv4` — the IPv4 address inside an IPv4-mapped, NAT64 or 6to4 IPv6 address;
-* :func:`parse_ip_literal` — a host string that *is* an IP literal, or ``None``; non-standard IPv4
-  spellings (``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1``) are deliberately not addresses;
+* :func:`parse_ip_literal` — a string that *is* a canonical IP literal, or ``None`` (the other IPv4
+  spellings of the URL Standard, ``2130706433``, ``0x7f.1``, ``127.1``, are read by
+  :mod:`scrapy_polite.hosts`, which turns them into addresses before they reach these rules);
 * :class:`AddressFilter` — the rule plus the operator's exceptions (``POLITE_ALLOW_PRIVATE``,
   ``POLITE_ALLOWED_NETWORKS``), applied to a resolver's answer.
 
@@ -176,10 +177,11 @@ def parse_ip_literal(text: str) -> IPAddress | None:
     literal, with or without the URL brackets (``[::1]``; brackets must hold IPv6). A zone id
     (``fe80::1%eth0``) is kept on the result, which :func:`is_public` then refuses.
 
-    Non-standard IPv4 spellings — a bare integer ``2130706433``, hex ``0x7f.1``, octal ``0177.0.0.1``,
-    shortened ``127.1`` — are deliberately **not** turned into addresses (docs/spec.md §4): C resolvers read them
-    as 127.0.0.1, and a filter that did not would be bypassed. They give ``None``, so they are treated as
-    names and whatever a DNS lookup answers for them goes through the filter like any other answer.
+    Other IPv4 spellings — a bare integer ``2130706433``, hex ``0x7f.1``, octal ``0177.0.0.1``, shortened
+    ``127.1`` — give ``None`` here: this reads canonical literals only (settings, resolver answers). A URL's
+    or a resolver's host is first read by the WHATWG URL Standard (:func:`scrapy_polite.hosts.name_host`,
+    docs/spec.md §4), which reads those spellings as the addresses they are (as browsers, curl and C
+    resolvers do), so they reach the address rules as addresses and never DNS.
 
     Args:
         text: a host as it appears in a URL (no port).

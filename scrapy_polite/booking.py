@@ -158,9 +158,8 @@ class Booker:
         """
         deferrable = self.can_defer(request)
         override = self.override(host, request)
-        addresses = await self.resolution.addresses(request, host)
         if request.meta.get("polite_burst"):
-            return await self._burst(host, override, addresses, deferrable)
+            return await self._burst(request, host, override, deferrable)
         line = self.lines.line(host)
         while line.holder is not None and line.holder is not request:
             if deferrable:
@@ -168,13 +167,12 @@ class Booker:
             await await_deferred(self.lines.wait_for([host]))
         line.holder = request
         try:
-            return await self._book(request, host, override, addresses, deferrable)
+            return await self._book(request, host, override, deferrable)
         except BaseException:
             self.release(request, host)
             raise
 
-    async def _burst(self, host: str, override: float | None, addresses: list[str] | None,
-                     deferrable: bool) -> Go | Defer:
+    async def _burst(self, request: Request, host: str, override: float | None, deferrable: bool) -> Go | Defer:
         """A burst request skips the interval unless its host should defer (docs/spec.md §5, burst)."""
         while True:
             # The decision answers for the host's mood at this moment, before the read: a throttle
@@ -188,18 +186,22 @@ class Booker:
             if deferrable:
                 return self.defer(host, self.clock.to_local(verdict.due), verdict.reason)
             await self._wait(host, min(verdict.due - snapshot.now, self.policy.max_wait))
+        addresses = await self.resolution.addresses(request, host)  # resolved at the decision (docs/spec.md §3)
         self.report.inc("burst")
         self.report.counters(host).requests += 1
         return Go(sent_at=decided_at - self.clock.offset, address=addresses[0] if addresses else None)
 
-    async def _book(self, request: Request, host: str, override: float | None, addresses: list[str] | None,
-                    deferrable: bool) -> Go | Defer:
+    async def _book(self, request: Request, host: str, override: float | None, deferrable: bool) -> Go | Defer:
         lines = self.lines
         floor = self.policy.effective_interval(None, override)
         ip_interval = self.config.ip_interval
-        ip_paced = bool(addresses) and ip_interval > 0
-        all_addresses = addresses or []
         while True:
+            # Resolved here, next in line for its host and before each booking transaction, so every booking
+            # uses an answer no older than its TTL, and a deferred request resolves only when it comes back
+            # (docs/spec.md §3).
+            addresses = await self.resolution.addresses(request, host)
+            ip_paced = bool(addresses) and ip_interval > 0
+            all_addresses = addresses or []
             free: list[str] = []
             if ip_paced:
                 free = [a for a in all_addresses if not lines.busy(ip_key(a))]

@@ -21,8 +21,9 @@ from urllib.parse import urlsplit
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
+from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .pacer import Pacer, get_pacer
-from .policy import NO_NETWORK_SCHEMES, host_key
+from .policy import host_key
 from .seams import Defer, Redefer
 
 if TYPE_CHECKING:
@@ -62,6 +63,10 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             (the crawl does not start).
     """
 
+    def __init__(self, pacer: Pacer) -> None:
+        super().__init__(pacer)
+        self._refusals_logged: set[str] = set()
+
     async def process_request(self, request: Request) -> Request | None:
         pacer = self.pacer
         # A redirect or retry copies its parent's meta: forget the parent's booking.
@@ -69,8 +74,16 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         request.meta.pop("polite_sent_at", None)
         request.meta.pop("polite_ip", None)
         request.meta.pop("_polite_pinned", None)
-        host = host_key(request.url)  # never from meta: a redirect copies the old request's meta
-        if host is None:
+        try:
+            parsed = url_host(request.url)  # never from meta: a redirect copies the old request's meta
+        except InvalidHost as exc:  # docs/spec.md §1: the URL Standard rejects it; nothing is resolved
+            if exc.missing:
+                pacer.inc("refused/no_host")
+                raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: it has no host to pace") from exc
+            pacer.inc("refused/invalid_host")
+            _log_refusal(self._refusals_logged, request.url, exc.reason)
+            raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: {exc.reason}") from exc
+        if parsed is None:
             try:
                 scheme = urlsplit(request.url).scheme.lower()
             except ValueError:
@@ -79,6 +92,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
                 return None
             pacer.inc("refused/no_host")
             raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: it has no host to pace")
+        host = parsed.key
         request.meta["polite_host"] = host
         if request.meta.get("dont_pace"):  # exempt from pacing, never from the address rules
             pacer.inc("dont_pace")
@@ -135,6 +149,17 @@ class PoliteEarlyDeferMiddleware(_PacerComponent):
             return None
         _hold(pacer, request, host, due)
         return request
+
+
+def _log_refusal(logged: set[str], url: str, reason: str) -> None:
+    """Log a refused URL's reason at WARNING the first time it is given (at most 1,000 distinct reasons are
+    remembered in ``logged``), then at DEBUG."""
+    if reason not in logged and len(logged) < 1000:
+        logged.add(reason)
+        logger.warning("scrapy-polite refuses %s: %s (further URLs refused for this reason are logged at DEBUG)",
+                       url, reason)
+    else:
+        logger.debug("scrapy-polite refuses %s: %s", url, reason)
 
 
 def _hold(pacer: Pacer, request: Request, host: str, due: float | None) -> None:

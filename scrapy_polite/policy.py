@@ -25,9 +25,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from urllib.parse import urlsplit
 
 from .addresses import embedded_ipv4
+from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 
 __all__ = [
     "HostState",
@@ -42,8 +42,6 @@ __all__ = [
     "ip_key",
 ]
 
-#: URL schemes that make no network request: such URLs have no host to pace and pass untouched (docs/spec.md §1).
-NO_NETWORK_SCHEMES = frozenset({"data", "file", "about"})
 
 #: The exponent of a backoff is capped here (``2**10`` = 1024 × the interval), as in the reference.
 MAX_BACKOFF_EXPONENT = 10
@@ -204,48 +202,30 @@ def _parse_http_date(text: str) -> float | None:
 
 
 def host_key(url: str) -> str | None:
-    """The pacing key of a URL (docs/spec.md §1): its host, lower-cased, IDNA-encoded, without trailing dot or
-    IPv6 brackets. The port is not part of the key.
+    """The pacing key of a URL (docs/spec.md §1): its host as the WHATWG URL Standard reads it
+    (:func:`scrapy_polite.hosts.url_host`: percent-decoded, IDNA-encoded, lower-cased, an IPv4 address in
+    any of the Standard's spellings written as a dotted quad), without trailing dots or IPv6 brackets. The
+    port is not part of the key.
 
     Args:
         url: an absolute URL.
 
     Returns:
-        The key (``str``), or None when the URL has no host (``data:``, ``file:``, malformed).
+        The key (``str``), or None when the URL has no host (``data:``, ``file:``) or the Standard rejects
+        its host (:class:`~scrapy_polite.hosts.InvalidHost` says why).
 
     >>> host_key("HTTP://Bücher.Example.:8080/x")
     'xn--bcher-kva.example'
     >>> host_key("http://[2001:DB8::1]/")
     '2001:db8::1'
+    >>> host_key("http://0x7f.1/")
+    '127.0.0.1'
     """
     try:
-        parts = urlsplit(url)
-        if parts.scheme.lower() in NO_NETWORK_SCHEMES:
-            return None
-        host = parts.hostname  # lower-cased, brackets removed, port dropped
-    except ValueError:
+        host = url_host(url)
+    except InvalidHost:
         return None
-    if not host:
-        return None
-    host = host.rstrip(".")
-    if not host:
-        return None
-    if ":" in host:  # an IPv6 literal: one canonical spelling (2606:4700:0:0::1111 == 2606:4700::1111)
-        try:
-            return str(ipaddress.ip_address(host.split("%", 1)[0]))
-        except ValueError:
-            return None
-    try:
-        host.encode("ascii")
-        return host
-    except UnicodeEncodeError:
-        pass
-    try:
-        return ".".join(
-            label.encode("idna").decode("ascii") if label else label for label in host.split(".")
-        )
-    except UnicodeError:
-        return None
+    return host.key if host is not None else None
 
 
 @dataclass(frozen=True)
@@ -336,7 +316,9 @@ class PacingPolicy:
         """
         old = state or HostState()
         eff = self.effective_interval(old, override)
-        stale = sent_at is not None and old.throttled_at > sent_at
+        # A throttle recorded at the very moment the request was booked counts as recorded after it: a request
+        # booked after a throttle waits at least eff, so a tie is a request that was in flight with it.
+        stale = sent_at is not None and old.throttled_at > 0 and old.throttled_at >= sent_at
         throttle = status is None or self.is_throttle(status, state)
         # ok_seen is set after the decision (is_throttle read the old state): the first 2xx-then-403 pair has
         # no history yet. Set in the same replace() as the rest of the row (one copy of it, not two).
@@ -358,8 +340,12 @@ class PacingPolicy:
             delay = max(delay, eff)
             # A later hold already recorded (another process's booking, a robots delay) is never shortened.
             next_allowed = max(end + delay, old.next_allowed)
+            # The step's moment is never before the request it answers for, nor before the row's last write
+            # (a booking of a request still in flight): a clock that jumped back while they were in flight
+            # must not make the others' throttles look like a new moment (found by tests/test_properties.py).
+            moment = max(end, old.updated, sent_at if sent_at is not None else end)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end,
-                          throttled_at=old.throttled_at if stale else end, ok_seen=ok_seen)
+                          throttled_at=old.throttled_at if stale else moment, ok_seen=ok_seen)
         else:
             # Sent before a recorded throttle: it says nothing about the host's mood since.
             consec = old.consec if stale else max(old.consec - 1, 0)

@@ -4,8 +4,10 @@
 Scrapy's ``TWISTED_DNS_RESOLVER`` when the add-on is enabled in the project settings. The order of a
 resolution is:
 
-1. an IP literal (canonical dotted-quad IPv4 or IPv6; ``2130706433``, ``0x7f.1`` or ``0177.0.0.1`` are
-   *names*, never converted to addresses behind the filter's back);
+1. the host as the WHATWG URL Standard reads it (:func:`~scrapy_polite.hosts.name_host`): an IP address in
+   any of its spellings (``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1`` are 127.0.0.1, as in browsers
+   and curl; percent-encoded too) goes straight to the filter, **without a DNS query**; a host the Standard
+   rejects (``1.2.3.4.5``) fails with :class:`InvalidHostName`, without a query; a name is IDNA-encoded;
 2. ``POLITE_DNS_OVERRIDES`` (host → list of addresses), then ``localhost`` / ``*.localhost`` (RFC 6761
    §6.3: loopback, no query);
 3. a fresh cache entry (the answer's TTL clamped to ``[POLITE_DNS_MIN_TTL, POLITE_DNS_MAX_TTL]``);
@@ -40,7 +42,8 @@ from twisted.internet.interfaces import IHostnameResolver, IHostResolution, IRes
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from .addresses import AddressFilter, parse_ip_literal
+from .addresses import AddressFilter
+from .hosts import InvalidHost, name_host
 from .settings import DNSConfig, SettingsError, normalise_dns_name, parse_dns_overrides, parse_nameserver
 
 if TYPE_CHECKING:
@@ -54,6 +57,7 @@ __all__ = [
     "HostNotFound",
     "DNSServerFailure",
     "DNSTimeout",
+    "InvalidHostName",
     "parse_nameserver",
 ]
 
@@ -79,6 +83,25 @@ class DNSServerFailure(DNSLookupError):
 
 class DNSTimeout(DNSLookupError):
     """No answer within ``POLITE_DNS_TIMEOUT`` seconds."""
+
+
+class InvalidHostName(DNSLookupError):
+    """The WHATWG URL Standard rejects the name as a host (``1.2.3.4.5``, ``a b``): it is never sent to DNS
+    (docs/spec.md §4). ``reason`` says why."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        self.host = host
+        self.reason = reason
+        super().__init__(f"scrapy-polite resolver: {reason}")
+
+
+def _canonical(host: str) -> str:
+    """The resolver's key of ``host``: the URL Standard's host (:func:`~scrapy_polite.hosts.name_host`), or
+    the name lower-cased without trailing dots or brackets when the Standard rejects it."""
+    try:
+        return name_host(host).key
+    except InvalidHost:
+        return normalise_dns_name(host)
 
 
 @implementer(IHostResolution)
@@ -125,7 +148,9 @@ class PublicHostnameResolver:
                                 f"(seconds), got timeout={timeout!r}, min_ttl={min_ttl!r}, max_ttl={max_ttl!r}")
         self.reactor = reactor
         self.filter = address_filter or AddressFilter()
-        self.overrides: dict[str, tuple[str, ...]] = parse_dns_overrides(overrides)
+        # Keyed as lookups are (the URL Standard's host: an IDNA name is its ASCII form).
+        self.overrides: dict[str, tuple[str, ...]] = {
+            _canonical(name): addresses for name, addresses in parse_dns_overrides(overrides).items()}
         self.nameservers = list(nameservers)
         self.timeout = float(timeout)
         self.min_ttl = float(min_ttl)
@@ -168,11 +193,16 @@ class PublicHostnameResolver:
 
     def lookup(self, host: str) -> defer.Deferred[tuple[str, ...]]:
         """All addresses of ``host`` (unfiltered, sorted, de-duplicated), from literal, override, cache or
-        DNS. Fails with :class:`HostNotFound`, :class:`DNSServerFailure` or :class:`DNSTimeout`."""
-        host = normalise_dns_name(host)
-        literal = parse_ip_literal(host)
-        if literal is not None:
-            return defer.succeed((str(literal),))
+        DNS. Fails with :class:`InvalidHostName` (no query sent), :class:`HostNotFound`,
+        :class:`DNSServerFailure` or :class:`DNSTimeout`."""
+        try:
+            parsed = name_host(host)
+        except InvalidHost as exc:
+            self.counts["invalid_host"] += 1
+            return defer.fail(InvalidHostName(host, exc.reason))
+        if parsed.ip is not None:  # an address in any of the URL Standard's spellings: never a DNS name
+            return defer.succeed((str(parsed.ip),))
+        host = parsed.key
         if host in self.overrides:
             return defer.succeed(self.overrides[host])
         if host == "localhost" or host.endswith(".localhost"):
@@ -213,7 +243,7 @@ class PublicHostnameResolver:
             kept, dropped = list(verdict[0]), verdict[1]
             if not kept:
                 self.counts["blocked"] += 1
-                raise BlockedHost(normalise_dns_name(host), dropped)
+                raise BlockedHost(_canonical(host), dropped)
             if dropped:
                 self.counts["dropped"] += len(dropped)
                 logger.debug("%s: dropped non-public addresses %s", host, dropped)
@@ -289,11 +319,11 @@ class PublicHostnameResolver:
 
     def pin(self, host: str, address: str) -> None:
         """Answer only ``address`` for ``host`` until :meth:`unpin` (pins are counted per request)."""
-        self._pins.setdefault(normalise_dns_name(host), Counter())[str(ipaddress.ip_address(address))] += 1
+        self._pins.setdefault(_canonical(host), Counter())[str(ipaddress.ip_address(address))] += 1
 
     def unpin(self, host: str, address: str) -> None:
         """Release one pin of ``address`` for ``host``."""
-        host = normalise_dns_name(host)
+        host = _canonical(host)
         pins = self._pins.get(host)
         if not pins:
             return
@@ -306,7 +336,7 @@ class PublicHostnameResolver:
 
     def pinned(self, host: str) -> list[str]:
         """The addresses pinned for ``host`` (sorted), or []."""
-        return sorted(self._pins.get(normalise_dns_name(host), ()), key=_sort_key)
+        return sorted(self._pins.get(_canonical(host), ()), key=_sort_key)
 
     # -- IHostnameResolver ------------------------------------------------------------------------------
 

@@ -519,6 +519,10 @@ class PoliteConfig:
         enabled = _bool(settings, "POLITE_ENABLED")
         host_interval = _seconds(settings, "POLITE_HOST_INTERVAL")
         max_backoff = _seconds(settings, "POLITE_MAX_BACKOFF")
+        if max_backoff < host_interval:  # found by tests/test_fuzz.py (PacingPolicy's ValueError escaped)
+            raise SettingsError(f"POLITE_MAX_BACKOFF ({max_backoff:g} s) must not be below POLITE_HOST_INTERVAL "
+                                f"({host_interval:g} s): a backoff shorter than the interval would not slow a "
+                                "throttling host down")
         max_wait = _seconds(settings, "POLITE_MAX_WAIT")
         if max_wait <= 0:
             raise SettingsError(f"POLITE_MAX_WAIT must be > 0 seconds (a wait in line of 0 s cannot wait), got "

@@ -4,6 +4,10 @@
   in the test venv, and pytest's default (``prepend``) import mode only puts ``tests/`` on ``sys.path``.
 * ``arrival_server``: a factory fixture of loopback :class:`tests.support.server.ArrivalServer` instances,
   all stopped at the end of the test.
+* Hypothesis profiles for the property and fuzz tests (tests/test_properties.py, tests/test_fuzz.py):
+  ``ci`` (the default: a bounded, derandomised run — the same examples every run, no example database) and
+  ``fuzz`` (``HYPOTHESIS_PROFILE=fuzz``: many more random examples, for a long fuzzing session; every
+  crasher it finds becomes an ``@example`` or a regular test).
 
 """
 
@@ -13,10 +17,17 @@ import os
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+settings.register_profile("ci", max_examples=150, deadline=None, derandomize=True, database=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("fuzz", max_examples=20_000, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture

@@ -354,7 +354,8 @@ async def test_ssrf_matrix_links_and_redirects_never_reach_non_public_targets(sa
     ]
     name_targets = [f"http://evil.test:{port}/", "http://meta.test/", "http://lan.test/",
                     f"http://localhost:{port}/"]
-    spellings = ["2130706433", "0x7f.1", "0177.0.0.1", "127.1"]
+    # The URL Standard reads these as IPv4 addresses (127.0.0.1, 192.168.0.1, 0.0.0.0): addresses, never names.
+    spellings = ["2130706433", "0x7f.1", "0177.0.0.1", "127.1", "%31%32%37.0.0.1", "0300.0250.0.1", "0"]
     spelling_targets = [f"http://{s}:{port}/" for s in spellings]
     targets = literal_targets + name_targets + spelling_targets
     links = "".join(f'<a href="{t}link">{i}</a> <a href="/r/{i}">r{i}</a>' for i, t in enumerate(targets))
@@ -388,17 +389,16 @@ async def test_ssrf_matrix_links_and_redirects_never_reach_non_public_targets(sa
     for target in spelling_targets:
         for kind in ("link", "redir"):
             f = failed[f"{target}{kind}"]
-            assert f.error == "HostNotFound", (f.url, f.error, f.message)
-    # the non-standard spellings were asked as names (and only as names)
-    for spelling in spellings:
-        assert spelling in dns_srv.names(), dns_srv.queries
+            assert f.error == "BlockedHost", (f.url, f.error, f.message)
+    # the URL Standard's IPv4 spellings never reached the nameserver: only the three names did
+    assert set(dns_srv.names()) == {"evil.test", "meta.test", "lan.test"}, dns_srv.queries
     blocked = stat(crawler, "polite/blocked/private_address")
     assert blocked >= 2 * len(literal_targets), blocked
     if not robots:
-        assert blocked == 2 * (len(literal_targets) + len(name_targets))
+        assert blocked == 2 * (len(literal_targets) + len(name_targets) + len(spelling_targets))
     else:  # plus one robots.txt per blocked host (the redirect and the link share a host's robots.txt)
-        assert blocked >= 2 * (len(literal_targets) + len(name_targets))
-    assert stat(crawler, "polite/dns/nxdomain") >= 1  # the spellings (later ones are negative-cache hits)
+        assert blocked >= 2 * (len(literal_targets) + len(name_targets) + len(spelling_targets))
+    assert stat(crawler, "polite/dns/nxdomain") == 0
 
 
 @pytest_twisted.ensureDeferred

@@ -26,6 +26,7 @@ from scrapy_polite.resolver import (
     DNSServerFailure,
     DNSTimeout,
     HostNotFound,
+    InvalidHostName,
     PublicHostnameResolver,
     parse_nameserver,
 )
@@ -419,24 +420,46 @@ async def test_localhost_is_loopback_without_a_query(dns_server):
 
 @pytest.mark.parametrize("spelling", NON_STANDARD_IPV4)
 @pytest_twisted.ensureDeferred
-async def test_non_standard_ipv4_spellings_are_names(dns_server, spelling):
-    """``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1`` … are looked up as names (NXDOMAIN here), never
-    turned into 127.0.0.1 — even when every private address would be allowed."""
-    srv = dns_server({})
-    resolver = make_resolver(srv, address_filter=AddressFilter(allow_private=True))
-    exc = await failure_of(resolver.lookup(spelling))
-    assert isinstance(exc, HostNotFound), exc
-    assert spelling in srv.names(), srv.queries
+async def test_url_standard_ipv4_spellings_are_addresses_never_names(dns_server, spelling):
+    """``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1`` … are IPv4 addresses by the URL Standard's IPv4
+    parser (as in browsers and curl): no query is sent, and the address goes through the filter."""
+    srv = dns_server({spelling: [("8.8.8.8", 300)]})  # a server that would lie about the name, if asked
+    want = "0.0.0.0" if spelling == "0" else "127.0.0.1"
+    assert await make_resolver(srv, address_filter=AddressFilter(allow_private=True)).lookup(spelling) == (want,)
+    exc = await failure_of(make_resolver(srv).resolve(spelling))
+    assert isinstance(exc, BlockedHost) and exc.dropped == [want] and exc.host == want, exc
     assert await resolve_host_name(make_resolver(srv), spelling) == []
+    assert srv.total() == 0, srv.queries
+    # Negative control: with a last label that is no number, it is a name, and it is asked.
+    srv.set(f"{spelling}.test", [("8.8.8.8", 300)])
+    assert await make_resolver(srv).resolve(f"{spelling}.test") == ["8.8.8.8"]
+    assert srv.names() == [f"{spelling}.test"]
+
+
+@pytest.mark.parametrize("name", ["1.2.3.4.5", "256.0.0.1", "0x100000000", "4294967296", "09", "a b", "x/y",
+                                  "a%zz", "[v1.x]"])
+@pytest_twisted.ensureDeferred
+async def test_hosts_the_url_standard_rejects_fail_without_a_query(dns_server, name):
+    srv = dns_server({name: [("8.8.8.8", 300)]})
+    resolver = make_resolver(srv, address_filter=AddressFilter(allow_private=True))
+    exc = await failure_of(resolver.lookup(name))
+    assert isinstance(exc, InvalidHostName) and isinstance(exc, DNSLookupError), exc
+    assert exc.reason in str(exc)
+    assert await resolve_host_name(resolver, name) == []
+    assert srv.total() == 0, srv.queries
+    assert resolver.counts["invalid_host"] == 2
 
 
 @pytest_twisted.ensureDeferred
-async def test_non_standard_spelling_answered_by_dns_goes_through_the_filter(dns_server):
-    srv = dns_server({"2130706433": [("127.0.0.1", 300)], "0x7f.1": [("8.8.8.8", 300)]})
+async def test_names_are_asked_in_their_url_standard_form(dns_server):
+    """Percent-encoded and IDN names are asked as the URL Standard writes them (decoded, IDNA ASCII)."""
+    srv = dns_server({"xn--bcher-kva.test": [("8.8.8.8", 300)], "example.test": [("8.8.4.4", 300)]})
     resolver = make_resolver(srv)
-    exc = await failure_of(resolver.resolve("2130706433"))
-    assert isinstance(exc, BlockedHost) and exc.dropped == ["127.0.0.1"]
-    assert await resolver.resolve("0x7f.1") == ["8.8.8.8"]
+    assert await resolver.resolve("Bücher.test") == ["8.8.8.8"]
+    assert await resolver.resolve("ex%61mple.test") == ["8.8.4.4"]
+    assert await resolver.resolve("EXAMPLE.test.") == ["8.8.4.4"]  # the cache: one name
+    assert srv.names() == ["xn--bcher-kva.test", "example.test"]
+    assert srv.lookups("example.test") == 1
 
 
 # ---------------------------------------------------------------------------------------------------
