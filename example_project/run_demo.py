@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "default: env POLITE_DEMO_STORE, else the project's .scrapy/polite.sqlite3")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--arrivals", metavar="PATH", help="also write every server-side arrival as CSV to PATH")
+    parser.add_argument("--timeline", metavar="PATH",
+                        help="where to write the crawl's timeline (.html, or .png through headless Chromium); default: "
+                             "polite-timeline.html beside the pace table file (or in the project's .scrapy/)")
     parser.add_argument("--check", action="store_true",
                         help=f"serve the sites on port {CHECK_PORT} and run `scrapy check pydoc_site` (the spider's "
                              "scrapy-polite contracts) instead of the crawl; exits with its status")
@@ -145,6 +148,40 @@ def read_pace_table(uri: str) -> list[tuple[str, Any]] | None:
         store.close()
 
 
+def default_timeline_path(store_path: str | None) -> str:
+    """``polite-timeline.html`` beside the pace table file, or in the project's ``.scrapy/`` (memory://)."""
+    folder = os.path.dirname(store_path) if store_path else os.path.join(HERE, ".scrapy")
+    return os.path.join(folder, "polite-timeline.html")
+
+
+def write_demo_timeline(uri: str, crawler: Any, output: str, *, since: float) -> str | None:
+    """Draw this crawl's events (since ``since``, epoch s) from the event log of the pace table at ``uri`` into
+    ``output`` (scrapy_polite.timeline); its path, or None when there is nothing to draw or it cannot be written."""
+    from scrapy_polite.pacer import find_pacer
+    from scrapy_polite.stores import MemoryStore, StoreError, open_store
+    from scrapy_polite.timeline import RenderError, write_timeline
+
+    pacer = find_pacer(crawler)
+    backend = pacer.store.store if pacer is not None else None
+    try:
+        # A memory:// table lives in the crawl's own store object; any other is read again from its URI.
+        store = backend if isinstance(backend, MemoryStore) else open_store(uri)
+        try:
+            events = store.events(since=since, limit=1_000_000)
+        finally:
+            if store is not backend:
+                store.close()
+        if not events:
+            print("\nno timeline: the event log has no events of this crawl (POLITE_EVENT_LOG = False?)")
+            return None
+        os.makedirs(os.path.dirname(output), exist_ok=True)
+        write_timeline(events, output, title="scrapy-polite demo: the crawl's timeline", store=uri)
+    except (StoreError, RenderError, OSError) as exc:
+        print(f"\nno timeline: {exc}", file=sys.stderr)
+        return None
+    return output
+
+
 def relative(t: float, now: float) -> str:
     if not t:
         return "-"
@@ -175,7 +212,8 @@ def print_pace_table(label: str, rows: list[tuple[str, Any]] | None, uri: str) -
         print("  (empty)")
         return
     now = time.time()
-    table = [("host", "role", "consec", "crawl_delay", "ok_seen", "next_allowed", "updated")]
+    # The columns of `scrapy polite hosts` (one vocabulary with the closing summary).
+    table = [("host", "role", "backoff steps", "Crawl-delay", "2xx seen", "next allowed", "updated")]
     for host, s in rows:
         table.append((host, role_of(host), str(s.consec), f"{s.crawl_delay:g} s" if s.crawl_delay else "-",
                       "yes" if s.ok_seen else "no", relative(s.next_allowed, now), relative(s.updated, now)))
@@ -304,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     store_uri = store_uri_from_arg(args.store)
     json_path = os.path.abspath(args.json) if args.json else None
     arrivals_path = os.path.abspath(args.arrivals) if args.arrivals else None
+    timeline_arg = os.path.abspath(args.timeline) if args.timeline else None
 
     # Run inside the Scrapy project, so that its settings and its .scrapy/ data dir are the ones used.
     os.chdir(HERE)
@@ -395,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     print_pace_table("pace table at end", rows, uri)
     if path:
         print(f"\npace table file: {path}")
+    timeline = write_demo_timeline(uri, crawler, timeline_arg or default_timeline_path(path), since=started - 1)
+    if timeline:
+        print(f"\ntimeline: {timeline}\n  (open it in a browser: one row per host, hover a mark for its URL, status "
+              "and the delay chosen; `scrapy polite timeline -o FILE` draws it again from the event log)")
 
     if arrivals_path:
         with open(arrivals_path, "w", encoding="utf-8") as f:
@@ -406,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         data = {
             "elapsed": elapsed, "finish_reason": finish_reason, "store": uri, "pages": args.pages,
             "start_table": None if start_rows is None else {host: _state_dict(s) for host, s in start_rows},
-            "hosts": results,
+            "hosts": results, "timeline": timeline,
         }
         with open(json_path, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, default=str)

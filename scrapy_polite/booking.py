@@ -127,9 +127,10 @@ class Booker:
 
     # -- the steps --------------------------------------------------------------------------------------
 
-    def defer(self, host: str, due: float | None, reason: str) -> Defer:
-        """Count a deferral of ``host`` and return it (``due``: this process's clock, or None)."""
-        self.report.deferred(host, reason)
+    def defer(self, host: str, due: float | None, reason: str, request: Request | None = None) -> Defer:
+        """Count a deferral of ``host`` (of ``request``, when known) and return it (``due``: this process's
+        clock, or None)."""
+        self.report.deferred(host, reason, request.url if request is not None else None, due)
         return Defer(due=due, reason=reason)
 
     async def _read(self, host: str) -> Snapshot:
@@ -141,10 +142,11 @@ class Booker:
         self.clock.observe(snapshot.now)
         return snapshot
 
-    async def _wait(self, host: str, seconds: float) -> None:
+    async def _wait(self, host: str, seconds: float, request: Request | None = None) -> None:
         if seconds <= 0:
             return
         self.report.waited(host, seconds)
+        self.report.events.wait(host, request.url if request is not None else None, seconds)
         await await_deferred(self.sleep(seconds))
 
     async def before_request(self, request: Request, host: str) -> Go | Defer:
@@ -163,7 +165,7 @@ class Booker:
         line = self.lines.line(host)
         while line.holder is not None and line.holder is not request:
             if deferrable:
-                return self.defer(host, None, "line")
+                return self.defer(host, None, "line", request)
             await await_deferred(self.lines.wait_for([host]))
         line.holder = request
         try:
@@ -184,12 +186,14 @@ class Booker:
             if verdict is None:
                 break
             if deferrable:
-                return self.defer(host, self.clock.to_local(verdict.due), verdict.reason)
-            await self._wait(host, min(verdict.due - snapshot.now, self.policy.max_wait))
+                return self.defer(host, self.clock.to_local(verdict.due), verdict.reason, request)
+            await self._wait(host, min(verdict.due - snapshot.now, self.policy.max_wait), request)
         addresses = await self.resolution.addresses(request, host)  # resolved at the decision (docs/spec.md §3)
         self.report.inc("burst")
         self.report.counters(host).requests += 1
-        return Go(sent_at=decided_at - self.clock.offset, address=addresses[0] if addresses else None)
+        go = Go(sent_at=decided_at - self.clock.offset, address=addresses[0] if addresses else None)
+        self.report.events.booking(host, request.url, at=go.sent_at, due=None, address=go.address, reason="burst")
+        return go
 
     async def _book(self, request: Request, host: str, override: float | None, deferrable: bool) -> Go | Defer:
         lines = self.lines
@@ -210,7 +214,7 @@ class Booker:
                     if deferrable and lines.has_live_waiters(keys):
                         self.release(request, host)
                         lines.wait_on_addresses(host, keys)
-                        return self.defer(host, None, "ip_line")
+                        return self.defer(host, None, "ip_line", request)
                     await await_deferred(lines.wait_for(keys))
                     continue
             booking, now = await self._transact(host, free, floor, ip_interval)
@@ -219,11 +223,13 @@ class Booker:
                 if ip_paced and address is not None:
                     lines.line(ip_key(address)).holder = request
                 self.report.booked(host)
+                self.report.events.booking(host, request.url, at=now, address=address,
+                                           due=booking.host.next_allowed if booking.host is not None else None)
                 return Go(sent_at=now, address=address)
             verdict = self.policy.defer_verdict(booking.host, now, override=override)
             if verdict is not None and deferrable:
                 self.release(request, host)
-                return self.defer(host, self.clock.to_local(verdict.due), verdict.reason)
+                return self.defer(host, self.clock.to_local(verdict.due), verdict.reason, request)
             # Waiting for an address's budget (not the host's): one request per address waits in line,
             # the next defers until that moment (docs/spec.md §5).
             waiting_key = ip_key(booking.address) if booking.address is not None else None
@@ -231,12 +237,12 @@ class Booker:
                 waiter = lines.ip_waiter.get(waiting_key)
                 if waiter is not None and waiter is not request and deferrable:
                     self.release(request, host)
-                    return self.defer(host, self.clock.to_local(booking.start), "ip_line")
+                    return self.defer(host, self.clock.to_local(booking.start), "ip_line", request)
                 lines.ip_waiter[waiting_key] = request
             else:
                 waiting_key = None
             try:
-                await self._wait(host, min(booking.start - now, self.policy.max_wait))
+                await self._wait(host, min(booking.start - now, self.policy.max_wait), request)
             finally:
                 if waiting_key is not None and lines.ip_waiter.get(waiting_key) is request:
                     del lines.ip_waiter[waiting_key]
@@ -282,7 +288,7 @@ class Booker:
         if verdict is None:
             return None
         due = self.clock.to_local(verdict.due)
-        self.defer(host, due, verdict.reason)
+        self.defer(host, due, verdict.reason, request)
         return due
 
     async def due(self, host: str) -> float:

@@ -1,10 +1,22 @@
-"""``scrapy polite`` — the operator command for the pace table (docs/spec.md §7).
+"""``scrapy polite`` — the operator command for the pace table and its event log (README, "The operator command").
 
-Usage (inside a Scrapy project, or with ``-s POLITE_STORE=...``)::
+Usage (inside a Scrapy project, or with ``--store URI`` / ``-s POLITE_STORE=...``; every store URI works)::
 
-    scrapy polite show [HOST ...]     # the table: next allowed, backoff steps, Crawl-delay, 2xx seen
-    scrapy polite reset HOST [...]    # forget a host's backoff (keeps its Crawl-delay, docs/spec.md §2)
-    scrapy polite expire              # remove rows idle longer than POLITE_STORE_EXPIRE
+    scrapy polite hosts [--throttled] [--json]      # every host, sorted by when it is due
+    scrapy polite show HOST_OR_URL [--events N] [--json]   # one host, its address rows, its recent events
+    scrapy polite reset HOST_OR_URL [...]           # forget a host's backoff (README says what is kept)
+    scrapy polite crawl-delay HOST SECONDS          # set the host's Crawl-delay; --clear removes it
+    scrapy polite expire                            # remove rows idle longer than POLITE_STORE_EXPIRE
+    scrapy polite timeline [--since WHEN] [--host HOST ...] [-o timeline.html|timeline.png]
+
+Exit status: :data:`EXIT_OK` 0 done; :data:`EXIT_NO_HOST` 1 no such host (or no events to draw);
+:data:`EXIT_USAGE` 2 usage (an unknown verb or option, a bad value, an invalid setting); :data:`EXIT_STORE` 3
+the store is unusable (missing, unreadable, unwritable, unreachable); :data:`EXIT_OUTPUT` 4 the timeline could
+not be written or rendered (no Chromium for a PNG).
+
+One vocabulary: the columns (:data:`HOST_COLUMNS`) are the words of the closing summary and of the example's
+table; a JSON key is its column's name lower-cased, with spaces and dashes as underscores (``backoff steps`` →
+``backoff_steps``, ``Crawl-delay`` → ``crawl_delay``), times in epoch seconds with an ``_at`` twin in ISO 8601.
 
 Registered through the ``scrapy.commands`` entry point of the package.
 """
@@ -12,88 +24,642 @@ Registered through the ``scrapy.commands`` entry point of the package.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
-from typing import Any, ClassVar
+import re
+import sys
+import time
+from dataclasses import fields
+from datetime import datetime
+from typing import IO, Any, ClassVar
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from .events import clock_time, describe, process_source
 from .pacer import default_store_uri
-from .policy import HostState, PacingPolicy, host_key
+from .policy import HostState, PacingPolicy, host_key, ip_key
 from .settings import PoliteConfig, SettingsError
-from .stores import PaceStore, StoreError, StoreOptions, open_store, sqlite_path
+from .stores import Event, PaceStore, StoreError, StoreOptions, open_store, sqlite_path
+from .timeline import RenderError, hosts_of, write_timeline
 
-__all__ = ["Command", "format_table"]
+__all__ = [
+    "Command",
+    "EXIT_NO_HOST",
+    "EXIT_OK",
+    "EXIT_OUTPUT",
+    "EXIT_STORE",
+    "EXIT_USAGE",
+    "HOST_COLUMNS",
+    "VERBS",
+    "format_table",
+    "parse_since",
+    "run_command",
+]
+
+EXIT_OK = 0
+EXIT_NO_HOST = 1
+EXIT_USAGE = 2
+EXIT_STORE = 3
+EXIT_OUTPUT = 4
+
+VERBS = ("hosts", "show", "reset", "crawl-delay", "expire", "timeline")
+
+#: The columns of ``hosts`` (and the host part of ``show``), in the words of the summary and the example.
+HOST_COLUMNS = ("host", "next allowed", "backoff steps", "Crawl-delay", "2xx seen", "updated", "last throttle")
+
+#: The columns of an address row (``ip:ADDRESS``, the per-address budget).
+ADDRESS_COLUMNS = ("address", "next allowed", "updated")
+
+#: The columns of an event line of ``show``.
+EVENT_COLUMNS = ("at", "event", "what", "url")
+
+#: Which options each verb takes (the others are a usage error with it).
+_VERB_OPTIONS = {"hosts": {"throttled", "json"}, "show": {"json", "events"}, "reset": {"json"},
+                 "crawl-delay": {"json", "clear"}, "expire": {"json"}, "timeline": {"json", "since", "host", "output"}}
+_OPTION_NAMES = {"throttled": "--throttled", "json": "--json", "events": "--events", "clear": "--clear",
+                 "since": "--since", "host": "--host", "output": "-o/--output"}
 
 
-def format_table(rows: list[tuple[str, Any]], now: float) -> str:
-    """The pace table as aligned text; ``rows`` are ``(key, HostState)``; times relative to ``now`` (s)."""
-    lines = [f"{'host':<40} {'next allowed':>14} {'backoff':>7} {'crawl-delay':>11} {'2xx seen':>8}"]
-    for key, state in rows:
-        wait = state.next_allowed - now
-        when = f"in {wait:.1f} s" if wait > 0 else "now"
-        delay = f"{state.crawl_delay:g} s" if state.crawl_delay else "-"
-        lines.append(f"{key:<40} {when:>14} {state.consec:>7} {delay:>11} {'yes' if state.ok_seen else 'no':>8}")
-    return "\n".join(lines)
+class _NoSuchHost(Exception):
+    """Exit 1: the host (or events to draw) is not in the table; the message says which."""
 
 
-def _reset(state: HostState | None, now: float) -> tuple[HostState | None, bool]:
-    """Reset a host's row (docs/spec.md §2); ``(None, False)`` when it has none."""
-    return (PacingPolicy.reset(state, now=now), True) if state is not None else (None, False)
+# -- words -----------------------------------------------------------------------------------------------------
 
+def _duration(seconds: float) -> str:
+    """``0.4 s``, ``12.0 s``, ``4 m 10 s``, ``2 h 5 m``, ``3 d 4 h`` (the closing summary's durations)."""
+    seconds = abs(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} m {whole % 60} s"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60} m"
+    return f"{whole // 86400} d {whole % 86400 // 3600} h"
+
+
+def _relative(t: float, now: float) -> str:
+    """``t`` relative to ``now``: ``in 12.0 s``, ``now``, ``3.0 s ago``; ``-`` for 0 (never)."""
+    if not t:
+        return "-"
+    delta = t - now
+    if abs(delta) < 0.05:
+        return "now"
+    return f"in {_duration(delta)}" if delta > 0 else f"{_duration(delta)} ago"
+
+
+def _due(t: float, now: float) -> str:
+    """When a host is next allowed: ``in 4 m 10 s (at 10:15:02)`` (the date too beyond a day), or ``now`` when
+    that moment has passed (the closing summary's ``due``)."""
+    if t - now < 0.05:
+        return "now"
+    at = time.strftime("%H:%M:%S" if t - now < 86400 else "%Y-%m-%d %H:%M:%S", time.localtime(t))
+    return f"in {_duration(t - now)} (at {at})"
+
+
+def _absolute(t: float) -> str:
+    return "-" if not t else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _iso(t: float | None) -> str | None:
+    return None if not t else datetime.fromtimestamp(t).astimezone().isoformat(timespec="milliseconds")
+
+
+def format_table(rows: list[tuple[str, ...]], indent: str = "") -> str:
+    """Rows of text (the first the header) as aligned columns."""
+    if not rows:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+# -- inputs ----------------------------------------------------------------------------------------------------
+
+def _key(text: str) -> str:
+    """The pace-table key of ``HOST_OR_URL`` (a host, a URL, or an address row ``ip:ADDRESS``).
+
+    Raises:
+        UsageError: neither a host nor a URL.
+    """
+    if text.lower().startswith("ip:"):
+        try:
+            return ip_key(text[3:].strip("[]"))
+        except ValueError:
+            raise UsageError(f"{text!r} is not an address row (ip:ADDRESS)", print_help=False) from None
+    key = host_key(text if "://" in text else f"http://{text}/")
+    if key is None:
+        raise UsageError(f"{text!r} is not a host name or a URL", print_help=False)
+    return key
+
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d*)?)d)?(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?(?:(\d+(?:\.\d*)?)s?)?$")
+
+
+def parse_since(text: str, now: float) -> float:
+    """``--since``: epoch seconds from a duration back from ``now`` (``90``, ``90s``, ``15m``, ``2h``, ``1d``,
+    ``1h30m``), ``@EPOCH`` (epoch seconds), or a local date and time in ISO 8601 (``2026-05-01T12:00``,
+    ``2026-05-01 12:00:00``; a time alone, ``12:00``, is today's).
+
+    Raises:
+        UsageError: none of these forms.
+    """
+    value = text.strip()
+    if value.startswith("@"):
+        try:
+            stamp = float(value[1:])
+        except ValueError:
+            stamp = math.nan
+        if math.isfinite(stamp):
+            return stamp
+    else:
+        match = _DURATION.match(value.lower())
+        if match and value and any(match.groups()):
+            d, h, m, s = (float(g) if g else 0.0 for g in match.groups())
+            return now - (((d * 24 + h) * 60 + m) * 60 + s)
+        try:
+            if re.match(r"^\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?$", value):
+                today = datetime.fromtimestamp(now).strftime("%Y-%m-%d")
+                return datetime.fromisoformat(f"{today}T{value}").timestamp()
+            return datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            pass
+    raise UsageError(f"--since {text!r}: expected a duration back from now (90s, 15m, 2h, 1d), @EPOCH seconds, "
+                     "or a local date and time (2026-05-01T12:00, 12:00)", print_help=False)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"crawl-delay SECONDS must be a number of seconds >= 0, got {text!r} (--clear removes "
+                         "the delay)", print_help=False)
+    return value
+
+
+# -- the rows --------------------------------------------------------------------------------------------------
+
+def _last_throttle(store: PaceStore, key: str, state: HostState) -> Event | None:
+    """The ``backoff`` event of the host's last throttle step (its cause), from the event log."""
+    if not state.throttled_at:
+        return None
+    found = [e for e in store.events(since=state.throttled_at - 1.0, host=key, limit=100_000) if e.kind == "backoff"]
+    exact = [e for e in found if e.at == state.throttled_at]
+    chosen = exact or found
+    return chosen[-1] if chosen else None
+
+
+def _throttle_words(event: Event | None, state: HostState, now: float) -> str:
+    if not state.throttled_at:
+        return "-"
+    when = _relative(state.throttled_at, now)
+    if event is None:
+        return f"{when} (cause not in the event log)"
+    cause = event.reason or "?"
+    if event.retry_after is not None and event.retry_after > 0:
+        cause += f", Retry-After {event.retry_after:g} s"
+    return f"{cause}, {when}"
+
+
+def _host_json(key: str, state: HostState, now: float, throttle: Event | None) -> dict[str, Any]:
+    return {
+        "host": key,
+        "next_allowed": state.next_allowed or None,
+        "next_allowed_at": _iso(state.next_allowed),
+        "next_allowed_in": round(max(0.0, state.next_allowed - now), 3),
+        "backoff_steps": state.consec,
+        "crawl_delay": state.crawl_delay or None,
+        "2xx_seen": state.ok_seen,
+        "updated": state.updated or None,
+        "updated_at": _iso(state.updated),
+        "last_throttle": None if not state.throttled_at else {
+            "at": state.throttled_at, "at_iso": _iso(state.throttled_at),
+            "cause": throttle.reason if throttle is not None else None,
+            "retry_after": throttle.retry_after if throttle is not None else None,
+            "delay": throttle.delay if throttle is not None else None},
+    }
+
+
+def _host_cells(key: str, state: HostState, now: float, throttle: Event | None) -> tuple[str, ...]:
+    return (key, _due(state.next_allowed, now), str(state.consec),
+            f"{state.crawl_delay:g} s" if state.crawl_delay else "-", "yes" if state.ok_seen else "no",
+            _relative(state.updated, now), _throttle_words(throttle, state, now))
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    data = event._asdict()
+    data["at_iso"] = _iso(event.at)
+    data["what"] = describe(event)
+    return data
+
+
+class _Operator:
+    """The verbs on one open store; each returns its exit status and writes to ``out`` (results) and
+    ``err`` (problems)."""
+
+    def __init__(self, store: PaceStore, config: PoliteConfig, opts: argparse.Namespace, out: IO[str],
+                 err: IO[str]) -> None:
+        self.store = store
+        self.config = config
+        self.opts = opts
+        self.out = out
+        self.err = err
+        self.now = store.now()
+
+    def print(self, text: str = "") -> None:
+        print(text, file=self.out)
+
+    def dump(self, data: Any) -> None:
+        json.dump(data, self.out, indent=2, ensure_ascii=False)
+        self.out.write("\n")
+
+    def operator_event(self, key: str, reason: str, **extra: Any) -> None:
+        if self.config.event_log:
+            self.store.append_events([Event(self.store.now(), "operator", key, reason=reason, source=process_source(),
+                                            **extra)])
+
+    # -- hosts ----------------------------------------------------------------------------------------------
+
+    def hosts(self, args: list[str]) -> int:
+        if args:
+            raise UsageError(f"hosts takes no HOST (got {' '.join(args)}); `scrapy polite show HOST` shows one",
+                             print_help=False)
+        rows = list(self.store.items())
+        addresses = sum(1 for k, _ in rows if k.startswith("ip:"))
+        hosts = [(k, s) for k, s in rows if not k.startswith("ip:")]
+        if self.opts.throttled:
+            hosts = [(k, s) for k, s in hosts if s.consec > 0]
+        hosts.sort(key=lambda item: (max(item[1].next_allowed, self.now), item[0]))
+        throttles = self.last_throttles(hosts)
+        if self.opts.json:
+            self.dump({"store": self.store.uri, "now": self.now, "now_at": _iso(self.now), "address_rows": addresses,
+                       "hosts": [_host_json(k, s, self.now, throttles[k]) for k, s in hosts]})
+            return EXIT_OK
+        which = "throttled hosts (backoff steps > 0)" if self.opts.throttled else "hosts"
+        self.print(f"pace table {self.store.uri}: {len(hosts)} {which}, {addresses} address rows; "
+                   f"now {_absolute(self.now)}")
+        if hosts:
+            self.print(format_table([HOST_COLUMNS, *(_host_cells(k, s, self.now, throttles[k]) for k, s in hosts)]))
+        return EXIT_OK
+
+    def last_throttles(self, hosts: list[tuple[str, HostState]]) -> dict[str, Event | None]:
+        """The ``backoff`` event of each host's last throttle: one query per host for a few, else one pass over
+        the whole log (a query per host would scan it once each)."""
+        throttled = {k: s for k, s in hosts if s.throttled_at}
+        found: dict[str, Event | None] = dict.fromkeys(k for k, _ in hosts)
+        if len(throttled) <= 20:
+            found.update({k: _last_throttle(self.store, k, s) for k, s in throttled.items()})
+            return found
+        since = min(s.throttled_at for s in throttled.values()) - 1.0
+        for event in self.store.events(since=since, limit=self.config.event_log_size):
+            state = throttled.get(event.host)
+            if event.kind == "backoff" and state is not None and event.at <= state.throttled_at:
+                found[event.host] = event  # the log is in time order: the last one at or before wins
+        return found
+
+    # -- show -----------------------------------------------------------------------------------------------
+
+    def show(self, args: list[str]) -> int:
+        if len(args) != 1:
+            raise UsageError("show takes one HOST_OR_URL (`scrapy polite hosts` lists them all)", print_help=False)
+        key = _key(args[0])
+        state = self.store.get(key)
+        limit = self.opts.events if self.opts.events is not None else 20
+        if limit < 0:
+            raise UsageError(f"--events must be >= 0, got {limit}", print_help=False)
+        if key.startswith("ip:"):  # an address row: the bookings made on it (of any host)
+            address = key[3:]
+            recent = self.store.events(limit=max(2000, 50 * limit))
+            events = [e for e in recent if e.address is not None and ip_key(e.address) == key][-limit:] if limit else []
+        else:
+            address = None
+            events = self.store.events(host=key, limit=limit) if limit else []
+        if state is None and not events and (address is not None or not self.store.events(host=key, limit=1)):
+            raise _NoSuchHost(f"{key}: not in the pace table {self.store.uri} (and no events); "
+                              "`scrapy polite hosts` lists the hosts")
+        booked = self.store.events(host=key, limit=2000) if address is None else []
+        address_keys = list(dict.fromkeys(ip_key(e.address) for e in reversed(booked)
+                                          if e.kind == "booking" and e.address))
+        if address is None:
+            try:
+                address_keys.insert(0, ip_key(key))  # an IP-literal host has its own address row
+            except ValueError:
+                pass
+        address_rows = [(k, s) for k in dict.fromkeys(address_keys) if (s := self.store.get(k)) is not None]
+        throttle = _last_throttle(self.store, key, state) if state is not None else None
+        if self.opts.json:
+            self.dump({
+                "store": self.store.uri, "now": self.now, "now_at": _iso(self.now), "host": key,
+                "row": None if state is None else _host_json(key, state, self.now, throttle),
+                "addresses": [{"address": k, "next_allowed": s.next_allowed or None,
+                               "next_allowed_at": _iso(s.next_allowed),
+                               "next_allowed_in": round(max(0.0, s.next_allowed - self.now), 3),
+                               "updated": s.updated or None, "updated_at": _iso(s.updated)} for k, s in address_rows],
+                "events": [_event_json(e) for e in events],
+            })
+            return EXIT_OK
+        self.print(f"{key} in the pace table {self.store.uri}; now {_absolute(self.now)}")
+        if state is None:
+            self.print("  no row (its events are below)")
+        else:
+            cells = _host_cells(key, state, self.now, throttle)
+            width = max(len(c) for c in HOST_COLUMNS[1:])
+            for column, cell in zip(HOST_COLUMNS[1:], cells[1:]):
+                self.print(f"  {column:<{width}}  {cell}")
+            extra = {f.name: getattr(state, f.name) for f in fields(state)
+                     if f.name not in ("next_allowed", "consec", "crawl_delay", "ok_seen", "updated", "throttled_at")
+                     and getattr(state, f.name)}
+            for name, value in extra.items():
+                self.print(f"  {name.replace('_', ' '):<{width}}  {value:g}")
+        if address is None:
+            self.print("\naddress rows (the addresses it was booked on):")
+            if address_rows:
+                lines = [(k, _due(s.next_allowed, self.now), _relative(s.updated, self.now)) for k, s in address_rows]
+                self.print(format_table([ADDRESS_COLUMNS, *lines], indent="  "))
+            else:
+                self.print("  none")
+        which = "bookings on this address" if address is not None else "events"
+        self.print(f"\nrecent {which} (the latest {limit}):" if limit else f"\nrecent {which}: --events 0")
+        if events:
+            self.print(format_table([EVENT_COLUMNS, *((clock_time(e.at, date=True), e.kind, describe(e), e.url or "")
+                                                      for e in events)], indent="  "))
+        elif limit:
+            self.print("  none (POLITE_EVENT_LOG off, or nothing recorded yet)")
+        return EXIT_OK
+
+    # -- reset ----------------------------------------------------------------------------------------------
+
+    def reset(self, args: list[str]) -> int:
+        if not args:
+            raise UsageError("reset needs a HOST_OR_URL", print_help=False)
+        keys = [_key(a) for a in args]
+        status = EXIT_OK
+        results = []
+        for key in keys:
+            def fn(state: HostState | None, now: float) -> tuple[HostState | None, HostState | None]:
+                return (PacingPolicy.reset(state, now=now), state) if state is not None else (None, None)
+
+            old = self.store.update(key, fn)
+            if old is None:
+                status = EXIT_NO_HOST
+                print(f"{key}: not in the pace table {self.store.uri} (nothing to reset)", file=self.err)
+                results.append({"host": key, "reset": False})
+                continue
+            new = self.store.get(key) or HostState()
+            forgot = [_field_words(f.name, getattr(old, f.name), self.now) for f in fields(old)
+                      if f.name != "updated" and getattr(old, f.name) != getattr(new, f.name)]
+            kept = [_field_words(f.name, getattr(new, f.name), self.now) for f in fields(new)
+                    if f.name != "updated" and getattr(new, f.name) and getattr(old, f.name) == getattr(new, f.name)]
+            self.operator_event(key, "reset", steps=old.consec, due=old.next_allowed or None)
+            results.append({"host": key, "reset": True, "forgot": forgot, "kept": kept})
+            if not self.opts.json:
+                self.print(f"{key}: reset; forgot {', '.join(forgot) or 'nothing (it was clear)'}; "
+                           f"kept {', '.join(kept) or 'nothing else'}, its address rows and its events")
+        if self.opts.json:
+            self.dump({"store": self.store.uri, "results": results})
+        return status
+
+    # -- crawl-delay ----------------------------------------------------------------------------------------
+
+    def crawl_delay(self, args: list[str]) -> int:
+        clear = bool(self.opts.clear)
+        if len(args) != (1 if clear else 2):
+            raise UsageError("crawl-delay takes HOST SECONDS, or HOST --clear", print_help=False)
+        key = _key(args[0])
+        value = 0.0 if clear else _seconds(args[1])
+
+        def fn(state: HostState | None, now: float) -> tuple[HostState | None, tuple[bool, float]]:
+            if state is None and clear:
+                return None, (False, 0.0)
+            return PacingPolicy.with_crawl_delay(state, value, now=now), (True, state.crawl_delay if state else 0.0)
+
+        changed, before = self.store.update(key, fn)
+        if not changed:
+            raise _NoSuchHost(f"{key}: not in the pace table {self.store.uri} (no Crawl-delay to clear)")
+        self.operator_event(key, "crawl-delay cleared" if clear else f"crawl-delay {value:g} s", delay=value)
+        if self.opts.json:
+            self.dump({"store": self.store.uri, "host": key, "crawl_delay": value or None, "was": before or None})
+        else:
+            was = f"{before:g} s" if before else "none"
+            now = "cleared" if clear else f"{value:g} s"
+            self.print(f"{key}: Crawl-delay {now} (was {was}). It lasts until the host's robots.txt is read again "
+                       "(each crawl that obeys robots.txt reads it, and records the delay it publishes); "
+                       "POLITE_HOST_DELAYS sets a lasting one.")
+        return EXIT_OK
+
+    # -- expire ---------------------------------------------------------------------------------------------
+
+    def expire(self, args: list[str]) -> int:
+        if args:
+            raise UsageError("expire takes no argument", print_help=False)
+        removed = self.store.expire(self.now - self.config.store_expire)
+        if self.opts.json:
+            self.dump({"store": self.store.uri, "expired": removed, "idle_longer_than": self.config.store_expire})
+        else:
+            self.print(f"expired {removed} rows from {self.store.uri} (idle longer than POLITE_STORE_EXPIRE = "
+                       f"{_duration(self.config.store_expire)})")
+        return EXIT_OK
+
+    # -- timeline -------------------------------------------------------------------------------------------
+
+    def timeline(self, args: list[str]) -> int:
+        if args:
+            raise UsageError(f"timeline takes no positional argument (got {' '.join(args)}); use --host HOST",
+                             print_help=False)
+        since = parse_since(self.opts.since, self.now) if self.opts.since else None
+        wanted = [_key(h) for h in (self.opts.host or [])]
+        limit = self.config.event_log_size
+        if wanted:
+            events = sorted((e for key in dict.fromkeys(wanted) for e in self.store.events(since, key, limit)),
+                            key=lambda e: e.at)
+            missing = [k for k in wanted if not any(e.host == k for e in events)]
+            if missing:
+                raise _NoSuchHost(f"no events of {', '.join(missing)} in {self.store.uri}"
+                                  f"{' since ' + _absolute(since) if since else ''}")
+        else:
+            events = self.store.events(since, None, limit)
+        if not events:
+            raise _NoSuchHost(f"no events in the event log of {self.store.uri}"
+                              f"{' since ' + _absolute(since) if since else ''} (POLITE_EVENT_LOG off, or nothing "
+                              "crawled with this POLITE_STORE yet)")
+        output = self.opts.output or "timeline.html"
+        try:
+            report = write_timeline(events, output, store=self.store.uri)
+        except RenderError as exc:
+            print(f"scrapy polite timeline: {exc}", file=self.err)
+            return EXIT_OUTPUT
+        except OSError as exc:
+            print(f"scrapy polite timeline: cannot write {output}: {exc}. Fix: choose another -o path", file=self.err)
+            return EXIT_OUTPUT
+        hosts = hosts_of(events)
+        if report is not None and report.console_errors:
+            print(f"scrapy polite timeline: the page logged errors while rendering: {report.console_errors}",
+                  file=self.err)
+        if self.opts.json:
+            self.dump({"store": self.store.uri, "output": os.path.abspath(output), "events": len(events),
+                       "hosts": hosts})
+        else:
+            self.print(f"timeline of {len(events)} events, {len(hosts)} hosts "
+                       f"({clock_time(events[0].at, date=True)} to {clock_time(events[-1].at, date=True)}): "
+                       f"{os.path.abspath(output)}")
+        return EXIT_OK
+
+
+def _field_words(name: str, value: Any, now: float) -> str:
+    """A row's field in the command's words, for ``reset``."""
+    if name == "next_allowed":
+        return f"next allowed ({_due(value, now)})"
+    if name == "consec":
+        return f"{value} backoff steps"
+    if name == "ok_seen":
+        return "2xx seen" if value else "2xx not seen"
+    if name == "crawl_delay":
+        return f"Crawl-delay {value:g} s" if value else "no Crawl-delay"
+    if name == "throttled_at":
+        return f"last throttle ({_relative(value, now)})" if value else "no throttle"
+    if isinstance(value, float):
+        words = name.replace("_", " ")
+        return f"{words} ({_relative(value, now)})" if name.endswith(("_until", "_at")) else f"{words} {value:g} s"
+    return f"{name.replace('_', ' ')} {value}"
+
+
+# -- the command -----------------------------------------------------------------------------------------------
 
 class Command(ScrapyCommand):
-    """``scrapy polite show|reset|expire`` on the project's pace table."""
+    """``scrapy polite hosts|show|reset|crawl-delay|expire|timeline`` on the project's pace table."""
 
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "show [HOST ...] | reset HOST [HOST ...] | expire"
+        return ("hosts [--throttled] [--json] | show HOST_OR_URL [--events N] [--json] | reset HOST_OR_URL [...] | "
+                "crawl-delay HOST SECONDS|--clear | expire | timeline [--since WHEN] [--host HOST] [-o PATH]")
 
     def short_desc(self) -> str:
-        return "Show or reset scrapy-polite's pace table"
+        return "Look at and steer scrapy-polite's pace table and event log"
+
+    def long_desc(self) -> str:
+        return (__doc__ or "").split("\n\n", 1)[0] + (
+            " Exit status: 0 done, 1 no such host (or no events to draw), 2 usage, 3 the store is unusable, "
+            "4 the timeline could not be written or rendered.")
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
-        parser.add_argument("--store", metavar="URI", default=None,
-                            help="the pace table (default: POLITE_STORE, or .scrapy/polite.sqlite3)")
-
-    def _store(self, opts: argparse.Namespace, config: PoliteConfig) -> PaceStore:
-        uri = opts.store or config.store_uri or default_store_uri()
-        path = sqlite_path(uri)
-        if path is not None and not os.path.exists(path):  # a look must not create a table
-            raise StoreError(f"no pace table at {os.path.abspath(path)} (nothing crawled with this "
-                             "POLITE_STORE yet). Fix: run it inside the Scrapy project, or pass --store URI")
-        return open_store(uri, StoreOptions(prefix=config.store_prefix, timeout=config.store_timeout,
-                                            expire=config.store_expire))
+        add_verb_options(parser)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if not args or args[0] not in ("show", "reset", "expire"):
-            raise UsageError("expected one of: show, reset, expire")
-        verb, hosts = args[0], args[1:]
         assert self.settings is not None
+        self.exitcode = execute(args, opts, self.settings, out=sys.stdout, err=sys.stderr)
+
+
+def add_verb_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every verb (each verb accepts only its own, see the module)."""
+    group = parser.add_argument_group("scrapy polite")
+    group.add_argument("--store", metavar="URI", default=None,
+                       help="the pace table (default: POLITE_STORE, or the project's .scrapy/polite.sqlite3)")
+    group.add_argument("--json", action="store_true", help="print JSON (keys: the column names, underscored)")
+    group.add_argument("--throttled", action="store_true", help="hosts: only hosts with backoff steps > 0")
+    group.add_argument("--events", type=int, metavar="N", default=None, help="show: the latest N events (20)")
+    group.add_argument("--clear", action="store_true", help="crawl-delay: remove the host's Crawl-delay")
+    group.add_argument("--since", metavar="WHEN", default=None,
+                       help="timeline: from WHEN: 15m, 2h, 1d, @EPOCH or 2026-05-01T12:00 (default: the whole log)")
+    group.add_argument("--host", metavar="HOST", action="append", default=None,
+                       help="timeline: only this host (repeatable)")
+    group.add_argument("-o", "--output", metavar="PATH", default=None,
+                       help="timeline: the file to write, .html or .png (default timeline.html)")
+
+
+def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO[str], err: IO[str],
+            store: PaceStore | None = None) -> int:
+    """Run one verb; its exit status (see the module).
+
+    Args:
+        args: the verb and its arguments.
+        opts: the parsed options (:func:`add_verb_options`).
+        settings: the Scrapy settings (``POLITE_*``).
+        out, err: where results and problems are written.
+        store: an open store to use instead of opening ``--store`` / ``POLITE_STORE`` (tests, a ``memory://``
+            table of this process); it is not closed.
+
+    Raises:
+        UsageError: an unknown verb or option, a bad value or an invalid setting (exit 2).
+    """
+    unknown = [a for a in args if a.startswith("--") or (a.startswith("-") and len(a) > 1 and not _number(a))]
+    if unknown:
+        raise UsageError(f"unknown option {unknown[0]}", print_help=False)
+    if not args or args[0] not in VERBS:
+        got = f" (got {args[0]!r})" if args else ""
+        raise UsageError(f"expected a verb: {', '.join(VERBS)}{got}")
+    verb, rest = args[0], args[1:]
+    for name, flag in _OPTION_NAMES.items():
+        value = getattr(opts, name, None)
+        if value not in (None, False, []) and name not in _VERB_OPTIONS[verb]:
+            raise UsageError(f"{flag} does not apply to `{verb}`", print_help=False)
+    try:
+        config = PoliteConfig.from_settings(settings)
+    except SettingsError as exc:
+        raise UsageError(str(exc), print_help=False) from None
+    owned = store is None
+    try:
+        if store is None:
+            store = _open(opts, config)
         try:
-            config = PoliteConfig.from_settings(self.settings)  # the settings are read once, here
-            store = self._store(opts, config)
-        except (SettingsError, StoreError) as exc:
-            print(exc)
-            self.exitcode = 1
-            return
-        try:
-            now = store.now()
-            keys = [host_key(h if "://" in h else f"http://{h}/") or h for h in hosts]
-            if verb == "show":
-                rows = [(k, s) for k, s in store.items() if not keys or k in keys]
-                print(f"pace table {store.uri}: {len(rows)} rows")
-                print(format_table(rows, now))
-            elif verb == "reset":
-                if not keys:
-                    raise UsageError("reset needs at least one HOST")
-                for key in keys:
-                    found = store.update(key, _reset)
-                    print(f"{key}: {'reset' if found else 'not in the table (nothing to reset)'}")
-            else:
-                print(f"expired {store.expire(now - config.store_expire)} rows from {store.uri}")
+            operator = _Operator(store, config, opts, out, err)
+            return int(getattr(operator, verb.replace("-", "_"))(rest))
         finally:
-            store.close()
+            if owned:
+                store.close()
+    except _NoSuchHost as exc:
+        print(exc, file=err)
+        return EXIT_NO_HOST
+    except StoreError as exc:
+        print(exc, file=err)
+        return EXIT_STORE
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _open(opts: argparse.Namespace, config: PoliteConfig) -> PaceStore:
+    uri = opts.store or config.store_uri or default_store_uri()
+    path = sqlite_path(uri)
+    if path is not None and not os.path.exists(path):  # a look must not create a table
+        raise StoreError(f"no pace table at {os.path.abspath(path)} (nothing crawled with this POLITE_STORE yet). "
+                         "Fix: run it inside the Scrapy project, or pass --store URI")
+    return open_store(uri, StoreOptions(prefix=config.store_prefix, timeout=config.store_timeout,
+                                        expire=config.store_expire, events_max=config.event_log_size))
+
+
+def run_command(argv: list[str], settings: Any = None, *, store: PaceStore | None = None,
+                out: IO[str] | None = None, err: IO[str] | None = None) -> int:
+    """``scrapy polite ARGV...`` in this process, parsed as Scrapy parses it; its exit status (usage errors
+    print the message and give 2, as ``scrapy`` does).
+
+    Args:
+        argv: the arguments after ``scrapy polite``.
+        settings: Scrapy settings or a mapping (default: none, the ``POLITE_*`` defaults).
+        store: an open store to use (e.g. a ``memory://`` table of this process); not closed.
+        out, err: default ``sys.stdout`` / ``sys.stderr``.
+    """
+    from scrapy.settings import Settings  # noqa: PLC0415  (only for this in-process entry point)
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = argparse.ArgumentParser(prog="scrapy polite", add_help=False)
+    add_verb_options(parser)
+    opts, args = parser.parse_known_args(argv)
+    base = settings if isinstance(settings, Settings) else Settings(settings or {})
+    try:
+        return execute(args, opts, base, out=out, err=err, store=store)
+    except UsageError as exc:
+        print(f"scrapy polite: error: {exc}", file=err)
+        return EXIT_USAGE

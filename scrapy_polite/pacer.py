@@ -29,6 +29,7 @@ from twisted.internet.defer import Deferred
 
 from .addresses import AddressFilter
 from .booking import Booker
+from .events import EventLog
 from .lines import Lines
 from .outage import DeferredStore, StoreGuard
 from .policy import PacingPolicy
@@ -89,6 +90,10 @@ class Pacer:
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)
         self.guard = StoreGuard(store, timeout=config.store_timeout, report=self.report, clock=clock,
                                 sleep=sleep or reactor_sleep)
+        #: The event log (README, "The event log"): batches written beside the pace table, off the hot path.
+        self.events = EventLog(store if config.event_log else None, self.sync, call_later=call_later,
+                               inc=self.report.inc)
+        self.report.events = self.events
         # Only a server store (Redis: it has a clock of its own) has outages to wait out; the embedded
         # stores (SQLite, memory) fail closed at once, so their calls skip the guard.
         self.table: DeferredStore = self.guard if self.sync.server_clock else store
@@ -231,7 +236,8 @@ class Pacer:
             close_spider_soon(self.crawler, "polite_resolver_missing")
 
     def close(self) -> None:
-        """Close the pace table."""
+        """Write the events still buffered, then close the pace table."""
+        self.events.close()
         self.guard.close()
 
 
@@ -275,7 +281,7 @@ def get_pacer(crawler: Crawler) -> Pacer:
         config = PoliteConfig.from_settings(crawler.settings)
         uri = config.store_uri or default_store_uri()
         backend = open_store(uri, StoreOptions(prefix=config.store_prefix, timeout=config.store_timeout,
-                                               expire=config.store_expire))
+                                               expire=config.store_expire, events_max=config.event_log_size))
         try:  # a store whose rows expire on their own (Redis key TTLs) needs no sweep of the whole table
             expired = 0 if getattr(backend, "expires_rows", False) else backend.expire(
                 backend.now() - config.store_expire)

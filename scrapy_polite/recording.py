@@ -98,7 +98,7 @@ class Recorder:
             return self.policy.after_response(state, status=status, end=end, retry_after=retry_after,
                                               sent_at=sent_at, override=override)
 
-        return self._record(host, request, step, retry_after=retry_after, label=str(status))
+        return self._record(host, request, step, retry_after=retry_after, label=str(status), status=status)
 
     def record_failure(self, request: Request, exception: BaseException) -> defer.Deferred[Any] | None:
         """Feed a download failure into the table: a failure that reached the server's side counts as a
@@ -114,10 +114,11 @@ class Recorder:
         def step(state: HostState | None, end: float) -> Decision:
             return self.policy.after_response(state, status=None, end=end, sent_at=sent_at, override=override)
 
-        return self._record(host, request, step, retry_after=None, label="failure")
+        return self._record(host, request, step, retry_after=None, label="failure", cause=type(exception).__name__)
 
     def _record(self, host: str, request: Request, step: Callable[[HostState | None, float], Decision],
-                *, retry_after: float | None, label: str) -> defer.Deferred[Any]:
+                *, retry_after: float | None, label: str, status: int | None = None,
+                cause: str | None = None) -> defer.Deferred[Any]:
         address = request.meta.get("polite_ip") if self.config.ip_interval > 0 else None
         address_key = ip_key(address) if address else None
         ip_interval = self.config.ip_interval
@@ -133,6 +134,7 @@ class Recorder:
         d = self.store.update_many([host, address_key] if address_key else [host], fn)
         d.addCallbacks(self._recorded, self._failed, callbackArgs=(host, retry_after, label),
                        errbackArgs=(host, label))
+        d.addCallback(self._log_event, host, request, status, retry_after, cause)
         if self.lines.holds(host, request):
             self.lines.line(host).recording = d
         return d
@@ -157,6 +159,18 @@ class Recorder:
             logger.debug("%s throttled (%s): backing off %.3f s (consec=%d)", host, label,
                          decision.delay, decision.state.consec)
         self.report.recorded(host, decision, offset=self.clock.offset, label=label, retry_after=retry_after)
+        return decision
+
+    def _log_event(self, decision: Decision | None, host: str, request: Request, status: int | None,
+                   retry_after: float | None, cause: str | None) -> Decision | None:
+        """The response's (or failure's) event, and its backoff step (:class:`~scrapy_polite.events.EventLog`)."""
+        if isinstance(decision, Decision):
+            state = decision.state
+            self.report.events.response(
+                host, request.url, at=state.updated, status=status,
+                failure=cause, retry_after=retry_after, delay=decision.delay, due=state.next_allowed,
+                steps=state.consec, started=request.meta.get("polite_sent_at"), throttle=decision.throttle,
+                counted=decision.counted)
         return decision
 
     def _failed(self, failure: Failure, host: str, label: str) -> None:
@@ -199,6 +213,8 @@ class Recorder:
 
         def done(changed: bool) -> bool:
             self.report.counters(host).crawl_delay = value if value > 0 else None
+            if changed:
+                self.report.events.robots_delay(host, value)
             if value > 0:
                 self.report.inc("crawl_delay/adopted")
                 logger.info("%s publishes a delay of %g s for %s: adopted", host, value, self.user_agent)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .events import EventLog
 from .policy import Decision, HostState
 
 __all__ = ["HostCounters", "Report", "Span", "TURN_REASONS"]
@@ -140,6 +141,9 @@ class Report:
         self.turn_span = Span()
         self.backoff_span = Span()
         self.hosts: dict[str, HostCounters] = {}
+        #: The event log the glue units write to (:class:`~scrapy_polite.events.EventLog`; the pacer attaches
+        #: the store's, off until then).
+        self.events: EventLog = EventLog.off()
 
     def counters(self, host: str) -> HostCounters:
         """The host's counters (created on first use)."""
@@ -214,13 +218,17 @@ class Report:
             counters.given_up_urls.append(url)
         self.inc("throttle/given_up")
 
-    def refused(self, host: str, reason: str) -> None:
-        """A request of ``host`` was refused: ``non_public`` (``polite/blocked/private_address``)."""
+    def refused(self, host: str, reason: str, url: str | None = None) -> None:
+        """A request of ``host`` (``url``, when known) was refused: ``non_public``
+        (``polite/blocked/private_address``). Also an event of the event log."""
         self.counters(host).refusals[reason] += 1
+        self.events.refusal(host, url, reason)
         self.inc("blocked/private_address" if reason == "non_public" else f"refused/{reason}")
 
-    def deferred(self, host: str, reason: str) -> None:
-        """A request of ``host`` was deferred for ``reason``."""
+    def deferred(self, host: str, reason: str, url: str | None = None, due: float | None = None) -> None:
+        """A request of ``host`` (``url``, when known) was deferred for ``reason`` until ``due`` (this process's
+        epoch s; None: unknown, or when its line frees). Also an event of the event log."""
+        self.events.deferral(host, url, reason, due)
         counters = self.counters(host)
         counters.deferrals += 1
         counters.deferral_reasons[reason] += 1

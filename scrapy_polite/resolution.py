@@ -98,7 +98,7 @@ class Resolution:
                 raise BlockedHost(host, dropped)
             return kept
         except BlockedHost as exc:
-            self.report.refused(host, "non_public")
+            self.report.refused(host, "non_public", request.url)
             if host not in self._blocked_logged:
                 self._blocked_logged.add(host)
                 logger.warning("%s (%s; further requests to this host are refused quietly)", exc, request.url)

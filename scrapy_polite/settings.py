@@ -66,6 +66,8 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_STORE_EXPIRE": 30 * 24 * 3600.0,
     "POLITE_STORE_PREFIX": "polite:",  # the keys of a table in a shared server (Redis)
     "POLITE_STORE_TIMEOUT": 60.0,
+    "POLITE_EVENT_LOG": True,  # the event log beside the pace table (README, "The event log")
+    "POLITE_EVENT_LOG_SIZE": 100_000,  # the most events one table keeps; the oldest are deleted first
     "POLITE_HOST_DELAYS": {},
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
     "POLITE_ALLOW_PRIVATE": False,
@@ -454,6 +456,20 @@ def _count(settings: Any, name: str, *, what: str) -> int:
     return value
 
 
+def _event_log_size(settings: Any) -> int:
+    raw = _raw(settings, "POLITE_EVENT_LOG_SIZE")
+    try:
+        value = int(raw)
+        if value != float(raw):
+            raise ValueError(raw)
+    except (TypeError, ValueError, OverflowError):
+        value = 0
+    if value < 1 or isinstance(raw, bool):
+        raise SettingsError(f"POLITE_EVENT_LOG_SIZE must be a whole number of events >= 1 (the most the event log "
+                            f"keeps, e.g. 100000), got {raw!r}; set POLITE_EVENT_LOG = False to keep no log")
+    return value
+
+
 def _scheduler_base(settings: Any) -> str | type[Any]:
     raw = _raw(settings, "POLITE_SCHEDULER_BASE")
     if isinstance(raw, type) or (isinstance(raw, str) and raw.strip()):
@@ -478,6 +494,8 @@ class PoliteConfig:
         store_uri: ``POLITE_STORE`` (None: the project's data dir).
         store_expire: ``POLITE_STORE_EXPIRE``, seconds after which an idle host's row is removed.
         store_prefix: ``POLITE_STORE_PREFIX``, the key prefix of the table in a shared server (Redis).
+        event_log: ``POLITE_EVENT_LOG``, keep the event log beside the pace table.
+        event_log_size: ``POLITE_EVENT_LOG_SIZE``, the most events the table's log keeps (an int >= 1).
         store_timeout: ``POLITE_STORE_TIMEOUT``, seconds a server store may stay unreachable mid-crawl
             before the spider closes with reason ``polite_store_error`` (> 0).
         host_delays: ``POLITE_HOST_DELAYS`` with normalised host keys, seconds.
@@ -499,6 +517,8 @@ class PoliteConfig:
     dns: DNSConfig = field(default_factory=DNSConfig)
     store_prefix: str = DEFAULTS["POLITE_STORE_PREFIX"]
     store_timeout: float = DEFAULTS["POLITE_STORE_TIMEOUT"]
+    event_log: bool = DEFAULTS["POLITE_EVENT_LOG"]
+    event_log_size: int = DEFAULTS["POLITE_EVENT_LOG_SIZE"]
 
     @property
     def address_filter(self) -> AddressFilter:
@@ -550,6 +570,8 @@ class PoliteConfig:
             dns=DNSConfig.from_settings(settings),
             store_prefix=_store_prefix(settings),
             store_timeout=store_timeout,
+            event_log=_bool(settings, "POLITE_EVENT_LOG"),
+            event_log_size=_event_log_size(settings),
         )
 
 

@@ -1,55 +1,443 @@
-"""``scrapy polite show|reset|expire``: the operator command on a real SQLite pace table."""
+"""``scrapy polite`` (scrapy_polite/commands.py): every verb's output, as a table and as JSON, and its exit status,
+on prepared SQLite and memory pace tables, errors included.
+
+Each verb runs in this process (:func:`~scrapy_polite.commands.run_command`, parsed as Scrapy parses it) on
+both backends — the memory table is handed over as an object, the SQLite one is opened from its URI like the
+real command — and the real ``scrapy polite`` (a subprocess) runs on the SQLite table for every verb and every
+exit status: 0 done, 1 no such host, 2 usage, 3 store unusable.
+"""
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
+
+from scrapy_polite.commands import EXIT_NO_HOST, EXIT_OK, EXIT_STORE, EXIT_USAGE, HOST_COLUMNS, parse_since, run_command
 from scrapy_polite.policy import HostState
-from scrapy_polite.stores import open_store
+from scrapy_polite.stores import Event, MemoryStore, SQLiteStore, open_store
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def _scrapy(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scrapy", "polite", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=60)
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
 
 
-def test_show_reset_keeps_crawl_delay_and_expire(tmp_path):
-    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
-    store = open_store(uri)
-    now = time.time()
-    store.update("slow.example", lambda s, now_: (HostState(next_allowed=now + 500, consec=3, crawl_delay=7.0,
-                                                      ok_seen=True, updated=now), None))
-    store.update("old.example", lambda s, now_: (HostState(next_allowed=1.0, updated=1.0), None))
-    store.close()
+class Table:
+    """A prepared pace table and a way to run ``scrapy polite`` on it."""
 
-    shown = _scrapy("show", "--store", uri, cwd=tmp_path)
-    assert shown.returncode == 0, shown.stderr
-    assert "slow.example" in shown.stdout and "old.example" in shown.stdout
-    assert "7 s" in shown.stdout
+    def __init__(self, kind: str, tmp_path: Path) -> None:
+        self.kind = kind
+        self.tmp_path = tmp_path
+        self.now = time.time()
+        if kind == "memory":
+            self.store = MemoryStore()
+            self.uri = "memory://"
+        else:
+            self.uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+            self.store = SQLiteStore(str(tmp_path / "pace.sqlite3"))
+        prepare(self.store, self.now)
 
-    reset = _scrapy("reset", "SLOW.example.", "missing.example", "--store", uri, cwd=tmp_path)
-    assert reset.returncode == 0, reset.stderr
-    assert "slow.example: reset" in reset.stdout
-    assert "missing.example: not in the table" in reset.stdout
-    store = open_store(uri)
-    state = store.get("slow.example")
-    assert state is not None and state.consec == 0 and state.next_allowed == 0.0 and not state.ok_seen
-    assert state.crawl_delay == 7.0  # the host's number is not ours to forget (docs/spec.md §2)
-    assert store.get("missing.example") is None  # a reset never creates a row
-    store.close()
+    def run(self, *argv: str, settings: dict | None = None) -> Result:
+        out, err = io.StringIO(), io.StringIO()
+        if self.kind == "memory":
+            code = run_command(list(argv), settings, store=self.store, out=out, err=err)
+        else:
+            code = run_command([*argv, "--store", self.uri], settings, out=out, err=err)
+        return Result(code, out.getvalue(), err.getvalue())
 
-    expired = _scrapy("expire", "--store", uri, cwd=tmp_path)
-    assert expired.returncode == 0, expired.stderr
-    assert "expired 1 rows" in expired.stdout
-    store = open_store(uri)
-    assert [k for k, _ in store.items()] == ["slow.example"]
-    store.close()
+    def state(self, key: str) -> HostState | None:
+        return self.store.get(key)
+
+    def close(self) -> None:
+        self.store.close()
 
 
-def test_unusable_store_is_reported(tmp_path):
+def prepare(store, now: float) -> None:
+    """Three hosts (one backing off after a 429, one with a Crawl-delay, one idle for years), an address row,
+    and the events that explain them."""
+    rows = {
+        "busy.example": HostState(next_allowed=now + 250, consec=3, ok_seen=True, throttled_at=now - 10,
+                                  updated=now - 10),
+        "slow.example": HostState(next_allowed=now + 5, crawl_delay=7.0, ok_seen=True, updated=now - 1),
+        "idle.example": HostState(next_allowed=1.0, updated=1.0),
+        "ip:192.0.2.7": HostState(next_allowed=now + 1, updated=now - 1),
+    }
+    for key, state in rows.items():
+        store.update(key, lambda old, now_, s=state: (s, None))
+    url = "http://busy.example/p/3"
+    store.append_events([
+        Event(now - 12, "booking", "busy.example", url, delay=1.0, due=now - 11, address="192.0.2.7", source="m:1"),
+        Event(now - 10, "response", "busy.example", url, status=429, delay=250.0, due=now + 250, reason="throttle",
+              retry_after=250.0, steps=3, started=now - 12, source="m:1"),
+        Event(now - 10, "backoff", "busy.example", url, status=429, delay=250.0, due=now + 250, reason="429",
+              retry_after=250.0, steps=3, started=now - 12, source="m:1"),
+        Event(now - 9, "deferral", "busy.example", "http://busy.example/p/4", delay=259.0, due=now + 250,
+              reason="throttled", source="m:1"),
+        Event(now - 2, "robots_delay", "slow.example", delay=7.0, due=now + 5, source="m:1"),
+    ])
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def table(request, tmp_path):
+    t = Table(request.param, tmp_path)
+    yield t
+    t.close()
+
+
+def cli(*argv: str, cwd: Path) -> Result:
+    """The real ``scrapy polite``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    proc = subprocess.run([sys.executable, "-m", "scrapy", "polite", *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def lines_of(table_text: str) -> list[list[str]]:
+    """The cells of an aligned table (columns are separated by two spaces or more)."""
+    return [re.split(r"\s{2,}", line.strip()) for line in table_text.splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------------------------------
+# hosts
+
+
+def test_hosts_lists_every_host_sorted_by_when_it_is_due(table):
+    result = table.run("hosts")
+    assert result.code == EXIT_OK, result.err
+    header, *body = result.out.splitlines()
+    assert header.startswith(f"pace table {table.store.uri}: 3 hosts, 1 address rows")
+    rows = lines_of("\n".join(body))
+    assert tuple(rows[0]) == HOST_COLUMNS
+    assert [r[0] for r in rows[1:]] == ["idle.example", "slow.example", "busy.example"]  # due now, in 5 s, in 250 s
+    idle, slow, busy = rows[1:]
+    assert idle[1] == "now" and idle[3] == "-" and idle[4] == "no" and re.fullmatch(r"\d+ d \d+ h ago", idle[5])
+    assert re.fullmatch(r"in [45]\.\d s \(at \d\d:\d\d:\d\d\)", slow[1]) and slow[3] == "7 s" and slow[4] == "yes"
+    assert re.fullmatch(r"in 4 m (9|10) s \(at \d\d:\d\d:\d\d\)", busy[1]), busy
+    assert busy[2] == "3" and busy[3] == "-" and busy[4] == "yes"
+    assert re.fullmatch(r"429, Retry-After 250 s, 1\d\.\d s ago", busy[6]), busy
+    assert slow[6] == "-" and idle[6] == "-"  # negative control: hosts that never throttled
+
+
+def test_hosts_throttled_only_lists_hosts_with_backoff_steps(table):
+    result = table.run("hosts", "--throttled")
+    assert result.code == EXIT_OK, result.err
+    rows = lines_of(result.out.split("\n", 1)[1])
+    assert [r[0] for r in rows[1:]] == ["busy.example"]
+    assert "1 throttled hosts" in result.out
+
+
+def test_hosts_json_has_the_columns_as_keys(table):
+    result = table.run("hosts", "--json")
+    assert result.code == EXIT_OK, result.err
+    data = json.loads(result.out)
+    assert data["store"] == table.store.uri and data["address_rows"] == 1
+    hosts = {h["host"]: h for h in data["hosts"]}
+    assert list(hosts) == ["idle.example", "slow.example", "busy.example"]
+    busy = hosts["busy.example"]
+    assert set(busy) == {"host", "next_allowed", "next_allowed_at", "next_allowed_in", "backoff_steps", "crawl_delay",
+                         "2xx_seen", "updated", "updated_at", "last_throttle"}
+    assert set(busy) >= {c.lower().replace(" ", "_").replace("-", "_") for c in HOST_COLUMNS}
+    assert busy["next_allowed"] == pytest.approx(table.now + 250) and 240 < busy["next_allowed_in"] <= 250
+    assert busy["backoff_steps"] == 3 and busy["crawl_delay"] is None and busy["2xx_seen"] is True
+    assert busy["last_throttle"]["cause"] == "429" and busy["last_throttle"]["retry_after"] == 250.0
+    assert busy["next_allowed_at"].startswith(time.strftime("%Y-", time.localtime(table.now + 250)))
+    assert hosts["slow.example"]["crawl_delay"] == 7.0 and hosts["slow.example"]["last_throttle"] is None
+    assert hosts["idle.example"]["next_allowed_in"] == 0.0
+
+
+def test_hosts_finds_the_last_throttle_of_many_hosts_in_one_pass():
+    store = MemoryStore()
+    now = store.now()
+    for i in range(30):  # more than the command looks up one by one
+        host = f"h{i}.example"
+        state = HostState(next_allowed=now + 60, consec=1, throttled_at=now - 5 - i, updated=now - 5 - i)
+        store.update(host, lambda old, now_, s=state: (s, None))
+        store.append_events([Event(now - 8 - i, "backoff", host, status=429, reason="429", retry_after=2.0),
+                             Event(now - 5 - i, "backoff", host, status=503, reason="503"),  # the last one
+                             Event(now - 1, "backoff", "other.example", status=429, reason="429")])
+    out = io.StringIO()
+    assert run_command(["hosts", "--json"], store=store, out=out, err=io.StringIO()) == EXIT_OK
+    hosts = json.loads(out.getvalue())["hosts"]
+    assert len(hosts) == 30 and {h["last_throttle"]["cause"] for h in hosts} == {"503"}
+
+
+def test_hosts_of_an_empty_table(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    assert run_command(["hosts"], store=MemoryStore(), out=out, err=err) == EXIT_OK
+    assert "0 hosts, 0 address rows" in out.getvalue() and "host" not in out.getvalue().split("\n", 1)[1]
+    out = io.StringIO()
+    assert run_command(["hosts", "--json"], store=MemoryStore(), out=out, err=err) == EXIT_OK
+    assert json.loads(out.getvalue())["hosts"] == []
+
+
+# --------------------------------------------------------------------------------------------------
+# show
+
+
+def test_show_a_host_its_address_rows_and_its_recent_events(table):
+    result = table.run("show", "busy.example")
+    assert result.code == EXIT_OK, result.err
+    text = result.out
+    assert text.startswith("busy.example in the pace table")
+    fields = dict(re.findall(r"^  (next allowed|backoff steps|Crawl-delay|2xx seen|updated|last throttle)\s{2,}(.*)$",
+                             text, re.M))
+    assert set(fields) == set(HOST_COLUMNS[1:])
+    assert fields["backoff steps"] == "3" and fields["2xx seen"] == "yes" and fields["Crawl-delay"] == "-"
+    assert fields["last throttle"].startswith("429, Retry-After 250 s")
+    addresses = text.split("address rows")[1].split("recent events")[0]
+    assert "ip:192.0.2.7" in addresses
+    events = text.split("recent events")[1]
+    assert "429, Retry-After 250 s: delay chosen 250.0 s, a throttle, backoff steps 3" in events
+    assert "backoff step 3 (429): 250.0 s (Retry-After)" in events
+    assert "deferred (throttled) for 259.0 s" in events and "booked on 192.0.2.7" in events
+    assert "robots.txt" not in events  # negative control: another host's event
+
+
+def test_show_takes_a_url_or_an_address_row_and_limits_the_events(table):
+    by_url = table.run("show", "HTTPS://Busy.Example.:8443/some/page?q=1", "--events", "2")
+    assert by_url.code == EXIT_OK, by_url.err
+    assert by_url.out.startswith("busy.example in the pace table")
+    events = by_url.out.split("recent events")[1]
+    assert "(the latest 2)" in events and "booked" not in events and "deferred" in events
+    address = table.run("show", "ip:192.0.2.7")
+    assert address.code == EXIT_OK, address.err
+    assert address.out.startswith("ip:192.0.2.7 in the pace table")
+    assert re.search(r"^  backoff steps\s+0$", address.out, re.M) and "address rows" not in address.out
+    assert "recent bookings on this address" in address.out and "http://busy.example/p/3" in address.out
+
+
+def test_show_json(table):
+    result = table.run("show", "busy.example", "--json")
+    assert result.code == EXIT_OK, result.err
+    data = json.loads(result.out)
+    assert data["host"] == "busy.example" and data["row"]["backoff_steps"] == 3
+    assert [a["address"] for a in data["addresses"]] == ["ip:192.0.2.7"]
+    kinds = [e["kind"] for e in data["events"]]
+    assert kinds == ["booking", "response", "backoff", "deferral"]
+    response = data["events"][1]
+    assert response["status"] == 429 and response["retry_after"] == 250.0 and response["delay"] == 250.0
+    assert response["url"] == "http://busy.example/p/3" and response["what"].startswith("429")
+    slow = json.loads(table.run("show", "slow.example", "--json").out)
+    assert slow["row"]["crawl_delay"] == 7.0 and [e["kind"] for e in slow["events"]] == ["robots_delay"]
+
+
+def test_show_errors(table):
+    missing = table.run("show", "nowhere.example")
+    assert missing.code == EXIT_NO_HOST and "nowhere.example: not in the pace table" in missing.err
+    assert missing.out == ""
+    for argv in (["show"], ["show", "a.example", "b.example"], ["show", "http:///nohost"], ["show", "ip:nope"],
+                 ["show", "busy.example", "--throttled"], ["show", "busy.example", "--events", "-1"]):
+        result = table.run(*argv)
+        assert result.code == EXIT_USAGE, (argv, result)
+        assert result.err.startswith("scrapy polite: error:")
+
+
+# --------------------------------------------------------------------------------------------------
+# reset
+
+
+def test_reset_forgets_the_backoff_and_keeps_the_crawl_delay(table):
+    table.store.update("busy.example", lambda s, now: (HostState(**{**s.__dict__, "crawl_delay": 2.0}), None))
+    result = table.run("reset", "busy.example")
+    assert result.code == EXIT_OK, result.err
+    assert result.out.startswith("busy.example: reset; forgot next allowed (in 4 m")
+    assert "3 backoff steps" in result.out and "2xx seen" in result.out and "last throttle" in result.out
+    assert "kept Crawl-delay 2 s, its address rows and its events" in result.out
+    state = table.state("busy.example")
+    assert state.consec == 0 and state.next_allowed == 0.0 and not state.ok_seen and state.throttled_at == 0.0
+    assert state.crawl_delay == 2.0  # the host's number is not ours to forget (docs/spec.md §2)
+    assert table.state("ip:192.0.2.7") is not None  # address rows are kept
+    events = table.store.events(host="busy.example")
+    assert events[-1].kind == "operator" and events[-1].reason == "reset" and events[-1].steps == 3
+    assert len(events) == 5  # and the history is kept
+    again = table.run("reset", "busy.example")
+    assert again.code == EXIT_OK and "forgot nothing (it was clear)" in again.out
+
+
+def test_reset_of_a_missing_host_is_exit_1_and_creates_no_row(table):
+    result = table.run("reset", "SLOW.example.", "missing.example")
+    assert result.code == EXIT_NO_HOST
+    assert "slow.example: reset" in result.out
+    assert "missing.example: not in the pace table" in result.err
+    assert table.state("missing.example") is None  # a reset never creates a row
+    assert table.state("slow.example").crawl_delay == 7.0
+    data = json.loads(table.run("reset", "slow.example", "--json").out)
+    assert data["results"][0]["reset"] is True and "Crawl-delay 7 s" in data["results"][0]["kept"]
+    assert table.run("reset").code == EXIT_USAGE
+    assert table.run("reset", "a.example", "--clear").code == EXIT_USAGE
+
+
+# --------------------------------------------------------------------------------------------------
+# crawl-delay
+
+
+def test_crawl_delay_sets_and_clears(table):
+    result = table.run("crawl-delay", "slow.example", "2.5")
+    assert result.code == EXIT_OK, result.err
+    assert result.out.startswith("slow.example: Crawl-delay 2.5 s (was 7 s)") and "robots.txt" in result.out
+    assert table.state("slow.example").crawl_delay == 2.5
+    assert table.state("slow.example").next_allowed == pytest.approx(table.now + 5)  # nothing else changes
+    cleared = table.run("crawl-delay", "slow.example", "--clear", "--json")
+    assert cleared.code == EXIT_OK, cleared.err
+    assert json.loads(cleared.out) == {"store": table.store.uri, "host": "slow.example", "crawl_delay": None,
+                                       "was": 2.5}
+    assert table.state("slow.example").crawl_delay == 0.0
+    created = table.run("crawl-delay", "new.example", "3")
+    assert created.code == EXIT_OK and table.state("new.example").crawl_delay == 3.0
+    reasons = [e.reason for e in table.store.events() if e.kind == "operator"]
+    assert reasons == ["crawl-delay 2.5 s", "crawl-delay cleared", "crawl-delay 3 s"]
+
+
+def test_crawl_delay_errors(table):
+    missing = table.run("crawl-delay", "missing.example", "--clear")
+    assert missing.code == EXIT_NO_HOST and "missing.example" in missing.err
+    assert table.state("missing.example") is None
+    for argv in (["crawl-delay", "slow.example", "-1"], ["crawl-delay", "slow.example", "abc"],
+                 ["crawl-delay", "slow.example", "inf"], ["crawl-delay", "slow.example"], ["crawl-delay"],
+                 ["crawl-delay", "slow.example", "3", "--clear"], ["crawl-delay", "slow.example", "3", "4"]):
+        result = table.run(*argv)
+        assert result.code == EXIT_USAGE, (argv, result)
+    assert table.state("slow.example").crawl_delay == 7.0  # none of them changed anything
+
+
+# --------------------------------------------------------------------------------------------------
+# expire
+
+
+def test_expire_removes_idle_rows(table):
+    result = table.run("expire")
+    assert result.code == EXIT_OK, result.err
+    assert result.out.startswith(f"expired 1 rows from {table.store.uri} (idle longer than POLITE_STORE_EXPIRE")
+    assert table.state("idle.example") is None and table.state("busy.example") is not None
+    again = table.run("expire", "--json")
+    assert json.loads(again.out)["expired"] == 0  # negative control: nothing left to expire
+    done = HostState(next_allowed=table.now - 2, updated=table.now - 3)
+    table.store.update("done.example", lambda old, now: (done, None))
+    shorter = table.run("expire", settings={"POLITE_STORE_EXPIRE": 0.5})
+    assert shorter.code == EXIT_OK and "expired 1 rows" in shorter.out  # held rows (due later) are kept
+    assert table.state("done.example") is None and table.state("ip:192.0.2.7") is not None
+    assert table.run("expire", "busy.example").code == EXIT_USAGE
+
+
+# --------------------------------------------------------------------------------------------------
+# timeline (its picture is tested in test_timeline.py)
+
+
+def test_timeline_writes_html(table, tmp_path):
+    out = tmp_path / "t.html"
+    result = table.run("timeline", "-o", str(out))
+    assert result.code == EXIT_OK, result.err
+    assert str(out) in result.out and "5 events, 2 hosts" in result.out
+    document = out.read_text(encoding="utf-8")
+    assert set(re.findall(r'data-host="([^"]*)"', document)) == {"busy.example", "slow.example"}
+    only = table.run("timeline", "--host", "slow.example", "--since", "1m", "-o", str(out), "--json")
+    assert only.code == EXIT_OK and json.loads(only.out)["hosts"] == ["slow.example"]
+    nothing = table.run("timeline", "--since", "5s", "--host", "busy.example", "-o", str(tmp_path / "n.html"))
+    assert nothing.code == EXIT_NO_HOST and not (tmp_path / "n.html").exists()
+    assert table.run("timeline", "--since", "yesterday-ish").code == EXIT_USAGE
+    assert table.run("timeline", "busy.example").code == EXIT_USAGE
+    unwritable = table.run("timeline", "-o", str(tmp_path / "no" / "such" / "dir" / "t.html"))
+    assert unwritable.code == 4 and "cannot write" in unwritable.err
+
+
+def test_parse_since():
+    now = 1_800_000_000.0
+    assert parse_since("90", now) == now - 90
+    assert parse_since("90s", now) == now - 90
+    assert parse_since("15m", now) == now - 900
+    assert parse_since("2h", now) == now - 7200
+    assert parse_since("1d", now) == now - 86400
+    assert parse_since("1h30m", now) == now - 5400
+    assert parse_since("@1700000000.5", now) == 1700000000.5
+    local = time.mktime((2026, 5, 1, 12, 0, 0, 0, 0, -1))
+    assert parse_since("2026-05-01T12:00", now) == local
+    assert parse_since("2026-05-01 12:00:00", now) == local
+    for bad in ("", "soon", "5x", "@", "@nan", "-5m", "2026-13-01"):
+        with pytest.raises(Exception, match="--since"):
+            parse_since(bad, now)
+
+
+# --------------------------------------------------------------------------------------------------
+# usage and unusable stores
+
+
+def test_usage_errors_are_exit_2(table):
+    for argv in ([], ["frobnicate"], ["hosts", "--bogus"], ["hosts", "busy.example"], ["hosts", "--clear"],
+                 ["expire", "--since", "1h"], ["hosts", "--host", "a.example"], ["hosts", "-o", "x.html"]):
+        result = table.run(*argv)
+        assert result.code == EXIT_USAGE, (argv, result)
+    bad_setting = table.run("hosts", settings={"POLITE_HOST_INTERVAL": -1})
+    assert bad_setting.code == EXIT_USAGE and "POLITE_HOST_INTERVAL" in bad_setting.err
+
+
+def test_unusable_stores_are_exit_3(tmp_path):
     (tmp_path / "file").write_text("not a directory")
-    result = _scrapy("show", "--store", f"sqlite:///{tmp_path}/file/pace.sqlite3", cwd=tmp_path)
-    assert result.returncode == 1
-    assert "Fix:" in result.stdout
+    (tmp_path / "corrupt.sqlite3").write_bytes(b"this is not a database" * 100)
+    for uri in (f"sqlite:///{tmp_path}/file/pace.sqlite3", f"sqlite:///{tmp_path}/missing.sqlite3",
+                f"sqlite:///{tmp_path}/corrupt.sqlite3", "nosuch://x"):
+        out, err = io.StringIO(), io.StringIO()
+        code = run_command(["hosts", "--store", uri], out=out, err=err)
+        assert code == EXIT_STORE, (uri, err.getvalue())
+        assert "Fix" in err.getvalue() and out.getvalue() == ""
+    assert not (tmp_path / "missing.sqlite3").exists()  # a look never creates a table
+
+
+# --------------------------------------------------------------------------------------------------
+# The real command line on a SQLite table: every verb, every exit status
+
+
+def test_the_real_command_line(tmp_path):
+    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+    store = SQLiteStore(str(tmp_path / "pace.sqlite3"))
+    prepare(store, time.time())
+    store.close()
+
+    hosts = cli("hosts", "--store", uri, cwd=tmp_path)
+    assert hosts.code == 0, hosts.err
+    assert [r[0] for r in lines_of(hosts.out.split("\n", 1)[1])] == ["host", "idle.example", "slow.example",
+                                                                     "busy.example"]
+    as_json = cli("hosts", "--throttled", "--json", "--store", uri, cwd=tmp_path)
+    assert as_json.code == 0 and [h["host"] for h in json.loads(as_json.out)["hosts"]] == ["busy.example"]
+    shown = cli("show", "busy.example", "--store", uri, cwd=tmp_path)
+    assert shown.code == 0 and "ip:192.0.2.7" in shown.out and "backoff step 3 (429)" in shown.out
+    assert cli("show", "nowhere.example", "--store", uri, cwd=tmp_path).code == 1
+    delay = cli("crawl-delay", "slow.example", "4", "--store", uri, cwd=tmp_path)
+    assert delay.code == 0, delay.err
+    reset = cli("reset", "busy.example", "missing.example", "--store", uri, cwd=tmp_path)
+    assert reset.code == 1 and "busy.example: reset" in reset.out and "missing.example" in reset.err
+    expired = cli("expire", "--store", uri, cwd=tmp_path)
+    assert expired.code == 0 and "expired 1 rows" in expired.out
+    timeline = cli("timeline", "--store", uri, "-o", str(tmp_path / "t.html"), cwd=tmp_path)
+    assert timeline.code == 0 and (tmp_path / "t.html").exists()
+    usage = cli("frobnicate", "--store", uri, cwd=tmp_path)
+    assert usage.code == 2 and "expected a verb" in usage.err
+    bad_seconds = cli("crawl-delay", "slow.example", "-5", "--store", uri, cwd=tmp_path)
+    assert bad_seconds.code == 2 and "seconds >= 0" in bad_seconds.err
+    bad_setting = cli("hosts", "--store", uri, "-s", "POLITE_EVENT_LOG_SIZE=0", cwd=tmp_path)
+    assert bad_setting.code == 2 and "POLITE_EVENT_LOG_SIZE" in bad_setting.err
+    (tmp_path / "file").write_text("not a directory")
+    unusable = cli("hosts", "--store", f"sqlite:///{tmp_path}/file/pace.sqlite3", cwd=tmp_path)
+    assert unusable.code == 3 and "Fix:" in unusable.err
+
+    store = open_store(uri)
+    try:
+        state = store.get("busy.example")
+        assert state.consec == 0 and store.get("slow.example").crawl_delay == 4.0
+        assert [e.reason for e in store.events() if e.kind == "operator"] == ["crawl-delay 4 s", "reset"]
+        assert store.get("idle.example") is None
+    finally:
+        store.close()

@@ -154,3 +154,17 @@ def test_the_spider_carries_the_contracts_and_scrapy_check_passes(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "Ran 6 contracts" in out and out.rstrip().endswith("OK"), out
+
+
+def test_the_demo_writes_a_timeline_of_every_host(runs):
+    """The example crawl writes the timeline of its event log beside the pace table and prints its path."""
+    import re
+
+    out, data, _, _ = runs
+    printed = re.search(r"^timeline: (\S+)$", out, re.M)
+    assert printed, out[-2000:]
+    path = printed.group(1)
+    assert data["timeline"] == path and os.path.isfile(path)
+    document = Path(path).read_text(encoding="utf-8")
+    assert set(re.findall(r'<g class="row" data-host="([^"]*)"', document)) == set(HOSTS)
+    assert 'class="win retry-after"' in document  # the throttling host's Retry-After windows

@@ -196,6 +196,9 @@ INVALID = [
     ("POLITE_STORE_PREFIX", "my crawl:"),
     ("POLITE_STORE_TIMEOUT", 0, "got 0"),
     ("POLITE_STORE_TIMEOUT", "a minute"),
+    ("POLITE_EVENT_LOG", "yes"),
+    ("POLITE_EVENT_LOG_SIZE", 0, "got 0"),
+    ("POLITE_EVENT_LOG_SIZE", "lots"),
     ("POLITE_SCHEDULER_BASE", ""),
     ("POLITE_THROTTLE_STATUSES", "[]", "is empty"),
     ("POLITE_THROTTLE_STATUSES", "429,slow"),
@@ -262,6 +265,7 @@ VALID = {
     "POLITE_MAX_RETRY_AFTER": 0, "POLITE_MAX_IDLE_WAIT": 1, "POLITE_MAX_HELD_IN_MEMORY": "0",
     "POLITE_STORE_EXPIRE": "60",
     "POLITE_STORE": "memory://", "POLITE_STORE_PREFIX": "crawl1:", "POLITE_STORE_TIMEOUT": "5",
+    "POLITE_EVENT_LOG": "false", "POLITE_EVENT_LOG_SIZE": "10",
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
     "POLITE_THROTTLE_STATUSES": "429", "POLITE_HOST_DELAYS": '{"api.example.com": 0}',
     "POLITE_ALLOWED_NETWORKS": '["10.0.0.0/8"]', "POLITE_DNS_OVERRIDES": '{"a.test": "127.0.0.1"}',
@@ -281,6 +285,7 @@ def test_valid_values_are_the_negative_control():
         assert config.store_uri == "memory://" and config.store_expire == 60
         assert config.store_prefix == "crawl1:" and config.store_timeout == 5.0
         assert config.max_held_in_memory == 0
+        assert config.event_log is False and config.event_log_size == 10
         assert config.dns.address_filter.allowed_networks == (ipaddress.ip_network("10.0.0.0/8"),)
         assert dict(config.dns.overrides) == {"a.test": ("127.0.0.1",)}
         assert config.dns.nameservers == (("127.0.0.1", 5353),)

@@ -211,6 +211,37 @@ def test_sqlite_migrates_an_empty_version_0_file(tmp_path):
         s.close()
 
 
+def test_sqlite_migrates_a_version_1_file_keeping_its_rows_and_adding_the_event_log(tmp_path):
+    from scrapy_polite.stores import Event
+
+    path = tmp_path / "pace.sqlite3"
+    db = sqlite3.connect(path)  # the schema version 1 wrote: the hosts table only
+    db.executescript("""
+        CREATE TABLE hosts (host TEXT PRIMARY KEY, next_allowed REAL NOT NULL, consec INTEGER NOT NULL,
+            crawl_delay REAL NOT NULL, ok_seen INTEGER NOT NULL, throttled_at REAL NOT NULL,
+            updated REAL NOT NULL) WITHOUT ROWID;
+        CREATE INDEX hosts_updated ON hosts (updated);
+        INSERT INTO hosts VALUES ('a.example', 1800000005.5, 3, 2.5, 1, 1800000001.0, 1800000002.0);
+        PRAGMA user_version = 1;
+    """)
+    db.close()
+    s = SQLiteStore(str(path))
+    try:
+        assert s.get("a.example") == HostState(next_allowed=1800000005.5, consec=3, crawl_delay=2.5, ok_seen=True,
+                                               throttled_at=1800000001.0, updated=1800000002.0)
+        assert s.events() == []
+        s.append_events([Event(T0, "booking", "a.example")])
+        assert s.events() == [Event(T0, "booking", "a.example")]
+    finally:
+        s.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 2
+        assert {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} == {"hosts", "events"}
+    finally:
+        db.close()
+
+
 def test_sqlite_newer_schema_is_refused_naming_the_path(tmp_path):
     path = tmp_path / "pace.sqlite3"
     db = sqlite3.connect(path)

@@ -374,3 +374,97 @@ async def test_async_sqlite_waits_on_its_thread_when_another_writer_holds_the_lo
             other.execute("ROLLBACK")
         other.close()
         astore.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The event log (append_events / events), on every backend
+
+
+def ev(at, kind="booking", host="a.example", **fields):
+    from scrapy_polite.stores import Event
+
+    return Event(at, kind, host, **fields)
+
+
+def test_events_round_trip_whole_in_order(any_store):
+    from scrapy_polite.stores import Event
+
+    store = any_store.store
+    assert store.events() == []
+    full = Event(T0 + 1 / 3, "response", "xn--bcher-kva.example", url="http://bücher.example/ä?q=1", status=429,
+                 delay=3.000001, due=T0 + 3.123456789, reason="throttle", retry_after=3.0, steps=2,
+                 address="2001:db8::1", started=T0 - 1e-6, source="machine:123")
+    sparse = Event(T0 + 0.5, "wait", "b.example", delay=0.25)
+    store.append_events([full, sparse])
+    assert store.events() == [full, sparse]
+    got = store.events()[0]
+    assert type(got.status) is int and type(got.steps) is int and type(got.at) is float
+    assert store.events()[1].url is None and store.events()[1].status is None  # absent fields stay None
+
+
+def test_events_are_ordered_by_time_then_by_appending(any_store):
+    store = any_store.store
+    late, early, tie1, tie2 = ev(T0 + 5, reason="late"), ev(T0 + 1, reason="early"), ev(T0 + 3, reason="t1"), \
+        ev(T0 + 3, reason="t2")
+    store.append_events([late, tie1])
+    store.append_events([early, tie2])  # another process's batch, appended later with older events
+    assert [e.reason for e in store.events()] == ["early", "t1", "t2", "late"]
+    assert [e.reason for e in store.events(limit=2)] == ["early", "t2"]  # the last appended, sorted by time
+
+
+def test_events_filter_by_since_host_and_keep_the_latest_limit(any_store):
+    store = any_store.store
+    batch = [ev(T0 + i, host="a.example" if i % 2 else "b.example", steps=i) for i in range(10)]
+    store.append_events(batch)
+    assert [e.steps for e in store.events(since=T0 + 6)] == [6, 7, 8, 9]  # since is inclusive
+    assert [e.steps for e in store.events(host="a.example")] == [1, 3, 5, 7, 9]
+    assert [e.steps for e in store.events(host="a.example", since=T0 + 4)] == [5, 7, 9]
+    assert [e.steps for e in store.events(limit=3)] == [7, 8, 9]  # the latest, oldest first
+    assert [e.steps for e in store.events(host="b.example", limit=2)] == [6, 8]
+    assert store.events(limit=0) == []
+    assert store.events(host="c.example") == [] and store.events(since=T0 + 100) == []  # negative controls
+
+
+def test_event_log_is_capped_by_deleting_the_oldest(any_store):
+    store = any_store.open(events_max=5)
+    store.append_events([ev(T0 + i, steps=i) for i in range(3)])
+    store.append_events([ev(T0 + i, steps=i) for i in range(3, 8)])
+    assert [e.steps for e in store.events()] == [3, 4, 5, 6, 7]
+    store.append_events([ev(T0 + 8, steps=8)])
+    assert [e.steps for e in store.events()] == [4, 5, 6, 7, 8]
+    # Negative control: the default cap keeps all of them.
+    roomy = any_store.open(location=any_store.location + "-roomy")
+    roomy.append_events([ev(T0 + i, steps=i) for i in range(9)])
+    assert len(roomy.events()) == 9
+
+
+def test_event_log_is_shared_by_two_stores_on_the_same_table(persistent_store):
+    first, second = persistent_store.store, persistent_store.open()
+    for i in range(5):
+        first.append_events([ev(T0 + 2 * i, source="p1")])
+        second.append_events([ev(T0 + 2 * i + 1, source="p2")])
+    assert [e.source for e in first.events()] == ["p1", "p2"] * 5
+    assert first.events() == second.events()
+    store = persistent_store.reopen()
+    assert len(store.events()) == 10
+    elsewhere = persistent_store.open(location=persistent_store.location + "-other")
+    assert elsewhere.events() == []  # negative control: another table has its own log
+
+
+def test_event_log_does_not_touch_the_rows(any_store):
+    store = any_store.store
+    put(store, "a.example", FULL)
+    store.append_events([ev(T0, host="a.example"), ev(T0, host="events")])
+    assert rows(store) == [("a.example", FULL)]  # no row named after an event or a host called "events"
+    assert store.expire(T0 + 10**9) == 1 and rows(store) == []
+    assert len(store.events()) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_async_store_appends_events(any_store):
+    astore = wrap(any_store)
+    d = astore.append_events([ev(T0, steps=1), ev(T0 + 1, steps=2)])
+    assert isinstance(d, defer.Deferred)
+    assert await d is None
+    await astore.update("a.example", lambda old, now: (FULL, None))  # the pace table still works beside it
+    assert [e.steps for e in any_store.store.events()] == [1, 2]

@@ -1,7 +1,7 @@
 """The pace table (docs/spec.md §6): one store protocol, several backends, one registry by URI scheme.
 
-* :mod:`.base` — :class:`PaceStore` (the protocol), :class:`Snapshot`, :class:`StoreError`,
-  :class:`StoreBusy`, :class:`StoreOptions`;
+* :mod:`.base` — :class:`PaceStore` (the protocol, the event log's ``append_events`` / ``events`` included),
+  :class:`Event`, :class:`Snapshot`, :class:`StoreError`, :class:`StoreBusy`, :class:`StoreOptions`;
 * :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default;
 * :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`;
 * :mod:`.asyncstore` — :class:`AsyncStore`, calls that never block the reactor.
@@ -13,13 +13,28 @@ and the fix: the crawl stops (fail closed), it never falls back to unpaced crawl
 from __future__ import annotations
 
 from .asyncstore import AsyncStore
-from .base import ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreError, StoreOptions, StoreUnavailable, UpdateFn
+from .base import (
+    DEFAULT_EVENTS_MAX,
+    EVENT_KINDS,
+    Event,
+    ManyUpdateFn,
+    PaceStore,
+    Snapshot,
+    StoreBusy,
+    StoreError,
+    StoreOptions,
+    StoreUnavailable,
+    UpdateFn,
+)
 from .memory import MemoryStore
 from .registry import open_store, register_store, registered_schemes, sqlite_path
 from .sqlite import SCHEMA_VERSION, SQLiteStore
 
 __all__ = [
     "AsyncStore",
+    "DEFAULT_EVENTS_MAX",
+    "EVENT_KINDS",
+    "Event",
     "ManyUpdateFn",
     "MemoryStore",
     "PaceStore",

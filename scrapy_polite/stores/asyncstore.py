@@ -11,7 +11,7 @@ from twisted.python.threadpool import ThreadPool
 
 from ..policy import HostState
 from ..reactor import installed_reactor
-from .base import ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreError, UpdateFn
+from .base import Event, ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreError, UpdateFn
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
@@ -34,6 +34,10 @@ class AsyncStore:
     * any other backend (a network server): every call runs on the store's thread pool of
       ``threads`` threads.
 
+    The event log (:meth:`append_events`) is written off the pace table's path: inline for memory; for
+    SQLite on a connection and a thread of its own, never queued with the calls above (they only meet on
+    the file's write lock, held for the one short transaction of a batch); on the pool for a server.
+
     Args:
         store: the backend (opened).
         reactor: the Twisted reactor (defaults to the installed one).
@@ -55,6 +59,8 @@ class AsyncStore:
         self._held: deque[tuple[str, tuple[Any, ...], defer.Deferred[Any]]] = deque()
         self._checkpointing = False
         self._checkpoint_every = checkpoint_every
+        self._events_pool: ThreadPool | None = None
+        self._events_store: SQLiteStore | None = None
         if isinstance(store, MemoryStore):
             self._inline = store
             return
@@ -136,12 +142,43 @@ class AsyncStore:
         """See :meth:`PaceStore.update_many <scrapy_polite.stores.base.PaceStore.update_many>`."""
         return self._call("update_many", keys, fn)
 
+    def append_events(self, events: list[Event]) -> defer.Deferred[None]:
+        """See :meth:`PaceStore.append_events <scrapy_polite.stores.base.PaceStore.append_events>`; written
+        off the pace table's path (see the class)."""
+        if isinstance(self.store, MemoryStore):
+            try:
+                self.store.append_events(events)
+            except Exception:
+                return defer.fail()
+            return defer.succeed(None)
+        if not isinstance(self.store, SQLiteStore):
+            return self._threaded("append_events", events) if self._pool is not None else defer.fail(
+                StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
+        if self._pool is None:
+            return defer.fail(StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
+        if self._events_pool is None or self._events_store is None:
+            try:
+                self._events_store = self.store.sibling()
+            except StoreError:
+                return defer.fail()
+            self._events_pool = ThreadPool(minthreads=1, maxthreads=1, name="scrapy-polite-events")
+            self._events_pool.start()
+        d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._events_pool,
+                                                            self._events_store.append_events, events)
+        return d
+
     def close(self) -> None:
         """Stop the thread (after the calls already queued), checkpoint and close the backend."""
         self._checkpointing = False
         while self._held:  # calls held behind a checkpoint still running: queued after it, in order
             name, args, d = self._held.popleft()
             self._threaded(name, *args).chainDeferred(d)
+        if self._events_pool is not None:  # the event batches already queued are written first
+            self._events_pool.stop()
+            self._events_pool = None
+        if self._events_store is not None:
+            self._events_store.close()
+            self._events_store = None
         if self._pool is not None:
             self._pool.stop()
             self._pool = None

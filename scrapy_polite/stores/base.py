@@ -7,17 +7,24 @@ A store keeps one :class:`~scrapy_polite.policy.HostState` row per key: host key
 seconds) and every read returns it, so a backend with a server clock (Redis ``TIME``) is the one clock of
 every booking and record across machines. The embedded backends read ``time.time()`` inside the
 transaction, so a wait for another writer's lock never books a moment in the past.
+
+**The event log** lives beside the rows (:meth:`PaceStore.append_events`, :meth:`PaceStore.events`): a bounded
+log of :class:`Event` shared by every process using the store, written in batches off the crawl's hot path
+(:mod:`scrapy_polite.events`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from ..policy import HostState
 
 __all__ = [
+    "EVENT_KINDS",
+    "DEFAULT_EVENTS_MAX",
+    "Event",
     "PaceStore",
     "Snapshot",
     "StoreError",
@@ -68,6 +75,53 @@ class Snapshot:
     now: float
 
 
+#: The kinds of :class:`Event`, in the order a request meets them (README, "The event log").
+EVENT_KINDS = ("booking", "wait", "deferral", "response", "failure", "backoff", "robots_delay", "refusal",
+               "operator")
+
+#: ``POLITE_EVENT_LOG_SIZE``'s default: the most events one table keeps (the oldest are deleted first).
+DEFAULT_EVENTS_MAX = 100_000
+
+
+class Event(NamedTuple):
+    """One entry of the event log kept beside the pace table (README, "The event log").
+
+    Every time is Unix epoch seconds of **the store's clock** (the one bookings use); every duration is seconds.
+    Fields a kind does not use are None.
+
+    Attributes:
+        at: when it happened.
+        kind: one of :data:`EVENT_KINDS`: ``booking`` (a request booked on its host; ``delay``: the interval
+            booked, ``due``: the host's next allowed, ``address``: the address booked), ``wait`` (a request waits
+            ``delay`` in line), ``deferral`` (a request left the downloader; ``reason``: ``throttled``,
+            ``crawl_delay``, ``line`` or ``ip_line``; ``due``: when it may come back, None for a line),
+            ``response`` (``status``, ``retry_after``, ``delay``: the delay chosen, ``due``: the host's next
+            allowed, ``steps``: its backoff steps, ``started``: when the request was booked), ``failure``
+            (the same for a download failure that reached the server's side, ``reason``: its name),
+            ``backoff`` (a throttle took a backoff step; ``reason``: its cause, the status or the failure's
+            name; ``delay``, ``due``, ``steps``, ``retry_after``), ``robots_delay`` (a robots.txt delay
+            adopted, ``delay``), ``refusal`` (a request refused, ``reason``: ``non_public`` or ``no_host``),
+            ``operator`` (``scrapy polite reset`` / ``crawl-delay``: ``reason`` names the verb).
+        host: the host key (``""`` for a URL without a host).
+        url, status, delay, due, reason, retry_after, steps, address, started: see ``kind``.
+        source: the process that wrote it, ``"machine:pid"``.
+    """
+
+    at: float
+    kind: str
+    host: str
+    url: str | None = None
+    status: int | None = None
+    delay: float | None = None
+    due: float | None = None
+    reason: str | None = None
+    retry_after: float | None = None
+    steps: int | None = None
+    address: str | None = None
+    started: float | None = None
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     """Options a backend may use when it is opened by :func:`~scrapy_polite.stores.open_store`.
@@ -76,11 +130,14 @@ class StoreOptions:
         prefix: ``POLITE_STORE_PREFIX``, the key prefix of a shared server (Redis).
         timeout: ``POLITE_STORE_TIMEOUT``, seconds a server may stay unreachable mid-crawl.
         expire: ``POLITE_STORE_EXPIRE``, seconds a row is kept past its ``next_allowed`` and last update.
+        events_max: ``POLITE_EVENT_LOG_SIZE``, the most events the table's event log keeps (the oldest
+            are deleted first when an append goes beyond it).
     """
 
     prefix: str = "polite:"
     timeout: float = 60.0
     expire: float = 30 * 24 * 3600.0
+    events_max: int = DEFAULT_EVENTS_MAX
 
 
 class PaceStore(Protocol):
@@ -124,6 +181,18 @@ class PaceStore(Protocol):
 
     def expire(self, before: float) -> int:
         """Remove rows last updated before ``before`` whose ``next_allowed`` has passed; the count."""
+        ...
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        """Append ``events`` to the table's event log, shared by every process using the store, then delete
+        the oldest entries beyond the store's cap (``events_max``). Appends of several processes interleave;
+        none is lost."""
+        ...
+
+    def events(self, since: float | None = None, host: str | None = None, limit: int = 1000) -> list[Event]:
+        """The ``limit`` events (at most) appended last whose ``at`` is ``>= since`` (None: any) and whose host
+        is ``host`` (None: any), oldest first (by ``at``, then by order of appending). Events are appended
+        after they happen, so the last appended are the latest but for a batch's few seconds."""
         ...
 
     def close(self) -> None:

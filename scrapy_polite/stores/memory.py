@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from ..policy import HostState
-from .base import ManyUpdateFn, Snapshot, UpdateFn
+from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, UpdateFn
 
 __all__ = ["MemoryStore"]
 
@@ -20,13 +21,15 @@ class MemoryStore:
 
     Args:
         clock: the store's clock, epoch seconds (tests inject one).
+        events_max: the most events its event log keeps (the oldest are dropped first).
     """
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time, events_max: int = DEFAULT_EVENTS_MAX) -> None:
         self.uri = "memory://"
         self._rows: dict[str, HostState] = {}
         self._lock = threading.Lock()
         self._clock = clock
+        self._events: deque[Event] = deque(maxlen=max(0, events_max))
 
     def now(self) -> float:
         return self._clock()
@@ -70,6 +73,19 @@ class MemoryStore:
             for key in stale:
                 del self._rows[key]
             return len(stale)
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        with self._lock:
+            self._events.extend(events)
+
+    def events(self, since: float | None = None, host: str | None = None, limit: int = 1000) -> list[Event]:
+        if limit <= 0:
+            return []
+        with self._lock:
+            found = [e for e in self._events if (since is None or e.at >= since) and (host is None or e.host == host)]
+        found = found[-limit:]  # the last appended
+        order = sorted(range(len(found)), key=lambda i: (found[i].at, i))  # by time, then appending order
+        return [found[i] for i in order]
 
     def close(self) -> None:
         pass

@@ -33,6 +33,7 @@ immediate reconnect attempt); the crawl waits and retries (:class:`~scrapy_polit
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -50,7 +51,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..policy import HostState
-from .base import ManyUpdateFn, Snapshot, StoreBusy, StoreError, StoreOptions, StoreUnavailable, UpdateFn
+from .base import Event, ManyUpdateFn, Snapshot, StoreBusy, StoreError, StoreOptions, StoreUnavailable, UpdateFn
 
 __all__ = ["RedisStore", "redact_uri"]
 
@@ -190,6 +191,9 @@ class RedisStore:
         self._base = f"{options.prefix}{{pace}}"
         self._rows = f"{self._base}:"
         self._counter = self._base
+        #: The event log: one stream, ``<prefix>{pace}#events`` (``#``: never a row's key, which has ``:``).
+        self._events = f"{self._base}#events"
+        self.events_max = max(0, int(options.events_max))
         wait = max(0.1, min(5.0, options.timeout))
         try:
             self._client = client or redis.Redis.from_url(
@@ -394,5 +398,74 @@ class RedisStore:
                                                           args=[row.version for _, row in stale])))
         return removed
 
+    # -- the event log --------------------------------------------------------------------------------
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        """``XADD`` each event (one JSON field) to the table's stream, then ``XTRIM MAXLEN`` to the cap (exact)
+        and refresh the stream's expiry (``POLITE_STORE_EXPIRE``), in one pipelined round trip. A batch whose
+        connection was lost after it was sent may be appended twice (the log is diagnostic)."""
+        if not events:
+            return
+
+        def call() -> list[Any]:
+            pipe = self._client.pipeline(transaction=True)
+            for event in events:
+                pipe.xadd(self._events, {"e": json.dumps(list(event), separators=(",", ":"))})
+            pipe.xtrim(self._events, maxlen=self.events_max, approximate=False)
+            if self.expire_after * 1000 < 2**62:
+                pipe.pexpire(self._events, max(1, int(self.expire_after * 1000)))
+            return pipe.execute()
+
+        self._run("write", call)
+
+    def events(self, since: float | None = None, host: str | None = None, limit: int = 1000) -> list[Event]:
+        """Reads the stream newest first, 1000 entries a round trip, until it holds ``limit`` matching events,
+        or reaches entries appended more than a minute before ``since`` (an entry's id is the server's time of
+        its append, which comes after the event)."""
+        if limit <= 0:
+            return []
+        margin = 60.0
+        found: list[tuple[float, str, Event]] = []
+        upper = "+"
+        while True:
+            chunk = self._run("read", partial(self._client.xrevrange, self._events, upper, "-", 1000))
+            if not chunk:
+                break
+            for raw_id, fields in chunk:
+                if not fields:  # an entry without fields: not ours
+                    continue
+                event = Event._make(json.loads(fields[b"e"]))
+                if (since is None or event.at >= since) and (host is None or event.host == host):
+                    found.append((event.at, _text(raw_id), event))
+                    if len(found) == limit:
+                        break
+            if len(found) >= limit:
+                break
+            last_id = _text(chunk[-1][0])
+            appended = int(last_id.partition("-")[0]) / 1000.0
+            if since is not None and appended < since - margin:
+                break
+            if len(chunk) < 1000:
+                break
+            upper = _before(last_id)  # not "(id": exclusive ranges need Redis 6.2
+        found.sort(key=lambda f: (f[0], _stream_order(f[1])))
+        return [f[2] for f in found]
+
     def close(self) -> None:
         self._client.close()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _before(entry_id: str) -> str:
+    """The stream id just before ``entry_id``."""
+    ms, seq = _stream_order(entry_id)
+    return f"{ms}-{seq - 1}" if seq > 0 else f"{ms - 1}-{2**64 - 1}"
+
+
+def _stream_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ``"ms-seq"`` as a sortable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -69,14 +69,14 @@ def open_store(uri: str, options: StoreOptions | None = None) -> PaceStore:
 
 
 def _open_memory(uri: str, options: StoreOptions) -> PaceStore:
-    return MemoryStore()
+    return MemoryStore(events_max=options.events_max)
 
 
 def _open_sqlite(uri: str, options: StoreOptions) -> PaceStore:
     path = sqlite_path(uri)
     if not path:
         raise StoreError(f"POLITE_STORE {uri!r} names no file. Fix: e.g. POLITE_STORE = 'sqlite:///polite.sqlite3'.")
-    return SQLiteStore(path)
+    return SQLiteStore(path, events_max=options.events_max)
 
 
 def _open_redis(uri: str, options: StoreOptions) -> PaceStore:

@@ -15,14 +15,15 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ..policy import HostState
-from .base import ManyUpdateFn, Snapshot, StoreBusy, StoreError, UpdateFn
+from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, StoreBusy, StoreError, UpdateFn
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION"]
 
 T = TypeVar("T")
 
 #: The on-disk schema this code writes. Older versions are migrated on open, never discarded.
-SCHEMA_VERSION = 1
+#: 1: the ``hosts`` table; 2: the ``events`` table beside it (the event log).
+SCHEMA_VERSION = 2
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -37,8 +38,34 @@ CREATE TABLE IF NOT EXISTS hosts (
 CREATE INDEX IF NOT EXISTS hosts_updated ON hosts (updated);
 """
 
+#: The event log (:class:`~scrapy_polite.stores.base.Event`): ids grow with each append, and only the oldest
+#: (lowest ids) are ever deleted, so ``max(id) - cap`` is where the cap cuts. No other index: each would cost
+#: every append more than it saves the operator's reads (a scan of the 100,000 events of a full log by id).
+_SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    host TEXT NOT NULL,
+    url TEXT,
+    status INTEGER,
+    delay REAL,
+    due REAL,
+    reason TEXT,
+    retry_after REAL,
+    steps INTEGER,
+    address TEXT,
+    started REAL,
+    source TEXT NOT NULL
+);
+"""
+
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2}
+
+_EVENT_COLUMNS = "at, kind, host, url, status, delay, due, reason, retry_after, steps, address, started, source"
+_EVENT_INSERT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
 
 _COLUMNS = "next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated"
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM hosts WHERE host = ?"
@@ -68,6 +95,8 @@ class SQLiteStore:
         nowait: a connection that never waits for a lock (an operation that would wait raises
             :class:`StoreBusy`) and never checkpoints the WAL; use :meth:`nowait` to make one.
         clock: the store's clock, epoch seconds, read inside each transaction (tests inject one).
+        events_max: the most events the event log keeps (``POLITE_EVENT_LOG_SIZE``); an append beyond it
+            deletes the oldest.
 
     Raises:
         StoreError: the file cannot be created, opened, migrated or written (unwritable directory,
@@ -75,12 +104,13 @@ class SQLiteStore:
     """
 
     def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, events_max: int = DEFAULT_EVENTS_MAX) -> None:
         self.path = os.path.abspath(path)
         self.uri = f"sqlite:///{self.path}"
         self._lock = threading.Lock()
         self._nowait = nowait
         self._clock = clock
+        self.events_max = max(0, int(events_max))
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=0.0 if nowait else timeout, isolation_level=None,
@@ -102,7 +132,12 @@ class SQLiteStore:
         """A second connection to the same file that never waits for a lock: an operation that would wait
         raises :class:`StoreBusy` instead, and it never checkpoints the WAL (see :meth:`checkpoint`).
         :class:`~scrapy_polite.stores.AsyncStore` runs these on the reactor thread (tens of µs)."""
-        return SQLiteStore(self.path, nowait=True, clock=self._clock)
+        return SQLiteStore(self.path, nowait=True, clock=self._clock, events_max=self.events_max)
+
+    def sibling(self) -> SQLiteStore:
+        """Another connection to the same file that waits for the lock like this one (for a thread of its
+        own: :class:`~scrapy_polite.stores.AsyncStore` writes the event log through one)."""
+        return SQLiteStore(self.path, clock=self._clock, events_max=self.events_max)
 
     def checkpoint(self) -> None:
         """Copy the WAL back into the database file (``PRAGMA wal_checkpoint(PASSIVE)``).
@@ -258,6 +293,45 @@ class SQLiteStore:
                     "DELETE FROM hosts WHERE updated < ? AND next_allowed < ?", (before, before)).rowcount)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        try:
+            with self._lock:
+                db = self._db
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.executemany(_EVENT_INSERT, events)
+                    db.execute(_EVENT_TRIM, (self.events_max,))
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def events(self, since: float | None = None, host: str | None = None, limit: int = 1000) -> list[Event]:
+        if limit <= 0:
+            return []
+        where: list[str] = []
+        args: list[Any] = []
+        if since is not None:
+            where.append("at >= ?")
+            args.append(since)
+        if host is not None:
+            where.append("host = ?")
+            args.append(host)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        query = (f"SELECT {_EVENT_COLUMNS} FROM (SELECT id, {_EVENT_COLUMNS} FROM events {clause} "
+                 "ORDER BY id DESC LIMIT ?) ORDER BY at, id")
+        try:
+            with self._lock:
+                rows = self._db.execute(query, (*args, limit)).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+        return [Event._make(row) for row in rows]
 
     def close(self) -> None:
         with self._lock:

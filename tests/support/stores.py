@@ -7,8 +7,9 @@ from it when this module is imported)::
     Backend("redis", _open_redis, persistent=True, injectable_clock=False, inline_async=False,
             cleanup=_flush_redis_prefix),
 
-``open(location, clock)`` builds a store at ``location`` (a directory unique to the test; a server
-backend can derive a unique key prefix from it) on ``clock`` (None: the backend's default clock). A
+``open(location, clock, events_max)`` builds a store at ``location`` (a directory unique to the test; a server
+backend can derive a unique key prefix from it) on ``clock`` (None: the backend's default clock), whose event
+log keeps at most ``events_max`` events (None: the default cap). A
 backend that cannot run here may call ``pytest.skip`` inside ``open``; ``cleanup(location)``, when
 given, runs after the test (delete a server's keys).
 
@@ -29,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from scrapy_polite.stores import MemoryStore, PaceStore, SQLiteStore, StoreOptions
+from scrapy_polite.stores import DEFAULT_EVENTS_MAX, MemoryStore, PaceStore, SQLiteStore, StoreOptions
 
 __all__ = ["T0", "FakeClock", "Backend", "BACKENDS", "StoreUnderTest", "any_store", "clocked_store",
            "persistent_store"]
@@ -60,7 +61,8 @@ class Backend:
 
     Attributes:
         name: the test id.
-        open: ``open(location, clock) -> PaceStore``; ``clock`` None: the backend's own clock.
+        open: ``open(location, clock, events_max) -> PaceStore``; ``clock`` None: the backend's own clock;
+            ``events_max`` None: the default cap of the event log.
         persistent: a store reopened at the same location sees what an earlier one wrote.
         injectable_clock: ``open`` honours ``clock`` (False: the backend has a clock of its own, a server's).
         inline_async: :class:`~scrapy_polite.stores.AsyncStore` calls it on the reactor thread when it is
@@ -69,32 +71,35 @@ class Backend:
     """
 
     name: str
-    open: Callable[[str, Callable[[], float] | None], PaceStore]
+    open: Callable[[str, Callable[[], float] | None, int | None], PaceStore]
     persistent: bool = False
     injectable_clock: bool = True
     inline_async: bool = False
     cleanup: Callable[[str], None] | None = None
 
 
-def _open_memory(location: str, clock: Callable[[], float] | None) -> PaceStore:
-    return MemoryStore(clock=clock) if clock is not None else MemoryStore()
+def _open_memory(location: str, clock: Callable[[], float] | None, events_max: int | None = None) -> PaceStore:
+    cap = DEFAULT_EVENTS_MAX if events_max is None else events_max
+    return MemoryStore(clock=clock, events_max=cap) if clock is not None else MemoryStore(events_max=cap)
 
 
-def _open_sqlite(location: str, clock: Callable[[], float] | None) -> PaceStore:
+def _open_sqlite(location: str, clock: Callable[[], float] | None, events_max: int | None = None) -> PaceStore:
     path = os.path.join(location, "pace.sqlite3")
-    return SQLiteStore(path, clock=clock) if clock is not None else SQLiteStore(path)
+    cap = DEFAULT_EVENTS_MAX if events_max is None else events_max
+    return SQLiteStore(path, clock=clock, events_max=cap) if clock is not None else SQLiteStore(path, events_max=cap)
 
 
 def _redis_prefix(location: str) -> str:
     return f"test:{hashlib.sha1(location.encode()).hexdigest()[:16]}:"
 
 
-def _open_redis(location: str, clock: Callable[[], float] | None) -> PaceStore:
+def _open_redis(location: str, clock: Callable[[], float] | None, events_max: int | None = None) -> PaceStore:
     # The session's real redis-server (tests/support/redis_server.py); one key prefix per location.
     from scrapy_polite.stores.redis import RedisStore
     from tests.support.redis_server import session_redis_url
 
-    return RedisStore(session_redis_url(), StoreOptions(prefix=_redis_prefix(location)))
+    return RedisStore(session_redis_url(), StoreOptions(
+        prefix=_redis_prefix(location), events_max=DEFAULT_EVENTS_MAX if events_max is None else events_max))
 
 
 def _flush_redis_prefix(location: str) -> None:
@@ -141,18 +146,19 @@ class StoreUnderTest:
     def __post_init__(self) -> None:
         self.store = self.open()
 
-    def open(self, *, clock: Callable[[], float] | None = None, location: str | None = None) -> PaceStore:
+    def open(self, *, clock: Callable[[], float] | None = None, location: str | None = None,
+             events_max: int | None = None) -> PaceStore:
         """Another store on the same rows (or at ``location``), on this test's clock unless ``clock`` is
-        given; closed at the end of the test."""
+        given, with an event log capped at ``events_max`` (None: the default); closed at the end of the test."""
         where = location or self.location
         os.makedirs(where, exist_ok=True)
-        store = self.backend.open(where, clock if clock is not None else self.clock)
+        store = self.backend.open(where, clock if clock is not None else self.clock, events_max)
         self._opened.append(store)
         return store
 
     def open_on_own_clock(self) -> PaceStore:
         """Another store on the same rows on the backend's default clock (``time.time()``, a server's)."""
-        store = self.backend.open(self.location, None)
+        store = self.backend.open(self.location, None, None)
         self._opened.append(store)
         return store
 

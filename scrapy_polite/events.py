@@ -1,0 +1,270 @@
+"""The event log of a crawl (README, "The event log"): what happened to each host and when, by the store's
+clock, kept beside the pace table and shared by every process that uses the same store.
+
+The glue units call one small seam, an :class:`EventLog` (``Report.events``): each call appends one
+:class:`~scrapy_polite.stores.Event` to a buffer in memory, nothing more, so the reactor's hot path pays for a
+tuple. The buffer is written to the store in batches, at most ``flush_interval`` seconds after its first event
+(or at once when ``batch_size`` events are waiting), through :meth:`AsyncStore.append_events
+<scrapy_polite.stores.AsyncStore.append_events>`, which writes off the pace table's path (a thread and a
+connection of its own for SQLite). A batch that cannot be written is dropped, never retried: the log is a
+diagnostic, and it never stops or slows the crawl (``polite/events/dropped`` counts what was lost, with one
+WARNING).
+
+Times: a booking or a response carries the ``now`` of its store transaction; a wait, a deferral or a refusal,
+which have no transaction, the store's clock as estimated from the last one
+(:meth:`~scrapy_polite.seams.ClockSync.store_now`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.python.failure import Failure
+
+from .seams import ClockSync
+from .stores.base import Event
+
+__all__ = ["DEFERRAL_WORDS", "EventLog", "EventWriter", "REFUSAL_WORDS", "clock_time", "describe", "process_source"]
+
+logger = logging.getLogger(__name__)
+
+
+class EventWriter(Protocol):
+    """Where batches go: :class:`~scrapy_polite.stores.AsyncStore` (``append_events`` returns a Deferred)."""
+
+    def append_events(self, events: list[Event]) -> Deferred[None]:
+        """Write ``events``; the Deferred fires when they are written (or fails)."""
+        ...
+
+
+def process_source() -> str:
+    """This process as events name it: ``"machine:pid"``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class EventLog:
+    """Collects the events of one crawler and writes them to the store's event log in batches.
+
+    Args:
+        writer: the store (:class:`~scrapy_polite.stores.AsyncStore`); None: the log is off (every call
+            returns at once, nothing is kept).
+        clock: this process's clock and its offset to the store's (:class:`~scrapy_polite.seams.ClockSync`).
+        call_later: ``call_later(seconds, fn) -> IDelayedCall``, the reactor's ``callLater``.
+        inc: ``inc(stat, count)``, adds to ``polite/<stat>`` (the dropped events).
+        flush_interval: seconds an event may wait in memory before its batch is written.
+        batch_size: events that make a batch be written at once.
+        max_pending: batches being written at once; a batch beyond it is dropped (a store slower than the
+            crawl never makes the buffer grow without bound).
+        source: the process's name in the events (default :func:`process_source`).
+    """
+
+    def __init__(self, writer: EventWriter | None, clock: ClockSync, *,
+                 call_later: Callable[[float, Callable[[], Any]], Any] | None = None,
+                 inc: Callable[[str, float], None] | None = None, flush_interval: float = 1.0,
+                 batch_size: int = 1000, max_pending: int = 8, source: str | None = None) -> None:
+        self.writer = writer
+        self.enabled = writer is not None
+        self.clock = clock
+        self.source = source if source is not None else process_source()
+        self.flush_interval = flush_interval
+        self.batch_size = batch_size
+        self.max_pending = max_pending
+        self._call_later = call_later
+        self._inc = inc
+        self._buffer: list[Event] = []
+        self._timer: Any = None
+        self._pending = 0
+        self._warned = False
+        self._closed = False
+
+    @classmethod
+    def off(cls) -> EventLog:
+        """A log that keeps nothing (``POLITE_EVENT_LOG = False``, or before the pacer attaches one)."""
+        return cls(None, ClockSync(lambda: 0.0))
+
+    # -- the events (each appends one tuple) --------------------------------------------------------------
+
+    def _add(self, event: Event) -> None:
+        buffer = self._buffer
+        buffer.append(event)
+        if len(buffer) >= self.batch_size:
+            self._schedule(0.0)
+        elif self._timer is None:
+            self._schedule(self.flush_interval)
+
+    def booking(self, host: str, url: str | None, *, at: float, due: float | None, address: str | None,
+                reason: str | None = None) -> None:
+        """A request booked on ``host`` at ``at`` (store's clock); ``due``: the host's next allowed after it,
+        ``address``: the address booked; ``reason`` ``"burst"`` for a burst request."""
+        if self.enabled:
+            self._add(Event(at, "booking", host, url, None, None if due is None else due - at, due, reason,
+                            None, None, address, None, self.source))
+
+    def wait(self, host: str, url: str | None, seconds: float) -> None:
+        """A request of ``host`` waits ``seconds`` in line, from now."""
+        if self.enabled:
+            at = self.clock.store_now()
+            self._add(Event(at, "wait", host, url, None, seconds, at + seconds, None, None, None, None, None,
+                            self.source))
+
+    def deferral(self, host: str, url: str | None, reason: str, due: float | None) -> None:
+        """A request of ``host`` left the downloader for ``reason``; ``due``: when it may come back, **this
+        process's clock** (None: when its line frees)."""
+        if self.enabled:
+            at = self.clock.store_now()
+            due_store = None if due is None else due - self.clock.offset
+            self._add(Event(at, "deferral", host, url, None, None if due_store is None else max(0.0, due_store - at),
+                            due_store, reason, None, None, None, None, self.source))
+
+    def response(self, host: str, url: str | None, *, at: float, status: int | None, failure: str | None,
+                 retry_after: float | None, delay: float, due: float, steps: int, started: float | None,
+                 throttle: bool, counted: bool) -> None:
+        """A response (``status``) or a server-side failure (``failure``: its name) recorded at ``at``:
+        ``delay`` chosen (s), the host's next allowed ``due``, its backoff ``steps`` after it, ``started``:
+        its booking time. A throttle that took a step is followed by a ``backoff`` event."""
+        if not self.enabled:
+            return
+        if failure is not None:
+            self._add(Event(at, "failure", host, url, None, delay, due, failure, retry_after, steps, None, started,
+                            self.source))
+        else:
+            reason = ("throttle" if counted else "throttle_counted_before") if throttle else None
+            self._add(Event(at, "response", host, url, status, delay, due, reason, retry_after, steps, None,
+                            started, self.source))
+        if throttle and counted:
+            cause = failure if failure is not None else str(status)
+            self._add(Event(at, "backoff", host, url, status, delay, due, cause, retry_after, steps, None, started,
+                            self.source))
+
+    def robots_delay(self, host: str, delay: float) -> None:
+        """``host``'s robots.txt delay (seconds, 0: none) was recorded."""
+        if self.enabled:
+            at = self.clock.store_now()
+            self._add(Event(at, "robots_delay", host, None, None, delay, at + delay, None, None, None, None, None,
+                            self.source))
+
+    def refusal(self, host: str, url: str | None, reason: str) -> None:
+        """A request was refused (``reason``: ``non_public``, ``no_host``, ``invalid_host``)."""
+        if self.enabled:
+            self._add(Event(self.clock.store_now(), "refusal", host, url, None, None, None, reason, None, None,
+                            None, None, self.source))
+
+    # -- writing -----------------------------------------------------------------------------------------
+
+    def _schedule(self, seconds: float) -> None:
+        if self._timer is not None:
+            if seconds > 0:
+                return
+            try:
+                self._timer.cancel()
+            except Exception:  # already called or cancelled
+                pass
+            self._timer = None
+        if self._call_later is None or self._closed:
+            return
+        self._timer = self._call_later(seconds, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.flush()
+
+    def flush(self) -> Deferred[None]:
+        """Write what is buffered now, as one batch; the Deferred fires once it is written or dropped (never
+        fails)."""
+        batch, self._buffer = self._buffer, []
+        if not batch or self.writer is None:
+            return succeed(None)
+        if self._pending >= self.max_pending:
+            self._dropped(len(batch), "the store is writing slower than the crawl")
+            return succeed(None)
+        self._pending += 1
+        try:
+            d = self.writer.append_events(batch)
+        except Exception as exc:  # a writer that raises instead of failing its Deferred
+            self._pending -= 1
+            self._dropped(len(batch), str(exc))
+            return succeed(None)
+
+        def done(result: Failure | None) -> None:
+            self._pending -= 1
+            if isinstance(result, Failure):
+                self._dropped(len(batch), result.getErrorMessage())
+
+        d.addBoth(done)
+        return d
+
+    def _dropped(self, count: int, why: str) -> None:
+        if self._inc is not None:
+            self._inc("events/dropped", count)
+        if not self._warned:
+            self._warned = True
+            logger.warning("scrapy-polite could not write %d events to its event log (%s); they are dropped (the "
+                           "crawl is not affected; polite/events/dropped counts them)", count, why)
+
+    def close(self) -> Deferred[None]:
+        """Stop the timer and write what is left (call before the store is closed)."""
+        self._closed = True
+        if self._timer is not None:
+            try:
+                self._timer.cancel()
+            except Exception:
+                pass
+            self._timer = None
+        return self.flush()
+
+
+#: The user's words for a deferral reason and a refusal reason (the closing summary's, README "Stats").
+DEFERRAL_WORDS = {"throttled": "throttled", "crawl_delay": "Crawl-delay", "line": "line busy",
+                  "ip_line": "address busy"}
+REFUSAL_WORDS = {"non_public": "non-public", "no_host": "no host", "invalid_host": "invalid host"}
+
+
+def clock_time(t: float, *, date: bool = False) -> str:
+    """``t`` (epoch s) as local time, ``HH:MM:SS.mmm`` (with the date first when ``date``)."""
+    local = time.localtime(t)
+    text = time.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S", local)
+    return f"{text}.{int((t % 1) * 1000):03d}"
+
+
+def describe(event: Event) -> str:
+    """One event in words, as ``scrapy polite show`` and the timeline's tooltips write it."""
+    kind, delay, due, reason = event.kind, event.delay, event.due, event.reason
+    if kind == "booking":
+        text = "booked" + (f" on {event.address}" if event.address else "")
+        if delay is not None:
+            text += f", next allowed in {delay:.1f} s"
+        return text + (" (burst)" if reason == "burst" else "")
+    if kind == "wait":
+        return f"waits {delay or 0.0:.1f} s in line"
+    if kind == "deferral":
+        words = DEFERRAL_WORDS.get(reason or "", reason or "?")
+        if due is None:
+            return f"deferred ({words})" + (" until its line frees" if reason in ("line", "ip_line") else "")
+        return f"deferred ({words}) for {delay or 0.0:.1f} s, until {clock_time(due)}"
+    if kind in ("response", "failure"):
+        text = f"{event.status}" if kind == "response" else f"{reason} (download failure)"
+        if event.retry_after is not None:
+            text += f", Retry-After {event.retry_after:g} s"
+        text += f": delay chosen {delay or 0.0:.1f} s"
+        if kind == "response" and reason is not None:
+            text += ", a throttle" + (" (counted before)" if reason == "throttle_counted_before" else "")
+        if event.steps:
+            text += f", backoff steps {event.steps}"
+        return text
+    if kind == "backoff":
+        text = f"backoff step {event.steps} ({reason}): {delay or 0.0:.1f} s"
+        text += " (Retry-After)" if event.retry_after is not None and event.retry_after > 0 else ""
+        return text + (f", until {clock_time(due)}" if due is not None else "")
+    if kind == "robots_delay":
+        return f"robots.txt delay {delay:g} s adopted" if delay else "robots.txt publishes no delay"
+    if kind == "refusal":
+        return f"refused ({REFUSAL_WORDS.get(reason or '', reason)})"
+    if kind == "operator":
+        return f"operator: {reason}"
+    return kind
