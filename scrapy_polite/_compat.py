@@ -20,9 +20,12 @@ What it provides:
 from __future__ import annotations
 
 import logging
+import pickle
 import sqlite3
 from typing import TYPE_CHECKING, Any, cast
 
+from queuelib import queue as queuelib_queue
+from scrapy import squeues
 from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler, _ScrapyAgent
 from scrapy.exceptions import (
     DownloadConnectionRefusedError,
@@ -231,6 +234,27 @@ def wake_engine(crawler: Crawler) -> None:
     nextcall = getattr(slot, "nextcall", None)
     if nextcall is not None:
         nextcall.schedule()
+
+
+def pickle_fifo_sqlite_queue() -> type[Any]:
+    """Scrapy's ``PickleFifoSQLiteQueue``: a FIFO of requests in a queuelib SQLite file, serialised the way
+    Scrapy's disk queues serialise them (``request.to_dict`` and pickle).
+
+    Scrapy 2.19.0 exports it from ``scrapy.squeues``; Scrapy 2.18.0 has only the disk (file) queues there,
+    so the same class is built from the helpers that module uses for them (``_scrapy_serialization_queue``,
+    ``_serializable_queue``, ``_with_mkdir``, ``_pickle_serialize``: private; identical in 2.18.0 and
+    2.19.0) and queuelib's ``FifoSQLiteQueue``.
+    """
+    existing = getattr(squeues, "PickleFifoSQLiteQueue", None)
+    if existing is not None:
+        return cast("type[Any]", existing)
+    built = squeues._scrapy_serialization_queue(
+        squeues._serializable_queue(
+            squeues._with_mkdir(queuelib_queue.FifoSQLiteQueue),  # type: ignore[arg-type]  # as Scrapy does
+            squeues._pickle_serialize,
+            pickle.loads,
+        ))
+    return cast("type[Any]", built)
 
 
 def commit_without_fsync(queue: Any) -> None:

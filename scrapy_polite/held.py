@@ -38,14 +38,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scrapy.squeues import PickleFifoDiskQueue, PickleFifoSQLiteQueue
+from scrapy.squeues import PickleFifoDiskQueue
 from scrapy.utils.misc import build_from_crawler
 
-from ._compat import commit_without_fsync
+from ._compat import commit_without_fsync, pickle_fifo_sqlite_queue
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
+
+
+#: Scrapy's SQLite queue of requests (built on Scrapy 2.18, which does not export it).
+PickleFifoSQLiteQueue = pickle_fifo_sqlite_queue()
 
 logger = logging.getLogger(__name__)
 
