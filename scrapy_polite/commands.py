@@ -120,6 +120,10 @@ def _due(t: float, now: float) -> str:
     return f"in {_duration(t - now)} (at {at})"
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _absolute(t: float) -> str:
     return "-" if not t else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
@@ -299,8 +303,9 @@ class _Operator:
             self.dump({"store": self.store.uri, "now": self.now, "now_at": _iso(self.now), "address_rows": addresses,
                        "hosts": [_host_json(k, s, self.now, throttles[k]) for k, s in hosts]})
             return EXIT_OK
-        which = "throttled hosts (backoff steps > 0)" if self.opts.throttled else "hosts"
-        self.print(f"pace table {self.store.uri}: {len(hosts)} {which}, {addresses} address rows; "
+        which = _count(len(hosts), "throttled host" if self.opts.throttled else "host")
+        which += " (backoff steps > 0)" if self.opts.throttled else ""
+        self.print(f"pace table {self.store.uri}: {which}, {_count(addresses, 'address row')}; "
                    f"now {_absolute(self.now)}")
         if hosts:
             self.print(format_table([HOST_COLUMNS, *(_host_cells(k, s, self.now, throttles[k]) for k, s in hosts)]))
@@ -418,7 +423,7 @@ class _Operator:
             results.append({"host": key, "reset": True, "forgot": forgot, "kept": kept})
             if not self.opts.json:
                 self.print(f"{key}: reset; forgot {', '.join(forgot) or 'nothing (it was clear)'}; "
-                           f"kept {', '.join(kept) or 'nothing else'}, its address rows and its events")
+                           f"kept {''.join(k + ', ' for k in kept)}its address rows and its events")
         if self.opts.json:
             self.dump({"store": self.store.uri, "results": results})
         return status
@@ -512,7 +517,7 @@ class _Operator:
 def _field_words(name: str, value: Any, now: float) -> str:
     """A row's field in the command's words, for ``reset``."""
     if name == "next_allowed":
-        return f"next allowed ({_due(value, now)})"
+        return f"next allowed {_due(value, now)}"
     if name == "consec":
         return f"{value} backoff steps"
     if name == "ok_seen":
@@ -543,7 +548,7 @@ class Command(ScrapyCommand):
         return "Look at and steer scrapy-polite's pace table and event log"
 
     def long_desc(self) -> str:
-        return (__doc__ or "").split("\n\n", 1)[0] + (
+        return (__doc__ or "").split("\n\n", 1)[0].replace("``", "") + (
             " Exit status: 0 done, 1 no such host (or no events to draw), 2 usage, 3 the store is unusable, "
             "4 the timeline could not be written or rendered.")
 

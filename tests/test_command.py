@@ -119,7 +119,7 @@ def test_hosts_lists_every_host_sorted_by_when_it_is_due(table):
     result = table.run("hosts")
     assert result.code == EXIT_OK, result.err
     header, *body = result.out.splitlines()
-    assert header.startswith(f"pace table {table.store.uri}: 3 hosts, 1 address rows")
+    assert header.startswith(f"pace table {table.store.uri}: 3 hosts, 1 address row;")
     rows = lines_of("\n".join(body))
     assert tuple(rows[0]) == HOST_COLUMNS
     assert [r[0] for r in rows[1:]] == ["idle.example", "slow.example", "busy.example"]  # due now, in 5 s, in 250 s
@@ -137,7 +137,7 @@ def test_hosts_throttled_only_lists_hosts_with_backoff_steps(table):
     assert result.code == EXIT_OK, result.err
     rows = lines_of(result.out.split("\n", 1)[1])
     assert [r[0] for r in rows[1:]] == ["busy.example"]
-    assert "1 throttled hosts" in result.out
+    assert "1 throttled host (backoff steps > 0)" in result.out
 
 
 def test_hosts_json_has_the_columns_as_keys(table):
@@ -254,7 +254,7 @@ def test_reset_forgets_the_backoff_and_keeps_the_crawl_delay(table):
     table.store.update("busy.example", lambda s, now: (HostState(**{**s.__dict__, "crawl_delay": 2.0}), None))
     result = table.run("reset", "busy.example")
     assert result.code == EXIT_OK, result.err
-    assert result.out.startswith("busy.example: reset; forgot next allowed (in 4 m")
+    assert result.out.startswith("busy.example: reset; forgot next allowed in 4 m")
     assert "3 backoff steps" in result.out and "2xx seen" in result.out and "last throttle" in result.out
     assert "kept Crawl-delay 2 s, its address rows and its events" in result.out
     state = table.state("busy.example")
@@ -265,7 +265,7 @@ def test_reset_forgets_the_backoff_and_keeps_the_crawl_delay(table):
     assert events[-1].kind == "operator" and events[-1].reason == "reset" and events[-1].steps == 3
     assert len(events) == 5  # and the history is kept
     again = table.run("reset", "busy.example")
-    assert again.code == EXIT_OK and "forgot nothing (it was clear)" in again.out
+    assert again.code == EXIT_OK and "forgot nothing (it was clear); kept Crawl-delay 2 s, its address rows" in again.out
 
 
 def test_reset_of_a_missing_host_is_exit_1_and_creates_no_row(table):
