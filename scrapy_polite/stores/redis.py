@@ -318,6 +318,8 @@ class RedisStore:
                 busy_until = busy_until or time.monotonic() + MAX_BUSY_SECONDS
                 if time.monotonic() > busy_until:
                     break
+                # Never on the reactor: AsyncStore runs every Redis call on its store threads (only memory
+                # and SQLite are ever called inline), and `scrapy polite` has no reactor.
                 time.sleep(random.uniform(0.0, min(0.02, 0.0001 * 2 ** (attempt - 1))))
             new, result = fn({key: row.state for key, row in zip(keys, rows)}, now)
             stray = set(new).difference(keys)
