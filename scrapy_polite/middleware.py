@@ -3,7 +3,10 @@
 Before a request it books the request on its host: the request goes now, **waits** (non-blocking, at most
 ``POLITE_MAX_WAIT`` at a time) or is **deferred** — it leaves the downloader and the
 :class:`~scrapy_polite.scheduler.PoliteScheduler` holds it until its host is due. After the response (or
-failure) is recorded by the extension, it frees the host's line for the next request.
+failure) is recorded by the extension, it frees the host's line for the next request. A response judged a
+throttle is not passed on: the same request goes back to the scheduler to be held until its host is due, up
+to ``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.retrying`), so throttles never use up
+``RETRY_TIMES``.
 
 Settings: ``POLITE_ENABLED`` and the ``POLITE_*`` table in README. Request meta: ``polite_delay``
 (seconds, a larger interval for this request's host), ``polite_burst`` (segments of one stream: skip the
@@ -19,6 +22,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
@@ -67,6 +71,13 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         super().__init__(pacer)
         self._refusals_logged: set[str] = set()
 
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        middleware = super().from_crawler(crawler)
+        # A throttled page whose retries are spent is given up once its response reaches the engine.
+        crawler.signals.connect(middleware.pacer.retries.response_received, signal=signals.response_received)
+        return middleware
+
     async def process_request(self, request: Request) -> Request | None:
         pacer = self.pacer
         # A redirect or retry copies its parent's meta: forget the parent's booking.
@@ -109,8 +120,15 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             pacer.pin(request, host, outcome.address)
         return None
 
-    async def process_response(self, request: Request, response: Response) -> Response:
-        await self.pacer.finish(request)
+    async def process_response(self, request: Request, response: Response) -> Request | Response:
+        pacer = self.pacer
+        decision = await pacer.finish(request)
+        # A throttle is not a failure (docs/spec.md §2): the same request goes back to be held until its host
+        # is due, instead of reaching RetryMiddleware or the spider, while its retry budget lasts.
+        due = pacer.throttle_retry_due(request, decision)
+        if due is not None:
+            _hold(pacer, request, request.meta["polite_host"], due)
+            return request
         return response
 
     async def process_exception(self, request: Request, exception: Exception) -> Any:

@@ -6,6 +6,7 @@ It composes the glue units, each with one job:
 * :class:`~scrapy_polite.booking.Booker` — the host's and addresses' lines, the booking transaction, go /
   wait / defer;
 * :class:`~scrapy_polite.recording.Recorder` — responses, failures and robots.txt delays into the table;
+* :class:`~scrapy_polite.retrying.ThrottleRetries` — the package's own retries of throttled pages;
 * :class:`~scrapy_polite.resolution.Resolution` — public-only resolution and pinning;
 * :class:`~scrapy_polite.reporting.Report` — per-host counters and ``polite/...`` stats;
 * the pace table, an :class:`~scrapy_polite.stores.AsyncStore` (I/O never blocks the reactor) behind a
@@ -32,12 +33,13 @@ from .booking import Booker
 from .events import EventLog
 from .lines import Lines
 from .outage import DeferredStore, StoreGuard
-from .policy import PacingPolicy
+from .policy import Decision, PacingPolicy
 from .reactor import call_later, reactor_sleep
 from .recording import SERVER_SIDE_FAILURES, Recorder
 from .reporting import HostCounters, Report
 from .resolution import Resolution
 from .resolver import PublicHostnameResolver
+from .retrying import ThrottleRetries
 from .seams import ClockSync, Defer, Go, HoldingScheduler, Redefer, ResolverNotInstalled
 from .settings import PoliteConfig
 from .stores import AsyncStore, StoreError, StoreOptions, open_store
@@ -90,17 +92,18 @@ class Pacer:
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)
         self.guard = StoreGuard(store, timeout=config.store_timeout, report=self.report, clock=clock,
                                 sleep=sleep or reactor_sleep)
+        # Only a server store (Redis: it has a clock of its own) has outages to wait out; the embedded
+        # stores (SQLite, memory) fail closed at once, so their calls skip the guard.
+        self.table: DeferredStore = self.guard if self.sync.server_clock else store
         #: The event log (README, "The event log"): batches written beside the pace table, off the hot path.
         self.events = EventLog(store if config.event_log else None, self.sync, call_later=call_later,
                                inc=self.report.inc)
         self.report.events = self.events
-        # Only a server store (Redis: it has a clock of its own) has outages to wait out; the embedded
-        # stores (SQLite, memory) fail closed at once, so their calls skip the guard.
-        self.table: DeferredStore = self.guard if self.sync.server_clock else store
         self.booker = Booker(config, self.table, self.lines, self.resolution, self.report, self.sync,
                              sleep or reactor_sleep, self._store_failed)
         self.recorder = Recorder(config, self.table, self.lines, self.report, self.sync, self.booker.override,
                                  self.booker.release, self._store_failed, self.user_agent)
+        self.retries = ThrottleRetries(config.policy, self.report, self.sync, self.booker.can_defer)
 
     # -- shared state -----------------------------------------------------------------------------------
 
@@ -203,9 +206,13 @@ class Pacer:
         """See :meth:`Recorder.record_failure <scrapy_polite.recording.Recorder.record_failure>`."""
         return self.recorder.record_failure(request, exception)
 
-    async def finish(self, request: Request) -> None:
+    async def finish(self, request: Request) -> Decision | None:
         """See :meth:`Recorder.finish <scrapy_polite.recording.Recorder.finish>`."""
-        await self.recorder.finish(request)
+        return await self.recorder.finish(request)
+
+    def throttle_retry_due(self, request: Request, decision: Decision | None) -> float | None:
+        """See :meth:`ThrottleRetries.due <scrapy_polite.retrying.ThrottleRetries.due>`."""
+        return self.retries.due(request, decision)
 
     def throttled_since(self, request: Request) -> bool:
         """See :meth:`Recorder.throttled_since <scrapy_polite.recording.Recorder.throttled_since>`."""

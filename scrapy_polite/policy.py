@@ -9,6 +9,8 @@ Everything that decides *how long* a host must be left alone lives here:
   :meth:`~PacingPolicy.should_defer`, :meth:`~PacingPolicy.reset`;
   :meth:`~PacingPolicy.defer_verdict`, :meth:`~PacingPolicy.book` (the booking step over a host's
   addresses), :meth:`~PacingPolicy.finish_address`, :meth:`~PacingPolicy.robots_delay_update`;
+  :meth:`~PacingPolicy.after_ratelimit` (announced quotas, parsed by :mod:`scrapy_polite.ratelimit`) and
+  :meth:`~PacingPolicy.retry_throttled` (the package's own retries of throttled responses);
 * :class:`HostState` — one host's row of the pace table, an immutable value;
 * :func:`ip_key` — the pace-table key of an address's row.
 
@@ -28,11 +30,13 @@ from functools import lru_cache
 
 from .addresses import embedded_ipv4
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
+from .ratelimit import REQUESTS, RateLimits
 
 __all__ = [
     "HostState",
     "PacingPolicy",
     "Decision",
+    "RateLimitDecision",
     "host_key",
     "parse_retry_after",
     "InvalidRetryAfter",
@@ -59,6 +63,10 @@ class HostState:
         throttled_at: epoch seconds of the response that recorded the last throttle step (0 = never);
             used to judge a response against the host's state when its request was sent.
         updated: epoch seconds of the last write (for expiry of stale rows).
+        ratelimit_interval: seconds, the interval the host's announced quota allows (``w / q`` of its
+            rate-limit fields, docs/spec.md §2 "Announced quotas"); 0 = none announced.
+        ratelimit_until: epoch seconds until which the host's announced quota is spent (its remaining
+            units reached 0; 0 = never): the host is held until then, and its requests are deferred.
     """
 
     next_allowed: float = 0.0
@@ -67,6 +75,8 @@ class HostState:
     ok_seen: bool = False
     throttled_at: float = 0.0
     updated: float = 0.0
+    ratelimit_interval: float = 0.0
+    ratelimit_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -74,8 +84,9 @@ class Deferral:
     """Why and until when a request must leave the downloader (docs/spec.md §2, the deferral predicate).
 
     Attributes:
-        reason: ``"throttled"`` (the host is backing us off) or ``"crawl_delay"`` (a published or
-            configured delay longer than ``POLITE_MAX_WAIT``).
+        reason: ``"throttled"`` (the host is backing us off), ``"ratelimit"`` (its announced quota is
+            spent until its reset, or allows less than one request per ``POLITE_MAX_WAIT``) or
+            ``"crawl_delay"`` (a published or configured delay longer than ``POLITE_MAX_WAIT``).
         due: epoch seconds at which the host is due again (its ``next_allowed``).
     """
 
@@ -105,6 +116,26 @@ class Booking:
 
 
 @dataclass(frozen=True)
+class RateLimitDecision:
+    """What :meth:`PacingPolicy.after_ratelimit` decided from a response's rate-limit fields.
+
+    Attributes:
+        state: the host's state with the announced quota recorded.
+        interval: seconds, the interval the announced policies allow (``max(w / q)``, capped), now recorded
+            as ``ratelimit_interval``; None when no policy with a window in requests was announced.
+        hold: seconds from the response the host is held because a quota is spent (capped); None: none.
+        clamped: the interval or the hold was larger than ``max_retry_after`` and was clamped.
+        changed: the recorded interval changed.
+    """
+
+    state: HostState
+    interval: float | None = None
+    hold: float | None = None
+    clamped: bool = False
+    changed: bool = False
+
+
+@dataclass(frozen=True)
 class Decision:
     """What :meth:`PacingPolicy.after_response` decided, for stats and logs.
 
@@ -115,6 +146,7 @@ class Decision:
         counted: the throttle took a new backoff step (False when requests in flight together already
             answered for this moment of the host's mood).
         retry_after_clamped: the honoured Retry-After was larger than ``max_retry_after`` and was clamped.
+        ratelimit: what the response's rate-limit fields decided (None: it had none, or they are not read).
     """
 
     state: HostState
@@ -122,6 +154,7 @@ class Decision:
     throttle: bool
     counted: bool
     retry_after_clamped: bool = False
+    ratelimit: RateLimitDecision | None = None
 
 
 class InvalidRetryAfter(ValueError):
@@ -138,8 +171,9 @@ def parse_retry_after(value: str | bytes | None, *, now: float, date: str | byte
 
     RFC 9110 §10.2.3: delay-seconds (a non-negative integer) or an HTTP-date. An HTTP-date is taken
     relative to the response's ``Date`` header when it is present and valid, else relative to ``now``;
-    a date in the past gives ``0.0``. **Deviation (docs/spec.md §2):** a non-negative decimal such as ``1.5`` is
-    honoured as that many seconds.
+    a date in the past gives ``0.0``. delay-seconds may have any number of digits (the RFC sets no limit):
+    a value too large for a float is ``math.inf``, which the policy clamps to ``POLITE_MAX_RETRY_AFTER``.
+    **Deviation (docs/spec.md §2):** a non-negative decimal such as ``1.5`` is honoured as that many seconds.
 
     Args:
         value: the header value, or None when the header is absent.
@@ -147,11 +181,12 @@ def parse_retry_after(value: str | bytes | None, *, now: float, date: str | byte
         date: the response's ``Date`` header value, if any.
 
     Returns:
-        Seconds (float ≥ 0), or None when the header is absent or empty-after-strip is not the case.
+        Seconds (float ≥ 0, ``inf`` for delay-seconds too large for a float), or None when the header is
+        absent.
 
     Raises:
-        InvalidRetryAfter: the value is present but negative, empty, garbage, non-finite or an
-            unparseable date.
+        InvalidRetryAfter: the value is present but negative, empty, garbage, ``inf``/``nan`` spelled out,
+            or an unparseable date.
 
     >>> parse_retry_after("120", now=0)
     120.0
@@ -166,10 +201,7 @@ def parse_retry_after(value: str | bytes | None, *, now: float, date: str | byte
     if not text:
         raise InvalidRetryAfter("empty Retry-After")
     if _DECIMAL.match(text):
-        seconds = float(text)
-        if not math.isfinite(seconds):
-            raise InvalidRetryAfter(f"non-finite Retry-After {text!r}")
-        return seconds
+        return float(text)  # a run of digits too long for a float is inf ("longer than any cap"), never invalid
     if text[0] in "+-" or text[0].isdigit():
         # A number that is not a non-negative decimal: negative, exponent, "1,5", "inf" spelled oddly.
         raise InvalidRetryAfter(f"Retry-After is not a non-negative number: {text!r}")
@@ -238,9 +270,16 @@ class PacingPolicy:
         max_wait: ``POLITE_MAX_WAIT``, the longest a single request may wait in line.
         max_retry_after: ``POLITE_MAX_RETRY_AFTER``, the cap of an honoured Retry-After.
         throttle_statuses: ``POLITE_THROTTLE_STATUSES``, statuses that mean "slow down".
+        max_failure_backoff: ``POLITE_MAX_FAILURE_BACKOFF``, the cap of the backoff after a download failure
+            (a host that is down is retried sooner than one that asked us to go away).
+        throttle_retries: ``POLITE_THROTTLE_RETRIES``, how many times the package retries a page whose
+            response was a throttle before it hands the response on (an int ≥ 0).
+        ratelimit_headers: ``POLITE_RATELIMIT_HEADERS``, read the hosts' announced quotas (and honour the
+            ones recorded in the table).
 
     Raises:
-        ValueError: a negative or non-finite duration, or ``max_backoff < host_interval``.
+        ValueError: a negative or non-finite duration, ``max_backoff < host_interval``, or a
+            ``throttle_retries`` that is not an int ≥ 0.
     """
 
     host_interval: float = 1.0
@@ -248,36 +287,47 @@ class PacingPolicy:
     max_wait: float = 60.0
     max_retry_after: float = 3600.0
     throttle_statuses: frozenset[int] = frozenset({429, 503})
+    max_failure_backoff: float = 60.0
+    throttle_retries: int = 10
+    ratelimit_headers: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("host_interval", "max_backoff", "max_wait", "max_retry_after"):
+        for name in ("host_interval", "max_backoff", "max_wait", "max_retry_after", "max_failure_backoff"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         if self.max_backoff < self.host_interval:
             raise ValueError(f"max_backoff ({self.max_backoff!r} s) must not be below host_interval "
                              f"({self.host_interval!r} s)")
+        if isinstance(self.throttle_retries, bool) or not isinstance(self.throttle_retries, int) \
+                or self.throttle_retries < 0:
+            raise ValueError(f"throttle_retries must be an int >= 0, got {self.throttle_retries!r}")
         object.__setattr__(self, "throttle_statuses", frozenset(int(s) for s in self.throttle_statuses))
 
     # -- the interval -------------------------------------------------------------------------------
 
     def effective_interval(self, state: HostState | None, override: float | None = None) -> float:
-        """``eff = max(host_interval, crawl_delay, override)`` in seconds (docs/spec.md §2).
+        """``eff = max(host_interval, crawl_delay, ratelimit_interval, override)`` in seconds (docs/spec.md §2).
 
         A published Crawl-delay larger than an override always wins; an override can only slow us down
-        below the base interval when it is larger than it.
+        below the base interval when it is larger than it. The interval of an announced quota counts only
+        while ``ratelimit_headers`` is on.
         """
         eff = self.host_interval
-        if state is not None and state.crawl_delay > eff:
-            eff = state.crawl_delay
+        if state is not None:
+            if state.crawl_delay > eff:
+                eff = state.crawl_delay
+            if self.ratelimit_headers and state.ratelimit_interval > eff:
+                eff = state.ratelimit_interval
         if override is not None and override > eff:
             eff = override
         return eff
 
-    def backoff(self, eff: float, consec: int) -> float:
-        """The computed backoff ``min(eff * 2**min(consec, 10), max_backoff)`` in seconds, never below ``eff``
-        (a published Crawl-delay above the cap is still honoured in full)."""
-        return max(eff, min(eff * 2.0 ** min(consec, MAX_BACKOFF_EXPONENT), self.max_backoff))
+    def backoff(self, eff: float, consec: int, *, cap: float | None = None) -> float:
+        """The computed backoff ``min(eff * 2**min(consec, 10), cap)`` in seconds, never below ``eff`` (a
+        published Crawl-delay above the cap is still honoured in full). ``cap`` defaults to ``max_backoff``."""
+        limit = self.max_backoff if cap is None else cap
+        return max(eff, min(eff * 2.0 ** min(consec, MAX_BACKOFF_EXPONENT), limit))
 
     # -- after a response -------------------------------------------------------------------------
 
@@ -296,13 +346,16 @@ class PacingPolicy:
         retry_after: float | None = None,
         sent_at: float | None = None,
         override: float | None = None,
+        ratelimits: RateLimits | None = None,
     ) -> Decision:
         """The host's new state after a response (docs/spec.md §2).
 
         Args:
             state: the host's state now (None: never seen).
             status: the HTTP status, or None for a download failure that reached the server's side
-                (timeout, connection refused or reset), which counts as a throttle without Retry-After.
+                (timeout, connection refused or reset), which counts as a throttle without Retry-After; its
+                backoff is capped at ``max_failure_backoff``, and it takes a new step only while that backoff
+                is below the cap (so a host that was down never decays through longer delays).
             end: epoch seconds at which the response ended.
             retry_after: parsed Retry-After seconds, or None.
             sent_at: epoch seconds at which the request was sent; when a throttle was recorded after that
@@ -310,15 +363,23 @@ class PacingPolicy:
                 no second step and a success takes no step off. None: judge against the current state.
             override: a per-host, per-spider or per-request interval (seconds), see
                 :meth:`effective_interval`.
+            ratelimits: the response's rate-limit fields (:func:`~scrapy_polite.ratelimit.parse_rate_limits`),
+                applied first by :meth:`after_ratelimit` (so this response's delay already honours them);
+                ignored when ``ratelimit_headers`` is off.
 
         Returns:
             A :class:`Decision` whose ``state.next_allowed`` is ``end + delay``.
         """
+        quota = None
         old = state or HostState()
+        if ratelimits and self.ratelimit_headers:
+            quota = self.after_ratelimit(state, ratelimits, end=end)
+            old = quota.state
         eff = self.effective_interval(old, override)
         # A throttle recorded at the very moment the request was booked counts as recorded after it: a request
         # booked after a throttle waits at least eff, so a tie is a request that was in flight with it.
         stale = sent_at is not None and old.throttled_at > 0 and old.throttled_at >= sent_at
+        failure = status is None
         throttle = status is None or self.is_throttle(status, state)
         # ok_seen is set after the decision (is_throttle read the old state): the first 2xx-then-403 pair has
         # no history yet. Set in the same replace() as the rest of the row (one copy of it, not two).
@@ -331,12 +392,15 @@ class PacingPolicy:
             else:
                 step_from = old.consec
                 consec = step_from + 1
+                if failure and step_from > 0 and \
+                        eff * 2.0 ** min(step_from, MAX_BACKOFF_EXPONENT) >= self.max_failure_backoff:
+                    consec = step_from  # a failure's backoff at its cap already: no further step
             if retry_after is not None and retry_after > 0:
                 delay = retry_after
                 if delay > self.max_retry_after:
                     delay, clamped = self.max_retry_after, True
             else:
-                delay = self.backoff(eff, step_from)
+                delay = self.backoff(eff, step_from, cap=self.max_failure_backoff if failure else None)
             delay = max(delay, eff)
             # A later hold already recorded (another process's booking, a robots delay) is never shortened.
             next_allowed = max(end + delay, old.next_allowed)
@@ -353,7 +417,52 @@ class PacingPolicy:
             next_allowed = max(end + delay, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
-                        counted=throttle and not stale, retry_after_clamped=clamped)
+                        counted=throttle and consec > old.consec, retry_after_clamped=clamped, ratelimit=quota)
+
+    def after_ratelimit(self, state: HostState | None, limits: RateLimits, *, end: float) -> RateLimitDecision:
+        """The host's state after a response announced its quotas (docs/spec.md §2, "Announced quotas").
+
+        * A policy of ``q`` requests per ``w`` seconds allows one request per ``w / q`` seconds: the largest
+          such interval over the announced policies (every quota must hold) is recorded as the host's
+          ``ratelimit_interval``, replacing the one recorded before (the latest announcement wins); it takes
+          part in :meth:`effective_interval`, so it only ever slows the host down. A policy in another unit
+          than requests, without a window, or with ``q = 0`` gives no interval.
+        * A service limit whose remaining units are 0 holds the host until its reset: ``next_allowed`` and
+          ``ratelimit_until`` become at least ``end + reset`` (the largest such reset), so no request goes
+          before the quota is replenished, before any 429 arrives.
+        * Both are capped at ``max_retry_after``, like a Retry-After.
+
+        Args:
+            state: the host's state (None: never seen).
+            limits: the response's rate-limit fields.
+            end: epoch seconds at which the response ended (the store's clock).
+
+        Returns:
+            A :class:`RateLimitDecision`.
+        """
+        old = state or HostState()
+        interval = None
+        for policy in limits.policies:
+            if policy.unit == REQUESTS and policy.window is not None and policy.quota > 0:
+                interval = max(interval or 0.0, policy.window / policy.quota)
+        hold = None
+        for limit in limits.limits:
+            if limit.remaining <= 0 and limit.reset is not None and limit.reset > 0:
+                hold = max(hold or 0.0, limit.reset)
+        clamped = False
+        if interval is not None and interval > self.max_retry_after:
+            interval, clamped = self.max_retry_after, True
+        if hold is not None and hold > self.max_retry_after:
+            hold, clamped = self.max_retry_after, True
+        new = old
+        changed = interval is not None and interval != old.ratelimit_interval
+        if interval is not None and changed:
+            new = replace(new, ratelimit_interval=interval, updated=end)
+        if hold is not None:
+            until = end + hold
+            new = replace(new, ratelimit_until=max(new.ratelimit_until, until),
+                          next_allowed=max(new.next_allowed, until), updated=end)
+        return RateLimitDecision(state=new, interval=interval, hold=hold, clamped=clamped, changed=changed)
 
     # -- before a request -------------------------------------------------------------------------
 
@@ -378,18 +487,25 @@ class PacingPolicy:
           can honour; strictly greater-than). ``override`` (seconds: a per-host, per-spider or per-request
           interval) counts as a published delay here (docs/spec.md §2: "from robots.txt or an override");
         * ``consec > 0`` and ``next_allowed > now`` → True (the host actively refused us);
+        * ``ratelimit_until > now`` → True (the host's announced quota is spent until its reset), and the
+          interval of an announced quota counts as a published delay (both only while
+          ``ratelimit_headers`` is on);
         * otherwise None: the discriminator is *why* we wait, never how long.
 
-        A throttled host defers with reason ``"throttled"`` (it takes precedence: the host refused us);
+        A throttled host defers with reason ``"throttled"`` (it takes precedence: the host refused us); a
+        spent quota, or a quota allowing less than one request per ``max_wait``, with reason ``"ratelimit"``;
         a long published delay with reason ``"crawl_delay"``. ``due`` is ``next_allowed``.
         """
         if state is None or state.next_allowed <= now:
             return None
         if state.consec > 0:
             return Deferral(reason="throttled", due=state.next_allowed)
+        quota = state.ratelimit_interval if self.ratelimit_headers else 0.0
+        if self.ratelimit_headers and state.ratelimit_until > now:
+            return Deferral(reason="ratelimit", due=state.next_allowed)
         published = max(state.crawl_delay, override or 0.0)  # an operator's or spider's delay counts too
-        if published > self.max_wait:
-            return Deferral(reason="crawl_delay", due=state.next_allowed)
+        if max(published, quota) > self.max_wait:
+            return Deferral(reason="ratelimit" if quota > published else "crawl_delay", due=state.next_allowed)
         return None
 
     def book(self, host: HostState | None, addresses: Mapping[str, HostState | None], *, now: float,
@@ -459,9 +575,25 @@ class PacingPolicy:
 
     @staticmethod
     def reset(state: HostState | None, *, now: float) -> HostState:
-        """Forget ``next_allowed``, ``consec`` and ``ok_seen``; keep ``crawl_delay`` (docs/spec.md §2)."""
-        crawl_delay = state.crawl_delay if state is not None else 0.0
-        return HostState(crawl_delay=crawl_delay, updated=now)
+        """Forget ``next_allowed``, ``consec``, ``ok_seen`` and a spent quota's hold (``ratelimit_until``);
+        keep ``crawl_delay`` and ``ratelimit_interval``, the host's own numbers (docs/spec.md §2)."""
+        if state is None:
+            return HostState(updated=now)
+        return HostState(crawl_delay=state.crawl_delay, ratelimit_interval=state.ratelimit_interval, updated=now)
+
+    def retry_throttled(self, *, throttle: bool, retries: int) -> bool:
+        """Whether the package retries a page whose response was judged a throttle (``throttle``), after
+        ``retries`` earlier throttle retries of that page (docs/spec.md §2, "A throttle is not a failure"):
+        while fewer than ``throttle_retries`` were made. The request then goes back to be deferred until its
+        host is due, without consuming Scrapy's ``RETRY_TIMES``; once the budget is spent the response goes
+        on as Scrapy would handle it.
+
+        >>> PacingPolicy(throttle_retries=2).retry_throttled(throttle=True, retries=1)
+        True
+        >>> PacingPolicy(throttle_retries=2).retry_throttled(throttle=True, retries=2)
+        False
+        """
+        return throttle and retries < self.throttle_retries
 
     @staticmethod
     def with_crawl_delay(state: HostState | None, crawl_delay: float, *, now: float) -> HostState:

@@ -9,16 +9,27 @@ The new rows are decided by :class:`~scrapy_polite.policy.PacingPolicy` (``after
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scrapy.http import Headers
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from ._compat import server_side_failure_types
 from .lines import Lines
 from .outage import DeferredStore
-from .policy import Decision, HostState, InvalidRetryAfter, PacingPolicy, ip_key, parse_retry_after
+from .policy import (
+    Decision,
+    HostState,
+    InvalidRetryAfter,
+    PacingPolicy,
+    RateLimitDecision,
+    ip_key,
+    parse_retry_after,
+)
+from .ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
 from .reactor import await_deferred
 from .reporting import Report
 from .seams import ClockSync
@@ -37,6 +48,10 @@ __all__ = ["Recorder", "SERVER_SIDE_FAILURES"]
 #: Scrapy's wrappers of them): they count as a throttle without Retry-After (docs/spec.md §2). DNS failures are not
 #: among them and never touch a host's backoff.
 SERVER_SIDE_FAILURES: tuple[type[BaseException], ...] = server_side_failure_types()
+
+#: The rate-limit field names as Scrapy's ``Headers`` keys them (``Headers.normkey``), to tell with one set
+#: operation whether a response has any of them.
+_RATELIMIT_KEYS = frozenset(Headers().normkey(name) for name in RATELIMIT_FIELDS)
 
 
 class Recorder:
@@ -70,6 +85,10 @@ class Recorder:
         #: host → the table's time of the last throttle seen (for burst requests decided before it).
         self.throttle_marks: dict[str, float] = {}
         self._clamped_hosts: set[str] = set()
+        #: The records of requests that hold no line (burst, robots.txt), awaited by :meth:`finish`.
+        self._unlined: weakref.WeakKeyDictionary[Any, defer.Deferred[Any]] = weakref.WeakKeyDictionary()
+        #: Hosts whose malformed rate-limit fields, or clamped quota, were logged (once per host and field).
+        self._ratelimit_logged: set[tuple[str, str]] = set()
 
     def record_response(self, request: Request, response: Response) -> defer.Deferred[Any] | None:
         """Feed a downloaded response's status and Retry-After into the table (docs/spec.md §2).
@@ -90,15 +109,34 @@ class Recorder:
             except InvalidRetryAfter as exc:
                 self.report.inc("retry_after/invalid")
                 logger.info("Ignoring invalid Retry-After from %s: %s", response.url, exc)
+        ratelimits = self._ratelimits(host, response) if self.policy.ratelimit_headers else None
         sent_at = request.meta.get("polite_sent_at")
         override = self.override(host, request)
         status = response.status
 
         def step(state: HostState | None, end: float) -> Decision:
             return self.policy.after_response(state, status=status, end=end, retry_after=retry_after,
-                                              sent_at=sent_at, override=override)
+                                              sent_at=sent_at, override=override, ratelimits=ratelimits)
 
         return self._record(host, request, step, retry_after=retry_after, label=str(status), status=status)
+
+    def _ratelimits(self, host: str, response: Response) -> RateLimits | None:
+        """The response's rate-limit fields (docs/spec.md §2, "Announced quotas"), or None when it has none;
+        malformed ones are counted (``polite/ratelimit/malformed``), logged once per host and field, ignored."""
+        headers = response.headers
+        if _RATELIMIT_KEYS.isdisjoint(headers.keys()):  # most responses announce no quota: one set test
+            return None
+        fields = {name: headers.getlist(name) for name in RATELIMIT_FIELDS if name in headers}
+        if not fields:
+            return None
+        limits = parse_rate_limits(fields, now=self.clock.clock(), date=headers.get(b"Date"))
+        for name in limits.malformed:
+            self.report.inc("ratelimit/malformed")
+            if (host, name) not in self._ratelimit_logged:
+                self._ratelimit_logged.add((host, name))
+                logger.info("Ignoring the malformed %s field of %s (further ones from %s are counted only)",
+                            name, response.url, host)
+        return limits if limits else None
 
     def record_failure(self, request: Request, exception: BaseException) -> defer.Deferred[Any] | None:
         """Feed a download failure into the table: a failure that reached the server's side counts as a
@@ -137,6 +175,8 @@ class Recorder:
         d.addCallback(self._log_event, host, request, status, retry_after, cause)
         if self.lines.holds(host, request):
             self.lines.line(host).recording = d
+        else:
+            self._unlined[request] = d
         return d
 
     def _recorded(self, decision: Decision, host: str, retry_after: float | None, label: str) -> Decision:
@@ -158,8 +198,33 @@ class Recorder:
                                    host, retry_after, self.policy.max_retry_after)
             logger.debug("%s throttled (%s): backing off %.3f s (consec=%d)", host, label,
                          decision.delay, decision.state.consec)
+        if decision.ratelimit is not None:
+            self._ratelimit_recorded(host, decision.ratelimit)
         self.report.recorded(host, decision, offset=self.clock.offset, label=label, retry_after=retry_after)
         return decision
+
+    def _ratelimit_recorded(self, host: str, quota: RateLimitDecision) -> None:
+        """Count and log what a response's announced quota decided (``polite/ratelimit/...``)."""
+        report = self.report
+        counters = report.counters(host)
+        report.inc("ratelimit/responses")
+        if quota.interval is not None:
+            counters.ratelimit_interval = quota.interval
+            if quota.changed:
+                report.inc("ratelimit/adopted")
+                logger.info("%s announces a quota of one request per %.3g s: adopted", host, quota.interval)
+        if quota.hold is not None:
+            counters.ratelimit_holds += 1
+            report.inc("ratelimit/holds")
+            # A burst request decided before this moment must not be sent into the spent quota.
+            self.throttle_marks[host] = max(self.throttle_marks.get(host, 0.0), quota.state.updated)
+            logger.debug("%s: its announced quota is spent; holding it %.3f s, until its reset", host, quota.hold)
+        if quota.clamped:
+            report.inc("ratelimit/clamped")
+            if (host, "clamped") not in self._ratelimit_logged:
+                self._ratelimit_logged.add((host, "clamped"))
+                logger.warning("%s announces a quota longer than POLITE_MAX_RETRY_AFTER=%.0f s; honouring that cap",
+                               host, self.policy.max_retry_after)
 
     def _log_event(self, decision: Decision | None, host: str, request: Request, status: int | None,
                    retry_after: float | None, cause: str | None) -> Decision | None:
@@ -179,17 +244,21 @@ class Recorder:
         else:
             logger.error("scrapy-polite could not record %s for %s", label, host, exc_info=failure.value)
 
-    async def finish(self, request: Request) -> None:
-        """After the response or failure was handled: wait for its record, then free the host's line."""
+    async def finish(self, request: Request) -> Decision | None:
+        """After the response or failure was handled: wait for its record, then free the host's line.
+
+        Returns the record's :class:`~scrapy_polite.policy.Decision` (None: nothing was recorded, or the
+        table could not be written)."""
         host = request.meta.get("polite_host")
         if host is None:
-            return
+            return None
+        pending = self._unlined.pop(request, None)
         if self.lines.holds(host, request):
             line = self.lines.line(host)
             pending, line.recording = line.recording, None
-            if pending is not None:
-                await await_deferred(pending)
+        result = await await_deferred(pending) if pending is not None else None
         self.release(request, host)
+        return result if isinstance(result, Decision) else None
 
     def throttled_since(self, request: Request) -> bool:
         """A throttle from the request's host was seen after the request was decided (``polite_sent_at``):

@@ -76,6 +76,8 @@ class HostCounters:
         deferrals / deferral_reasons: requests deferred, by reason; throttles: responses judged a throttle;
         backoff_steps: throttles that took a new step; statuses: status (or failure name) → count;
         crawl_delay: the delay (s) the host's robots.txt published, or None;
+        ratelimit_interval: the interval (s) the host's announced quota allows (``w / q``), or None;
+        ratelimit_holds: responses that said the host's quota was spent (the host was held until its reset);
         given_up / given_up_urls: pages given up after throttles (and the first :data:`GIVEN_UP_URLS` URLs);
         refusals: requests refused, by reason (``non_public``);
         state: the host's row as last recorded by this process (None: not recorded yet);
@@ -94,6 +96,8 @@ class HostCounters:
     backoff_steps: int = 0
     statuses: Counter[Any] = field(default_factory=Counter)
     crawl_delay: float | None = None
+    ratelimit_interval: float | None = None
+    ratelimit_holds: int = 0
     turn_waits_in_line: int = 0
     turn_wait_seconds: float = 0.0
     given_up: int = 0

@@ -60,6 +60,9 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_MAX_WAIT": 60.0,
     "POLITE_THROTTLE_STATUSES": [429, 503],
     "POLITE_MAX_RETRY_AFTER": 3600.0,
+    "POLITE_MAX_FAILURE_BACKOFF": 60.0,  # the backoff cap after download failures (a host that is down)
+    "POLITE_THROTTLE_RETRIES": 10,  # retries of a throttled page by the package, besides RETRY_TIMES
+    "POLITE_RATELIMIT_HEADERS": True,  # read RateLimit-Policy / RateLimit / X-RateLimit-* (announced quotas)
     "POLITE_MAX_IDLE_WAIT": 300.0,
     "POLITE_MAX_HELD_IN_MEMORY": 10_000,  # held requests beyond it are kept on disk (README)
     "POLITE_STORE": None,  # None: sqlite in the project's data dir (.scrapy/polite.sqlite3)
@@ -485,7 +488,8 @@ class PoliteConfig:
     Attributes:
         policy: the :class:`~scrapy_polite.policy.PacingPolicy` built from the interval settings
             (``POLITE_HOST_INTERVAL``, ``POLITE_MAX_BACKOFF``, ``POLITE_MAX_WAIT``,
-            ``POLITE_MAX_RETRY_AFTER``, ``POLITE_THROTTLE_STATUSES``).
+            ``POLITE_MAX_RETRY_AFTER``, ``POLITE_THROTTLE_STATUSES``, ``POLITE_MAX_FAILURE_BACKOFF``,
+            ``POLITE_THROTTLE_RETRIES``, ``POLITE_RATELIMIT_HEADERS``).
         ip_interval: ``POLITE_IP_INTERVAL``, seconds between two requests to one IP address.
         max_idle_wait: ``POLITE_MAX_IDLE_WAIT``, seconds; when everything left is deferred beyond it the
             spider closes with reason ``polite_deferred``.
@@ -531,7 +535,8 @@ class PoliteConfig:
 
         Raises:
             SettingsError: a negative, non-finite or non-numeric duration; an empty or non-integer
-                ``POLITE_THROTTLE_STATUSES``; a malformed ``POLITE_HOST_DELAYS`` entry; a bad boolean,
+                ``POLITE_THROTTLE_STATUSES``; a ``POLITE_THROTTLE_RETRIES`` that is not a whole number >= 0;
+                a malformed ``POLITE_HOST_DELAYS`` entry; a bad boolean,
                 ``POLITE_STORE``, ``POLITE_STORE_PREFIX`` or ``POLITE_SCHEDULER_BASE``; a
                 ``POLITE_STORE_TIMEOUT`` <= 0; a ``POLITE_MAX_HELD_IN_MEMORY`` that is not a whole
                 number >= 0; any error of :meth:`DNSConfig.from_settings`.
@@ -548,6 +553,10 @@ class PoliteConfig:
             raise SettingsError(f"POLITE_MAX_WAIT must be > 0 seconds (a wait in line of 0 s cannot wait), got "
                                 f"{max_wait!r}; use a small value such as 1.0 to defer almost every wait")
         max_retry_after = _seconds(settings, "POLITE_MAX_RETRY_AFTER")
+        max_failure_backoff = _seconds(settings, "POLITE_MAX_FAILURE_BACKOFF")
+        throttle_retries = _count(settings, "POLITE_THROTTLE_RETRIES",
+                                  what="how many times a throttled page is retried, e.g. 10; 0: never")
+        ratelimit_headers = _bool(settings, "POLITE_RATELIMIT_HEADERS")
         statuses = _throttle_statuses(settings)
         host_delays = _host_delays(settings)
         store_timeout = _seconds(settings, "POLITE_STORE_TIMEOUT")
@@ -556,7 +565,9 @@ class PoliteConfig:
                                 f"unreachable pace table), got {_raw(settings, 'POLITE_STORE_TIMEOUT')!r}")
         return cls(
             policy=PacingPolicy(host_interval=host_interval, max_backoff=max_backoff, max_wait=max_wait,
-                                max_retry_after=max_retry_after, throttle_statuses=statuses),
+                                max_retry_after=max_retry_after, throttle_statuses=statuses,
+                                max_failure_backoff=max_failure_backoff, throttle_retries=throttle_retries,
+                                ratelimit_headers=ratelimit_headers),
             ip_interval=_seconds(settings, "POLITE_IP_INTERVAL"),
             max_idle_wait=_seconds(settings, "POLITE_MAX_IDLE_WAIT"),
             max_held_in_memory=_count(

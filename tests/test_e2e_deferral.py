@@ -139,7 +139,8 @@ async def test_stall_one_throttling_host_does_not_slow_the_healthy_ones(arrival_
     assert [a.status for a in hits] == [200, 429], describe(hits, t0)
 
     assert crawler.stats.get_value("finish_reason") == "polite_deferred"
-    assert stat(crawler, "deferred/not_crawled") == PAGES - 2  # 30 URLs, 2 fetched (one answered 429)
+    # 30 URLs, 1 fetched; the one answered 429 is held for its throttle retry with the others.
+    assert stat(crawler, "deferred/not_crawled") == PAGES - 1
     assert stat(crawler, "deferrals/throttled") >= 1
     assert stat(crawler, "throttles/429") == 1
     assert stat(crawler, "retry_after/honoured") == 1
@@ -201,7 +202,8 @@ async def test_deferred_requests_survive_a_stop_with_jobdir(arrival_server, tmp_
     assert stat(c1, "deferred/saved") == 5, c1.stats.get_stats()  # the retry of the 429'd URL + 4 others
     assert not stat(c1, "deferred/not_crawled")
     assert len(list(read_held(str(jobdir)))) == 5, "the deferred requests must be on disk under JOBDIR"
-    assert c1.stats.get_value("retry/count") == 1
+    assert stat(c1, "throttle/retries") == 1  # the package's own retry, saved with its count
+    assert not c1.stats.get_value("retry/count")  # RETRY_TIMES untouched
     assert c1.spider.fetched == [] and c1.spider.failed == []
     assert time.time() < due - 1.0, "run 1 took too long for the due-time check to mean anything"
 
@@ -252,11 +254,12 @@ class SignalSpider(ListSpider):
 
 @pytest_twisted.ensureDeferred
 async def test_deferral_calls_no_errback_and_is_not_a_duplicate(arrival_server, tmp_path):
-    """Host X throttles its first request (429, Retry-After: 1; handed to the callback via
-    HTTPERROR_ALLOWED_CODES), so its other requests are deferred as ``throttled``; host Y is merely busy
-    (interval 0.3 s), so its requests are deferred as ``line``. Every deferred request is re-injected and
-    fetched once; the errback never runs, no request is dropped, the dupe filter filters nothing, and the
-    wrapped scheduler saw each request exactly once."""
+    """Host X throttles its first request (429, Retry-After: 1; the spider would take it in its callback via
+    HTTPERROR_ALLOWED_CODES), so its other requests are deferred as ``throttled``, and the throttled one is
+    retried by the package; host Y is merely busy (interval 0.3 s), so its requests are deferred as ``line``.
+    Every deferred request is re-injected and fetched once (the throttled one twice: 429, then 200); the
+    errback never runs, the spider never sees the 429, no request is dropped, the dupe filter filters
+    nothing, and the wrapped scheduler saw each request exactly once."""
     x = arrival_server("127.0.2.40")
     y = arrival_server("127.0.2.41")
     x.route("/*", scripted(Reply.throttle(429, "1")))
@@ -265,9 +268,11 @@ async def test_deferral_calls_no_errback_and_is_not_a_duplicate(arrival_server, 
     crawler = await run_crawl(SignalSpider, s, urls=urls, timeout=40)
     spider = crawler.spider
     hx, hy = timeline(x), timeline(y)
-    assert sorted(a.status for a in hx) == [200, 200, 200, 429], describe(hx)
-    assert sorted(a.path for a in hx) == [f"/d/{i}" for i in range(4)], describe(hx)  # the 429'd one not again
+    assert sorted(a.status for a in hx) == [200, 200, 200, 200, 429], describe(hx)
+    throttled = [a.path for a in hx if a.status == 429]
+    assert sorted(a.path for a in hx) == sorted([f"/d/{i}" for i in range(4)] + throttled), describe(hx)
     assert sorted(a.path for a in hy) == [f"/d/{i}" for i in range(4)], describe(hy)
+    assert stat(crawler, "throttle/retries") == 1
     assert hx[1].start - hx[0].end >= 1.0 - TOL, describe(hx)
     # Deferrals really happened, for both reasons.
     assert stat(crawler, "deferrals/throttled") >= 1, crawler.stats.get_stats()
@@ -289,8 +294,8 @@ async def test_deferral_calls_no_errback_and_is_not_a_duplicate(arrival_server, 
 @pytest_twisted.ensureDeferred
 async def test_retries_are_spread_by_the_backoff(arrival_server, tmp_path):
     """RETRY_TIMES=2. Host A: /api answers 429 + Retry-After: 1.5 twice, then 200. Host B: /api answers 503 (no
-    Retry-After) twice, then 200; interval 0.5 → backoff 0.5 then 1.0. Each retry leaves only when the host is
-    due, so the third attempt succeeds: the retry budget is not burned at once."""
+    Retry-After) twice, then 200; interval 0.5 → backoff 0.5 then 1.0. The package retries each throttled page
+    itself, when its host is due, so the third attempt succeeds and RetryMiddleware's budget is not touched."""
     a = arrival_server("127.0.2.50")
     b = arrival_server("127.0.2.51")
     a.route("/api", scripted(Reply.throttle(429, "1.5"), Reply.throttle(429, "1.5")))
@@ -305,7 +310,8 @@ async def test_retries_are_spread_by_the_backoff(arrival_server, tmp_path):
         for g, e in zip(got, expected):
             assert e - TOL <= g <= e + SLACK, (
                 f"gaps {[round(v, 3) for v in got]}, expected ≈ {expected}: {describe(hits)}")
-    assert crawler.stats.get_value("retry/count") == 4
+    assert stat(crawler, "throttle/retries") == 4
+    assert not crawler.stats.get_value("retry/count")
     assert not crawler.stats.get_value("retry/max_reached")
     assert sorted(f.status for f in crawler.spider.fetched) == [200, 200]
     assert stat(crawler, "deferrals/throttled") >= 4  # every retry was deferred, not waited for in line
@@ -366,8 +372,9 @@ async def _burst_crawl(arrival_server, tmp_path, monkeypatch, address: str, *, s
                               meta={"polite_burst": True}, timeout=120)
     elapsed = time.time() - t0
     hits = timeline(srv)
-    assert len(hits) == 200 and sorted(a.path for a in hits) == sorted(f"/seg/{i}" for i in range(200))
     (throttle,) = [a for a in hits if a.status == 429]
+    # Every segment once, and the throttled one again: the package retries it when its host is due.
+    assert sorted(a.path for a in hits) == sorted([f"/seg/{i}" for i in range(200)] + [throttle.path])
     (seen,) = [t for t, status, _ in crawler.spider.downloaded if status == 429]
     after = {url for t, url in sent if t > seen}
     return crawler, elapsed, hits, throttle, seen, {u.split(srv.netloc, 1)[1] for u in after}
@@ -381,7 +388,7 @@ async def test_burst_segment_sent_after_a_429_waits_for_the_backoff(arrival_serv
     crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,
                                                                         "127.0.2.60")
     due = throttle.end + 2.0
-    early = [a for a in hits if a.path in after and a.start < due - TOL]
+    early = [a for a in hits if a is not throttle and a.path in after and a.start < due - TOL]
     assert not early, (
         f"{len(early)} segment requests sent after the 429 reached the crawler (at +{seen - throttle.end:.3f} s) "
         f"arrived inside the 2 s backoff: {describe(early, throttle.end)}")
@@ -425,7 +432,7 @@ async def test_burst_stream_is_fast_and_resumes_when_the_backoff_ends(arrival_se
         arrival_server, tmp_path, monkeypatch, "127.0.2.61", slow_after=3, spider_cls=TrickleSpider,
         POLITE_STORE="memory://")
     assert elapsed < 20, f"200 burst segments took {elapsed:.1f} s"
-    assert stat(crawler, "burst") == 200
+    assert stat(crawler, "burst") == 201  # the throttled segment's retry is a burst request too
     before = [a for a in hits if a.end <= throttle.start]
     assert len(before) >= 50 and max(gaps(before)) < 0.5, "segments before the 429 were paced by the interval"
     in_flight = [a for a in hits if throttle.start <= a.start < throttle.end + 1.0]  # answered within 0.3 s

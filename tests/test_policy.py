@@ -570,3 +570,89 @@ def test_custom_throttle_statuses():
     policy = PacingPolicy(throttle_statuses=[429, 503, 509])
     assert policy.after_response(None, status=509, end=T0).throttle is True
     assert PacingPolicy(throttle_statuses=[429]).after_response(None, status=503, end=T0).throttle is False
+
+
+@pytest.mark.parametrize("name", ["max_failure_backoff"])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_policy_rejects_a_bad_failure_cap(name, value):
+    with pytest.raises(ValueError, match=name):
+        PacingPolicy(**{name: value})
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "3"])
+def test_policy_rejects_a_bad_throttle_retry_budget(value):
+    with pytest.raises(ValueError, match="throttle_retries"):
+        PacingPolicy(throttle_retries=value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Download failures have their own cap, POLITE_MAX_FAILURE_BACKOFF (docs/spec.md §2)
+# --------------------------------------------------------------------------------------------------
+
+
+def _failures(policy: PacingPolicy, state: HostState | None, n: int) -> tuple[HostState, list[float], list[int]]:
+    delays, steps = [], []
+    for i in range(n):
+        decision = policy.after_response(state, status=None, end=T0 + 1000 * i)
+        state = decision.state
+        delays.append(decision.delay)
+        steps.append(state.consec)
+    return state, delays, steps
+
+
+def test_failures_back_off_up_to_their_own_cap_and_stop_stepping_there():
+    # Base 1 s, failure cap 60 s: 1, 2, 4 … 32, then 60 (64 capped) with no further step.
+    state, delays, steps = _failures(POLICY, None, 9)
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+    assert steps == [1, 2, 3, 4, 5, 6, 6, 6, 6]
+    # So the decay after the host is back never waits longer than the failure cap: 2^5 = 32 s.
+    after = POLICY.after_response(state, status=200, end=T0 + 10_000)
+    assert after.state.consec == 5 and after.delay == 32.0
+
+
+def test_negative_control_throttles_climb_to_the_throttle_cap():
+    state = None
+    for i in range(9):
+        state = POLICY.after_response(state, status=429, end=T0 + 1000 * i).state
+    assert state.consec == 9
+    after = POLICY.after_response(state, status=200, end=T0 + 10_000)
+    assert after.state.consec == 8 and after.delay == 256.0  # a throttling host earns its steps back slowly
+
+
+def test_a_failure_after_throttles_is_capped_and_takes_no_step():
+    throttled = HostState(consec=9, updated=T0)
+    decision = POLICY.after_response(throttled, status=None, end=T0 + 1)
+    assert decision.delay == 60.0 and decision.state.consec == 9
+    assert decision.throttle is True and decision.counted is False
+
+
+def test_the_first_failure_always_steps_even_below_a_tiny_cap():
+    policy = PacingPolicy(max_failure_backoff=0.0)
+    state, delays, steps = _failures(policy, None, 3)
+    assert delays == [1.0, 1.0, 1.0]  # never below the interval
+    assert steps == [1, 1, 1]  # the host did fail: deferred while it is held, but it never climbs
+
+
+def test_the_failure_cap_leaves_throttles_alone():
+    policy = PacingPolicy(max_failure_backoff=2.0)
+    state = HostState(consec=5, updated=T0)
+    assert policy.after_response(state, status=429, end=T0 + 1).delay == 32.0
+    assert policy.after_response(state, status=None, end=T0 + 1).delay == 2.0
+
+
+# --------------------------------------------------------------------------------------------------
+# The package's throttle retries (docs/spec.md §2, "A throttle is not a failure")
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_throttled_page_is_retried_while_its_budget_lasts():
+    policy = PacingPolicy(throttle_retries=2)
+    assert [policy.retry_throttled(throttle=True, retries=n) for n in range(4)] == [True, True, False, False]
+    assert policy.retry_throttled(throttle=False, retries=0) is False  # only throttles are the package's
+
+
+def test_a_budget_of_zero_never_retries_and_the_default_is_ten():
+    assert PacingPolicy(throttle_retries=0).retry_throttled(throttle=True, retries=0) is False
+    assert POLICY.throttle_retries == 10
+    assert POLICY.retry_throttled(throttle=True, retries=9) is True
+    assert POLICY.retry_throttled(throttle=True, retries=10) is False

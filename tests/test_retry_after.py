@@ -7,11 +7,12 @@ instant, never against the parser under test.
 from __future__ import annotations
 
 import calendar
+import math
 import time
 
 import pytest
 
-from scrapy_polite.policy import InvalidRetryAfter, parse_retry_after
+from scrapy_polite.policy import InvalidRetryAfter, PacingPolicy, parse_retry_after
 
 #: 1994-11-06 08:49:37 UTC, the instant of RFC 9110's three HTTP-date examples.
 RFC_INSTANT = float(calendar.timegm((1994, 11, 6, 8, 49, 37)))
@@ -66,13 +67,28 @@ def test_digits_are_never_parsed_as_a_date(value):
     pytest.param("+-3", id="two signs"),
     pytest.param("12 34", id="two numbers"),
     pytest.param("0x10", id="hex"),
-    pytest.param("1" * 400, id="overflows to inf"),
     pytest.param("Wed, 99 Foo 2015", id="date with a bogus month"),
     pytest.param("Sun, 06 Nov", id="truncated date"),
 ])
 def test_invalid_values_raise(value):
     with pytest.raises(InvalidRetryAfter):
         parse_retry_after(value, now=NOW)
+
+
+@pytest.mark.parametrize("value", ["9" * 400, "1" * 310, "9" * 400 + ".5"])
+def test_any_run_of_digits_is_delay_seconds_however_long(value):
+    # RFC 9110 §10.2.3 sets no limit on delay-seconds: too large for a float is "longer than any cap".
+    assert parse_retry_after(value, now=NOW) == math.inf
+
+
+def test_a_long_run_of_digits_is_clamped_by_the_policy():
+    decision = PacingPolicy(max_retry_after=2.0).after_response(
+        None, status=429, end=NOW, retry_after=parse_retry_after("9" * 400, now=NOW))
+    assert decision.retry_after_clamped is True
+    assert decision.delay == 2.0 and decision.state.next_allowed == NOW + 2.0
+    # Negative control: 20 digits were always clamped the same way.
+    assert PacingPolicy(max_retry_after=2.0).after_response(
+        None, status=429, end=NOW, retry_after=parse_retry_after("9" * 20, now=NOW)).delay == 2.0
 
 
 def test_invalid_retry_after_is_a_value_error():

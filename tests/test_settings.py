@@ -186,6 +186,13 @@ INVALID = [
     ("POLITE_MAX_WAIT", 0, "got 0"),
     ("POLITE_MAX_RETRY_AFTER", "nan"),
     ("POLITE_MAX_IDLE_WAIT", -1),
+    ("POLITE_MAX_FAILURE_BACKOFF", -1),
+    ("POLITE_MAX_FAILURE_BACKOFF", "a minute"),
+    ("POLITE_THROTTLE_RETRIES", -1),
+    ("POLITE_THROTTLE_RETRIES", 2.5),
+    ("POLITE_THROTTLE_RETRIES", "often"),
+    ("POLITE_THROTTLE_RETRIES", True),
+    ("POLITE_RATELIMIT_HEADERS", "yes"),
     ("POLITE_MAX_HELD_IN_MEMORY", -1),
     ("POLITE_MAX_HELD_IN_MEMORY", 2.5),
     ("POLITE_MAX_HELD_IN_MEMORY", "many"),
@@ -263,7 +270,8 @@ VALID = {
     "POLITE_ENABLED": "false", "POLITE_ALLOW_PRIVATE": "1", "POLITE_HOST_INTERVAL": "0",
     "POLITE_IP_INTERVAL": 0.5, "POLITE_MAX_BACKOFF": "10", "POLITE_MAX_WAIT": 0.1,
     "POLITE_MAX_RETRY_AFTER": 0, "POLITE_MAX_IDLE_WAIT": 1, "POLITE_MAX_HELD_IN_MEMORY": "0",
-    "POLITE_STORE_EXPIRE": "60",
+    "POLITE_STORE_EXPIRE": "60", "POLITE_MAX_FAILURE_BACKOFF": "5", "POLITE_THROTTLE_RETRIES": "3",
+    "POLITE_RATELIMIT_HEADERS": "false",
     "POLITE_STORE": "memory://", "POLITE_STORE_PREFIX": "crawl1:", "POLITE_STORE_TIMEOUT": "5",
     "POLITE_EVENT_LOG": "false", "POLITE_EVENT_LOG_SIZE": "10",
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
@@ -284,8 +292,10 @@ def test_valid_values_are_the_negative_control():
         assert config.policy.throttle_statuses == {429} and config.host_delays == {"api.example.com": 0.0}
         assert config.store_uri == "memory://" and config.store_expire == 60
         assert config.store_prefix == "crawl1:" and config.store_timeout == 5.0
-        assert config.max_held_in_memory == 0
         assert config.event_log is False and config.event_log_size == 10
+        assert config.max_held_in_memory == 0
+        assert config.policy.max_failure_backoff == 5.0 and config.policy.throttle_retries == 3
+        assert config.policy.ratelimit_headers is False
         assert config.dns.address_filter.allowed_networks == (ipaddress.ip_network("10.0.0.0/8"),)
         assert dict(config.dns.overrides) == {"a.test": ("127.0.0.1",)}
         assert config.dns.nameservers == (("127.0.0.1", 5353),)

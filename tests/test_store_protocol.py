@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import pytest_twisted
@@ -30,7 +30,8 @@ from tests.support.stores import (  # noqa: F401  (fixtures)
 
 #: Every field away from its default, with awkward floats, to catch a lossy column.
 FULL = HostState(next_allowed=T0 + 0.123456789, consec=7, crawl_delay=2.5, ok_seen=True,
-                 throttled_at=T0 - 1e-6, updated=T0 + 1 / 3)
+                 throttled_at=T0 - 1e-6, updated=T0 + 1 / 3, ratelimit_interval=0.6 + 1e-9,
+                 ratelimit_until=T0 + 12.000001)
 OTHER = HostState(next_allowed=T0 + 5, consec=1, updated=T0)
 
 
@@ -48,6 +49,12 @@ def rows(store):
 
 # --------------------------------------------------------------------------------------------------
 # get / read
+
+
+def test_full_sets_every_field_of_the_row():
+    # A field added to HostState must be added to FULL, or no backend is checked for storing it.
+    unset = [f.name for f in fields(HostState) if getattr(FULL, f.name) == f.default]
+    assert unset == [], f"FULL leaves {unset} at their defaults: give them awkward values"
 
 
 def test_get_missing_is_none_and_a_written_row_is_read_back_whole(any_store):

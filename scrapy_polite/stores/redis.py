@@ -33,6 +33,7 @@ immediate reconnect attempt); the crawl waits and retries (:class:`~scrapy_polit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
@@ -57,38 +58,57 @@ __all__ = ["RedisStore", "redact_uri"]
 
 T = TypeVar("T")
 
+#: The hash field of each :class:`HostState` field (short: every booking reads a row). A field added to
+#: HostState needs a name here (checked at import); a row written before a field existed reads its default.
+_STATE_FIELDS: dict[str, str] = {
+    "next_allowed": "n", "consec": "c", "crawl_delay": "d", "ok_seen": "o", "throttled_at": "t", "updated": "u",
+    "ratelimit_interval": "q", "ratelimit_until": "r",
+}
+_STATE_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(HostState)}
+if set(_STATE_FIELDS) != set(_STATE_TYPES):  # pragma: no cover - a development error, caught by any test run
+    raise RuntimeError(f"scrapy_polite.stores.redis: HostState fields {sorted(_STATE_TYPES)} and their hash "
+                       f"fields {sorted(_STATE_FIELDS)} differ: name the new field in _STATE_FIELDS")
+
 #: The fields of a row's hash: version, write token, then the :class:`HostState` fields.
-_FIELDS = ("v", "w", "n", "c", "d", "o", "t", "u")
+_FIELDS = ("v", "w", *_STATE_FIELDS.values())
 
 #: Writes the rows of ARGV if every row of KEYS still has the version read; else returns the clock and the
 #: current rows. KEYS[1..n]: the rows read; KEYS[n+1]: the table's version counter. ARGV[1]: the write's
-#: token; ARGV[2..n+1]: the versions read ("0": absent); then 8 values per row to write: its index in
-#: KEYS, its expiry (Unix ms, "0": none) and its fields n, c, d, o, t, u. Generic: no pacing rule here.
+#: token; ARGV[2..n+1]: the versions read ("0": absent); ARGV[n+2]: the number f of state fields, then their
+#: f hash field names; then f + 2 values per row to write: its index in KEYS, its expiry (Unix ms, "0":
+#: none) and its f field values. Generic: no pacing rule here, and no field name either.
 _WRITE_IF_UNCHANGED = """
 local n = #KEYS - 1
+local f = tonumber(ARGV[n + 2])
+local names = {}
+for k = 1, f do names[k] = ARGV[n + 2 + k] end
 for i = 1, n do
   local v = redis.call('HGET', KEYS[i], 'v')
   if (v or '0') ~= ARGV[i + 1] then
     local t = redis.call('TIME')
     local out = {t[1], t[2]}
     for j = 1, n do
-      out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', 'w', 'n', 'c', 'd', 'o', 't', 'u')
+      out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', 'w', unpack(names))
     end
     return out
   end
 end
 local version = redis.call('INCR', KEYS[n + 1])
-local i = n + 2
+local i = n + 3 + f
 while i <= #ARGV do
   local key = KEYS[tonumber(ARGV[i])]
-  redis.call('HSET', key, 'v', version, 'w', ARGV[1], 'n', ARGV[i + 2], 'c', ARGV[i + 3], 'd', ARGV[i + 4],
-             'o', ARGV[i + 5], 't', ARGV[i + 6], 'u', ARGV[i + 7])
+  local pairs = {'v', version, 'w', ARGV[1]}
+  for k = 1, f do
+    pairs[#pairs + 1] = names[k]
+    pairs[#pairs + 1] = ARGV[i + 1 + k]
+  end
+  redis.call('HSET', key, unpack(pairs))
   if ARGV[i + 1] == '0' then
     redis.call('PERSIST', key)
   else
     redis.call('PEXPIREAT', key, ARGV[i + 1])
   end
-  i = i + 8
+  i = i + 2 + f
 end
 return version
 """
@@ -131,11 +151,25 @@ class _Row:
 
 
 def _row(values: Sequence[Any]) -> _Row:
-    version, token, n, c, d, o, t, u = values
+    version, token, *fields = values
     if version is None:
         return _Row(b"0", None, None)
-    return _Row(bytes(version), token, HostState(next_allowed=float(n), consec=int(c), crawl_delay=float(d),
-                                                 ok_seen=o == b"1", throttled_at=float(t), updated=float(u)))
+    state: dict[str, Any] = {}
+    for name, raw in zip(_STATE_FIELDS, fields):
+        if raw is not None:  # None: a field the writer's version did not have yet (its default)
+            kind = _STATE_TYPES[name]
+            state[name] = raw == b"1" if kind is bool else kind(raw)
+    return _Row(bytes(version), token, HostState(**state))
+
+
+def _encode(state: HostState) -> list[Any]:
+    """The state's field values in the order of :data:`_STATE_FIELDS` (floats by ``repr``: exact)."""
+    out: list[Any] = []
+    for name in _STATE_FIELDS:
+        value = getattr(state, name)
+        kind = _STATE_TYPES[name]
+        out.append(int(bool(value)) if kind is bool else int(value) if kind is int else repr(float(value)))
+    return out
 
 
 def redact_uri(uri: str) -> str:
@@ -327,13 +361,11 @@ class RedisStore:
                 raise ValueError(f"update function wrote {sorted(stray)!r}, which it did not read")
             if not new:
                 return result
-            args: list[Any] = [token, *(row.version for row in rows)]
+            args: list[Any] = [token, *(row.version for row in rows), len(_STATE_FIELDS), *_STATE_FIELDS.values()]
             for index, key in enumerate(keys, start=1):
                 state = new.get(key)
                 if state is not None:
-                    args.extend((index, self._expiry_ms(state, now), repr(float(state.next_allowed)),
-                                 int(state.consec), repr(float(state.crawl_delay)), int(bool(state.ok_seen)),
-                                 repr(float(state.throttled_at)), repr(float(state.updated))))
+                    args.extend((index, self._expiry_ms(state, now), *_encode(state)))
             try:
                 reply = self._run("write", partial(self._write, keys=names, args=args))
             except StoreUnavailable:

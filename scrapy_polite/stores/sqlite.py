@@ -22,8 +22,9 @@ __all__ = ["SQLiteStore", "SCHEMA_VERSION"]
 T = TypeVar("T")
 
 #: The on-disk schema this code writes. Older versions are migrated on open, never discarded.
-#: 1: the ``hosts`` table; 2: the ``events`` table beside it (the event log).
-SCHEMA_VERSION = 2
+#: 1: the ``hosts`` table; 2: the ``events`` table beside it (the event log); 3: the hosts' announced quotas
+#: (``ratelimit_interval``, ``ratelimit_until``).
+SCHEMA_VERSION = 3
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -60,30 +61,36 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 
+#: The hosts' announced quotas (docs/spec.md §2): rows written before them have none (0).
+_SCHEMA_V3 = """
+ALTER TABLE hosts ADD COLUMN ratelimit_interval REAL NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN ratelimit_until REAL NOT NULL DEFAULT 0;
+"""
+
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3}
 
 _EVENT_COLUMNS = "at, kind, host, url, status, delay, due, reason, retry_after, steps, address, started, source"
 _EVENT_INSERT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
 
-_COLUMNS = "next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated"
+_COLUMNS = "next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until"
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM hosts WHERE host = ?"
-_WRITE = ("INSERT OR REPLACE INTO hosts (host, next_allowed, consec, crawl_delay, ok_seen, throttled_at, "
-          "updated) VALUES (?, ?, ?, ?, ?, ?, ?)")
+_WRITE = f"INSERT OR REPLACE INTO hosts (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 def _state(row: Sequence[Any] | None) -> HostState | None:
     if row is None:
         return None
-    next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated = row
+    next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until = row
     return HostState(next_allowed=next_allowed, consec=consec, crawl_delay=crawl_delay,
-                     ok_seen=bool(ok_seen), throttled_at=throttled_at, updated=updated)
+                     ok_seen=bool(ok_seen), throttled_at=throttled_at, updated=updated,
+                     ratelimit_interval=ratelimit_interval, ratelimit_until=ratelimit_until)
 
 
-def _row(key: str, state: HostState) -> tuple[str, float, int, float, int, float, float]:
+def _row(key: str, state: HostState) -> tuple[str, float, int, float, int, float, float, float, float]:
     return (key, state.next_allowed, state.consec, state.crawl_delay, int(state.ok_seen),
-            state.throttled_at, state.updated)
+            state.throttled_at, state.updated, state.ratelimit_interval, state.ratelimit_until)
 
 
 class SQLiteStore:
@@ -179,7 +186,13 @@ class SQLiteStore:
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             while version < SCHEMA_VERSION:
                 for statement in filter(str.strip, _MIGRATIONS[version].split(";")):
-                    self._db.execute(statement)
+                    try:
+                        self._db.execute(statement)
+                    except sqlite3.OperationalError as exc:
+                        # A column this step adds may be there already (a development version numbered its
+                        # steps differently): keep it.
+                        if "duplicate column name" not in str(exc):
+                            raise
                 version += 1
                 self._db.execute(f"PRAGMA user_version = {version}")
             self._db.execute("COMMIT")
@@ -282,9 +295,7 @@ class SQLiteStore:
                 rows = self._db.execute(f"SELECT host, {_COLUMNS} FROM hosts ORDER BY host").fetchall()
         except sqlite3.Error as exc:
             raise self._error("read", exc) from exc
-        return iter([(row[0], HostState(next_allowed=row[1], consec=row[2], crawl_delay=row[3],
-                                        ok_seen=bool(row[4]), throttled_at=row[5], updated=row[6]))
-                     for row in rows])
+        return iter([(row[0], state) for row in rows if (state := _state(row[1:])) is not None])
 
     def expire(self, before: float) -> int:
         try:

@@ -1,0 +1,95 @@
+"""The package's own retries of throttled pages (docs/spec.md §2, "A throttle is not a failure"; §5).
+
+A response judged a throttle (docs/spec.md §2: a status of ``POLITE_THROTTLE_STATUSES``, or a 403 from a host
+that already served us) to a paced request is not handed to the spider or to Scrapy's ``RetryMiddleware``:
+the middleware sends the same request back to the :class:`~scrapy_polite.scheduler.PoliteScheduler`, which
+holds it until its host is due (no duplicate for the dupe filter, no errback), up to
+``POLITE_THROTTLE_RETRIES`` times (:meth:`PacingPolicy.retry_throttled
+<scrapy_polite.policy.PacingPolicy.retry_throttled>`). ``RETRY_TIMES`` stays for real failures.
+
+The count is kept in ``meta['polite_throttle_retries']``, so it survives a ``JOBDIR`` resume. Once the budget
+is spent the response goes on as Scrapy would handle it (``RetryMiddleware`` may retry it, within
+``RETRY_TIMES``); when a throttled response of such a page reaches the engine, the page is **given up**:
+counted (``polite/throttle/given_up``) and named in the closing summary. ``polite/throttle/retries`` counts
+the retries. Requests with ``dont_retry`` or ``dont_pace``, and requests the scheduler cannot hold
+(robots.txt, ``engine.download``), are left to Scrapy.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .policy import Decision, PacingPolicy
+from .reporting import Report
+from .seams import ClockSync
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.http import Response
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RETRIES_META", "ThrottleRetries"]
+
+#: The request meta key that counts a page's throttle retries (set by the package; saved with ``JOBDIR``).
+RETRIES_META = "polite_throttle_retries"
+
+
+class ThrottleRetries:
+    """Decides, for each recorded response, whether the package retries its page (glue around the policy).
+
+    Args:
+        policy: the pacing rules (``retry_throttled``, ``throttle_retries``).
+        report: counters and stats.
+        clock: this process's clock and its offset to the table's (due times are the table's).
+        can_defer: ``can_defer(request)``: the scheduler can hold the request.
+    """
+
+    def __init__(self, policy: PacingPolicy, report: Report, clock: ClockSync,
+                 can_defer: Callable[[Request], bool]) -> None:
+        self.policy = policy
+        self.report = report
+        self.clock = clock
+        self.can_defer = can_defer
+        #: Requests whose throttled response was handed on after the budget was spent (until it reaches the
+        #: engine, or Scrapy's RetryMiddleware replaces it with a retry).
+        self._handed_on: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def due(self, request: Request, decision: Decision | None) -> float | None:
+        """When the request's page is to be retried (this process's epoch s), counting the retry; None when
+        the response goes on to Scrapy (not a throttle, not ours to retry, or the budget is spent).
+
+        Args:
+            request: the request the response answers.
+            decision: what the response's record decided (None: nothing was recorded).
+        """
+        if decision is None or not decision.throttle:
+            return None
+        meta = request.meta
+        host = meta.get("polite_host")
+        if host is None or meta.get("dont_retry") or meta.get("dont_pace") or not self.can_defer(request):
+            return None
+        retries = int(meta.get(RETRIES_META) or 0)
+        if not self.policy.retry_throttled(throttle=True, retries=retries):
+            self._handed_on.add(request)
+            return None
+        meta[RETRIES_META] = retries + 1
+        self.report.inc("throttle/retries")
+        due = self.clock.to_local(decision.state.next_allowed)
+        self.report.deferred(host, "throttled", request.url, due)
+        logger.debug("Retrying %s (throttle retry %d of %d) when %s is due", request, retries + 1,
+                     self.policy.throttle_retries, host)
+        return due
+
+    def response_received(self, response: Response, request: Request, spider: Any = None) -> None:
+        """``response_received``: a throttled response whose retry budget was spent reached the engine (Scrapy
+        did not retry it, or gave up too): the page is given up."""
+        if request in self._handed_on:
+            self._handed_on.discard(request)
+            host = request.meta.get("polite_host") or "?"
+            self.report.gave_up(host, request.url)
+            logger.warning("scrapy-polite gave up %s after %d throttle retries (POLITE_THROTTLE_RETRIES): "
+                           "%s kept answering %d", request.url, self.policy.throttle_retries, host, response.status)

@@ -1,0 +1,125 @@
+"""End-to-end: pacing from announced quotas (docs/spec.md §2, "Announced quotas"), against loopback servers that
+enforce a quota of ``q`` requests per ``w`` seconds and announce it (:class:`tests.support.quota.Quota`).
+
+Each rate-limit header form: the crawl receives **no** 429 and finishes within 1.1 × the quota-bound ideal
+time (``n × w / q``). The negative controls: the same server crawled with ``POLITE_RATELIMIT_HEADERS = False``
+is refused; a quota announced but not enforced still paces the crawl; malformed fields are counted and ignored.
+
+The crawl's own pacing is made fast (``POLITE_HOST_INTERVAL = 0.02``, no per-IP pacing), so only the quota
+can slow it down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytest_twisted
+
+from scrapy_polite.stores import open_store
+from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.quota import Quota
+from tests.support.server import Arrival, start_gaps
+
+#: Lower-bound tolerance (seconds): clock granularity only.
+TOL = 0.02
+#: Requests per crawl, the quota and its window: 20 requests at 5 per 2 s → an ideal of 8 s.
+PAGES, Q, W = 20, 5, 2.0
+
+
+def settings(tmp_path: Any, **overrides: Any) -> dict[str, Any]:
+    s = polite_settings(POLITE_HOST_INTERVAL=0.02, POLITE_IP_INTERVAL=0, POLITE_MAX_IDLE_WAIT=30.0,
+                        POLITE_STORE=f"sqlite:///{tmp_path}/pace.sqlite3", CONCURRENT_REQUESTS=8)
+    s.update(overrides)
+    return s
+
+
+def timeline(srv: Any) -> list[Arrival]:
+    return sorted(srv.arrivals(), key=lambda a: (a.start, a.end))
+
+
+def stat(crawler: Any, key: str) -> Any:
+    return crawler.stats.get_value(f"polite/{key}")
+
+
+async def crawl(arrival_server: Any, tmp_path: Any, address: str, quota: Quota, **overrides: Any) -> tuple[Any, Any]:
+    srv = arrival_server(address)
+    srv.route("/*", quota.handler())
+    crawler = await run_crawl(ListSpider, settings(tmp_path, **overrides),
+                              urls=[srv.url(f"/p/{i}") for i in range(PAGES)], timeout=90)
+    return crawler, srv
+
+
+# ---------------------------------------------------------------------------------------------------
+# Every form: no 429, and within 1.1 × the ideal time
+
+
+@pytest.mark.parametrize("form, address", [
+    pytest.param("ietf", "127.0.6.1", id="RateLimit-Policy and RateLimit"),
+    pytest.param("draft", "127.0.6.2", id="RateLimit-Limit, -Remaining, -Reset"),
+    pytest.param("x-delta", "127.0.6.3", id="X-RateLimit-* with a delta reset"),
+    pytest.param("x-epoch", "127.0.6.4", id="X-RateLimit-* with an epoch reset (GitHub)"),
+    pytest.param("discord", "127.0.6.5", id="X-RateLimit-Reset-After (Discord)"),
+])
+@pytest_twisted.ensureDeferred
+async def test_an_announced_and_enforced_quota_is_never_exceeded(arrival_server, tmp_path, form, address):
+    quota = Quota(form=form, quota=Q, window=W)
+    crawler, srv = await crawl(arrival_server, tmp_path, address, quota)
+    hits = timeline(srv)
+    assert len(hits) == PAGES and quota.refused == 0, (
+        f"{quota.refused} requests refused: {[(round(a.start - hits[0].start, 3), a.status) for a in hits]}")
+    assert sorted(f.status for f in crawler.spider.fetched) == [200] * PAGES
+    makespan = hits[-1].end - hits[0].start
+    ideal = quota.ideal(PAGES)
+    assert makespan <= 1.1 * ideal, f"{makespan:.2f} s for an ideal of {ideal:.2f} s ({makespan / ideal:.2f} ×)"
+    assert stat(crawler, "ratelimit/responses") == PAGES
+    assert not stat(crawler, "ratelimit/malformed")
+    if form in ("ietf", "draft"):  # a window is announced: paced by w / q, the quota is never spent
+        assert min(start_gaps(hits)) >= W / Q - TOL
+        assert stat(crawler, "ratelimit/adopted") == 1
+        store = open_store(settings(tmp_path)["POLITE_STORE"])
+        try:
+            assert store.get(srv.address).ratelimit_interval == W / Q  # recorded for other processes and runs
+        finally:
+            store.close()
+    else:  # no window: the quota is spent, and the host is held until each reset
+        assert stat(crawler, "ratelimit/holds") >= PAGES // Q - 1
+        assert stat(crawler, "deferrals/ratelimit") >= 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_negative_control_the_same_quota_ignored_is_refused(arrival_server, tmp_path):
+    """``POLITE_RATELIMIT_HEADERS = False``: the crawl bursts into the quota and is refused (its throttle retries
+    still fetch every page, later)."""
+    quota = Quota(form="x-delta", quota=Q, window=W)
+    crawler, srv = await crawl(arrival_server, tmp_path, "127.0.6.10", quota, POLITE_RATELIMIT_HEADERS=False)
+    assert quota.refused > 0
+    assert not stat(crawler, "ratelimit/responses")
+    assert sorted(f.status for f in crawler.spider.fetched) == [200] * PAGES
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_quota_announced_but_not_enforced_still_paces_the_crawl(arrival_server, tmp_path):
+    """The server announces 5 requests per 2 s but never refuses: requests are spaced by w / q = 0.4 s anyway."""
+    quota = Quota(form="ietf", quota=Q, window=W, enforce=False)
+    crawler, srv = await crawl(arrival_server, tmp_path, "127.0.6.11", quota)
+    hits = timeline(srv)
+    assert len(hits) == PAGES and all(a.status == 200 for a in hits)
+    assert min(start_gaps(hits)) >= W / Q - TOL, [round(g, 3) for g in start_gaps(hits)]
+    unpaced = Quota(form="none", quota=Q, window=W, enforce=False)  # negative control: nothing announced
+    crawler2, srv2 = await crawl(arrival_server, tmp_path / "none", "127.0.6.12", unpaced)
+    assert min(start_gaps(timeline(srv2))) < W / Q / 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_malformed_fields_are_counted_and_ignored(arrival_server, tmp_path):
+    """A ``RateLimit-Policy`` whose quota is not an Integer and a ``RateLimit`` that is no List or Dictionary:
+    both counted in ``polite/ratelimit/malformed``, neither paces the crawl (the host interval does)."""
+    quota = Quota(form="none", quota=Q, window=W, enforce=False,
+                  extra={"RateLimit-Policy": '"default";q=five;w=2', "RateLimit": "remaining is zero"})
+    crawler, srv = await crawl(arrival_server, tmp_path, "127.0.6.13", quota)
+    hits = timeline(srv)
+    assert len(hits) == PAGES
+    assert stat(crawler, "ratelimit/malformed") == 2 * PAGES
+    assert not stat(crawler, "ratelimit/responses")
+    assert min(start_gaps(hits)) < W / Q / 2  # not paced by the quota the fields tried to announce

@@ -1,0 +1,81 @@
+"""The glue of the package's throttle retries (scrapy_polite.retrying.ThrottleRetries), on fakes: which
+responses it retries, the count in meta, the due time (the table's clock turned into this process's), and
+the page given up once a throttled response whose budget was spent reaches the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy import Request
+from scrapy.http import Response
+
+from scrapy_polite.policy import Decision, HostState, PacingPolicy
+from scrapy_polite.reporting import Report
+from scrapy_polite.retrying import RETRIES_META, ThrottleRetries
+from scrapy_polite.seams import ClockSync
+
+T0 = 2_000_000_000.0
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def inc_value(self, key: str, count: float = 1) -> None:
+        self.values[key] = self.values.get(key, 0) + count
+
+
+def make(budget: int = 2, deferrable: bool = True, offset: float = 0.0) -> tuple[ThrottleRetries, Stats]:
+    stats = Stats()
+    clock = ClockSync(lambda: T0, server_clock=True)
+    clock.observe(T0 - offset)  # the table's clock is `offset` s behind ours
+    return ThrottleRetries(PacingPolicy(throttle_retries=budget), Report(stats), clock,
+                           lambda request: deferrable), stats
+
+
+def request(**meta: Any) -> Request:
+    return Request("http://a.example/p", meta={"polite_host": "a.example", **meta})
+
+
+THROTTLE = Decision(state=HostState(next_allowed=T0 + 5, consec=1), delay=5.0, throttle=True, counted=True)
+SUCCESS = Decision(state=HostState(next_allowed=T0 + 1), delay=1.0, throttle=False, counted=False)
+
+
+def test_a_throttle_is_retried_when_the_host_is_due_counting_in_meta():
+    retries, stats = make(offset=3.0)
+    r = request()
+    assert retries.due(r, THROTTLE) == T0 + 5 + 3.0  # the table's next_allowed in this process's clock
+    assert r.meta[RETRIES_META] == 1
+    assert retries.due(r, THROTTLE) is not None and r.meta[RETRIES_META] == 2
+    assert stats.values["polite/throttle/retries"] == 2
+    assert stats.values["polite/deferrals/throttled"] == 2
+
+
+def test_the_spent_budget_hands_the_response_on_and_the_page_is_given_up_when_it_arrives():
+    retries, stats = make(budget=1)
+    r = request(**{RETRIES_META: 1})
+    assert retries.due(r, THROTTLE) is None
+    assert "polite/throttle/given_up" not in stats.values  # not yet: Scrapy may still retry it
+    retries.response_received(Response(r.url, status=429), r)
+    assert stats.values["polite/throttle/given_up"] == 1
+    assert retries.report.counters("a.example").given_up_urls == [r.url]
+    retries.response_received(Response(r.url, status=429), r)  # counted once
+    assert stats.values["polite/throttle/given_up"] == 1
+
+
+def test_a_response_of_a_request_never_handed_on_is_not_given_up():
+    retries, stats = make()
+    r = request()
+    retries.response_received(Response(r.url, status=200), r)
+    assert "polite/throttle/given_up" not in stats.values
+
+
+def test_responses_left_to_scrapy():
+    retries, stats = make()
+    assert retries.due(request(), SUCCESS) is None  # not a throttle
+    assert retries.due(request(), None) is None  # nothing recorded (the table failed)
+    for exempt in (request(dont_retry=True), request(dont_pace=True), Request("http://a.example/p")):
+        assert retries.due(exempt, THROTTLE) is None and RETRIES_META not in exempt.meta
+    undeferrable, _ = make(deferrable=False)  # robots.txt, engine.download(): the scheduler cannot hold it
+    assert undeferrable.due(request(), THROTTLE) is None
+    assert stats.values == {}
