@@ -240,6 +240,9 @@ def _host_json(key: str, state: HostState, now: float, throttle: Event | None) -
         "2xx_seen": state.ok_seen,
         "updated": state.updated or None,
         "updated_at": _iso(state.updated),
+        "ratelimit_interval": state.ratelimit_interval or None,
+        "ratelimit_until": state.ratelimit_until or None,
+        "ratelimit_until_at": _iso(state.ratelimit_until),
         "last_throttle": None if not state.throttled_at else {
             "at": state.throttled_at, "at_iso": _iso(state.throttled_at),
             "cause": throttle.reason if throttle is not None else None,
@@ -252,6 +255,23 @@ def _host_cells(key: str, state: HostState, now: float, throttle: Event | None) 
     return (key, _due(state.next_allowed, now), str(state.consec),
             f"{state.crawl_delay:g} s" if state.crawl_delay else "-", "yes" if state.ok_seen else "no",
             _relative(state.updated, now), _throttle_words(throttle, state, now))
+
+
+#: The row's fields ``show`` names in its own words (the host columns and the announced quota).
+_SHOWN_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "updated", "throttled_at",
+                 "ratelimit_interval", "ratelimit_until")
+
+
+def _quota_cells(state: HostState, now: float) -> list[tuple[str, str]]:
+    """The announced quota's lines of ``show`` (README, "Announced quotas"): ``rate limit`` (the interval its
+    quota allows, seconds) and ``quota spent`` (held until its reset), each only when recorded."""
+    cells = []
+    if state.ratelimit_interval:
+        cells.append(("rate limit", f"1 request per {state.ratelimit_interval:g} s"))
+    if state.ratelimit_until:
+        cells.append(("quota spent", f"until {_due(state.ratelimit_until, now)}"
+                      if state.ratelimit_until > now else f"reset {_relative(state.ratelimit_until, now)}"))
+    return cells
 
 
 def _event_json(event: Event) -> dict[str, Any]:
@@ -375,10 +395,11 @@ class _Operator:
             width = max(len(c) for c in HOST_COLUMNS[1:])
             for column, cell in zip(HOST_COLUMNS[1:], cells[1:]):
                 self.print(f"  {column:<{width}}  {cell}")
+            for label, cell in _quota_cells(state, self.now):
+                self.print(f"  {label:<{width}}  {cell}")
             extra = {f.name: getattr(state, f.name) for f in fields(state)
-                     if f.name not in ("next_allowed", "consec", "crawl_delay", "ok_seen", "updated", "throttled_at")
-                     and getattr(state, f.name)}
-            for name, value in extra.items():
+                     if f.name not in _SHOWN_FIELDS and getattr(state, f.name)}
+            for name, value in extra.items():  # a field added to HostState later: shown by its name
                 self.print(f"  {name.replace('_', ' '):<{width}}  {value:g}")
         if address is None:
             self.print("\naddress rows (the addresses it was booked on):")

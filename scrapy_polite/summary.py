@@ -27,8 +27,8 @@ __all__ = [
 ]
 
 #: How a deferral reason is named to the user.
-REASON_WORDS = {"throttled": "throttled", "crawl_delay": "Crawl-delay", "line": "line busy",
-                "ip_line": "address busy"}
+REASON_WORDS = {"throttled": "throttled", "ratelimit": "rate limit", "crawl_delay": "Crawl-delay",
+                "line": "line busy", "ip_line": "address busy"}
 
 #: How a refusal reason is named to the user.
 REFUSAL_WORDS = {"non_public": "non-public", "no_host": "no host"}

@@ -149,7 +149,8 @@ def test_hosts_json_has_the_columns_as_keys(table):
     assert list(hosts) == ["idle.example", "slow.example", "busy.example"]
     busy = hosts["busy.example"]
     assert set(busy) == {"host", "next_allowed", "next_allowed_at", "next_allowed_in", "backoff_steps", "crawl_delay",
-                         "2xx_seen", "updated", "updated_at", "last_throttle"}
+                         "2xx_seen", "updated", "updated_at", "ratelimit_interval", "ratelimit_until",
+                         "ratelimit_until_at", "last_throttle"}
     assert set(busy) >= {c.lower().replace(" ", "_").replace("-", "_") for c in HOST_COLUMNS}
     assert busy["next_allowed"] == pytest.approx(table.now + 250) and 240 < busy["next_allowed_in"] <= 250
     assert busy["backoff_steps"] == 3 and busy["crawl_delay"] is None and busy["2xx_seen"] is True
@@ -233,6 +234,24 @@ def test_show_json(table):
     assert response["url"] == "http://busy.example/p/3" and response["what"].startswith("429")
     slow = json.loads(table.run("show", "slow.example", "--json").out)
     assert slow["row"]["crawl_delay"] == 7.0 and [e["kind"] for e in slow["events"]] == ["robots_delay"]
+
+
+def test_show_names_an_announced_quota(table):
+    now = table.now
+    quota = HostState(next_allowed=now + 12, ok_seen=True, updated=now - 1, ratelimit_interval=0.6,
+                      ratelimit_until=now + 12)
+    table.store.update("quota.example", lambda old, now_: (quota, None))
+    text = table.run("show", "quota.example").out
+    assert re.search(r"^  rate limit\s{2,}1 request per 0\.6 s$", text, re.M), text
+    assert re.search(r"^  quota spent\s{2,}until in 1\d(\.\d)? s \(at ", text, re.M), text
+    assert "ratelimit" not in text, text  # the row's field names are not shown raw
+    data = json.loads(table.run("show", "quota.example", "--json").out)
+    assert data["row"]["ratelimit_interval"] == 0.6 and data["row"]["ratelimit_until"] == pytest.approx(now + 12)
+    assert data["row"]["ratelimit_until_at"]
+    # negative control: a host without an announced quota has no quota lines
+    busy = table.run("show", "busy.example").out
+    assert "rate limit" not in busy and "quota spent" not in busy
+    assert json.loads(table.run("show", "busy.example", "--json").out)["row"]["ratelimit_interval"] is None
 
 
 def test_show_errors(table):

@@ -103,6 +103,21 @@ def test_turn_waits_are_kept_apart_from_deferrals_caused_by_throttling_or_a_long
     assert rep.counters("busy.example").throttle_cause == "429, Retry-After 30 s"
 
 
+def test_a_spent_quota_is_named_rate_limit_and_is_not_a_turn_wait():
+    rep, clock = report()
+    rep.booked("quota.example")
+    rep.deferred("quota.example", "ratelimit")
+    rep.deferred("quota.example", "ratelimit")
+    rep.deferred("other.example", "line")  # negative control: a busy line stays a turn wait
+    clock.t += 5
+    text = format_summary(rep, now=clock.t)
+    rows = {line.split()[0]: line for line in text.splitlines()[2:]}
+    assert "2 rate limit" in rows["quota.example"], text
+    assert "ratelimit" not in text, text
+    assert "2 deferred (2 rate limit)" in text.splitlines()[0], text
+    assert "rate limit" not in rows["other.example"], text
+
+
 def test_totals_never_add_per_host_times_into_more_than_the_crawl():
     """Ten hosts waiting in line at the same time for 10 s, and backing off at the same time, in a 10 s crawl:
     the totals say 10 s, not 100 s (the per-host rows keep their own 10 s)."""
