@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import socket
+import time
 
 import pytest
 import pytest_twisted
@@ -165,3 +167,25 @@ async def test_crawl_timeout(arrival_server):
     with pytest.raises(CrawlTimeout) as info:
         await run_crawl(ListSpider, {}, urls=[srv.url("/slow")], timeout=0.3)
     assert info.value.crawler.stats.get_value("finish_reason") is not None
+
+
+class _NeverAnswers:
+    """A downloader middleware whose every request waits forever: the engine cannot close."""
+
+    async def process_request(self, request):
+        await asyncio.get_running_loop().create_future()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_whose_stop_never_completes_fails_instead_of_hanging(arrival_server, monkeypatch):
+    import tests.support.crawl as crawl_support
+
+    monkeypatch.setattr(crawl_support, "STOP_GRACE", 0.5)
+    srv = arrival_server("127.0.0.7")
+    started = time.monotonic()
+    with pytest.raises(CrawlTimeout) as info:
+        await run_crawl(ListSpider, {"DOWNLOADER_MIDDLEWARES": {f"{__name__}._NeverAnswers": 1}},
+                        urls=[srv.url("/x")], timeout=0.3)
+    assert "stopping it did not complete" in str(info.value)
+    assert srv.url("/x") in str(info.value)  # names the request in progress
+    assert time.monotonic() - started < 10

@@ -37,6 +37,8 @@ from scrapy.settings import Settings
 from scrapy.spidermiddlewares.httperror import HttpError
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler, load_object
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
 
 __all__ = ["CrawlTimeout", "Failed", "Fetched", "ListSpider", "TEST_SETTINGS", "polite_settings", "run_crawl"]
 
@@ -116,24 +118,57 @@ async def run_crawl(
 
     crawler = runner.create_crawler(spider_cls)
     timed_out = False
+    done: Deferred[Any] = Deferred()
+    stuck_timer: list[Any] = []
 
     def _on_timeout() -> None:
         nonlocal timed_out
         timed_out = True
         deferred_from_coro(crawler.stop_async())
+        stuck_timer.append(reactor.callLater(STOP_GRACE, _on_stuck))
+
+    def _on_stuck() -> None:
+        # The stop did not complete either (e.g. a download that never ends keeps the engine's slot open):
+        # fail the test with what is in progress instead of hanging the suite.
+        if not done.called:
+            done.errback(CrawlTimeout(
+                f"crawl of {spider_cls.__name__} did not finish within {timeout} s, and stopping it did not "
+                f"complete within {STOP_GRACE} s; in progress: {_in_progress(crawler)}", crawler))
+
+    def _finished(result: Any) -> None:
+        if not done.called:
+            done.callback(result)
+        elif isinstance(result, Failure):
+            result.trap(Exception)  # the test already failed on the timeout; do not log it as unhandled
 
     timer = reactor.callLater(timeout, _on_timeout) if timeout else None
+    runner.crawl(crawler, **spider_kwargs).addBoth(_finished)
     try:
-        await runner.crawl(crawler, **spider_kwargs)
+        await done
     finally:
-        if timer is not None and timer.active():
-            timer.cancel()
+        for t in [timer, *stuck_timer]:
+            if t is not None and t.active():
+                t.cancel()
         if install_resolver:
             reactor.resolver = old_resolver
             reactor._nameResolver = old_name_resolver
     if timed_out:
         raise CrawlTimeout(f"crawl of {spider_cls.__name__} did not finish within {timeout} s", crawler)
     return crawler
+
+
+#: Seconds :func:`run_crawl` gives a timed-out crawl's stop to complete before it gives up on the crawl.
+STOP_GRACE = 20.0
+
+
+def _in_progress(crawler: Crawler) -> str:
+    """The requests the engine still has in progress (for a stuck crawl's error), best effort."""
+    engine = crawler.engine
+    slot = getattr(engine, "_slot", None) or getattr(engine, "slot", None)
+    inprogress = getattr(slot, "inprogress", None)
+    downloader = getattr(engine, "downloader", None)
+    active = getattr(downloader, "active", None)
+    return f"engine slot {sorted(r.url for r in inprogress or ())!r}, downloader {sorted(r.url for r in active or ())!r}"
 
 
 # --------------------------------------------------------------------------------------------------
