@@ -220,8 +220,8 @@ class EventLog:
 
 
 #: The user's words for a deferral reason and a refusal reason (the closing summary's, README "Stats").
-DEFERRAL_WORDS = {"throttled": "throttled", "crawl_delay": "Crawl-delay", "line": "line busy",
-                  "ip_line": "address busy"}
+DEFERRAL_WORDS = {"throttled": "throttled", "ratelimit": "rate limit", "crawl_delay": "Crawl-delay",
+                  "line": "line busy", "ip_line": "address busy"}
 REFUSAL_WORDS = {"non_public": "non-public", "no_host": "no host", "invalid_host": "invalid host"}
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .events import DEFERRAL_WORDS, REFUSAL_WORDS
 from .reporting import HostCounters, Report
 
 __all__ = [
@@ -26,12 +27,8 @@ __all__ = [
     "reset_command",
 ]
 
-#: How a deferral reason is named to the user.
-REASON_WORDS = {"throttled": "throttled", "ratelimit": "rate limit", "crawl_delay": "Crawl-delay",
-                "line": "line busy", "ip_line": "address busy"}
-
-#: How a refusal reason is named to the user.
-REFUSAL_WORDS = {"non_public": "non-public", "no_host": "no host"}
+#: How a deferral reason is named to the user (one table for the summary, the event log and the timeline).
+REASON_WORDS = DEFERRAL_WORDS
 
 #: The per-host columns of the summary (README, "Stats").
 COLUMNS = ("host", "requests", "given up", "throttles", "backoff steps", "backing off", "turn waits",

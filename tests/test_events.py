@@ -331,6 +331,7 @@ def test_describe_each_kind():
     assert describe(e(T0, "deferral", "h", reason="crawl_delay", delay=70.0, due=T0 + 70)).startswith(
         "deferred (Crawl-delay) for 70.0 s, until ")
     assert describe(e(T0, "deferral", "h", reason="throttled")) == "deferred (throttled)"
+    assert describe(e(T0, "deferral", "h", reason="ratelimit")) == "deferred (rate limit)"
     assert describe(e(T0, "response", "h", status=200, delay=1.0)) == "200: delay chosen 1.0 s"
     assert describe(e(T0, "response", "h", status=503, delay=4.0, retry_after=4.0, reason="throttle", steps=2)) == (
         "503, Retry-After 4 s: delay chosen 4.0 s, a throttle, backoff steps 2")
