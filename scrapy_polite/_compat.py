@@ -5,7 +5,7 @@ versions it was checked against; the lowest ones are the floors in ``setup.cfg``
 (``tests/constraints-lowest.txt``, tox env ``lowest``), the highest the ones the main test run installs.
 When a new Scrapy or Twisted release changes one of them, this module is the only one to adapt.
 
-Checked against Scrapy 2.18.0 and 2.19.0, Twisted 21.7.0 and 26.10.0.
+Checked against Scrapy 2.18.0 and 2.19.0, Twisted 22.8.0 and 26.10.0.
 
 What it provides:
 
@@ -92,7 +92,7 @@ class _AddressKeyedPool:
     pooled connection is reused only for the same (scheme, host, port, bind address, address).
 
     ``Agent`` uses only ``pool.getConnection(key, endpoint)`` and ``pool.persistent`` (public
-    ``HTTPConnectionPool`` API; Twisted 21.7.0 and 26.10.0); the pool files the connection back under the
+    ``HTTPConnectionPool`` API; Twisted 22.8.0 and 26.10.0); the pool files the connection back under the
     key it was given."""
 
     def __init__(self, pool: HTTPConnectionPool, extra: tuple[Any, ...]) -> None:
@@ -131,7 +131,7 @@ def pinned_agent(*, reactor: Any, address: str, context_factory: IPolicyForHTTPS
     factory = _PinnedEndpointFactory(reactor=reactor, address=address, context_factory=context_factory,
                                      connect_timeout=connect_timeout, bind_address=bind_address)
     keyed = _AddressKeyedPool(pool, (bind_address, address))
-    # Twisted (21.7.0 to 26.10.0) leaves usingEndpointFactory unannotated; ``keyed`` stands in for the pool.
+    # Twisted (22.8.0 to 26.10.0) leaves usingEndpointFactory unannotated; ``keyed`` stands in for the pool.
     agent: Agent = Agent.usingEndpointFactory(reactor, factory, pool=keyed)  # type: ignore[no-untyped-call]
     return agent
 
@@ -204,7 +204,7 @@ def server_side_failure_types() -> tuple[type[BaseException], ...]:
 
     Twisted's connection errors, its HTTP client's ``ResponseFailed`` and ``ResponseNeverReceived``
     (defined in the private ``twisted.web._newclient``, imported from their public re-export in
-    ``twisted.web.client``; Twisted 21.7.0 and 26.10.0), and the wrappers Scrapy ≥ 2.17 raises instead
+    ``twisted.web.client``; Twisted 22.8.0 and 26.10.0), and the wrappers Scrapy ≥ 2.17 raises instead
     of Twisted's errors (``DownloadTimeoutError``, ``DownloadConnectionRefusedError``,
     ``DownloadFailedError``; Scrapy 2.18.0 and 2.19.0).
     """

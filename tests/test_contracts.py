@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from scrapy import __version__ as scrapy_version
 
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import open_store
@@ -209,9 +208,6 @@ def test_public_only_fails_when_private_addresses_are_allowed(project):
     assert "POLITE_ALLOW_PRIVATE = True" in out, out
 
 
-@pytest.mark.xfail(tuple(int(p) for p in scrapy_version.split(".")[:2]) < (2, 19), strict=True,
-                   reason="on Scrapy 2.18 `scrapy check` does not call the contract errback for the BlockedHost "
-                          "refusal, so the check reports 0 contracts and passes (known gap, left open)")
 def test_public_only_fails_on_a_host_with_only_non_public_addresses(project):
     cwd, servers, _ = project
     code, out = check(cwd, "private")
