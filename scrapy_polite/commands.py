@@ -264,13 +264,12 @@ _SHOWN_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "updated", 
 
 def _quota_cells(state: HostState, now: float) -> list[tuple[str, str]]:
     """The announced quota's lines of ``show`` (README, "Announced quotas"): ``rate limit`` (the interval its
-    quota allows, seconds) and ``quota spent`` (held until its reset), each only when recorded."""
+    quota allows, seconds) when recorded, and ``quota spent`` (held until its reset) while the hold lasts."""
     cells = []
     if state.ratelimit_interval:
         cells.append(("rate limit", f"1 request per {state.ratelimit_interval:g} s"))
-    if state.ratelimit_until:
-        cells.append(("quota spent", f"until {_due(state.ratelimit_until, now)}"
-                      if state.ratelimit_until > now else f"reset {_relative(state.ratelimit_until, now)}"))
+    if state.ratelimit_until > now:  # a hold whose reset has passed is history: nothing to show
+        cells.append(("quota spent", f"until {_due(state.ratelimit_until, now)}"))
     return cells
 
 

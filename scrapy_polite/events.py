@@ -238,7 +238,7 @@ def describe(event: Event) -> str:
     if kind == "booking":
         text = "booked" + (f" on {event.address}" if event.address else "")
         if delay is not None:
-            text += f", next allowed in {delay:.1f} s"
+            text += f", next allowed in {delay:.1f} s" if delay >= 0.05 else ", next allowed now"
         return text + (" (burst)" if reason == "burst" else "")
     if kind == "wait":
         return f"waits {delay or 0.0:.1f} s in line"

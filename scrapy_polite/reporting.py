@@ -17,9 +17,10 @@ The counters speak the user's words, the same in README ("Stats"), the closing s
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,32 +38,48 @@ GIVEN_UP_URLS = 5
 
 
 class Span:
-    """The length of a union of time intervals (epoch seconds) added in about increasing start order:
-    "during how much of the crawl was this going on" — never longer than the time the intervals cover."""
+    """The length of a union of time intervals (epoch seconds): "during how much of the crawl was this going
+    on" — never longer than the time the intervals cover. Intervals may be added in any order (adding them
+    in increasing start order, as the crawl does, is O(1))."""
 
     def __init__(self) -> None:
-        self.closed = 0.0
-        self.start: float | None = None
-        self.end = 0.0
+        #: The disjoint intervals ``[start, end]``, sorted by start.
+        self._intervals: list[list[float]] = []
 
     def add(self, start: float, end: float) -> None:
-        """Add ``[start, end)``; an interval that overlaps the last one extends it."""
+        """Add ``[start, end)``; intervals that overlap or touch it are merged with it."""
         if end <= start:
             return
-        if self.start is None or start > self.end:
-            if self.start is not None:
-                self.closed += self.end - self.start
-            self.start, self.end = start, end
-        else:
-            self.start = min(self.start, start)
-            self.end = max(self.end, end)
+        intervals = self._intervals
+        if not intervals or start > intervals[-1][1]:  # the usual case: after everything so far
+            intervals.append([start, end])
+            return
+        i = bisect.bisect_left(intervals, [start, start])
+        if i > 0 and intervals[i - 1][1] >= start:
+            i -= 1
+        j = i
+        while j < len(intervals) and intervals[j][0] <= end:
+            start, end = min(start, intervals[j][0]), max(end, intervals[j][1])
+            j += 1
+        intervals[i:j] = [[start, end]]
+
+    def intervals(self) -> list[tuple[float, float]]:
+        """The disjoint intervals covered, sorted (epoch s)."""
+        return [(a, b) for a, b in self._intervals]
 
     def seconds(self, until: float | None = None) -> float:
-        """The seconds covered, the last interval counted only up to ``until`` (epoch s) when given."""
-        if self.start is None:
-            return self.closed
-        end = self.end if until is None else min(self.end, until)
-        return self.closed + max(0.0, end - self.start)
+        """The seconds covered, counted only up to ``until`` (epoch s) when given."""
+        if until is None:
+            return sum(b - a for a, b in self._intervals)
+        return sum(min(b, until) - a for a, b in self._intervals if a < until)
+
+    @classmethod
+    def union(cls, spans: Iterable[Span]) -> Span:
+        """One span covering every moment any of ``spans`` covers."""
+        merged = cls()
+        for start, end in sorted(i for span in spans for i in span.intervals()):
+            merged.add(start, end)
+        return merged
 
 
 @dataclass
@@ -119,6 +136,13 @@ class HostCounters:
         """Deferrals because the host slows us down (``throttled``, ``crawl_delay``, …), by reason."""
         return {r: n for r, n in sorted(self.deferral_reasons.items()) if r not in TURN_REASONS and n}
 
+    @property
+    def active(self) -> bool:
+        """This crawl did something with the host: booked, held, deferred, refused or recorded a request of it
+        (a host only listed at start as in backoff from an earlier run is not active)."""
+        return bool(self.requests or self.waits or self.deferrals or self.throttles or self.statuses
+                    or self.refusals or self.given_up)
+
     def in_backoff(self, now: float) -> bool:
         """The host is backing us off at ``now`` (this process's epoch s): no request may start to it."""
         return self.backoff_due is not None and self.backoff_due > now
@@ -133,9 +157,8 @@ class Report:
 
     Attributes:
         started: when the crawl started (epoch s).
-        turn_span: the moments of the crawl when some request waited in line for its host's turn;
-        backoff_span: the moments of the crawl when some host was backing us off (the totals the summary
-            gives: never longer than the crawl, unlike sums over hosts).
+        turn_span: the moments of the crawl when some request waited in line for its host's turn (the
+            total the summary gives: never longer than the crawl, unlike sums over hosts).
     """
 
     def __init__(self, stats: Any, clock: Callable[[], float] = time.time) -> None:
@@ -143,7 +166,6 @@ class Report:
         self.clock = clock
         self.started = clock()
         self.turn_span = Span()
-        self.backoff_span = Span()
         self.hosts: dict[str, HostCounters] = {}
         #: The event log the glue units write to (:class:`~scrapy_polite.events.EventLog`; the pacer attaches
         #: the store's, off until then).
@@ -196,8 +218,10 @@ class Report:
             if retry_after is not None and retry_after > 0:
                 cause += f", Retry-After {retry_after:g} s"
             counters.throttle_cause = cause
+        if decision.throttle or state.consec > 0:
+            # A throttle opens a backoff window; so does a success that leaves steps to earn back (docs/spec.md
+            # §2: the delay after it is still the backoff, not the interval).
             counters.backing_off.add(state.updated + offset, due)
-            self.backoff_span.add(state.updated + offset, due)
         if state.consec > 0 and due > state.updated + offset:
             counters.backoff_due = due
         elif state.consec == 0:
@@ -212,7 +236,6 @@ class Report:
             steps = "1 backoff step" if state.consec == 1 else f"{state.consec} backoff steps"
             counters.throttle_cause = f"{steps} from an earlier run"
         counters.backing_off.add(self.started, counters.backoff_due)
-        self.backoff_span.add(self.started, counters.backoff_due)
 
     def gave_up(self, host: str, url: str) -> None:
         """A page of ``host`` was given up after throttles (``polite/throttle/given_up``)."""

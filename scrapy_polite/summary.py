@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .events import DEFERRAL_WORDS, REFUSAL_WORDS
-from .reporting import HostCounters, Report
+from .reporting import HostCounters, Report, Span
 
 __all__ = [
     "HeldHost",
@@ -151,7 +151,8 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
         now: the crawl's end, epoch seconds (this process's clock).
         no_host: requests refused because their URL has no host (``polite/refused/no_host``).
     """
-    hosts = report.hosts
+    # A host this crawl never touched (only listed at start as in backoff from an earlier run) is not in it.
+    hosts = {host: c for host, c in report.hosts.items() if c.active}
     elapsed = max(0.0, now - report.started)
     given_up = sum(c.given_up for c in hosts.values())
     throttles = sum(c.throttles for c in hosts.values())
@@ -179,7 +180,7 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
                      + ", ".join(f"{n} {REFUSAL_WORDS.get(r, r)}" for r, n in sorted(refused.items())) + ")")
     else:
         parts.append("0 refused")
-    backing_off = format_duration(report.backoff_span.seconds(until=now))
+    backing_off = format_duration(Span.union(c.backing_off for c in hosts.values()).seconds(until=now))
     in_line = format_duration(report.turn_span.seconds(until=now))
     lines = [f"scrapy-polite summary: {_count(len(hosts), 'host')} in {format_duration(elapsed)}: "
              + ", ".join(parts) + f"; backing off during {backing_off} of the crawl; {_count(turn, 'turn wait')} "

@@ -248,6 +248,12 @@ def test_show_names_an_announced_quota(table):
     data = json.loads(table.run("show", "quota.example", "--json").out)
     assert data["row"]["ratelimit_interval"] == 0.6 and data["row"]["ratelimit_until"] == pytest.approx(now + 12)
     assert data["row"]["ratelimit_until_at"]
+    # a hold whose reset has passed is not shown as spent; the interval stays
+    passed = HostState(next_allowed=now - 50, ok_seen=True, updated=now - 60, ratelimit_interval=0.6,
+                       ratelimit_until=now - 50)
+    table.store.update("reset.example", lambda old, now_: (passed, None))
+    text = table.run("show", "reset.example").out
+    assert "quota spent" not in text and "1 request per 0.6 s" in text, text
     # negative control: a host without an announced quota has no quota lines
     busy = table.run("show", "busy.example").out
     assert "rate limit" not in busy and "quota spent" not in busy

@@ -326,6 +326,7 @@ def test_describe_each_kind():
     e = Event
     assert describe(e(T0, "booking", "h", address="192.0.2.1", delay=1.0)) == "booked on 192.0.2.1, next allowed in 1.0 s"
     assert describe(e(T0, "booking", "h", reason="burst")) == "booked (burst)"
+    assert describe(e(T0, "booking", "h", delay=-0.0001)) == "booked, next allowed now"  # never "in -0.0 s"
     assert describe(e(T0, "wait", "h", delay=0.75)) == "waits 0.8 s in line"
     assert describe(e(T0, "deferral", "h", reason="line")) == "deferred (line busy) until its line frees"
     assert describe(e(T0, "deferral", "h", reason="crawl_delay", delay=70.0, due=T0 + 70)).startswith(

@@ -65,6 +65,22 @@ def test_span_counts_overlapping_intervals_once():
     assert empty.seconds() == 0
 
 
+def test_span_takes_intervals_in_any_order_and_unions_spans():
+    span = Span()
+    span.add(20, 25)
+    span.add(0, 5)  # before everything so far
+    span.add(4, 21)  # bridges both
+    span.add(30, 31)
+    assert span.intervals() == [(0, 25), (30, 31)]
+    assert span.seconds() == 26 and span.seconds(until=10) == 10
+    other = Span()
+    other.add(24, 30)
+    assert Span.union([span, other]).intervals() == [(0, 31)]
+    disjoint = Span()  # negative control: apart, nothing is merged
+    disjoint.add(40, 41)
+    assert Span.union([span, disjoint]).seconds() == 27
+
+
 def test_durations_read_as_a_person_would():
     assert [format_duration(s) for s in (0.44, 12.0, 250.4, 7300)] == ["0.4 s", "12.0 s", "4 m 10 s", "2 h 1 m"]
 
@@ -132,6 +148,38 @@ def test_totals_never_add_per_host_times_into_more_than_the_crawl():
     assert "backing off during 10.0 s of the crawl" in first
     assert "10 turn waits (a request waiting in line during 10.0 s of the crawl)" in first
     assert "100.0 s" not in first and "1 m 40 s" not in first
+
+
+def test_backing_off_includes_the_backoff_after_a_success_that_leaves_steps():
+    """docs/spec.md §2: a success takes one step off; with steps left, its delay is still a backoff."""
+    rep, clock = report()
+    throttle(rep, "busy.example", at=T0, due=T0 + 2, steps=3, retry_after=2)  # Retry-After 2 s, 3 steps
+    ok = HostState(next_allowed=T0 + 2.1 + 4, consec=2, ok_seen=True, updated=T0 + 2.1)
+    rep.recorded("busy.example", Decision(state=ok, delay=4.0, throttle=False, counted=True))
+    done = HostState(next_allowed=T0 + 7, consec=0, ok_seen=True, updated=T0 + 6.5)  # negative control:
+    rep.recorded("busy.example", Decision(state=done, delay=0.5, throttle=False, counted=True))  # 0 steps left
+    clock.t = T0 + 10
+    text = format_summary(rep, now=clock.t)
+    row = [line for line in text.splitlines() if line.startswith("  busy.example")][0]
+    assert re.search(r" 6\.0 s ", row), text  # 2 s of Retry-After + 4 s after the 200; not the last 0.5 s
+    assert "backing off during 6.0 s of the crawl" in text.splitlines()[0], text
+
+
+def test_a_host_only_in_backoff_from_an_earlier_run_is_not_in_the_summary():
+    rep, clock = report()
+    earlier = HostState(next_allowed=T0 + 600, consec=4, updated=T0 - 5)
+    rep.starts_in_backoff("old.example", earlier)
+    rep.booked("fresh.example")
+    clock.t = T0 + 15
+    text = format_summary(rep, now=clock.t)
+    assert "old.example" not in text, text
+    assert text.splitlines()[0].startswith("scrapy-polite summary: 1 host in 15.0 s"), text
+    assert "backing off during 0.0 s of the crawl" in text.splitlines()[0], text
+    # negative control: once this crawl defers one of its requests, the host and its backoff are in it
+    rep.deferred("old.example", "throttled")
+    text = format_summary(rep, now=clock.t)
+    assert re.search(r"old\.example +0 +0 +0 +0 +15\.0 s .*1 throttled", text), text
+    assert "2 hosts in 15.0 s" in text and "backing off during 15.0 s of the crawl" in text, text
 
 
 def test_refusals_and_pages_given_up_are_in_the_summary():
