@@ -243,10 +243,10 @@ class PoliteExtension:
             return
         await await_deferred(self.pacer.set_crawl_delay(host, delay))
 
-    def spider_closed(self, spider: Spider, reason: str) -> None:
+    async def spider_closed(self, spider: Spider, reason: str) -> None:
         if self._progress is not None and self._progress.running:
             self._progress.stop()
         stats = self.crawler.stats
         no_host = stats.get_value("polite/refused/no_host", 0) if stats is not None else 0
         logger.info("%s", format_summary(self.pacer.report, now=self.pacer.clock(), no_host=no_host or 0))
-        self.pacer.close()
+        await self.pacer.close_async()

@@ -122,6 +122,12 @@ class StoreGuard:
         self._closed = True
         self.store.close()
 
+    def close_async(self) -> Deferred[None]:
+        """:meth:`close` without blocking the reactor (:meth:`AsyncStore.close_async
+        <scrapy_polite.stores.AsyncStore.close_async>`)."""
+        self._closed = True
+        return self.store.close_async()
+
     # -- the retry loop ---------------------------------------------------------------------------------
 
     def _call(self, make: Callable[[], Deferred[T]], delay: float | None = None) -> Deferred[T]:

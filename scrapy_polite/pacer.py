@@ -34,7 +34,7 @@ from .events import EventLog
 from .lines import Lines
 from .outage import DeferredStore, StoreGuard
 from .policy import Decision, PacingPolicy
-from .reactor import call_later, reactor_sleep
+from .reactor import await_deferred, call_later, reactor_sleep
 from .recording import SERVER_SIDE_FAILURES, Recorder
 from .reporting import HostCounters, Report
 from .resolution import Resolution
@@ -243,9 +243,21 @@ class Pacer:
             close_spider_soon(self.crawler, "polite_resolver_missing")
 
     def close(self) -> None:
-        """Write the events still buffered, then close the pace table."""
+        """Write the events still buffered, then close the pace table (blocking: outside a running crawl)."""
         self.events.close()
         self.guard.close()
+
+    async def close_async(self) -> None:
+        """Write the events still buffered, then close the pace table, without blocking the reactor (the
+        crawl's close: ``spider_closed``). A failure of either is logged, never raised."""
+        try:
+            await await_deferred(self.events.close())
+        except Exception:
+            logger.warning("scrapy-polite: the last events could not be written", exc_info=True)
+        try:
+            await await_deferred(self.guard.close_async())
+        except Exception:
+            logger.warning("scrapy-polite: the pace table %s did not close cleanly", self.store.uri, exc_info=True)
 
 
 def close_spider_soon(crawler: Crawler, reason: str) -> None:

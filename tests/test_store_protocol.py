@@ -475,3 +475,39 @@ async def test_async_store_appends_events(any_store):
     assert await d is None
     await astore.update("a.example", lambda old, now: (FULL, None))  # the pace table still works beside it
     assert [e.steps for e in any_store.store.events()] == [1, 2]
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_async_never_blocks_the_reactor_while_a_queued_call_waits(tmp_path):
+    """A call on the store's thread that waits (here for another writer's lock; with Redis, a socket timeout
+    in an outage) keeps the crawl's close off the reactor: the reactor runs meanwhile, and the close completes
+    once the call is done. Negative control: the blocking ``close()`` holds the caller for that long."""
+    import threading
+
+    from twisted.internet import reactor, task
+
+    path = str(tmp_path / "pace.sqlite3")
+    for closing in ("async", "blocking"):
+        astore = AsyncStore(SQLiteStore(path, clock=lambda: T0))
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+        queued = astore.update("a.example", lambda old, now: (FULL, "queued"))
+        assert not queued.called  # on the store's thread, waiting for the lock
+        if closing == "async":
+            ticks: list[float] = []
+            loop = task.LoopingCall(lambda: ticks.append(time.monotonic()))
+            loop.start(0.02)
+            reactor.callLater(0.5, other.execute, "COMMIT")  # runs only if the reactor is not blocked
+            started = time.monotonic()
+            await astore.close_async()
+            loop.stop()
+            assert await queued == "queued"
+            assert time.monotonic() - started >= 0.4
+            assert max(b - a for a, b in zip(ticks, ticks[1:])) < 0.3, ticks
+        else:
+            threading.Timer(0.5, other.execute, ("COMMIT",)).start()
+            started = time.monotonic()
+            astore.close()
+            assert time.monotonic() - started >= 0.4  # the caller was held until the call was done
+        other.close()
+    assert SQLiteStore(path).get("a.example") == FULL

@@ -168,20 +168,40 @@ class AsyncStore:
         return d
 
     def close(self) -> None:
-        """Stop the thread (after the calls already queued), checkpoint and close the backend."""
+        """Stop the thread (after the calls already queued), checkpoint and close the backend. Blocks until
+        the calls already queued are done: for a crawl, :meth:`close_async` does the same off the reactor."""
+        self._queue_held()
+        self._close_backend()
+
+    def close_async(self) -> defer.Deferred[None]:
+        """:meth:`close` without blocking the reactor: the calls held on the reactor's side are queued here,
+        and the waits (the store's threads finishing the calls already queued — a Redis call in an outage
+        may take its socket timeout —, the WAL checkpoint, the backend's close) run on a thread of the
+        reactor's pool. Fires when the store is closed; errors of the close are logged by the caller."""
+        self._queue_held()
+        if self._pool is None and self._events_pool is None:  # memory: nothing to wait for
+            self._close_backend()
+            return defer.succeed(None)
+        d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._reactor.getThreadPool(),
+                                                            self._close_backend)
+        return d
+
+    def _queue_held(self) -> None:
         self._checkpointing = False
         while self._held:  # calls held behind a checkpoint still running: queued after it, in order
             name, args, d = self._held.popleft()
             self._threaded(name, *args).chainDeferred(d)
-        if self._events_pool is not None:  # the event batches already queued are written first
-            self._events_pool.stop()
-            self._events_pool = None
-        if self._events_store is not None:
-            self._events_store.close()
-            self._events_store = None
-        if self._pool is not None:
-            self._pool.stop()
-            self._pool = None
+
+    def _close_backend(self) -> None:
+        events_pool, self._events_pool = self._events_pool, None
+        if events_pool is not None:  # the event batches already queued are written first
+            events_pool.stop()
+        events_store, self._events_store = self._events_store, None
+        if events_store is not None:
+            events_store.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
             if isinstance(self.store, SQLiteStore):
                 try:
                     self.store.checkpoint()
