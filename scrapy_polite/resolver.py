@@ -124,7 +124,9 @@ class _Resolution:
         pass
 
 
+@lru_cache(maxsize=4096)
 def _sort_key(address: str) -> tuple[int, Any]:
+    """IPv4 first, then by address (cached: a pinned host is sorted on every connection)."""
     ip = ipaddress.ip_address(address)
     return (ip.version, ip)
 
