@@ -88,6 +88,10 @@ _NAT64 = IPV6_RULES[1][0]
 _SIX_TO_FOUR = IPV6_RULES[2][0]
 
 
+#: The most address strings an :class:`AddressFilter` keeps the verdict of.
+_VERDICTS_MAX = 4096
+
+
 def _as_address(address: str | IPAddress) -> IPAddress:
     """``address`` as an :mod:`ipaddress` object; ValueError for a string that is no IP literal."""
     if isinstance(address, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
@@ -224,7 +228,7 @@ class AddressFilter:
             ``10.0.0.1/8``, count as invalid); the message names the entry and ``POLITE_ALLOWED_NETWORKS``.
     """
 
-    __slots__ = ("_allow_private", "_networks")
+    __slots__ = ("_allow_private", "_networks", "_verdicts")
 
     def __init__(self, allow_private: bool = False, allowed_networks: Iterable[str] = ()) -> None:
         if isinstance(allowed_networks, str):
@@ -242,6 +246,9 @@ class AddressFilter:
                 ) from None
         self._allow_private = bool(allow_private)
         self._networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(networks)
+        #: address string → (its canonical text, allowed): the rules never change after construction, so a
+        #: string's verdict is computed once (at most :data:`_VERDICTS_MAX` kept; cleared when full).
+        self._verdicts: dict[str, tuple[str, bool]] = {}
 
     @property
     def allow_private(self) -> bool:
@@ -271,8 +278,25 @@ class AddressFilter:
             ValueError: ``address`` is a string that is not an IP literal (see :func:`is_public`).
             TypeError: ``address`` is neither a string nor an ipaddress object.
         """
+        if type(address) is str:
+            return self._verdict(address)[1]
         addr = _as_address(address)
         return self._allow_private or is_public(addr) or self._in_allowed_network(addr)
+
+    def _verdict(self, address: str) -> tuple[str, bool]:
+        """``(canonical text, allowed)`` of an address string, from the cache or computed (and kept).
+
+        Raises:
+            ValueError: ``address`` is not an IP literal (never cached).
+        """
+        verdict = self._verdicts.get(address)
+        if verdict is None:
+            addr = _as_address(address)
+            verdict = (str(addr), self._allow_private or is_public(addr) or self._in_allowed_network(addr))
+            if len(self._verdicts) >= _VERDICTS_MAX:
+                self._verdicts.clear()
+            self._verdicts[address] = verdict
+        return verdict
 
     def split(self, addresses: Iterable[str | IPAddress]) -> tuple[list[str], list[str]]:
         """Partition ``addresses`` into ``(kept, dropped)``, each in the order given.
@@ -286,6 +310,10 @@ class AddressFilter:
         kept: list[str] = []
         dropped: list[str] = []
         for address in addresses:
-            addr = _as_address(address)
-            (kept if self.allows(addr) else dropped).append(str(addr))
+            if type(address) is str:
+                text, allowed = self._verdict(address)
+            else:
+                addr = _as_address(address)
+                text, allowed = str(addr), self.allows(addr)
+            (kept if allowed else dropped).append(text)
         return kept, dropped

@@ -96,9 +96,13 @@ class Booker:
         """The largest per-host (``POLITE_HOST_DELAYS``), per-spider (``crawl_delay`` attribute) and
         per-request (``meta['polite_delay']``) interval for this request, seconds, or None (docs/spec.md §5).
         An invalid ``polite_delay`` is ignored, logged and counted once (``polite/invalid_meta``)."""
-        values = [v for v in (self.config.host_delays.get(host), self.spider_delay) if v is not None]
-        if request is not None and "polite_delay" in request.meta:
-            raw = request.meta["polite_delay"]
+        host_delay = self.config.host_delays.get(host) if self.config.host_delays else None
+        meta = request.meta if request is not None else None
+        if host_delay is None and self.spider_delay is None and (meta is None or "polite_delay" not in meta):
+            return None  # the usual case, without building the list below (called several times per request)
+        values = [v for v in (host_delay, self.spider_delay) if v is not None]
+        if request is not None and meta is not None and "polite_delay" in meta:
+            raw = meta["polite_delay"]
             try:
                 value = float(raw)
             except (TypeError, ValueError):

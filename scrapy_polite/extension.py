@@ -83,7 +83,6 @@ class PoliteExtension:
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext.spider_idle, signal=signals.spider_idle)
-        crawler.signals.connect(ext.response_received_robots, signal=signals.response_downloaded)
         ext._check_middleware_order(crawler)
         if crawler.settings.getfloat("DOWNLOAD_DELAY") > 0 or crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
             logger.warning(
@@ -224,7 +223,10 @@ class PoliteExtension:
         self.pacer.spider_delay = value
 
     def response_downloaded(self, response: Response, request: Request, spider: Spider | None = None) -> None:
+        """Record the response in the pace table, and note a robots.txt response's status (one handler of
+        the signal: each handler costs a dispatch on every response)."""
         self.pacer.record_response(request, response)
+        self.response_received_robots(response, request)
 
     async def robots_parsed(self, robotparser: Any, request: Request) -> None:
         host = host_key(request.url)

@@ -30,6 +30,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import dns.exception
@@ -104,6 +105,16 @@ def _canonical(host: str) -> str:
         return normalise_dns_name(host)
 
 
+@lru_cache(maxsize=4096)
+def _canonical_address(address: str) -> str:
+    """The canonical text of an IP address literal (``str(ipaddress.ip_address(address))``), cached.
+
+    Raises:
+        ValueError: ``address`` is not an IP address literal (not cached).
+    """
+    return str(ipaddress.ip_address(address))
+
+
 @implementer(IHostResolution)
 class _Resolution:
     def __init__(self, name: str) -> None:
@@ -113,7 +124,9 @@ class _Resolution:
         pass
 
 
+@lru_cache(maxsize=4096)
 def _sort_key(address: str) -> tuple[int, Any]:
+    """IPv4 first, then by address (cached: a pinned host is sorted on every connection)."""
     ip = ipaddress.ip_address(address)
     return (ip.version, ip)
 
@@ -319,7 +332,7 @@ class PublicHostnameResolver:
 
     def pin(self, host: str, address: str) -> None:
         """Answer only ``address`` for ``host`` until :meth:`unpin` (pins are counted per request)."""
-        self._pins.setdefault(_canonical(host), Counter())[str(ipaddress.ip_address(address))] += 1
+        self._pins.setdefault(_canonical(host), Counter())[_canonical_address(address)] += 1
 
     def unpin(self, host: str, address: str) -> None:
         """Release one pin of ``address`` for ``host``."""
@@ -327,7 +340,7 @@ class PublicHostnameResolver:
         pins = self._pins.get(host)
         if not pins:
             return
-        address = str(ipaddress.ip_address(address))
+        address = _canonical_address(address)
         pins[address] -= 1
         if pins[address] <= 0:
             del pins[address]
@@ -354,10 +367,10 @@ class PublicHostnameResolver:
             for address in addresses:
                 if not self.filter.allows(address):  # a pin is checked again: defence in depth
                     continue
-                ip = ipaddress.ip_address(address)
-                if ip.version == 4 and (addressTypes is None or IPv4Address in addressTypes):
+                version = 6 if ":" in _canonical_address(address) else 4  # canonical IPv4 text has no colon
+                if version == 4 and (addressTypes is None or IPv4Address in addressTypes):
                     resolutionReceiver.addressResolved(IPv4Address("TCP", address, portNumber))
-                elif ip.version == 6 and (addressTypes is None or IPv6Address in addressTypes):
+                elif version == 6 and (addressTypes is None or IPv6Address in addressTypes):
                     resolutionReceiver.addressResolved(IPv6Address("TCP", address, portNumber))
 
         def refused(failure: Any) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from twisted.internet import defer, threads
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from ..policy import HostState
@@ -26,8 +27,10 @@ class AsyncStore:
     * :class:`~scrapy_polite.stores.memory.MemoryStore`: called inline (no I/O).
     * :class:`~scrapy_polite.stores.sqlite.SQLiteStore`: first tried inline on a no-wait connection (a WAL
       transaction without fsync, tens of microseconds); when another writer holds the lock
-      (:class:`~scrapy_polite.stores.base.StoreBusy`) or earlier calls are still queued, the call runs on
-      the store's own thread, which may wait for the lock. The thread also checkpoints the WAL every
+      (:class:`~scrapy_polite.stores.base.StoreBusy`), the call runs on the store's own thread, which may
+      wait for the lock; the calls made meanwhile wait on the reactor's side and then run inline again
+      (one round trip through the thread, not one for every call of a busy crawl). The thread also
+      checkpoints the WAL every
       ``checkpoint_every`` inline writes; the calls made meanwhile wait on the reactor's side (no write
       lands in the WAL while it is copied back, so the WAL can start over) and then run inline again,
       instead of each taking a round trip through the thread. Calls complete in call order.
@@ -70,7 +73,8 @@ class AsyncStore:
         self._pool.start()
 
     def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
-        if self._checkpointing or self._held:  # behind the checkpoint, and behind the calls already held
+        # Behind the checkpoint, behind an inline call handed to the thread, and behind the calls already held.
+        if self._checkpointing or self._held or (self._queued and self._inline is not None):
             d: defer.Deferred[Any] = defer.Deferred()
             self._held.append((name, args, d))
             return d
@@ -104,7 +108,12 @@ class AsyncStore:
     def _checkpointed(self, _result: None) -> None:
         """The checkpoint is done: run the calls held meanwhile, in order (inline while they can be)."""
         self._checkpointing = False
-        while self._held and not self._checkpointing:  # a held write may start the next checkpoint
+        self._drain()
+
+    def _drain(self) -> None:
+        """Run the held calls in order, inline while they can be; stop when one starts a checkpoint or is
+        handed to the thread (the rest wait for it)."""
+        while self._held and not self._checkpointing and not (self._queued and self._inline is not None):
             name, args, d = self._held.popleft()
             self._run(name, args).chainDeferred(d)
 
@@ -112,14 +121,22 @@ class AsyncStore:
         if self._pool is None:
             return defer.fail(StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
         self._queued += 1
+        result_d: defer.Deferred[Any] = defer.Deferred()
 
-        def done(result: Any) -> Any:
+        def done(result: Any) -> None:
             self._queued -= 1
-            return result
+            # The caller sees this result before any call held behind it runs: calls complete in call order.
+            if isinstance(result, Failure):
+                result_d.errback(result)
+            else:
+                result_d.callback(result)
+            if not self._queued and self._inline is not None:
+                self._drain()
 
         d: defer.Deferred[Any] = threads.deferToThreadPool(self._reactor, self._pool,
                                                            getattr(self.store, name), *args)
-        return d.addBoth(done)
+        d.addBoth(done)
+        return result_d
 
     @property
     def uri(self) -> str:
