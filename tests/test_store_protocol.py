@@ -495,7 +495,7 @@ async def test_close_async_never_blocks_the_reactor_while_a_queued_call_waits(tm
         assert not queued.called  # on the store's thread, waiting for the lock
         if closing == "async":
             ticks: list[float] = []
-            loop = task.LoopingCall(lambda: ticks.append(time.monotonic()))
+            loop = task.LoopingCall(_tick, ticks)
             loop.start(0.02)
             reactor.callLater(0.5, other.execute, "COMMIT")  # runs only if the reactor is not blocked
             started = time.monotonic()
@@ -511,3 +511,7 @@ async def test_close_async_never_blocks_the_reactor_while_a_queued_call_waits(tm
             assert time.monotonic() - started >= 0.4  # the caller was held until the call was done
         other.close()
     assert SQLiteStore(path).get("a.example") == FULL
+
+
+def _tick(ticks: list[float]) -> None:
+    ticks.append(time.monotonic())
