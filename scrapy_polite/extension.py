@@ -225,8 +225,10 @@ class PoliteExtension:
     def response_downloaded(self, response: Response, request: Request, spider: Spider | None = None) -> None:
         """Record the response in the pace table, and note a robots.txt response's status (one handler of
         the signal: each handler costs a dispatch on every response)."""
-        self.pacer.record_response(request, response)
-        self.response_received_robots(response, request)
+        try:
+            self.pacer.record_response(request, response)
+        finally:  # as when they were two handlers: one failing never skips the other
+            self.response_received_robots(response, request)
 
     async def robots_parsed(self, robotparser: Any, request: Request) -> None:
         host = host_key(request.url)

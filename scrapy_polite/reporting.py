@@ -40,19 +40,32 @@ GIVEN_UP_URLS = 5
 class Span:
     """The length of a union of time intervals (epoch seconds): "during how much of the crawl was this going
     on" — never longer than the time the intervals cover. Intervals may be added in any order (adding them
-    in increasing start order, as the crawl does, is O(1))."""
+    in increasing start order, as the crawl does, is O(1)). Memory is bounded: beyond :data:`KEPT` intervals
+    the oldest is folded into a sum (an interval added later that reaches back into the folded time counts
+    only from its end)."""
+
+    #: How many disjoint intervals a span keeps apart (a long crawl of one host waits in line millions of times).
+    KEPT = 1024
 
     def __init__(self) -> None:
         #: The disjoint intervals ``[start, end]``, sorted by start.
         self._intervals: list[list[float]] = []
+        #: Seconds of the intervals folded away, and where the folded time ends (epoch s).
+        self._folded = 0.0
+        self._folded_until = float("-inf")
 
     def add(self, start: float, end: float) -> None:
         """Add ``[start, end)``; intervals that overlap or touch it are merged with it."""
+        start = max(start, self._folded_until)
         if end <= start:
             return
         intervals = self._intervals
         if not intervals or start > intervals[-1][1]:  # the usual case: after everything so far
             intervals.append([start, end])
+            if len(intervals) > self.KEPT:
+                first_start, first_end = intervals.pop(0)
+                self._folded += first_end - first_start
+                self._folded_until = first_end
             return
         i = bisect.bisect_left(intervals, [start, start])
         if i > 0 and intervals[i - 1][1] >= start:
@@ -64,21 +77,24 @@ class Span:
         intervals[i:j] = [[start, end]]
 
     def intervals(self) -> list[tuple[float, float]]:
-        """The disjoint intervals covered, sorted (epoch s)."""
+        """The disjoint intervals kept, sorted (epoch s)."""
         return [(a, b) for a, b in self._intervals]
 
     def seconds(self, until: float | None = None) -> float:
-        """The seconds covered, counted only up to ``until`` (epoch s) when given."""
+        """The seconds covered, counted only up to ``until`` (epoch s) when given (folded time is before it)."""
         if until is None:
-            return sum(b - a for a, b in self._intervals)
-        return sum(min(b, until) - a for a, b in self._intervals if a < until)
+            return self._folded + sum(b - a for a, b in self._intervals)
+        return self._folded + sum(min(b, until) - a for a, b in self._intervals if a < until)
 
     @classmethod
     def union(cls, spans: Iterable[Span]) -> Span:
-        """One span covering every moment any of ``spans`` covers."""
+        """One span covering every moment any of ``spans`` covers (time folded away in a span is added as it
+        is, so the union of folded spans may count an overlap twice; the summary caps it at the crawl)."""
+        spans = list(spans)
         merged = cls()
         for start, end in sorted(i for span in spans for i in span.intervals()):
             merged.add(start, end)
+        merged._folded += sum(span._folded for span in spans)
         return merged
 
 
@@ -206,8 +222,9 @@ class Report:
     def recorded(self, host: str, decision: Decision, *, offset: float = 0.0, label: str = "",
                  retry_after: float | None = None) -> None:
         """The host's row after a response (or failure) was recorded (``decision``, times in the store's
-        clock; ``offset``: this process's clock minus the store's). A throttle opens a backoff window until
-        the host's ``next_allowed``, and its cause is kept: ``label`` (the status, or ``"failure"``) and the
+        clock; ``offset``: this process's clock minus the store's). A throttle, or a success that leaves
+        backoff steps to earn back, opens a backoff window until the host's ``next_allowed``; a throttle's
+        cause is kept: ``label`` (the status, or ``"failure"``) and the
         ``Retry-After`` honoured (seconds), e.g. ``"429, Retry-After 30 s"``."""
         counters = self.counters(host)
         state = decision.state

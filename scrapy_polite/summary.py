@@ -141,7 +141,8 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
-    """The closing summary: a totals line, then one row per host (:data:`COLUMNS`) and the pages given up.
+    """The closing summary: a totals line, then one row per host this crawl touched (:data:`COLUMNS`; a host
+    only listed at start as in backoff from an earlier run is left out) and the pages given up.
 
     The totals never add per-host times into a figure longer than the crawl: "backing off" and "turn
     waits" are the time during which *some* host was backing off / *some* request waited in line.
@@ -180,8 +181,8 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
                      + ", ".join(f"{n} {REFUSAL_WORDS.get(r, r)}" for r, n in sorted(refused.items())) + ")")
     else:
         parts.append("0 refused")
-    backing_off = format_duration(Span.union(c.backing_off for c in hosts.values()).seconds(until=now))
-    in_line = format_duration(report.turn_span.seconds(until=now))
+    backing_off = format_duration(min(elapsed, Span.union(c.backing_off for c in hosts.values()).seconds(until=now)))
+    in_line = format_duration(min(elapsed, report.turn_span.seconds(until=now)))
     lines = [f"scrapy-polite summary: {_count(len(hosts), 'host')} in {format_duration(elapsed)}: "
              + ", ".join(parts) + f"; backing off during {backing_off} of the crawl; {_count(turn, 'turn wait')} "
              f"(a request waiting in line during {in_line} of the crawl)"]

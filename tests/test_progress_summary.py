@@ -309,3 +309,17 @@ async def test_the_summary_of_a_real_crawl(arrival_server, caplog):
     backing = float(re.search(r"backing off during (\d+\.\d) s", first).group(1))  # type: ignore[union-attr]
     assert 0.9 <= backing <= crawl_seconds
     assert crawler.stats.get_value("polite/blocked/private_address") == 1
+
+
+def test_a_span_keeps_bounded_memory_and_its_total_over_a_long_crawl():
+    span = Span()
+    for i in range(5 * Span.KEPT):  # waits in line that never overlap, one per second
+        span.add(i, i + 0.5)
+    assert len(span.intervals()) == Span.KEPT
+    assert span.seconds() == pytest.approx(5 * Span.KEPT * 0.5)
+    span.add(0, 10)  # reaches back into folded time: never counted twice
+    assert span.seconds() == pytest.approx(5 * Span.KEPT * 0.5)
+    other = Span()  # negative control: a short span keeps every interval
+    other.add(0, 1)
+    other.add(2, 3)
+    assert other.intervals() == [(0, 1), (2, 3)]

@@ -511,6 +511,9 @@ async def test_close_async_never_blocks_the_reactor_while_a_queued_call_waits(tm
             assert time.monotonic() - started >= 0.4  # the caller was held until the call was done
         other.close()
     assert SQLiteStore(path).get("a.example") == FULL
+    # Once closed, a late call fails cleanly (nothing restarts a thread).
+    with pytest.raises(Exception, match="closed"):
+        await astore.update("a.example", lambda old, now: (FULL, None))
 
 
 def _tick(ticks: list[float]) -> None:

@@ -58,7 +58,8 @@ class AsyncStore:
         self._inline: PaceStore | None = None
         self._queued = 0
         self._writes = 0
-        #: Calls made while a checkpoint runs, in call order: ``(method name, args, Deferred of the result)``.
+        #: Calls made while a checkpoint or a busy call runs on the thread, in call order:
+        #: ``(method name, args, Deferred of the result)``.
         self._held: deque[tuple[str, tuple[Any, ...], defer.Deferred[Any]]] = deque()
         self._checkpointing = False
         self._checkpoint_every = checkpoint_every
@@ -188,42 +189,65 @@ class AsyncStore:
         """Stop the thread (after the calls already queued), checkpoint and close the backend. Blocks until
         the calls already queued are done: for a crawl, :meth:`close_async` does the same off the reactor."""
         self._queue_held()
-        self._close_backend()
+        self._close_parts(*self._detach())
 
     def close_async(self) -> defer.Deferred[None]:
-        """:meth:`close` without blocking the reactor: the calls held on the reactor's side are queued here,
-        and the waits (the store's threads finishing the calls already queued — a Redis call in an outage
-        may take its socket timeout —, the WAL checkpoint, the backend's close) run on a thread of the
-        reactor's pool. Fires when the store is closed; errors of the close are logged by the caller."""
+        """:meth:`close` without blocking the reactor: the calls held on the reactor's side are queued and
+        the store is marked closed here (a later call fails with :class:`StoreError`), and the waits (the
+        store's threads finishing the calls already queued — a Redis call in an outage may take its socket
+        timeout —, the WAL checkpoint, the backend's close) run on a thread of the reactor's pool. Fires
+        when the store is closed; errors of the close are the Deferred's. Blocking when the reactor is not
+        running (nothing to keep responsive, and its pool may be gone)."""
         self._queue_held()
-        if self._pool is None and self._events_pool is None:  # memory: nothing to wait for
-            self._close_backend()
+        parts = self._detach()
+        pool, events_pool = parts[0], parts[1]
+        if (pool is None and events_pool is None) or not getattr(self._reactor, "running", False):
+            try:
+                self._close_parts(*parts)
+            except Exception:
+                return defer.fail()
             return defer.succeed(None)
         d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._reactor.getThreadPool(),
-                                                            self._close_backend)
+                                                            self._close_parts, *parts)
         return d
 
     def _queue_held(self) -> None:
         self._checkpointing = False
-        while self._held:  # calls held behind a checkpoint still running: queued after it, in order
+        while self._held:  # calls held behind a checkpoint or a busy call: queued on the thread, in order
             name, args, d = self._held.popleft()
             self._threaded(name, *args).chainDeferred(d)
 
-    def _close_backend(self) -> None:
-        events_pool, self._events_pool = self._events_pool, None
-        if events_pool is not None:  # the event batches already queued are written first
-            events_pool.stop()
-        events_store, self._events_store = self._events_store, None
-        if events_store is not None:
-            events_store.close()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.stop()
-            if isinstance(self.store, SQLiteStore):
+    def _detach(self) -> tuple[ThreadPool | None, ThreadPool | None, SQLiteStore | None]:
+        """On the reactor's thread: take the threads and the event log's connection out of use (later calls
+        see the store closed) and hand them to :meth:`_close_parts`."""
+        parts = (self._pool, self._events_pool, self._events_store)
+        self._pool = self._events_pool = None
+        self._events_store = None
+        return parts
+
+    def _close_parts(self, pool: ThreadPool | None, events_pool: ThreadPool | None,
+                     events_store: SQLiteStore | None) -> None:
+        """Join the threads (after the calls already queued), checkpoint, close every connection; each step
+        runs even when an earlier one failed (the first error is raised at the end)."""
+        try:
+            if events_pool is not None:  # the event batches already queued are written first
+                events_pool.stop()
+        finally:
+            try:
+                if events_store is not None:
+                    events_store.close()
+            finally:
                 try:
-                    self.store.checkpoint()
-                except StoreError:
-                    pass
-        if self._inline is not None and self._inline is not self.store:
-            self._inline.close()
-        self.store.close()
+                    if pool is not None:
+                        pool.stop()
+                        if isinstance(self.store, SQLiteStore):
+                            try:
+                                self.store.checkpoint()
+                            except StoreError:
+                                pass
+                finally:
+                    try:
+                        if self._inline is not None and self._inline is not self.store:
+                            self._inline.close()
+                    finally:
+                        self.store.close()
