@@ -377,3 +377,32 @@ def test_split_empty():
 def test_split_rejects_non_literal():
     with pytest.raises(ValueError, match="2130706433"):
         AddressFilter().split(["8.8.8.8", "2130706433"])
+
+
+# --------------------------------------------------------------------------------------------------
+# The verdict cache (an address string's canonical form and verdict are computed once)
+
+
+def test_a_cached_verdict_is_the_verdict_computed_fresh():
+    import scrapy_polite.addresses as addresses_module
+
+    rules = AddressFilter(allowed_networks=["127.0.0.0/8"])
+    cases = ["8.8.8.8", "10.0.0.1", "127.0.0.5", "::ffff:10.0.0.1", "::ffff:8.8.8.8", "2001:db8::1",
+             "169.254.169.254", "0:0:0:0:0:ffff:7f00:1", "64:ff9b::a00:1", "2002:0a00:0001::1"]
+    for text in cases:
+        first = rules.allows(text)
+        assert rules.allows(text) is first  # from the cache
+        assert rules.allows(ipaddress.ip_address(text)) is first  # the same as for the ipaddress object
+        assert AddressFilter(allowed_networks=["127.0.0.0/8"]).allows(text) is first  # and fresh
+        assert rules.split([text]) == AddressFilter(allowed_networks=["127.0.0.0/8"]).split([text])
+    # the negative controls: a non-public address is never admitted by the cache, a public one never refused
+    assert rules.allows("10.0.0.1") is False and rules.allows("8.8.8.8") is True
+    # an error is never cached: a bad string raises every time
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            rules.allows("not-an-address")
+    # bounded: once full, the cache starts over, and verdicts stay right
+    for i in range(addresses_module._VERDICTS_MAX + 10):
+        rules.allows(f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}")
+    assert len(rules._verdicts) <= addresses_module._VERDICTS_MAX
+    assert rules.allows("10.0.0.1") is False and rules.allows("127.0.0.5") is True

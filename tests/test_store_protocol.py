@@ -518,3 +518,43 @@ async def test_close_async_never_blocks_the_reactor_while_a_queued_call_waits(tm
 
 def _tick(ticks: list[float]) -> None:
     ticks.append(time.monotonic())
+
+
+@pytest_twisted.ensureDeferred
+async def test_after_a_busy_call_the_held_calls_complete_in_order_and_run_inline_again(tmp_path):
+    """The call that met another writer's lock goes to the store's thread; the calls made meanwhile wait
+    on the reactor's side, complete in call order after it, and run inline (on the reactor's thread), not
+    each through the thread. Negative control: the first one did run on the thread."""
+    import threading
+
+    from twisted.internet import reactor
+
+    path = str(tmp_path / "pace.sqlite3")
+    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0))
+    other = sqlite3.connect(path, isolation_level=None)
+    ran_on: dict[str, int] = {}
+    done: list[str] = []
+
+    def write(name):
+        def fn(old, now):
+            ran_on[name] = threading.get_ident()
+            return FULL, name
+        return fn
+
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        calls = [astore.update("a.example", write("first")), astore.get("a.example"),
+                 astore.update("a.example", write("third"))]
+        for name, d in zip(["first", "second", "third"], calls):
+            d.addCallback(lambda result, name=name: done.append(name) or result)
+        assert not any(d.called for d in calls)
+        reactor.callLater(0.05, other.execute, "COMMIT")
+        assert [await d for d in calls] == ["first", FULL, "third"]
+        assert done == ["first", "second", "third"]
+        assert ran_on["first"] != threading.get_ident()  # the busy one: on the store's thread
+        assert ran_on["third"] == threading.get_ident()  # held, then inline again
+    finally:
+        if other.in_transaction:
+            other.execute("ROLLBACK")
+        other.close()
+        astore.close()
