@@ -17,6 +17,7 @@ from dataclasses import fields, replace
 import pytest
 import pytest_twisted
 from twisted.internet import defer
+from twisted.internet.task import deferLater
 
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import AsyncStore, MemoryStore, Snapshot, SQLiteStore
@@ -558,3 +559,159 @@ async def test_after_a_busy_call_the_held_calls_complete_in_order_and_run_inline
             other.execute("ROLLBACK")
         other.close()
         astore.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# SQLite only: when the WAL is checkpointed, and how the event log is written (docs/spec.md §6)
+
+
+def _wal_log(path: str) -> int:
+    """The WAL's frames as SQLite reports them (``PRAGMA wal_checkpoint`` on a fresh connection copies
+    nothing new when the crawl's connection already did; its ``log`` column is the WAL's length)."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        return int(db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
+    finally:
+        db.close()
+
+
+def test_wal_frames_is_the_length_sqlite_reports(tmp_path):
+    """``wal_frames`` (read from the WAL index) agrees with SQLite's own count, grows with the writes and
+    falls back once the WAL starts over. Negative control: a store with no WAL index yet reads 0."""
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path, clock=lambda: T0)
+    inline = store.nowait()
+    try:
+        for i in range(40):
+            put(inline, f"h{i}.example", FULL)
+        frames = inline.wal_frames()
+        assert frames >= 40 and frames == store.wal_frames()
+        store.checkpoint()  # everything copied back, no write since: the next write starts the WAL over
+        put(inline, "again.example", FULL)
+        assert 0 < inline.wal_frames() < frames
+        assert inline.wal_frames() == _wal_log(path)
+    finally:
+        inline.close()
+        store.close()
+    missing = SQLiteStore(str(tmp_path / 'fresh.sqlite3'))
+    try:
+        import os
+
+        os.remove(missing.path + '-shm') if os.path.exists(missing.path + '-shm') else None
+        assert missing.wal_frames() == 0
+    finally:
+        missing.close()
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("restart_frames, holds", [(10**9, False), (30, True)])
+async def test_the_wal_is_checkpointed_only_past_its_bound_and_then_starts_over(tmp_path, restart_frames,
+                                                                                  holds):
+    """Below ``restart_frames`` no call is ever held (every Deferred has fired when returned: inline) and
+    the WAL just grows; past it, the calls made during the checkpoint wait, complete in call order, and
+    the WAL starts over, so it stays near the bound. Negative control: the same writes with a bound out of
+    reach leave the WAL long and hold nothing."""
+    from twisted.internet import reactor
+
+    path = str(tmp_path / "pace.sqlite3")
+    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0), checkpoint_every=5, restart_frames=restart_frames)
+    held = 0
+    longest = 0
+    order: list[int] = []
+    try:
+        for i in range(300):
+            d = astore.update(f"h{i % 7}.example", lambda old, now, i=i: (replace(FULL, consec=i), i))
+            held += not d.called
+            d.addCallback(order.append)
+            if i % 3 == 0:  # reactor turns, as in a crawl: the checkpoint completes in one of them
+                await deferLater(reactor, 0)
+            longest = max(longest, astore.store.wal_frames())
+        await deferLater(reactor, 0.05)
+        assert order == list(range(300))  # whatever was held: in call order
+        assert (await astore.get("h5.example")).consec == 299
+        if holds:
+            assert held > 0
+            assert longest <= restart_frames + 5 * 4, longest  # a look every 5 writes of at most a few pages
+        else:
+            assert held == 0
+            assert longest >= 300, longest  # never started over
+    finally:
+        astore.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_event_batches_are_written_inline_in_chunks_one_per_reactor_turn(tmp_path, monkeypatch):
+    """A batch is written on the reactor's thread through the no-wait connection, ``event_chunk`` events per
+    transaction with a reactor turn between two, every event kept in order. Negative control: the first
+    chunk is written before the call returns, the rest are not."""
+    import threading
+
+    from twisted.internet import reactor
+
+    chunks: list[tuple[int, int]] = []
+    original = SQLiteStore.append_events
+
+    def spy(self, events):
+        chunks.append((threading.get_ident(), len(events)))
+        return original(self, events)
+
+    monkeypatch.setattr(SQLiteStore, "append_events", spy)
+    path = str(tmp_path / "pace.sqlite3")
+    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0), event_chunk=40)
+    try:
+        d = astore.append_events([ev(T0 + i, steps=i) for i in range(100)])
+        assert chunks == [(threading.get_ident(), 40)] and not d.called
+        await d
+        assert chunks == [(threading.get_ident(), 40)] * 2 + [(threading.get_ident(), 20)]
+        assert [e.steps for e in astore.store.events()] == list(range(100))
+        d2 = astore.append_events([ev(T0 + 200)])  # one chunk: written before the call returns
+        assert d2.called
+        await deferLater(reactor, 0)
+    finally:
+        astore.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_event_batch_meeting_another_writer_goes_to_its_own_thread(tmp_path):
+    """While another process's write holds the lock, a batch is handed to the event log's thread (which
+    waits for the lock) and the reactor is not blocked; the pace table's calls are not held by it.
+    Negative control: the batch is not written while the lock is held."""
+    from twisted.internet import reactor
+
+    path = str(tmp_path / "pace.sqlite3")
+    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0))
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        d = astore.append_events([ev(T0 + i, steps=i) for i in range(10)])
+        assert not d.called
+        await deferLater(reactor, 0.05)
+        assert not d.called  # waiting for the lock on its thread
+        other.execute("COMMIT")
+        await d
+        assert [e.steps for e in astore.store.events()] == list(range(10))
+        after = astore.get("a.example")  # uncontended: inline again
+        assert after.called
+    finally:
+        if other.in_transaction:
+            other.execute("ROLLBACK")
+        other.close()
+        astore.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_event_batches_waiting_at_the_close_are_written(tmp_path):
+    """A batch whose chunks are still waiting for their reactor turns when the store closes is written on
+    the event log's thread before the close returns; nothing is lost. Negative control: it was not all
+    written before the close."""
+    path = str(tmp_path / "pace.sqlite3")
+    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0), event_chunk=10)
+    d = astore.append_events([ev(T0 + i, steps=i) for i in range(35)])
+    assert not d.called and len(astore.store.events()) == 10
+    astore.close()
+    store = SQLiteStore(path)  # written by the time close() returns
+    try:
+        assert [e.steps for e in store.events()] == list(range(35))
+    finally:
+        store.close()
+    await d  # its result arrives on a reactor turn

@@ -29,27 +29,41 @@ class AsyncStore:
       transaction without fsync, tens of microseconds); when another writer holds the lock
       (:class:`~scrapy_polite.stores.base.StoreBusy`), the call runs on the store's own thread, which may
       wait for the lock; the calls made meanwhile wait on the reactor's side and then run inline again
-      (one round trip through the thread, not one for every call of a busy crawl). The thread also
-      checkpoints the WAL every
-      ``checkpoint_every`` inline writes; the calls made meanwhile wait on the reactor's side (no write
-      lands in the WAL while it is copied back, so the WAL can start over) and then run inline again,
-      instead of each taking a round trip through the thread. Calls complete in call order.
+      (one round trip through the thread, not one for every call of a busy crawl). Calls complete in call
+      order. Every ``checkpoint_every`` inline writes the WAL's length is read (one ``pread``); past
+      ``restart_frames`` pages the store's thread checkpoints it while the calls made meanwhile wait on
+      the reactor's side (no write lands in the WAL while it is copied back, so the next write starts it
+      over) and then run inline again. The WAL is not checkpointed more often, because each hold lets
+      Scrapy's engine start more downloads meanwhile (its downloader then stays full for the rest of the
+      crawl, at about three times the garbage collections per page: ``bench/overhead.py``), and a
+      checkpoint that does not hold the calls never lets a busy WAL start over. A table of few hosts (a
+      few pages, rewritten) is checkpointed every few thousand writes; a table of 100,000 hosts, whose
+      writes touch pages all over the file, about every 750 (``bench/booking.py``).
     * any other backend (a network server): every call runs on the store's thread pool of
       ``threads`` threads.
 
-    The event log (:meth:`append_events`) is written off the pace table's path: inline for memory; for
-    SQLite on a connection and a thread of its own, never queued with the calls above (they only meet on
-    the file's write lock, held for the one short transaction of a batch); on the pool for a server.
+    The event log (:meth:`append_events`): inline for memory. For SQLite, inline on the no-wait connection
+    too, in transactions of at most ``event_chunk`` events, one per reactor turn (under a millisecond
+    each), so it never holds the file's write lock while the pace table's calls want it (a thread of its
+    own would hold it across its waits for the GIL, and every pace write meeting it would go through the
+    thread). A batch that finds another process's write under way, or is still waiting at the close, is
+    written on a connection and a thread of its own, which waits for the lock. During a checkpoint the
+    batches wait with the calls. For a server, on the pool.
 
     Args:
         store: the backend (opened).
         reactor: the Twisted reactor (defaults to the installed one).
-        checkpoint_every: inline SQLite writes between two WAL checkpoints.
+        checkpoint_every: inline SQLite writes (pace table and event log) between two looks at the WAL's
+            length.
+        restart_frames: WAL pages (4 KiB each by default) past which the WAL is checkpointed and starts
+            over: 4096 keeps a lookup of a page that is not in the WAL to one segment of the WAL's index
+            (a longer WAL makes every read of a large table slower) and the file near 16 MiB.
+        event_chunk: the most events one inline event-log transaction writes.
         threads: size of the thread pool for backends that are not called inline.
     """
 
-    def __init__(self, store: PaceStore, reactor: Any = None, *, checkpoint_every: int = 1000,
-                 threads: int = 1) -> None:
+    def __init__(self, store: PaceStore, reactor: Any = None, *, checkpoint_every: int = 250,
+                 restart_frames: int = 4096, event_chunk: int = 250, threads: int = 1) -> None:
         if reactor is None:
             reactor = installed_reactor()
         self.store = store
@@ -58,11 +72,17 @@ class AsyncStore:
         self._inline: PaceStore | None = None
         self._queued = 0
         self._writes = 0
-        #: Calls made while a checkpoint or a busy call runs on the thread, in call order:
+        #: Calls made while a restart or a busy call runs on the thread, in call order:
         #: ``(method name, args, Deferred of the result)``.
         self._held: deque[tuple[str, tuple[Any, ...], defer.Deferred[Any]]] = deque()
+        #: A checkpoint runs on the thread: calls (and event batches) wait.
         self._checkpointing = False
-        self._checkpoint_every = checkpoint_every
+        self._checkpoint_every = max(1, checkpoint_every)
+        self._restart_frames = max(0, restart_frames)
+        self._event_chunk = max(1, event_chunk)
+        #: Event batches waiting for the inline writer, in order: ``[events not yet written, Deferred]``.
+        self._events_waiting: deque[tuple[list[Event], defer.Deferred[None]]] = deque()
+        self._events_turn: Any = None  # the reactor turn scheduled for the next chunk
         self._events_pool: ThreadPool | None = None
         self._events_store: SQLiteStore | None = None
         if isinstance(store, MemoryStore):
@@ -91,25 +111,37 @@ class AsyncStore:
                 return defer.fail()
             else:
                 if name in ("update", "update_many") and self._pool is not None:
-                    self._writes += 1
-                    if self._writes % self._checkpoint_every == 0:
-                        self._checkpoint()
+                    self._wrote()
                 return defer.succeed(result)
         return self._threaded(name, *args)
 
+    def _wrote(self) -> None:
+        """One inline write landed in the WAL: every ``checkpoint_every``, look at the WAL's length, and
+        past ``restart_frames`` start it over."""
+        self._writes += 1
+        if (self._writes % self._checkpoint_every == 0 and not self._checkpointing
+                and isinstance(self.store, SQLiteStore) and self.store.wal_frames() > self._restart_frames):
+            self._checkpoint()
+
     def _checkpoint(self) -> None:
-        """Checkpoint the WAL on the store's thread; calls wait on the reactor's side until it is done."""
+        """Checkpoint the WAL on the store's thread; calls wait on the reactor's side until it is done (no
+        write lands in the WAL meanwhile, so the next write starts it over)."""
         if self._pool is None or not isinstance(self.store, SQLiteStore):
             return
         self._checkpointing = True
-        d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._pool, self.store.checkpoint)
-        d.addErrback(lambda _failure: None)
+        d: defer.Deferred[tuple[int, int] | None] = threads.deferToThreadPool(
+            self._reactor, self._pool, self.store.checkpoint)
+        d.addErrback(lambda _failure: None)  # a failed checkpoint leaves the WAL as it was; the next one retries
         d.addCallback(self._checkpointed)
 
-    def _checkpointed(self, _result: None) -> None:
-        """The checkpoint is done: run the calls held meanwhile, in order (inline while they can be)."""
+    def _checkpointed(self, _frames: tuple[int, int] | None) -> None:
+        """The checkpoint is done: run the calls (and event batches) held meanwhile, in order, inline while
+        they can be."""
         self._checkpointing = False
+        if self._pool is None:  # closed meanwhile: the held calls went to the thread
+            return
         self._drain()
+        self._write_events()
 
     def _drain(self) -> None:
         """Run the held calls in order, inline while they can be; stop when one starts a checkpoint or is
@@ -161,8 +193,8 @@ class AsyncStore:
         return self._call("update_many", keys, fn)
 
     def append_events(self, events: list[Event]) -> defer.Deferred[None]:
-        """See :meth:`PaceStore.append_events <scrapy_polite.stores.base.PaceStore.append_events>`; written
-        off the pace table's path (see the class)."""
+        """See :meth:`PaceStore.append_events <scrapy_polite.stores.base.PaceStore.append_events>`; how
+        each backend writes it: see the class. Fires once every event of the batch is written."""
         if isinstance(self.store, MemoryStore):
             try:
                 self.store.append_events(events)
@@ -172,18 +204,60 @@ class AsyncStore:
         if not isinstance(self.store, SQLiteStore):
             return self._threaded("append_events", events) if self._pool is not None else defer.fail(
                 StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
-        if self._pool is None:
+        if self._pool is None or self._inline is None:
             return defer.fail(StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
-        if self._events_pool is None or self._events_store is None:
+        d: defer.Deferred[None] = defer.Deferred()
+        self._events_waiting.append((list(events), d))
+        if self._events_turn is None:
+            self._write_events()
+        return d
+
+    def _write_events(self) -> None:
+        """Write the waiting event batches inline, one chunk per reactor turn; a batch that finds the lock
+        held goes to the event log's thread; during a restart they wait for it."""
+        self._events_turn = None
+        if self._checkpointing or self._inline is None or self._pool is None:
+            return
+        while self._events_waiting:
+            events, d = self._events_waiting[0]
+            chunk = events[:self._event_chunk]
             try:
-                self._events_store = self.store.sibling()
-            except StoreError:
-                return defer.fail()
+                self._inline.append_events(chunk)
+            except StoreBusy:
+                self._events_waiting.popleft()
+                self._events_threaded(events).chainDeferred(d)
+                continue
+            except Exception:
+                self._events_waiting.popleft()
+                d.errback()
+                continue
+            self._wrote()
+            del events[:len(chunk)]
+            if not events:
+                self._events_waiting.popleft()
+                d.callback(None)
+            if self._events_waiting and not self._checkpointing:
+                self._events_turn = self._reactor.callLater(0, self._write_events)
+            return
+
+    def _events_threaded(self, events: list[Event]) -> defer.Deferred[None]:
+        """Write a batch on the event log's own connection and thread (it waits for the lock; the
+        connection is opened there too, since opening it also waits)."""
+        if not isinstance(self.store, SQLiteStore):
+            return defer.fail(StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
+        if self._events_pool is None:
             self._events_pool = ThreadPool(minthreads=1, maxthreads=1, name="scrapy-polite-events")
             self._events_pool.start()
         d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._events_pool,
-                                                            self._events_store.append_events, events)
+                                                            self._append_on_thread, events)
         return d
+
+    def _append_on_thread(self, events: list[Event]) -> None:
+        """On the event log's thread: open its connection the first time, then append."""
+        if self._events_store is None:
+            assert isinstance(self.store, SQLiteStore)
+            self._events_store = self.store.sibling()
+        self._events_store.append_events(events)
 
     def close(self) -> None:
         """Stop the thread (after the calls already queued), checkpoint and close the backend. Blocks until
@@ -200,7 +274,7 @@ class AsyncStore:
         running (nothing to keep responsive, and its pool may be gone)."""
         self._queue_held()
         parts = self._detach()
-        pool, events_pool = parts[0], parts[1]
+        pool, events_pool = parts
         if (pool is None and events_pool is None) or not getattr(self._reactor, "running", False):
             try:
                 self._close_parts(*parts)
@@ -213,20 +287,24 @@ class AsyncStore:
 
     def _queue_held(self) -> None:
         self._checkpointing = False
-        while self._held:  # calls held behind a checkpoint or a busy call: queued on the thread, in order
+        while self._held:  # calls held behind a restart or a busy call: queued on the thread, in order
             name, args, d = self._held.popleft()
             self._threaded(name, *args).chainDeferred(d)
+        if self._events_turn is not None:
+            self._events_turn.cancel()
+            self._events_turn = None
+        while self._events_waiting:  # event batches not written yet: on the event log's thread, in order
+            events, ed = self._events_waiting.popleft()
+            self._events_threaded(events).chainDeferred(ed)
 
-    def _detach(self) -> tuple[ThreadPool | None, ThreadPool | None, SQLiteStore | None]:
-        """On the reactor's thread: take the threads and the event log's connection out of use (later calls
-        see the store closed) and hand them to :meth:`_close_parts`."""
-        parts = (self._pool, self._events_pool, self._events_store)
+    def _detach(self) -> tuple[ThreadPool | None, ThreadPool | None]:
+        """On the reactor's thread: take the threads out of use (later calls see the store closed) and hand
+        them to :meth:`_close_parts`."""
+        parts = (self._pool, self._events_pool)
         self._pool = self._events_pool = None
-        self._events_store = None
         return parts
 
-    def _close_parts(self, pool: ThreadPool | None, events_pool: ThreadPool | None,
-                     events_store: SQLiteStore | None) -> None:
+    def _close_parts(self, pool: ThreadPool | None, events_pool: ThreadPool | None) -> None:
         """Join the threads (after the calls already queued), checkpoint, close every connection; each step
         runs even when an earlier one failed (the first error is raised at the end)."""
         try:
@@ -234,6 +312,7 @@ class AsyncStore:
                 events_pool.stop()
         finally:
             try:
+                events_store, self._events_store = self._events_store, None  # its thread is done
                 if events_store is not None:
                     events_store.close()
             finally:

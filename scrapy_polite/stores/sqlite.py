@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -115,6 +116,7 @@ class SQLiteStore:
         self.path = os.path.abspath(path)
         self.uri = f"sqlite:///{self.path}"
         self._lock = threading.Lock()
+        self._shm: int | None = None  # the WAL index, opened for wal_frames
         self._nowait = nowait
         self._clock = clock
         self.events_max = max(0, int(events_max))
@@ -146,17 +148,36 @@ class SQLiteStore:
         own: :class:`~scrapy_polite.stores.AsyncStore` writes the event log through one)."""
         return SQLiteStore(self.path, clock=self._clock, events_max=self.events_max)
 
-    def checkpoint(self) -> None:
-        """Copy the WAL back into the database file (``PRAGMA wal_checkpoint(PASSIVE)``).
+    def wal_frames(self) -> int:
+        """How many frames (pages) the WAL holds now: the ``mxFrame`` field of the wal-index header, read
+        from the ``-shm`` file (one ``pread``, no lock; https://www.sqlite.org/walformat.html §2.1, in the
+        machine's byte order). 0 when there is no WAL index (yet)."""
+        try:
+            if self._shm is None:
+                self._shm = os.open(self.path + "-shm", os.O_RDONLY)
+            raw = os.pread(self._shm, 4, 16)
+        except OSError:
+            return 0
+        return int(struct.unpack("=I", raw)[0]) if len(raw) == 4 else 0
+
+    def checkpoint(self) -> tuple[int, int]:
+        """Copy the WAL back into the database file (``PRAGMA wal_checkpoint(PASSIVE)``: it never waits
+        for, nor stops, other connections' writes; it syncs the file, ``synchronous=NORMAL``).
+
+        Returns:
+            ``(frames, copied)``: the frames (pages) in the WAL, and how many of them are now copied back
+            (``frames == copied``: the next write starts the WAL over from its beginning); ``(-1, -1)``
+            when the file is not in WAL mode.
 
         Raises:
             StoreError: the file cannot be written.
         """
         try:
             with self._lock:
-                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                row = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
+        return (int(row[1]), int(row[2])) if row is not None else (-1, -1)
 
     def _error(self, action: str, exc: BaseException) -> StoreError:
         text = str(exc)
@@ -347,3 +368,6 @@ class SQLiteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            if self._shm is not None:
+                os.close(self._shm)
+                self._shm = None
