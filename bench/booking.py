@@ -16,8 +16,8 @@ temporary file in WAL mode, ``synchronous=NORMAL``):
    * ``SQLiteStore.update_many`` — the store's own connection (it waits for locks, checkpoints the WAL
      every 1000 pages itself);
    * ``AsyncStore.update_many`` — what the pacer calls: inline on the no-wait connection, the WAL
-     checkpointed on the store's thread once it holds more than 4096 pages (docs/spec.md §6: here about
-     every 750 bookings, which touch pages all over the table), the result read from the fired Deferred;
+     checkpointed on the store's thread once it holds about 8192 pages (docs/spec.md §6: here about
+     every 1500 bookings, which touch pages all over the table), the result read from the fired Deferred;
    * ``MemoryStore.update_many`` and the ``PacingPolicy.book`` step alone, for scale.
 
    Median, p99 and p99.9 in microseconds per booking (target: p99 ≤ 100 µs on SQLite).

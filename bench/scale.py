@@ -102,8 +102,8 @@ def bookings(path: str, n_hosts: int, n: int, rng: random.Random) -> list[float]
         t = time.perf_counter()
         store.update_many(keys, fn)
         timings.append((time.perf_counter() - t) * 1e6)
-        if i % 1000 == 999:
-            owner.checkpoint()  # as the crawl's store thread does every 1000 inline writes
+        if i % 1500 == 1499:
+            owner.checkpoint()  # as the crawl's store thread does (about every 1500 writes on a large table)
     store.close()
     owner.close()
     return timings

@@ -10,6 +10,7 @@ Then what only persistent backends have (reopen), and SQLite's contended path of
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from dataclasses import fields, replace
@@ -565,76 +566,92 @@ async def test_after_a_busy_call_the_held_calls_complete_in_order_and_run_inline
 # SQLite only: when the WAL is checkpointed, and how the event log is written (docs/spec.md §6)
 
 
-def _wal_log(path: str) -> int:
-    """The WAL's frames as SQLite reports them (``PRAGMA wal_checkpoint`` on a fresh connection copies
-    nothing new when the crawl's connection already did; its ``log`` column is the WAL's length)."""
-    db = sqlite3.connect(path, isolation_level=None)
-    try:
-        return int(db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
-    finally:
-        db.close()
+def _wal_pages(path: str) -> int:
+    """The longest the WAL has been, in pages: its file's size (the file is reused, never cut, when the WAL
+    starts over), a 32-byte header then 24 bytes and one 4096-byte page per frame."""
+    return max(0, os.path.getsize(path + "-wal") - 32) // (4096 + 24)
 
 
-def test_wal_frames_is_the_length_sqlite_reports(tmp_path):
-    """``wal_frames`` (read from the WAL index) agrees with SQLite's own count, grows with the writes and
-    falls back once the WAL starts over. Negative control: a store with no WAL index yet reads 0."""
+def test_checkpoint_returns_the_wal_length_and_the_wal_starts_over_after_it(tmp_path):
+    """``checkpoint()`` reports the WAL's frames and how many it copied back; after a complete one the next
+    write starts the WAL over. Negative control: without a checkpoint the WAL only grows."""
     path = str(tmp_path / "pace.sqlite3")
     store = SQLiteStore(path, clock=lambda: T0)
     inline = store.nowait()
     try:
         for i in range(40):
             put(inline, f"h{i}.example", FULL)
-        frames = inline.wal_frames()
-        assert frames >= 40 and frames == store.wal_frames()
-        store.checkpoint()  # everything copied back, no write since: the next write starts the WAL over
-        put(inline, "again.example", FULL)
-        assert 0 < inline.wal_frames() < frames
-        assert inline.wal_frames() == _wal_log(path)
+        frames, copied = store.checkpoint()
+        assert frames >= 40 and copied == frames
+        for i in range(5):
+            put(inline, f"h{i}.example", OTHER)
+        again, _ = store.checkpoint()
+        assert 5 <= again < frames  # started over: only the 5 writes since
+        for i in range(40):
+            put(inline, f"h{i}.example", FULL)
+        assert _wal_pages(path) >= frames  # the file keeps its longest length
     finally:
         inline.close()
         store.close()
-    missing = SQLiteStore(str(tmp_path / 'fresh.sqlite3'))
-    try:
-        import os
 
-        os.remove(missing.path + '-shm') if os.path.exists(missing.path + '-shm') else None
-        assert missing.wal_frames() == 0
+
+def test_wal_pages_is_read_beside_the_real_file_behind_a_symbolic_link(tmp_path):
+    """SQLite keeps the WAL beside the file a symbolic link points to; ``wal_pages`` looks there.
+    Negative control: nothing is beside the link itself."""
+    real = tmp_path / "data" / "pace.sqlite3"
+    real.parent.mkdir()
+    store = SQLiteStore(str(real), clock=lambda: T0)
+    link = tmp_path / "link.sqlite3"
+    link.symlink_to(real)
+    linked = SQLiteStore(str(link), clock=lambda: T0)
+    try:
+        for i in range(30):
+            put(linked, f"h{i}.example", FULL)
+        assert not os.path.exists(str(link) + "-wal")
+        assert linked.wal_pages() == store.wal_pages() == _wal_pages(str(real)) >= 30
     finally:
-        missing.close()
+        linked.close()
+        store.close()
 
 
 @pytest_twisted.ensureDeferred
-@pytest.mark.parametrize("restart_frames, holds", [(10**9, False), (30, True)])
-async def test_the_wal_is_checkpointed_only_past_its_bound_and_then_starts_over(tmp_path, restart_frames,
-                                                                                  holds):
-    """Below ``restart_frames`` no call is ever held (every Deferred has fired when returned: inline) and
-    the WAL just grows; past it, the calls made during the checkpoint wait, complete in call order, and
-    the WAL starts over, so it stays near the bound. Negative control: the same writes with a bound out of
-    reach leave the WAL long and hold nothing."""
+@pytest.mark.parametrize("restart_frames", [2500, 10**9])
+async def test_the_wal_is_checkpointed_about_every_restart_frames_pages(tmp_path, monkeypatch, restart_frames):
+    """The first checkpoint comes once the WAL file has passed ``restart_frames`` pages (looked at every
+    250 writes); the next ones after as many writes as made the WAL that long, so it stays near that
+    length; the calls made during a checkpoint wait and complete in call order. Negative control: with a
+    length out of reach, no checkpoint, no call held, a WAL as long as the writes."""
     from twisted.internet import reactor
 
+    checkpoints: list[tuple[int, int]] = []
+    original = SQLiteStore.checkpoint
+
+    def spy(self):
+        checkpoints.append(original(self))
+        return checkpoints[-1]
+
+    monkeypatch.setattr(SQLiteStore, "checkpoint", spy)
     path = str(tmp_path / "pace.sqlite3")
-    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0), checkpoint_every=5, restart_frames=restart_frames)
+    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0), restart_frames=restart_frames)
     held = 0
-    longest = 0
     order: list[int] = []
     try:
-        for i in range(300):
+        for i in range(3000):
             d = astore.update(f"h{i % 7}.example", lambda old, now, i=i: (replace(FULL, consec=i), i))
             held += not d.called
             d.addCallback(order.append)
             if i % 3 == 0:  # reactor turns, as in a crawl: the checkpoint completes in one of them
                 await deferLater(reactor, 0)
-            longest = max(longest, astore.store.wal_frames())
         await deferLater(reactor, 0.05)
-        assert order == list(range(300))  # whatever was held: in call order
-        assert (await astore.get("h5.example")).consec == 299
-        if holds:
-            assert held > 0
-            assert longest <= restart_frames + 5 * 4, longest  # a look every 5 writes of at most a few pages
+        assert order == list(range(3000))  # whatever was held: in call order
+        assert (await astore.get(f"h{2999 % 7}.example")).consec == 2999  # the last write
+        if restart_frames == 2500:
+            assert len(checkpoints) >= 2 and held > 0, checkpoints
+            assert checkpoints[0][0] > 2500  # the first: once the file had passed the length
+            assert all(frames <= 2500 + 20 for frames, _ in checkpoints[1:]), checkpoints
         else:
-            assert held == 0
-            assert longest >= 300, longest  # never started over
+            assert checkpoints == [] and held == 0
+            assert _wal_pages(path) >= 2990, _wal_pages(path)  # never started over
     finally:
         astore.close()
 
@@ -664,38 +681,87 @@ async def test_sqlite_event_batches_are_written_inline_in_chunks_one_per_reactor
         await d
         assert chunks == [(threading.get_ident(), 40)] * 2 + [(threading.get_ident(), 20)]
         assert [e.steps for e in astore.store.events()] == list(range(100))
-        d2 = astore.append_events([ev(T0 + 200)])  # one chunk: written before the call returns
+        await deferLater(reactor, 0)  # (the code after `await d` ran inside d's callback)
+        d2 = astore.append_events([ev(T0 + 200)])  # one chunk, nothing waiting: written before the call returns
         assert d2.called
-        await deferLater(reactor, 0)
     finally:
         astore.close()
 
 
 @pytest_twisted.ensureDeferred
-async def test_sqlite_event_batch_meeting_another_writer_goes_to_its_own_thread(tmp_path):
+async def test_sqlite_event_batch_meeting_another_writer_goes_to_its_own_thread(tmp_path, monkeypatch):
     """While another process's write holds the lock, a batch is handed to the event log's thread (which
-    waits for the lock) and the reactor is not blocked; the pace table's calls are not held by it.
-    Negative control: the batch is not written while the lock is held."""
+    waits for the lock) and the reactor is not blocked; a batch appended while it is there follows it
+    (written after it, in order), and once it is written batches are inline again. Negative control: the
+    batch is not written while the lock is held."""
+    import threading
+
     from twisted.internet import reactor
 
+    writers: list[tuple[str, int]] = []
+    original = SQLiteStore.append_events
+
+    def spy(self, events):
+        result = original(self, events)  # raises StoreBusy on the no-wait connection: not recorded
+        writers.append((threading.current_thread().name, events[0].steps))
+        return result
+
+    monkeypatch.setattr(SQLiteStore, "append_events", spy)
     path = str(tmp_path / "pace.sqlite3")
     astore = AsyncStore(SQLiteStore(path, clock=lambda: T0))
     other = sqlite3.connect(path, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
-        d = astore.append_events([ev(T0 + i, steps=i) for i in range(10)])
-        assert not d.called
-        await deferLater(reactor, 0.05)
-        assert not d.called  # waiting for the lock on its thread
+        first = astore.append_events([ev(T0 + 1, steps=1)])
+        ticks = 0
+        while ticks < 5:
+            await deferLater(reactor, 0.01)  # the reactor keeps turning meanwhile
+            ticks += 1
+        assert not first.called and writers == []
         other.execute("COMMIT")
-        await d
-        assert [e.steps for e in astore.store.events()] == list(range(10))
-        after = astore.get("a.example")  # uncontended: inline again
-        assert after.called
+        second = astore.append_events([ev(T0 + 2, steps=2)])  # the first may still be on its thread
+        await first
+        await second
+        assert [steps for _, steps in writers] == [1, 2]
+        assert "scrapy-polite-events" in writers[0][0], writers
+        assert [e.steps for e in astore.store.events()] == [1, 2]
+        third = astore.append_events([ev(T0 + 3, steps=3)])
+        assert third.called and writers[-1] == (threading.main_thread().name, 3)  # inline again
     finally:
         if other.in_transaction:
             other.execute("ROLLBACK")
         other.close()
+        astore.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_batch_appended_by_a_batch_callback_waits_for_the_next_reactor_turn(tmp_path, monkeypatch):
+    """One chunk per reactor turn even when a batch's callback appends the next batch. Negative control:
+    the appended batch is written, on the next turn."""
+    from twisted.internet import reactor
+
+    turn = [0]
+    chunks: list[int] = []
+    original = SQLiteStore.append_events
+
+    def spy(self, events):
+        chunks.append(turn[0])
+        return original(self, events)
+
+    monkeypatch.setattr(SQLiteStore, "append_events", spy)
+    path = str(tmp_path / "pace.sqlite3")
+    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0), event_chunk=2)
+    appended: list[defer.Deferred[None]] = []
+    try:
+        first = astore.append_events([ev(T0 + i, steps=i) for i in range(4)])  # two chunks: turns 0 and 1
+        first.addCallback(lambda _: appended.append(astore.append_events([ev(T0 + 9, steps=9)])))
+        for _ in range(4):
+            turn[0] += 1
+            await deferLater(reactor, 0)
+        assert appended and appended[0].called
+        assert len(chunks) == len(set(chunks)) == 3, chunks  # three chunks, on three turns
+        assert [e.steps for e in astore.store.events()] == [0, 1, 2, 3, 9]
+    finally:
         astore.close()
 
 

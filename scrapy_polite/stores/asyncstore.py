@@ -30,15 +30,17 @@ class AsyncStore:
       (:class:`~scrapy_polite.stores.base.StoreBusy`), the call runs on the store's own thread, which may
       wait for the lock; the calls made meanwhile wait on the reactor's side and then run inline again
       (one round trip through the thread, not one for every call of a busy crawl). Calls complete in call
-      order. Every ``checkpoint_every`` inline writes the WAL's length is read (one ``pread``); past
-      ``restart_frames`` pages the store's thread checkpoints it while the calls made meanwhile wait on
-      the reactor's side (no write lands in the WAL while it is copied back, so the next write starts it
-      over) and then run inline again. The WAL is not checkpointed more often, because each hold lets
+      order. The store's thread checkpoints the WAL while the calls made meanwhile wait on the reactor's
+      side (no write lands in the WAL while it is copied back, so the next write starts it over) and then
+      run inline again: first when the WAL's file has grown past ``restart_frames`` pages (looked at
+      every 250 inline writes), then after as many writes as made the WAL that long, going by the pages
+      per write the last checkpoint found.
+      The WAL is not checkpointed more often, because each hold lets
       Scrapy's engine start more downloads meanwhile (its downloader then stays full for the rest of the
       crawl, at about three times the garbage collections per page: ``bench/overhead.py``), and a
       checkpoint that does not hold the calls never lets a busy WAL start over. A table of few hosts (a
-      few pages, rewritten) is checkpointed every few thousand writes; a table of 100,000 hosts, whose
-      writes touch pages all over the file, about every 750 (``bench/booking.py``).
+      few pages, rewritten) is checkpointed about every 8000 writes; a table of 100,000 hosts, whose
+      writes touch pages all over the file, about every 1500 (``bench/booking.py``).
     * any other backend (a network server): every call runs on the store's thread pool of
       ``threads`` threads.
 
@@ -53,17 +55,16 @@ class AsyncStore:
     Args:
         store: the backend (opened).
         reactor: the Twisted reactor (defaults to the installed one).
-        checkpoint_every: inline SQLite writes (pace table and event log) between two looks at the WAL's
-            length.
-        restart_frames: WAL pages (4 KiB each by default) past which the WAL is checkpointed and starts
-            over: 4096 keeps a lookup of a page that is not in the WAL to one segment of the WAL's index
-            (a longer WAL makes every read of a large table slower) and the file near 16 MiB.
+        restart_frames: about how many WAL pages (4 KiB each by default) the WAL may hold before it is
+            checkpointed and starts over: 8192 keeps a lookup of a page that is not in the WAL to two
+            segments of the WAL's index (a longer WAL makes every read of a large table slower) and the
+            file near 32 MiB.
         event_chunk: the most events one inline event-log transaction writes.
         threads: size of the thread pool for backends that are not called inline.
     """
 
-    def __init__(self, store: PaceStore, reactor: Any = None, *, checkpoint_every: int = 250,
-                 restart_frames: int = 4096, event_chunk: int = 250, threads: int = 1) -> None:
+    def __init__(self, store: PaceStore, reactor: Any = None, *, restart_frames: int = 8192,
+                 event_chunk: int = 250, threads: int = 1) -> None:
         if reactor is None:
             reactor = installed_reactor()
         self.store = store
@@ -77,12 +78,19 @@ class AsyncStore:
         self._held: deque[tuple[str, tuple[Any, ...], defer.Deferred[Any]]] = deque()
         #: A checkpoint runs on the thread: calls (and event batches) wait.
         self._checkpointing = False
-        self._checkpoint_every = max(1, checkpoint_every)
-        self._restart_frames = max(0, restart_frames)
+        self._restart_frames = max(1, restart_frames)
+        #: Inline writes between two checkpoints (set from the WAL's pages per write at each one), and the
+        #: writes since the last one.
+        self._checkpoint_every = restart_frames
+        self._since_checkpoint = 0
+        self._learned = False  # no checkpoint yet: the WAL file's length decides the first
+        self._frames_after = 0  # the WAL's length at the last checkpoint
         self._event_chunk = max(1, event_chunk)
         #: Event batches waiting for the inline writer, in order: ``[events not yet written, Deferred]``.
         self._events_waiting: deque[tuple[list[Event], defer.Deferred[None]]] = deque()
         self._events_turn: Any = None  # the reactor turn scheduled for the next chunk
+        self._events_writing = False  # a chunk is being written (a batch appended meanwhile waits its turn)
+        self._events_on_thread = 0  # batches on the event log's thread: later ones follow them there, in order
         self._events_pool: ThreadPool | None = None
         self._events_store: SQLiteStore | None = None
         if isinstance(store, MemoryStore):
@@ -116,11 +124,17 @@ class AsyncStore:
         return self._threaded(name, *args)
 
     def _wrote(self) -> None:
-        """One inline write landed in the WAL: every ``checkpoint_every``, look at the WAL's length, and
-        past ``restart_frames`` start it over."""
+        """One inline write landed in the WAL. Until the first checkpoint, every 250 writes the WAL file's
+        length is looked at (a fresh file is as long as the WAL); a checkpoint when it passes
+        ``restart_frames`` pages. After it, a checkpoint every ``_checkpoint_every`` writes."""
         self._writes += 1
-        if (self._writes % self._checkpoint_every == 0 and not self._checkpointing
-                and isinstance(self.store, SQLiteStore) and self.store.wal_frames() > self._restart_frames):
+        self._since_checkpoint += 1
+        if self._checkpointing or not isinstance(self.store, SQLiteStore):
+            return
+        if self._learned:
+            if self._since_checkpoint >= self._checkpoint_every:
+                self._checkpoint()
+        elif self._since_checkpoint % 250 == 0 and self.store.wal_pages() > self._restart_frames:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
@@ -134,10 +148,20 @@ class AsyncStore:
         d.addErrback(lambda _failure: None)  # a failed checkpoint leaves the WAL as it was; the next one retries
         d.addCallback(self._checkpointed)
 
-    def _checkpointed(self, _frames: tuple[int, int] | None) -> None:
-        """The checkpoint is done: run the calls (and event batches) held meanwhile, in order, inline while
-        they can be."""
+    def _checkpointed(self, frames: tuple[int, int] | None) -> None:
+        """The checkpoint is done: set the writes until the next one from the pages per write it found,
+        then run the calls (and event batches) held meanwhile, in order, inline while they can be."""
         self._checkpointing = False
+        if frames is not None and frames[0] > 0 and self._since_checkpoint > 0:
+            # Pages this process's writes added (the WAL started over after the last checkpoint, or it did
+            # not: another process's reader or writer was in the way, and it kept growing).
+            added = frames[0] - self._frames_after if frames[0] > self._frames_after else frames[0]
+            per_write = max(1.0, added / self._since_checkpoint)  # a write appends at least one page
+            # Never more often than every 1000 writes: other processes' pages count in the WAL's length.
+            self._checkpoint_every = max(1000, min(100_000, int(self._restart_frames / per_write)))
+            self._frames_after = frames[0]
+            self._learned = True
+        self._since_checkpoint = 0
         if self._pool is None:  # closed meanwhile: the held calls went to the thread
             return
         self._drain()
@@ -208,37 +232,46 @@ class AsyncStore:
             return defer.fail(StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
         d: defer.Deferred[None] = defer.Deferred()
         self._events_waiting.append((list(events), d))
-        if self._events_turn is None:
+        if self._events_turn is None and not self._events_writing:
             self._write_events()
         return d
 
     def _write_events(self) -> None:
-        """Write the waiting event batches inline, one chunk per reactor turn; a batch that finds the lock
-        held goes to the event log's thread; during a restart they wait for it."""
+        """Write one chunk of the waiting event batches inline, and schedule the next reactor turn for the
+        rest. A batch that finds the lock held goes to the event log's thread, and the batches after it
+        follow it there until it is written (in order). During a checkpoint they wait for it."""
         self._events_turn = None
-        if self._checkpointing or self._inline is None or self._pool is None:
+        if self._events_writing or self._checkpointing or self._inline is None or self._pool is None:
             return
-        while self._events_waiting:
-            events, d = self._events_waiting[0]
-            chunk = events[:self._event_chunk]
-            try:
-                self._inline.append_events(chunk)
-            except StoreBusy:
-                self._events_waiting.popleft()
-                self._events_threaded(events).chainDeferred(d)
-                continue
-            except Exception:
-                self._events_waiting.popleft()
-                d.errback()
-                continue
-            self._wrote()
-            del events[:len(chunk)]
-            if not events:
-                self._events_waiting.popleft()
-                d.callback(None)
-            if self._events_waiting and not self._checkpointing:
-                self._events_turn = self._reactor.callLater(0, self._write_events)
-            return
+        self._events_writing = True
+        try:
+            while self._events_waiting:
+                events, d = self._events_waiting[0]
+                if self._events_on_thread:
+                    self._events_waiting.popleft()
+                    self._events_threaded(events).chainDeferred(d)
+                    continue
+                chunk = events[:self._event_chunk]
+                try:
+                    self._inline.append_events(chunk)
+                except StoreBusy:
+                    self._events_waiting.popleft()
+                    self._events_threaded(events).chainDeferred(d)
+                    continue
+                except Exception:
+                    self._events_waiting.popleft()
+                    d.errback()
+                    continue
+                del events[:len(chunk)]
+                if not events:
+                    self._events_waiting.popleft()
+                    d.callback(None)  # a batch its callbacks append waits for the next turn
+                self._wrote()
+                break
+        finally:
+            self._events_writing = False
+        if self._events_waiting and not self._checkpointing and not self._events_on_thread:
+            self._events_turn = self._reactor.callLater(0, self._write_events)
 
     def _events_threaded(self, events: list[Event]) -> defer.Deferred[None]:
         """Write a batch on the event log's own connection and thread (it waits for the lock; the
@@ -248,8 +281,17 @@ class AsyncStore:
         if self._events_pool is None:
             self._events_pool = ThreadPool(minthreads=1, maxthreads=1, name="scrapy-polite-events")
             self._events_pool.start()
+        self._events_on_thread += 1
         d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._events_pool,
                                                             self._append_on_thread, events)
+
+        def written(result: Any) -> Any:
+            self._events_on_thread -= 1
+            if not self._events_on_thread and self._events_waiting and self._events_turn is None:
+                self._write_events()  # the thread is done: inline again
+            return result
+
+        d.addBoth(written)
         return d
 
     def _append_on_thread(self, events: list[Event]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -116,7 +115,6 @@ class SQLiteStore:
         self.path = os.path.abspath(path)
         self.uri = f"sqlite:///{self.path}"
         self._lock = threading.Lock()
-        self._shm: int | None = None  # the WAL index, opened for wal_frames
         self._nowait = nowait
         self._clock = clock
         self.events_max = max(0, int(events_max))
@@ -124,6 +122,8 @@ class SQLiteStore:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=0.0 if nowait else timeout, isolation_level=None,
                                        check_same_thread=False, cached_statements=64)
+            #: The database's page size, bytes (a WAL frame holds one page).
+            self.page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
             if nowait:  # the sibling already set the file up; never checkpoint here (that may fsync)
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA wal_autocheckpoint=0")
@@ -148,17 +148,15 @@ class SQLiteStore:
         own: :class:`~scrapy_polite.stores.AsyncStore` writes the event log through one)."""
         return SQLiteStore(self.path, clock=self._clock, events_max=self.events_max)
 
-    def wal_frames(self) -> int:
-        """How many frames (pages) the WAL holds now: the ``mxFrame`` field of the wal-index header, read
-        from the ``-shm`` file (one ``pread``, no lock; https://www.sqlite.org/walformat.html §2.1, in the
-        machine's byte order). 0 when there is no WAL index (yet)."""
+    def wal_pages(self) -> int:
+        """The most pages the WAL has held since its file was made: its file's size (one ``stat``; the
+        file is reused, not cut, when the WAL starts over), read beside the real file SQLite opened (a
+        symbolic link is followed). 0 when there is no WAL file."""
         try:
-            if self._shm is None:
-                self._shm = os.open(self.path + "-shm", os.O_RDONLY)
-            raw = os.pread(self._shm, 4, 16)
+            size = os.stat(os.path.realpath(self.path) + "-wal").st_size
         except OSError:
             return 0
-        return int(struct.unpack("=I", raw)[0]) if len(raw) == 4 else 0
+        return max(0, size - 32) // (self.page_size + 24)  # a 32-byte header, a 24-byte one per frame
 
     def checkpoint(self) -> tuple[int, int]:
         """Copy the WAL back into the database file (``PRAGMA wal_checkpoint(PASSIVE)``: it never waits
@@ -368,6 +366,3 @@ class SQLiteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
-            if self._shm is not None:
-                os.close(self._shm)
-                self._shm = None
