@@ -646,7 +646,7 @@ async def test_the_wal_is_checkpointed_about_every_restart_frames_pages(tmp_path
         assert order == list(range(3000))  # whatever was held: in call order
         assert (await astore.get(f"h{2999 % 7}.example")).consec == 2999  # the last write
         if restart_frames == 2500:
-            assert len(checkpoints) >= 2 and held > 0, checkpoints
+            assert 2 <= len(checkpoints) <= 3 and held > 0, checkpoints  # learned: not one every 250 writes
             assert checkpoints[0][0] > 2500  # the first: once the file had passed the length
             assert all(frames <= 2500 + 20 for frames, _ in checkpoints[1:]), checkpoints
         else:

@@ -153,13 +153,13 @@ class AsyncStore:
         then run the calls (and event batches) held meanwhile, in order, inline while they can be."""
         self._checkpointing = False
         if frames is not None and frames[0] > 0 and self._since_checkpoint > 0:
-            # Pages this process's writes added (the WAL started over after the last checkpoint, or it did
-            # not: another process's reader or writer was in the way, and it kept growing).
+            # Pages added since the last checkpoint: all of them when that one copied the whole WAL back
+            # (the WAL started over after it), else those past its length (it could not: it kept growing).
             added = frames[0] - self._frames_after if frames[0] > self._frames_after else frames[0]
             per_write = max(1.0, added / self._since_checkpoint)  # a write appends at least one page
             # Never more often than every 1000 writes: other processes' pages count in the WAL's length.
             self._checkpoint_every = max(1000, min(100_000, int(self._restart_frames / per_write)))
-            self._frames_after = frames[0]
+            self._frames_after = frames[0] if frames[1] < frames[0] else 0
             self._learned = True
         self._since_checkpoint = 0
         if self._pool is None:  # closed meanwhile: the held calls went to the thread
@@ -240,6 +240,8 @@ class AsyncStore:
         """Write one chunk of the waiting event batches inline, and schedule the next reactor turn for the
         rest. A batch that finds the lock held goes to the event log's thread, and the batches after it
         follow it there until it is written (in order). During a checkpoint they wait for it."""
+        if self._events_turn is not None and self._events_turn.active():  # called before its turn came
+            self._events_turn.cancel()
         self._events_turn = None
         if self._events_writing or self._checkpointing or self._inline is None or self._pool is None:
             return
@@ -332,9 +334,9 @@ class AsyncStore:
         while self._held:  # calls held behind a restart or a busy call: queued on the thread, in order
             name, args, d = self._held.popleft()
             self._threaded(name, *args).chainDeferred(d)
-        if self._events_turn is not None:
+        if self._events_turn is not None and self._events_turn.active():
             self._events_turn.cancel()
-            self._events_turn = None
+        self._events_turn = None
         while self._events_waiting:  # event batches not written yet: on the event log's thread, in order
             events, ed = self._events_waiting.popleft()
             self._events_threaded(events).chainDeferred(ed)
