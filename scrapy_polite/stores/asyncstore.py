@@ -72,8 +72,7 @@ class AsyncStore:
         self._pool: ThreadPool | None = None
         self._inline: PaceStore | None = None
         self._queued = 0
-        self._writes = 0
-        #: Calls made while a restart or a busy call runs on the thread, in call order:
+        #: Calls made while a checkpoint or a busy call runs on the thread, in call order:
         #: ``(method name, args, Deferred of the result)``.
         self._held: deque[tuple[str, tuple[Any, ...], defer.Deferred[Any]]] = deque()
         #: A checkpoint runs on the thread: calls (and event batches) wait.
@@ -127,7 +126,6 @@ class AsyncStore:
         """One inline write landed in the WAL. Until the first checkpoint, every 250 writes the WAL file's
         length is looked at (a fresh file is as long as the WAL); a checkpoint when it passes
         ``restart_frames`` pages. After it, a checkpoint every ``_checkpoint_every`` writes."""
-        self._writes += 1
         self._since_checkpoint += 1
         if self._checkpointing or not isinstance(self.store, SQLiteStore):
             return
@@ -176,7 +174,7 @@ class AsyncStore:
 
     def _threaded(self, name: str, *args: Any) -> defer.Deferred[Any]:
         if self._pool is None:
-            return defer.fail(StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
+            return defer.fail(self._closed_error())
         self._queued += 1
         result_d: defer.Deferred[Any] = defer.Deferred()
 
@@ -194,6 +192,9 @@ class AsyncStore:
                                                            getattr(self.store, name), *args)
         d.addBoth(done)
         return result_d
+
+    def _closed_error(self) -> StoreError:
+        return StoreError(f"scrapy-polite's pace table {self.store.uri} is closed")
 
     @property
     def uri(self) -> str:
@@ -226,10 +227,9 @@ class AsyncStore:
                 return defer.fail()
             return defer.succeed(None)
         if not isinstance(self.store, SQLiteStore):
-            return self._threaded("append_events", events) if self._pool is not None else defer.fail(
-                StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
+            return self._threaded("append_events", events)  # fails as closed once the pool is gone
         if self._pool is None or self._inline is None:
-            return defer.fail(StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
+            return defer.fail(self._closed_error())
         d: defer.Deferred[None] = defer.Deferred()
         self._events_waiting.append((list(events), d))
         if self._events_turn is None and not self._events_writing:
@@ -279,7 +279,7 @@ class AsyncStore:
         """Write a batch on the event log's own connection and thread (it waits for the lock; the
         connection is opened there too, since opening it also waits)."""
         if not isinstance(self.store, SQLiteStore):
-            return defer.fail(StoreError(f"scrapy-polite's pace table {self.store.uri} is closed"))
+            return defer.fail(self._closed_error())
         if self._events_pool is None:
             self._events_pool = ThreadPool(minthreads=1, maxthreads=1, name="scrapy-polite-events")
             self._events_pool.start()
@@ -331,7 +331,7 @@ class AsyncStore:
 
     def _queue_held(self) -> None:
         self._checkpointing = False
-        while self._held:  # calls held behind a restart or a busy call: queued on the thread, in order
+        while self._held:  # calls held behind a checkpoint or a busy call: queued on the thread, in order
             name, args, d = self._held.popleft()
             self._threaded(name, *args).chainDeferred(d)
         if self._events_turn is not None and self._events_turn.active():
