@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from twisted.internet.defer import Deferred
 
-from .lines import Lines
+from .lifecycle import Lifecycle
 from .outage import DeferredStore
 from .policy import Booking, HostState, PacingPolicy, ip_key
 from .reactor import await_deferred
@@ -66,7 +66,7 @@ class Booker:
     Args:
         config: the validated settings.
         store: the pace table.
-        lines: the process's lines.
+        lifecycle: the owner of the process's requests, lines and claims (docs/spec.md §5).
         resolution: resolution and pinning.
         report: counters and stats.
         clock: this process's clock (epoch s) and its offset to the table's clock.
@@ -74,13 +74,13 @@ class Booker:
         on_store_error: called with a :class:`~scrapy_polite.stores.StoreError` (stops the crawl).
     """
 
-    def __init__(self, config: PoliteConfig, store: DeferredStore, lines: Lines, resolution: Resolution,
+    def __init__(self, config: PoliteConfig, store: DeferredStore, lifecycle: Lifecycle, resolution: Resolution,
                  report: Report, clock: ClockSync, sleep: Callable[[float], Deferred[None]],
                  on_store_error: Callable[[StoreError], None]) -> None:
         self.config = config
         self.policy: PacingPolicy = config.policy
         self.store = store
-        self.lines = lines
+        self.lifecycle = lifecycle
         self.resolution = resolution
         self.report = report
         self.clock = clock
@@ -164,14 +164,14 @@ class Booker:
         """
         deferrable = self.can_defer(request)
         override = self.override(host, request)
+        lifecycle = self.lifecycle
+        lifecycle.arrive(request, host)
         if request.meta.get("polite_burst"):
             return await self._burst(request, host, override, deferrable)
-        line = self.lines.line(host)
-        while line.holder is not None and line.holder is not request:
+        while not lifecycle.take(host, request):  # taken, never assigned: re-checked after every wait
             if deferrable:
                 return self.defer(host, None, "line", request)
-            await await_deferred(self.lines.wait_for([host]))
-        line.holder = request
+            await await_deferred(lifecycle.wait_for([host]))
         try:
             return await self._book(request, host, override, deferrable)
         except BaseException:
@@ -194,13 +194,14 @@ class Booker:
             await self._wait(host, min(verdict.due - snapshot.now, self.policy.max_wait), request)
         addresses = await self.resolution.addresses(request, host)  # resolved at the decision (docs/spec.md §3)
         self.report.inc("burst")
+        self.lifecycle.booked(request)
         self.report.counters(host).requests += 1
         go = Go(sent_at=decided_at - self.clock.offset, address=addresses[0] if addresses else None)
         self.report.events.booking(host, request.url, at=go.sent_at, due=None, address=go.address, reason="burst")
         return go
 
     async def _book(self, request: Request, host: str, override: float | None, deferrable: bool) -> Go | Defer:
-        lines = self.lines
+        lifecycle = self.lifecycle
         floor = self.policy.effective_interval(None, override)
         ip_interval = self.config.ip_interval
         while True:
@@ -212,20 +213,27 @@ class Booker:
             all_addresses = addresses or []
             free: list[str] = []
             if ip_paced:
-                free = [a for a in all_addresses if not lines.busy(ip_key(a))]
+                free = [a for a in all_addresses if not lifecycle.busy(ip_key(a))]
                 if not free:  # every address has a request of ours in flight
                     keys = [ip_key(a) for a in all_addresses]
-                    if deferrable and lines.has_live_waiters(keys):
+                    if deferrable and lifecycle.has_live_waiters(keys):
                         self.release(request, host)
-                        lines.wait_on_addresses(host, keys)
+                        lifecycle.wait_on_addresses(host, keys)
                         return self.defer(host, None, "ip_line", request)
-                    await await_deferred(lines.wait_for(keys))
+                    await await_deferred(lifecycle.wait_for(keys))
                     continue
             booking, now = await self._transact(host, free, floor, ip_interval)
             if booking.booked:
                 address = booking.address or (all_addresses[0] if all_addresses else None)
                 if ip_paced and address is not None:
-                    lines.line(ip_key(address)).holder = request
+                    # The transaction was awaited: another request of ours may have taken the address's
+                    # line meanwhile. The booking stands (the table spaced it after every earlier one);
+                    # the request waits until the line is its own (docs/spec.md §5).
+                    key = ip_key(address)
+                    while not lifecycle.take(key, request):
+                        self.report.inc("ip_line/retaken")
+                        await await_deferred(lifecycle.wait_for([key]))
+                lifecycle.booked(request)
                 self.report.booked(host)
                 self.report.events.booking(host, request.url, at=now, address=address,
                                            due=booking.host.next_allowed if booking.host is not None else None)
@@ -238,18 +246,18 @@ class Booker:
             # the next defers until that moment (docs/spec.md §5).
             waiting_key = ip_key(booking.address) if booking.address is not None else None
             if waiting_key is not None and booking.start > booking.host_free:
-                waiter = lines.ip_waiter.get(waiting_key)
+                waiter = lifecycle.ip_waiter.get(waiting_key)
                 if waiter is not None and waiter is not request and deferrable:
                     self.release(request, host)
                     return self.defer(host, self.clock.to_local(booking.start), "ip_line", request)
-                lines.ip_waiter[waiting_key] = request
+                lifecycle.ip_waiter[waiting_key] = request
             else:
                 waiting_key = None
             try:
                 await self._wait(host, min(booking.start - now, self.policy.max_wait), request)
             finally:
-                if waiting_key is not None and lines.ip_waiter.get(waiting_key) is request:
-                    del lines.ip_waiter[waiting_key]
+                if waiting_key is not None and lifecycle.ip_waiter.get(waiting_key) is request:
+                    del lifecycle.ip_waiter[waiting_key]
 
     async def _transact(self, host: str, addresses: list[str], floor: float,
                         ip_interval: float) -> tuple[Booking, float]:
@@ -266,22 +274,22 @@ class Booker:
     # -- after the request ------------------------------------------------------------------------------
 
     def release(self, request: Request, host: str | None = None) -> None:
-        """Free the host's line, and the line of the address it was booked on, if ``request`` holds them
-        (idempotent); unpin it; wake the requests waiting for them."""
+        """Free the host's line, the line of the address it was booked on and its claim, if ``request``
+        holds them (idempotent); unpin it; the lifecycle wakes what waited on them (docs/spec.md §5)."""
         if host is None:
-            host = request.meta.get("polite_host")
+            host = request.meta.get("polite_host") or self.lifecycle.host_of(request)
             if host is None:
                 return
-        self.lines.free(host, request)
         address = request.meta.get("polite_ip")
         if address:
             self.resolution.unpin(request, host)
-            if self.lines.free(ip_key(address), request):
-                for waiting in self.lines.hosts_waiting_on(ip_key(address)):
-                    if self.scheduler is not None:
-                        self.scheduler.wake(waiting)
-        if self.scheduler is not None:
-            self.scheduler.wake(host)
+        self.lifecycle.free(request, host, ip_key(address) if address else None)
+
+    def end(self, request: Request, host: str | None = None, *, dropped: bool = False) -> None:
+        """``request`` leaves the process's pacing: :meth:`release`, then its stage is ``finished`` (or
+        ``dropped``: it left without a download)."""
+        self.release(request, host)
+        self.lifecycle.end(request, host, dropped=dropped)
 
     async def early_due(self, request: Request, host: str) -> float | None:
         """When a request of a host that should defer now (docs/spec.md §2) may come back (this process's clock, epoch

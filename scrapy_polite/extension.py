@@ -129,13 +129,27 @@ class PoliteExtension:
 
     def spider_idle(self, spider: Spider) -> None:
         """Keep the spider open while requests are held (docs/spec.md §5), unless everything held is due beyond
-        ``POLITE_MAX_IDLE_WAIT``: then close with reason ``polite_deferred``, listing the hosts."""
+        ``POLITE_MAX_IDLE_WAIT``: then close with reason ``polite_deferred``, listing the hosts.
+
+        The idle check first asks the lifecycle owner what can still move: a line or claim held by a request
+        the downloader no longer has is freed (:meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`)
+        and every host parked on it is woken. If something held can then never move, the spider closes with
+        reason ``polite_stranded``, naming what was not crawled, instead of staying open forever."""
         scheduler = self.pacer.scheduler
-        if scheduler is None or not scheduler.held_count():
+        if scheduler is None:
             return
+        self.pacer.reconcile(force=True)
+        if not scheduler.held_count():
+            return
+        scheduler.unpark()
         earliest = scheduler.earliest_due()
+        if earliest == float("inf"):
+            logger.error("scrapy-polite: the held requests wait for lines that nothing holds any more; closing. %s",
+                         scheduler.describe())
+            self.pacer.inc("stranded")
+            raise CloseSpider("polite_stranded")
         wait = (earliest - self.pacer.clock()) if earliest is not None else 0.0
-        if earliest is not None and earliest != float("inf") and wait > self.pacer.config.max_idle_wait:
+        if earliest is not None and wait > self.pacer.config.max_idle_wait:
             logger.info("scrapy-polite: everything left is deferred beyond POLITE_MAX_IDLE_WAIT=%g s; closing. %s",
                         self.pacer.config.max_idle_wait, scheduler.describe())
             raise CloseSpider("polite_deferred")

@@ -107,6 +107,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         request.meta["polite_host"] = host
         if request.meta.get("dont_pace"):  # exempt from pacing, never from the address rules
             pacer.inc("dont_pace")
+            pacer.arrive(request, host)
             addresses = await pacer.addresses(request, host)
             if addresses:
                 pacer.pin(request, host, addresses[0])
@@ -122,6 +123,11 @@ class PoliteDownloaderMiddleware(_PacerComponent):
 
     async def process_response(self, request: Request, response: Response) -> Request | Response:
         pacer = self.pacer
+        if not pacer.in_flight(request):
+            # Answered before it was booked (the HTTP cache, a middleware's own response): it leaves
+            # without a download, and its host's next request may go (docs/spec.md §5).
+            pacer.drop(request)
+            return response
         decision = await pacer.finish(request)
         # A throttle is not a failure (docs/spec.md §2): the same request goes back to be held until its host
         # is due, instead of reaching RetryMiddleware or the spider, while its retry budget lasts.
@@ -139,6 +145,11 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             self.pacer.defer(host, due, "throttled")
             _hold(self.pacer, request, host, due)
             return request
+        if not self.pacer.in_flight(request):
+            # Dropped before it was booked (IgnoreRequest from RobotsTxtMiddleware, OffsiteMiddleware, a
+            # project's middleware, or our own refusal): it leaves, and its host is woken (docs/spec.md §5).
+            self.pacer.drop(request)
+            return None
         self.pacer.record_failure(request, exception)
         await self.pacer.finish(request)
         return None

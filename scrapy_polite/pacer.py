@@ -31,7 +31,7 @@ from twisted.internet.defer import Deferred
 from .addresses import AddressFilter
 from .booking import Booker
 from .events import EventLog
-from .lines import Lines
+from .lifecycle import Lifecycle, Stage
 from .outage import DeferredStore, StoreGuard
 from .policy import Decision, PacingPolicy
 from .reactor import await_deferred, call_later, reactor_sleep
@@ -87,7 +87,8 @@ class Pacer:
         self.user_agent: str = (crawler.settings.get("ROBOTSTXT_USER_AGENT") or crawler.settings.get("USER_AGENT")
                                 or "Scrapy")
         self.report = Report(crawler.stats, clock)
-        self.lines = Lines()
+        #: The one owner of every paced request's stage, lines and claims (docs/spec.md §5).
+        self.lifecycle = Lifecycle(inc=self.report.inc)
         self.sync = ClockSync(clock, server_clock=bool(getattr(store.store, "server_clock", False)))
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)
         self.guard = StoreGuard(store, timeout=config.store_timeout, report=self.report, clock=clock,
@@ -99,10 +100,11 @@ class Pacer:
         self.events = EventLog(store if config.event_log else None, self.sync, call_later=call_later,
                                inc=self.report.inc)
         self.report.events = self.events
-        self.booker = Booker(config, self.table, self.lines, self.resolution, self.report, self.sync,
+        self.booker = Booker(config, self.table, self.lifecycle, self.resolution, self.report, self.sync,
                              sleep or reactor_sleep, self._store_failed)
-        self.recorder = Recorder(config, self.table, self.lines, self.report, self.sync, self.booker.override,
-                                 self.booker.release, self._store_failed, self.user_agent)
+        self.recorder = Recorder(config, self.table, self.lifecycle, self.report, self.sync, self.booker.override,
+                                 self.booker.end, self._store_failed, self.user_agent)
+        self._reconciled = float("-inf")
         self.retries = ThrottleRetries(config.policy, self.report, self.sync, self.booker.can_defer)
 
     # -- shared state -----------------------------------------------------------------------------------
@@ -115,6 +117,7 @@ class Pacer:
     @scheduler.setter
     def scheduler(self, scheduler: HoldingScheduler | None) -> None:
         self.booker.scheduler = scheduler
+        self.lifecycle.wake = scheduler.wake if scheduler is not None else None
 
     @property
     def spider_delay(self) -> float | None:
@@ -178,7 +181,7 @@ class Pacer:
 
     def line_busy(self, host: str) -> bool:
         """A request of this process holds the host's line."""
-        return self.lines.busy(host)
+        return self.lifecycle.busy(host)
 
     def override(self, host: str, request: Request | None = None) -> float | None:
         """See :meth:`Booker.override <scrapy_polite.booking.Booker.override>`."""
@@ -195,6 +198,51 @@ class Pacer:
     def release(self, request: Request, host: str | None = None) -> None:
         """See :meth:`Booker.release <scrapy_polite.booking.Booker.release>`."""
         self.booker.release(request, host)
+
+    # -- the lifecycle (the scheduler's side) ------------------------------------------------------------
+
+    def host_blocked(self, host: str) -> bool:
+        """See :meth:`Lifecycle.blocked <scrapy_polite.lifecycle.Lifecycle.blocked>`."""
+        return self.lifecycle.blocked(host)
+
+    def host_parkable(self, host: str) -> bool:
+        """See :meth:`Lifecycle.parkable <scrapy_polite.lifecycle.Lifecycle.parkable>`."""
+        return self.lifecycle.parkable(host)
+
+    def released(self, request: Request, host: str) -> None:
+        """See :meth:`Lifecycle.release <scrapy_polite.lifecycle.Lifecycle.release>`."""
+        self.lifecycle.release(request, host)
+
+    def held(self, request: Request, host: str) -> None:
+        """``request`` is held by the scheduler: it gives up its claim and lines (unpinned)."""
+        self.booker.release(request, host)
+        self.lifecycle.held(request, host)
+
+    def reconcile(self, *, force: bool = False) -> int:
+        """End the requests holding a line or a claim that the downloader no longer has
+        (:meth:`Lifecycle.reconcile <scrapy_polite.lifecycle.Lifecycle.reconcile>`): at most once a second
+        unless ``force`` (the idle check). Returns how many were ended."""
+        now = self.clock()
+        if not force and 0.0 <= now - self._reconciled < 1.0:
+            return 0
+        self._reconciled = now
+        engine = getattr(self.crawler, "engine", None)
+        active = getattr(getattr(engine, "downloader", None), "active", None)
+        return self.lifecycle.reconcile(active)
+
+    def drop(self, request: Request) -> None:
+        """``request`` left without a download (``IgnoreRequest`` from any component, a response made by a
+        middleware or the cache): its lines and claim are freed, its host woken (docs/spec.md §5)."""
+        self.booker.end(request, dropped=True)
+
+    def arrive(self, request: Request, host: str) -> None:
+        """``request`` reached the pacing middleware for ``host`` unpaced (``dont_pace``): its claim on the
+        host is over (docs/spec.md §5)."""
+        self.lifecycle.arrive(request, host)
+
+    def in_flight(self, request: Request) -> bool:
+        """``request`` was booked in this pass through the downloader (its response is the host's)."""
+        return self.lifecycle.stage(request) == Stage.IN_FLIGHT
 
     # -- after a response (Recorder) --------------------------------------------------------------------
 

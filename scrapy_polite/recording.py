@@ -18,7 +18,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from ._compat import server_side_failure_types
-from .lines import Lines
+from .lifecycle import Lifecycle
 from .outage import DeferredStore
 from .policy import (
     Decision,
@@ -60,26 +60,28 @@ class Recorder:
     Args:
         config: the validated settings.
         store: the pace table.
-        lines: the process's lines (a response's record is awaited before its host's line is freed).
+        lifecycle: the owner of the process's requests and lines (a response's record is awaited before its
+            host's line is freed).
         report: counters and stats.
         clock: this process's clock and its offset to the table's clock.
         override: ``override(host, request) -> seconds | None``, the request's interval override.
-        release: ``release(request, host)`` frees the request's lines.
+        end: ``end(request, host)`` ends the request's life: frees its lines and claim, wakes its host.
         on_store_error: called with a :class:`~scrapy_polite.stores.StoreError` (stops the crawl).
         user_agent: the user agent robots.txt delays are read for (for the log).
     """
 
-    def __init__(self, config: PoliteConfig, store: DeferredStore, lines: Lines, report: Report, clock: ClockSync,
-                 override: Callable[[str, Any], float | None], release: Callable[[Any, str], None],
+    def __init__(self, config: PoliteConfig, store: DeferredStore, lifecycle: Lifecycle, report: Report,
+                 clock: ClockSync, override: Callable[[str, Any], float | None],
+                 end: Callable[[Any, str | None], None],
                  on_store_error: Callable[[StoreError], None], user_agent: str) -> None:
         self.config = config
         self.policy: PacingPolicy = config.policy
         self.store = store
-        self.lines = lines
+        self.lifecycle = lifecycle
         self.report = report
         self.clock = clock
         self.override = override
-        self.release = release
+        self.end = end
         self.on_store_error = on_store_error
         self.user_agent = user_agent
         #: host → the table's time of the last throttle seen (for burst requests decided before it).
@@ -173,9 +175,7 @@ class Recorder:
         d.addCallbacks(self._recorded, self._failed, callbackArgs=(host, retry_after, label),
                        errbackArgs=(host, label))
         d.addCallback(self._log_event, host, request, status, retry_after, cause)
-        if self.lines.holds(host, request):
-            self.lines.line(host).recording = d
-        else:
+        if not self.lifecycle.set_recording(host, request, d):
             self._unlined[request] = d
         return d
 
@@ -245,19 +245,22 @@ class Recorder:
             logger.error("scrapy-polite could not record %s for %s", label, host, exc_info=failure.value)
 
     async def finish(self, request: Request) -> Decision | None:
-        """After the response or failure was handled: wait for its record, then free the host's line.
+        """After the response or failure was handled: wait for its record, then end the request's life
+        (its lines and claim freed, its host woken: docs/spec.md §5). A request that never reached the
+        booking (dropped or answered by another middleware) is ended too.
 
         Returns the record's :class:`~scrapy_polite.policy.Decision` (None: nothing was recorded, or the
         table could not be written)."""
         host = request.meta.get("polite_host")
         if host is None:
+            self.end(request, None)
             return None
         pending = self._unlined.pop(request, None)
-        if self.lines.holds(host, request):
-            line = self.lines.line(host)
-            pending, line.recording = line.recording, None
+        recording = self.lifecycle.take_recording(host, request)
+        if recording is not None:
+            pending = recording
         result = await await_deferred(pending) if pending is not None else None
-        self.release(request, host)
+        self.end(request, host)
         return result if isinstance(result, Decision) else None
 
     def throttled_since(self, request: Request) -> bool:

@@ -116,6 +116,14 @@ class PoliteScheduler:
         """How many requests are held."""
         return len(self._held)
 
+    def unpark(self) -> int:
+        """Wake every host parked "until its line frees" that nothing holds back any more (the idle check,
+        after :meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`); returns how many."""
+        parked = [host for host, due in self._due.items() if due == math.inf and not self.pacer.host_parkable(host)]
+        for host in parked:
+            self.wake(host)
+        return len(parked)
+
     def earliest_due(self) -> float | None:
         """The earliest due time (epoch s) of a held request; ``inf`` when held only for a busy line;
         None when nothing is held."""
@@ -128,6 +136,7 @@ class PoliteScheduler:
         return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:
+        self.pacer.reconcile()  # the backstop for a request that left by a path no middleware saw
         request = self._next_due()
         if request is None:
             request = self.inner.next_request()
@@ -151,6 +160,8 @@ class PoliteScheduler:
         self._rehold.add(request)
         self._owned.discard(request)
         self._held.push(host, request, due)
+        if due is None and not self.pacer.host_parkable(host):
+            due = self.clock()  # nothing holds the host back any more: it may go now (docs/spec.md §5)
         when = due if due is not None else math.inf
         current = self._due.get(host)
         if current is None or (due is not None and when > current) or current == math.inf:
@@ -160,9 +171,11 @@ class PoliteScheduler:
         stats = self.crawler.stats
         if stats is not None:
             stats.max_value("polite/deferred/max_held", self.held_count())
+        self.pacer.held(request, host)  # gives up its claim and lines: may wake the host (self.wake)
 
     def wake(self, host: str) -> None:
-        """The host's line was freed: its held requests may go as soon as the host is due."""
+        """What held the host back (its line, its claim, an address line) is gone: its held requests may go
+        as soon as the host is due (called by :class:`~scrapy_polite.lifecycle.Lifecycle`)."""
         if host in self._held:
             due = self._due.get(host, 0.0)
             if due == math.inf:
@@ -210,8 +223,8 @@ class PoliteScheduler:
             host = entry[2]
             if host not in self._held or self._due.get(host, math.inf) > now:
                 continue  # a stale heap entry
-            if self.pacer.line_busy(host):
-                self._due[host] = math.inf  # woken again when the line frees
+            if self.pacer.host_blocked(host):
+                self._due[host] = math.inf  # woken again when its line frees or its claim ends (lifecycle)
                 continue
             found = self._held.pop(host)  # None only when none of the host's records could be read back
             if host not in self._held:
@@ -219,6 +232,7 @@ class PoliteScheduler:
             else:
                 self._due[host] = math.inf
             if found is not None:
+                self.pacer.released(found, host)  # it claims its host until it is booked or leaves
                 break
         return found
 

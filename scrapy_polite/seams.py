@@ -69,6 +69,10 @@ class HoldingScheduler(Protocol):
         """How many requests are held."""
         ...
 
+    def unpark(self) -> int:
+        """Wake every host parked until its line frees that nothing holds back any more; how many."""
+        ...
+
     def earliest_due(self) -> float | None:
         """The earliest due time of a held request (``inf``: only for a busy line; None: nothing held)."""
         ...

@@ -1,4 +1,4 @@
-"""The glue units without real time (docs/spec.md §3, §5): :class:`~scrapy_polite.lines.Lines`,
+"""The glue units without real time (docs/spec.md §3, §5): :class:`~scrapy_polite.lifecycle.Lifecycle`,
 :class:`~scrapy_polite.booking.Booker`, :class:`~scrapy_polite.recording.Recorder` and the
 :class:`~scrapy_polite.pacer.Pacer` facade, driven by a fake clock, a fake sleep (it advances the fake clock
 and returns a fired Deferred, or a Deferred the test fires), a ``MemoryStore`` on that clock behind an
@@ -30,7 +30,7 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
 from scrapy_polite.booking import Booker
-from scrapy_polite.lines import Lines
+from scrapy_polite.lifecycle import Lifecycle, Stage
 from scrapy_polite.pacer import Pacer
 from scrapy_polite.policy import HostState, host_key
 from scrapy_polite.recording import Recorder
@@ -221,7 +221,7 @@ class Glue:
     sleep: Any
     store: MemoryStore
     astore: Any
-    lines: Lines
+    lines: Lifecycle
     stats: FakeStats
     report: Report
     sync: ClockSync
@@ -249,7 +249,7 @@ def glue(*, settings: dict[str, Any] | None = None, addresses: dict[str, list[st
     astore: Any = AsyncStore(store)
     if gated:
         astore = GatedStore(astore)
-    lines = Lines()
+    lines = Lifecycle()
     stats = FakeStats()
     report = Report(stats)
     sync = ClockSync(clock, server_clock=bool(store_ahead))
@@ -257,10 +257,11 @@ def glue(*, settings: dict[str, Any] | None = None, addresses: dict[str, list[st
     sleeper = FakeSleep(clock) if sleep == "fake" else HandSleep(clock)
     errors: list[StoreError] = []
     booker = Booker(config, astore, lines, resolution, report, sync, sleeper, errors.append)  # type: ignore[arg-type]
-    recorder = Recorder(config, astore, lines, report, sync, booker.override, booker.release, errors.append,
+    recorder = Recorder(config, astore, lines, report, sync, booker.override, booker.end, errors.append,
                         "test-agent")
     fake_scheduler = FakeScheduler(owns) if scheduler else None
     booker.scheduler = fake_scheduler
+    lines.wake = fake_scheduler.wake if fake_scheduler is not None else None
     return Glue(clock, sleeper, store, astore, lines, stats, report, sync, resolution, booker, recorder,
                 fake_scheduler, errors)
 
@@ -322,33 +323,83 @@ def respond(g: Glue, req: Request, status: int = 200, **headers: str) -> Any:
 # Lines
 
 
-def test_lines_free_only_by_the_holder_and_wake_every_waiter():
-    lines = Lines()
-    r1, r2 = object(), object()
+def test_lines_are_taken_only_when_free_freed_only_by_the_holder_and_wake_every_waiter():
+    lines = Lifecycle()
+    woken: list[str] = []
+    lines.wake = woken.append
+    r1, r2 = Request("http://a.example/1"), Request("http://a.example/2")
     assert not lines.busy("a.example")
-    lines.line("a.example").holder = r1
+    assert lines.take("a.example", r1)
+    assert not lines.take("a.example", r2)  # negative control: never assigned over its holder
+    assert lines.take("a.example", r1)  # its own line
     assert lines.busy("a.example") and lines.holds("a.example", r1) and not lines.holds("a.example", r2)
     d = lines.wait_for(["a.example", "ip:192.0.2.1"])
     assert lines.has_live_waiters(["ip:192.0.2.1"]) and not lines.has_live_waiters(["b.example"])
-    assert lines.free("a.example", r2) is False  # negative control: not the holder
-    assert not d.called and lines.busy("a.example")
-    assert lines.free("a.example", r1) is True
-    assert d.called and not lines.busy("a.example")
+    lines.free(r2, "a.example")  # negative control: not the holder
+    assert not d.called and lines.busy("a.example") and woken == []
+    lines.free(r1, "a.example")
+    assert d.called and not lines.busy("a.example") and woken == ["a.example"]
     assert not lines.has_live_waiters(["a.example", "ip:192.0.2.1"])  # a fired waiter is not live
-    assert lines.free("a.example", r1) is False  # idempotent
+    lines.free(r1, "a.example")  # idempotent
+    assert woken == ["a.example"]
 
 
-def test_lines_hosts_waiting_on_an_address_are_returned_once():
-    lines = Lines()
+def test_lines_hosts_waiting_on_an_address_are_woken_once_when_it_frees():
+    lines = Lifecycle()
+    woken: list[str] = []
+    lines.wake = woken.append
+    holder = Request("http://c.example/")
+    assert lines.take("ip:192.0.2.1", holder) and lines.take("ip:192.0.2.2", holder)
     lines.wait_on_addresses("a.example", ["ip:192.0.2.1", "ip:192.0.2.2"])
     lines.wait_on_addresses("b.example", ["ip:192.0.2.1"])
-    assert lines.hosts_waiting_on("ip:192.0.2.1") == {"a.example", "b.example"}
-    assert lines.hosts_waiting_on("ip:192.0.2.1") == set()
-    assert lines.hosts_waiting_on("ip:192.0.2.2") == {"a.example"}
+    assert lines.parkable("a.example") and lines.parkable("b.example")
+    assert not lines.parkable("d.example")  # negative control: nothing holds d back
+    lines.free(holder, "c.example", "ip:192.0.2.1")
+    assert sorted(woken) == ["a.example", "b.example"]
+    lines.free(holder, "c.example", "ip:192.0.2.1")
+    assert sorted(woken) == ["a.example", "b.example"]  # once
+    lines.free(holder, "c.example", "ip:192.0.2.2")
+    assert sorted(woken) == ["a.example", "a.example", "b.example"]
 
 
-# --------------------------------------------------------------------------------------------------
-# Booking: go
+def test_a_claim_blocks_its_host_until_the_request_arrives_or_leaves_by_any_way():
+    """A released request claims its host (the next held one waits); arriving at the middleware, being
+    held again, ending or being dropped each end the claim and wake the host (docs/spec.md §5)."""
+    for exit_ in ("arrive", "held", "end", "drop", "reconcile"):
+        lines = Lifecycle()
+        woken: list[str] = []
+        lines.wake = woken.append
+        r = Request("http://a.example/")
+        lines.release(r, "a.example")
+        assert lines.blocked("a.example") and lines.stage(r) == Stage.RELEASED
+        assert not lines.blocked("b.example")  # negative control: another host
+        if exit_ == "arrive":
+            lines.arrive(r, "a.example")
+        elif exit_ == "held":
+            lines.held(r, "a.example")
+        elif exit_ == "end":
+            lines.end(r)
+        elif exit_ == "drop":
+            lines.end(r, dropped=True)
+        else:
+            assert lines.reconcile({r}) == 0 and lines.blocked("a.example")  # still in the downloader
+            assert lines.reconcile(None) == 0 and lines.blocked("a.example")  # unknown: nothing done
+            assert lines.reconcile(set()) == 1
+        assert not lines.blocked("a.example") and woken == ["a.example"], exit_
+    assert lines.stage(r) == Stage.DROPPED
+
+
+def test_reconcile_frees_the_lines_of_a_request_that_left_unseen():
+    lines = Lifecycle()
+    woken: list[str] = []
+    lines.wake = woken.append
+    r, other = Request("http://a.example/"), Request("http://b.example/")
+    assert lines.take("a.example", r) and lines.take("ip:192.0.2.1", r) and lines.take("b.example", other)
+    d = lines.wait_for(["ip:192.0.2.1"])
+    assert lines.reconcile({other}) == 1
+    assert not lines.busy("a.example") and not lines.busy("ip:192.0.2.1") and d.called
+    assert lines.holds("b.example", other)  # negative control: still in the downloader, kept
+    assert woken == ["a.example"]
 
 
 def test_a_free_host_goes_now_on_the_lowest_free_address():

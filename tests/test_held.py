@@ -209,8 +209,20 @@ class Pacer:
     def clock(self) -> float:
         return self.now
 
-    def line_busy(self, host: str) -> bool:
+    def host_blocked(self, host: str) -> bool:
         return False
+
+    def host_parkable(self, host: str) -> bool:
+        return False
+
+    def released(self, request: Any, host: str) -> None:
+        pass
+
+    def held(self, request: Any, host: str) -> None:
+        pass
+
+    def reconcile(self, *, force: bool = False) -> int:
+        return 0
 
 
 class Inner:

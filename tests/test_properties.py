@@ -26,7 +26,7 @@ from scrapy import Request
 from scrapy.http import Response
 
 from scrapy_polite.booking import Booker
-from scrapy_polite.lines import Lines
+from scrapy_polite.lifecycle import Lifecycle
 from scrapy_polite.policy import HostState, PacingPolicy, ip_key
 from scrapy_polite.recording import Recorder
 from scrapy_polite.reporting import Report
@@ -255,7 +255,7 @@ class _Process:
     def __init__(self, store: MemoryStore, clock: FakeClock) -> None:
         config = PoliteConfig.from_settings({"POLITE_HOST_INTERVAL": 1.0, "POLITE_IP_INTERVAL": IP_INTERVAL,
                                              "POLITE_MAX_WAIT": 60.0})
-        self.lines = Lines()
+        self.lines = Lifecycle()
         self.stats = FakeStats()
         report = Report(self.stats)
         sync = ClockSync(clock, server_clock=False)
@@ -264,7 +264,7 @@ class _Process:
         self.booker = Booker(config, AsyncStore(store), self.lines, self.resolution, report,  # type: ignore[arg-type]
                              sync, FakeSleep(clock), self.errors.append)
         self.recorder = Recorder(config, AsyncStore(store), self.lines, report, sync, self.booker.override,
-                                 self.booker.release, self.errors.append, "test-agent")
+                                 self.booker.end, self.errors.append, "test-agent")
         self.booker.scheduler = FakeScheduler(True)
 
 

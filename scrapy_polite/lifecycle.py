@@ -1,0 +1,305 @@
+"""The one owner of a paced request's life inside a process (docs/spec.md §5, "The request lifecycle").
+
+Every paced request moves through explicit stages, and only this module moves it:
+
+* ``held`` — the :class:`~scrapy_polite.scheduler.PoliteScheduler` keeps it out of the downloader;
+* ``released`` — the scheduler handed it to the engine; until it reaches the booking (or leaves) it
+  *claims* its host, so the host's next held request waits for it;
+* ``waiting`` — it reached the pacing middleware and waits for its host's line, its address's line or its
+  booking;
+* ``booked`` / ``in flight`` — it holds its host's line (and its address's line) and is being sent;
+* ``finished`` — its response or download failure was handled;
+* ``dropped`` — it left without a download: ``IgnoreRequest`` from any component (``RobotsTxtMiddleware``,
+  ``OffsiteMiddleware``, a project's middleware), a response made by a middleware or the HTTP cache, a
+  request returned in its place, the engine closing.
+
+**The rule** (what used to be owned by no one): whatever way a request leaves a stage, the lines and the
+claim it held are freed and every host waiting on them is woken. A host is parked only while its line is
+actually taken, its claim is out, or an address line it waits for is taken (:meth:`Lifecycle.parkable`).
+
+The explicit exits are called by the middleware and the booking; :meth:`Lifecycle.reconcile` is the
+backstop for any path that bypasses them (a middleware that returns a Request in place of ours, one after
+ours that swallows the exception): a request holding a line or a claim that the downloader no longer has
+(Scrapy's ``Downloader.active``) has left, and is dropped (``polite/lifecycle/reclaimed``).
+
+Lines are *taken*, never assigned (:meth:`Lifecycle.take`): after any await, a line is re-checked and the
+request waits again if another took it meanwhile.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import weakref
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.internet import defer
+
+__all__ = ["Stage", "Lifecycle", "Line"]
+
+logger = logging.getLogger(__name__)
+
+
+class Stage(str, enum.Enum):
+    """The stages of a paced request (docs/spec.md §5, "The request lifecycle")."""
+
+    HELD = "held"
+    RELEASED = "released"
+    WAITING = "waiting"
+    BOOKED = "booked"
+    IN_FLIGHT = "in flight"
+    FINISHED = "finished"
+    DROPPED = "dropped"
+
+
+#: The stages a request has left the process's pacing in.
+ENDED = frozenset({Stage.FINISHED, Stage.DROPPED})
+
+
+@dataclass
+class Line:
+    """One host's or address's line.
+
+    Attributes:
+        holder: the request in line or in flight (None: free).
+        freed: Deferreds fired when the line is freed (requests waiting for it).
+        recording: the Deferred of the holder's response record, awaited before the line is freed.
+    """
+
+    holder: Any = None
+    freed: list[defer.Deferred[None]] = field(default_factory=list)
+    recording: defer.Deferred[Any] | None = None
+
+
+class Lifecycle:
+    """The stages, lines and claims of every paced request of one crawler (docs/spec.md §5).
+
+    Host keys and ``ip:`` keys share one namespace of lines. Nothing here waits on the reactor except the
+    Deferreds handed out by :meth:`wait_for`; nothing reads a clock.
+
+    Args:
+        wake: ``wake(host)``, called when something that held the host back is gone (the scheduler then
+            hands out the host's next held request as soon as it is due); None until a scheduler attaches.
+        inc: ``inc(stat_key)``, counts ``polite/<stat_key>``.
+    """
+
+    def __init__(self, wake: Callable[[str], None] | None = None,
+                 inc: Callable[[str], None] | None = None) -> None:
+        self.wake = wake
+        self._inc = inc
+        self._lines: dict[str, Line] = {}
+        self._claims: dict[str, Any] = {}  # host → its released request on its way to the booking
+        self._waiting_hosts: dict[str, set[str]] = {}  # ip: key → hosts deferred until it frees
+        self._stages: weakref.WeakKeyDictionary[Any, Stage] = weakref.WeakKeyDictionary()
+        self._hosts: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        #: ``ip:`` key → the request waiting in line for that address's budget (one at most).
+        self.ip_waiter: dict[str, Any] = {}
+
+    # -- what is known -----------------------------------------------------------------------------------
+
+    def stage(self, request: Any) -> Stage | None:
+        """The request's stage (None: never seen, or garbage-collected)."""
+        return self._stages.get(request)
+
+    def host_of(self, request: Any) -> str | None:
+        """The host key the request was held, released or booked for (None: unknown)."""
+        return self._hosts.get(request)
+
+    def busy(self, key: str) -> bool:
+        """Some request holds the key's line."""
+        line = self._lines.get(key)
+        return line is not None and line.holder is not None
+
+    def holds(self, key: str, request: Any) -> bool:
+        """``request`` holds the key's line."""
+        line = self._lines.get(key)
+        return line is not None and line.holder is request
+
+    def holder(self, key: str) -> Any:
+        """The request holding the key's line, or None."""
+        line = self._lines.get(key)
+        return line.holder if line is not None else None
+
+    def claimant(self, host: str) -> Any:
+        """The host's released request still on its way to the booking, or None."""
+        return self._claims.get(host)
+
+    def blocked(self, host: str) -> bool:
+        """The host's next held request must wait: its line is taken or its claim is out."""
+        return host in self._claims or self.busy(host)
+
+    def parkable(self, host: str) -> bool:
+        """The host may wait "until its line frees": something that will wake it holds it back (its line,
+        its claim, or a taken address line it was deferred on). A host that is not parkable is due now."""
+        if self.blocked(host):
+            return True
+        return any(host in hosts and self.busy(key) for key, hosts in self._waiting_hosts.items())
+
+    def holders(self) -> list[tuple[str, Any]]:
+        """``(key, request)`` for every taken line and every claim (key ``claim:<host>``)."""
+        out = [(key, line.holder) for key, line in self._lines.items() if line.holder is not None]
+        out.extend((f"claim:{host}", request) for host, request in self._claims.items())
+        return out
+
+    # -- the scheduler's moves ----------------------------------------------------------------------------
+
+    def held(self, request: Any, host: str) -> None:
+        """``request`` is held by the scheduler (deferred, or resumed from disk): it gives up its claim and
+        any line it still held, and whatever waited on those is woken."""
+        self._hosts[request] = host
+        self._free(request, host)
+        self._stages[request] = Stage.HELD
+
+    def release(self, request: Any, host: str) -> None:
+        """The scheduler handed ``request`` to the engine: it claims its host until it reaches the booking
+        (:meth:`arrive`) or leaves (:meth:`end`)."""
+        self._hosts[request] = host
+        self._stages[request] = Stage.RELEASED
+        self._claims[host] = request  # the scheduler releases a host only when it is not blocked()
+
+    # -- the middleware's and the booking's moves -----------------------------------------------------
+
+    def arrive(self, request: Any, host: str) -> None:
+        """``request`` reached the pacing middleware for ``host``: its claim (if any) is over; it now waits
+        for its line or its booking. The host is woken: it is held back from here on by the line only."""
+        self._hosts[request] = host
+        self._stages[request] = Stage.WAITING
+        self._unclaim(request)
+
+    def take(self, key: str, request: Any) -> bool:
+        """Take the key's line for ``request`` if it is free (or already its own); True when it holds it.
+        Never assigns over another holder (docs/spec.md §5: lines are taken, never assigned)."""
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = Line()
+        if line.holder is None:
+            line.holder = request
+            return True
+        return line.holder is request
+
+    def booked(self, request: Any) -> None:
+        """``request`` is booked and goes to the download handler."""
+        self._stages[request] = Stage.IN_FLIGHT
+
+    def has_live_waiters(self, keys: Iterable[str]) -> bool:
+        """Some request is waiting for one of these lines to free."""
+        return any(not d.called for key in keys if (line := self._lines.get(key)) is not None for d in line.freed)
+
+    def wait_for(self, keys: Iterable[str]) -> defer.Deferred[None]:
+        """A Deferred that fires when any of the lines of ``keys`` is freed (the waiter must then
+        :meth:`take` it: another may have been first)."""
+        d: defer.Deferred[None] = defer.Deferred()
+        for key in keys:
+            line = self._lines.get(key)
+            if line is None:
+                line = self._lines[key] = Line()
+            line.freed.append(d)
+        return d
+
+    def wait_on_addresses(self, host: str, keys: Iterable[str]) -> None:
+        """``host`` is deferred until one of these address lines frees (each is taken now)."""
+        for key in keys:
+            self._waiting_hosts.setdefault(key, set()).add(host)
+
+    def set_recording(self, host: str, request: Any, recording: defer.Deferred[Any]) -> bool:
+        """Attach the response record of ``request`` to its host's line (awaited before the line is
+        freed); False when it does not hold the line."""
+        line = self._lines.get(host)
+        if line is None or line.holder is not request:
+            return False
+        line.recording = recording
+        return True
+
+    def take_recording(self, host: str, request: Any) -> defer.Deferred[Any] | None:
+        """The response record attached to the host's line by its holder ``request`` (detached), or None."""
+        line = self._lines.get(host)
+        if line is None or line.holder is not request:
+            return None
+        recording, line.recording = line.recording, None
+        return recording
+
+    def free(self, request: Any, host: str | None, address_key: str | None = None) -> None:
+        """``request`` gives up its host's line, its address's line (``address_key``) and its claim, when it
+        holds them (idempotent); whatever waited on them is woken. Its stage is not changed (it is deferred,
+        or ends next)."""
+        host = host if host is not None else self._hosts.get(request)
+        if host is None:
+            return
+        self._free(request, host, address_key)
+
+    def end(self, request: Any, host: str | None = None, address_key: str | None = None, *,
+            dropped: bool = False) -> None:
+        """``request`` leaves the process's pacing (``finished``; ``dropped`` when it left without a
+        download): everything it held is freed and its waiters woken (idempotent)."""
+        host = host if host is not None else self._hosts.get(request)
+        if host is not None:
+            self._free(request, host, address_key)
+        if self._stages.get(request) not in ENDED:
+            self._stages[request] = Stage.DROPPED if dropped else Stage.FINISHED
+
+    # -- the backstop ----------------------------------------------------------------------------------
+
+    def reconcile(self, active: Collection[Any] | None) -> int:
+        """End every request that holds a line or a claim but is no longer in the downloader (``active``:
+        Scrapy's ``Downloader.active``; None: unknown, nothing is done): it left by a path that bypassed the
+        middleware (docs/spec.md §5). Returns how many were ended (``polite/lifecycle/reclaimed``)."""
+        if active is None:
+            return 0
+        gone = [(key, request) for key, request in self.holders()
+                if request not in active and self._stages.get(request) != Stage.HELD]
+        ended = 0
+        seen: set[int] = set()
+        for key, request in gone:
+            if id(request) in seen:
+                continue
+            seen.add(id(request))
+            ended += 1
+            logger.debug("scrapy-polite: %s left without passing the pacing middleware (%s); freeing it",
+                         request, key)
+            for line_key, line in list(self._lines.items()):
+                if line.holder is request:
+                    self._free_line(line_key, request)
+            self.end(request, dropped=True)
+        if ended and self._inc is not None:
+            self._inc("lifecycle/reclaimed")
+        return ended
+
+    # -- internals -------------------------------------------------------------------------------------
+
+    def _unclaim(self, request: Any) -> None:
+        host = self._hosts.get(request)
+        if host is not None and self._claims.get(host) is request:
+            del self._claims[host]
+            self._wake(host)
+
+    def _free(self, request: Any, host: str, address_key: str | None = None) -> None:
+        self._unclaim(request)
+        self._free_line(host, request)
+        if address_key is not None:
+            self._free_line(address_key, request)
+
+    def _free_line(self, key: str, request: Any) -> bool:
+        """Free the key's line if ``request`` holds it and wake its waiters (the requests waiting for it, the
+        hosts deferred on it, and the host itself for a host's line); True when it did."""
+        line = self._lines.get(key)
+        if line is None or line.holder is not request:
+            return False
+        line.holder = None
+        line.recording = None
+        waiters, line.freed = line.freed, []
+        if not waiters:
+            del self._lines[key]  # bounded by the lines in use, not by every host ever seen
+        for d in waiters:
+            if not d.called:
+                d.callback(None)
+        for waiting in self._waiting_hosts.pop(key, ()):
+            self._wake(waiting)
+        if not key.startswith("ip:"):
+            self._wake(key)
+        return True
+
+    def _wake(self, host: str) -> None:
+        if self.wake is not None:
+            self.wake(host)

@@ -1,0 +1,162 @@
+"""End-to-end: nothing held is ever stranded (docs/spec.md §5, "The request lifecycle").
+
+Each crawl starts with a host in backoff from an earlier run (its SQLite row: one throttle, next allowed
+in 2 s), so every start request of that host is held by the scheduler. When the host comes due, its held
+requests are released one at a time; some of them are then dropped or answered *before* the pacing
+middleware books them — by ``RobotsTxtMiddleware``, ``OffsiteMiddleware``, ``HttpCacheMiddleware``, a
+project middleware raising ``IgnoreRequest`` or one returning a ``Response``. Each crawl must finish on its
+own (``finish_reason`` ``"finished"``) with every allowed page fetched (the server's arrival log), no
+request left held, and no timeout needed.
+
+Before the lifecycle owner, the host was parked "until its line frees" after the first dropped request —
+a line nothing would ever free: the crawl never ended (the 60 s timeout of these tests stopped it, with
+the remaining pages not crawled).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import pytest_twisted
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import HtmlResponse
+
+from scrapy_polite.policy import HostState
+from scrapy_polite.stores import open_store
+from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.server import Reply, page
+
+#: A crawl that needs more than this is stranded (it should take about 2 s of backoff plus pacing).
+TIMEOUT = 60.0
+
+
+def seed_backoff(uri: str, host: str, seconds: float = 2.0) -> None:
+    """The host backs off from an earlier run: one throttle, next allowed in ``seconds``."""
+    store = open_store(uri)
+    now = time.time()
+    state = HostState(next_allowed=now + seconds, consec=1, throttled_at=now, updated=now)
+    try:
+        store.update(host, lambda _old, _now: (state, None))
+    finally:
+        store.close()
+
+
+def paths(srv) -> list[str]:
+    return sorted(a.path for a in srv.arrivals() if a.path != "/robots.txt")
+
+
+class DropPrivate:
+    """A project's downloader middleware: ``/private*`` pages are not for this crawl."""
+
+    def process_request(self, request: Any, spider: Any = None) -> None:
+        if "/private" in request.url:
+            raise IgnoreRequest(f"not for this crawl: {request.url}")
+
+
+class AnswerCanned:
+    """A project's downloader middleware that answers ``/canned*`` itself (a stub, a local mirror)."""
+
+    def process_request(self, request: Any, spider: Any = None) -> HtmlResponse | None:
+        if "/canned" in request.url:
+            return HtmlResponse(request.url, body=b"<html>canned</html>", encoding="utf-8", request=request)
+        return None
+
+
+class OffsiteSpider(ListSpider):
+    """Only ``127.0.5.1`` is allowed; the other host's held requests are refused by ``OffsiteMiddleware``."""
+
+    allowed_domains = ["127.0.5.1"]
+
+
+async def crawl(srv, tmp_path, urls: list[str], spider: type[ListSpider] = ListSpider, **overrides: Any):
+    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+    seed_backoff(uri, srv.address)
+    settings = polite_settings(POLITE_STORE=uri, POLITE_IP_INTERVAL=0, POLITE_HOST_INTERVAL=0.1, **overrides)
+    t0 = time.time()
+    crawler = await run_crawl(spider, settings, urls=urls, timeout=TIMEOUT)
+    return crawler, time.time() - t0
+
+
+def assert_finished(crawler, elapsed: float) -> None:
+    stats = crawler.stats.get_stats()
+    assert stats.get("finish_reason") == "finished", (stats.get("finish_reason"), elapsed)
+    assert not stats.get("polite/deferred/not_crawled"), stats
+    assert stats.get("polite/deferrals/throttled"), "the host's requests were not held: the test proves nothing"
+    assert elapsed < TIMEOUT / 2, f"the crawl took {elapsed:.1f} s"
+
+
+@pytest_twisted.ensureDeferred
+async def test_held_requests_disallowed_by_robots_txt_do_not_strand_the_host(arrival_server, tmp_path):
+    srv = arrival_server("127.0.5.10")
+    srv.route("/robots.txt", Reply.robots("User-agent: *\nDisallow: /private\n"))
+    srv.route("/*", page())
+    urls = [srv.url(p) for p in ("/a", "/private1", "/b", "/private2", "/c")]
+    crawler, elapsed = await crawl(srv, tmp_path, urls, ROBOTSTXT_OBEY=True)
+    assert paths(srv) == ["/a", "/b", "/c"]
+    assert crawler.stats.get_value("robotstxt/forbidden") == 2
+    assert_finished(crawler, elapsed)
+
+
+@pytest_twisted.ensureDeferred
+async def test_held_requests_refused_by_offsite_do_not_strand_the_host(arrival_server, tmp_path):
+    """``OffsiteMiddleware`` placed after the early deferral (as a project may order it, here at 500), both
+    hosts in backoff. Scrapy's ``OffsiteMiddleware`` refuses an offsite request when it is scheduled (its
+    ``request_scheduled`` handler), so the other host's requests are never held: only the allowed host's
+    two are, and they are fetched once due; the crawl finishes on its own."""
+    ok = arrival_server("127.0.5.1")
+    off = arrival_server("127.0.5.11")
+    for srv in (ok, off):
+        srv.route("/*", page())
+    urls = [off.url(f"/x{i}") for i in range(4)] + [ok.url("/a"), ok.url("/b")]
+    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+    seed_backoff(uri, ok.address)
+    seed_backoff(uri, off.address)
+    settings = polite_settings(POLITE_STORE=uri, POLITE_IP_INTERVAL=0, POLITE_HOST_INTERVAL=0.1,
+                               DOWNLOADER_MIDDLEWARES={"scrapy.downloadermiddlewares.offsite.OffsiteMiddleware": 500})
+    t0 = time.time()
+    crawler = await run_crawl(OffsiteSpider, settings, urls=urls, timeout=TIMEOUT)
+    assert paths(ok) == ["/a", "/b"] and paths(off) == []
+    assert crawler.stats.get_value("offsite/filtered") == 4
+    assert crawler.stats.get_value("polite/deferrals/throttled") == 2  # the allowed host's, held then fetched
+    assert_finished(crawler, time.time() - t0)
+
+
+@pytest_twisted.ensureDeferred
+async def test_held_requests_answered_by_the_http_cache_do_not_strand_the_host(arrival_server, tmp_path):
+    """A first run fills the HTTP cache with /c1 and /c2; the second starts with the host in backoff: the
+    cached pages are answered by ``HttpCacheMiddleware`` after release, the others are fetched."""
+    srv = arrival_server("127.0.5.12")
+    srv.route("/*", page())
+    cache = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "httpcache")}
+    first = await run_crawl(ListSpider, polite_settings(POLITE_STORE=f"sqlite:///{tmp_path}/first.sqlite3",
+                                                        POLITE_IP_INTERVAL=0, POLITE_HOST_INTERVAL=0.1, **cache),
+                            urls=[srv.url("/c1"), srv.url("/c2")], timeout=TIMEOUT)
+    assert first.stats.get_value("finish_reason") == "finished" and paths(srv) == ["/c1", "/c2"]
+    before = len(paths(srv))
+    urls = [srv.url(p) for p in ("/a", "/c1", "/b", "/c2", "/c")]
+    crawler, elapsed = await crawl(srv, tmp_path, urls, **cache)
+    assert len(paths(srv)) - before == 3 and paths(srv).count("/c1") == 1, paths(srv)
+    assert crawler.stats.get_value("httpcache/hit") == 2
+    assert sorted(f.url.rsplit("/", 1)[1] for f in crawler.spider.fetched) == ["a", "b", "c", "c1", "c2"]
+    assert_finished(crawler, elapsed)
+
+
+@pytest.mark.parametrize("middleware,dropped", [(DropPrivate, "/private"), (AnswerCanned, "/canned")],
+                         ids=["ignore-request", "own-response"])
+@pytest_twisted.ensureDeferred
+async def test_held_requests_dropped_or_answered_by_a_project_middleware_do_not_strand_the_host(
+        arrival_server, tmp_path, middleware, dropped):
+    srv = arrival_server("127.0.5.13" if middleware is DropPrivate else "127.0.5.14")
+    srv.route("/*", page())
+    urls = [srv.url(p) for p in ("/a", f"{dropped}1", "/b", f"{dropped}2", "/c")]
+    crawler, elapsed = await crawl(srv, tmp_path, urls, DOWNLOADER_MIDDLEWARES={middleware: 500})
+    assert paths(srv) == ["/a", "/b", "/c"]
+    fetched = sorted(f.url.rsplit("/", 1)[1] for f in crawler.spider.fetched)
+    if middleware is AnswerCanned:
+        assert fetched == ["a", "b", "c", "canned1", "canned2"]
+    else:
+        assert fetched == ["a", "b", "c"]
+        assert sorted(f.error for f in crawler.spider.failed) == ["IgnoreRequest", "IgnoreRequest"]
+    assert_finished(crawler, elapsed)
