@@ -881,3 +881,39 @@ def test_set_crawl_delay_does_not_swallow_an_invalid_delay(caplog):
     d.addErrback(failures.append)
     logged = [r for r in caplog.records if r.levelname == "ERROR" and "a.example" in r.getMessage()]
     assert failures or logged
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_address_line_taken_during_an_awaited_booking_is_waited_for_never_shared():
+    """a.example and b.example share A1 (2 s per address). Both compute A1 as free; a's booking transaction
+    completes first and a takes A1's line (in flight: a slow download); b's transaction stalls 2.5 s (a slow
+    pace table) and then books A1 — the table allows it, 2.5 s after a's booking. b must wait for A1's line
+    until a is done instead of being assigned it over a's head: never two requests of one process in
+    flight to one address (docs/spec.md §5: lines are taken, never assigned).
+
+    Fails when the address line is assigned after the awaited transaction: b goes at once, with a still
+    holding the line."""
+    g = glue(addresses={"a.example": [A1], "b.example": [A1]}, gated=True)
+    ra, rb = request("http://a.example/1"), request("http://b.example/1")
+    g.astore.gated = True
+    booking_a = task(g.booker.before_request(ra, "a.example"))
+    booking_b = task(g.booker.before_request(rb, "b.example"))
+    await settle()
+    assert len(g.astore.held) == 2 and not booking_a.called and not booking_b.called
+    call, d = g.astore.held.pop(0)  # a's transaction goes through first
+    call().chainDeferred(d)
+    go_a = sent(g, ra, await booking_a)
+    assert go_a == Go(sent_at=T0, address=A1) and g.lines.holds("ip:192.0.2.1", ra)
+    g.clock.advance(2.5)  # b's transaction stalled longer than the address's interval
+    call, d = g.astore.held.pop(0)
+    g.astore.gated = False
+    call().chainDeferred(d)
+    await settle()
+    assert not booking_b.called, "b was sent to A1 while a was still in flight there"
+    assert g.lines.holds("ip:192.0.2.1", ra) and g.stat("ip_line/retaken") == 1
+    respond(g, ra)  # a is done: A1's line frees and b takes it
+    await settle()
+    go_b = sent(g, rb, await booking_b)
+    assert go_b.address == A1 and g.lines.holds("ip:192.0.2.1", rb)
+    # negative control: the booking b made in the table stands (spaced after a's)
+    assert go_b.sent_at >= go_a.sent_at + 2.0
