@@ -8,8 +8,9 @@ other is written to its host's disk queue, one Scrapy disk queue per host, as Sc
 
 * under ``JOBDIR``, in ``JOBDIR/polite_held/<host>-<hash>/``: ``requests.sqlite3``, a
   ``scrapy.squeues.PickleFifoSQLiteQueue`` (queuelib's SQLite queue, in WAL mode), and ``host.json``, the
-  host and its due time (replaced atomically). There **every** held request is written when it is held,
-  one SQLite transaction each (committed to the WAL without an fsync, about 20 µs), so a crawl killed at
+  host and its due time (epoch seconds of the store's clock; replaced atomically). There **every** held
+  request is written when it is held, one SQLite transaction each (committed to the WAL without an fsync,
+  about 20 µs), so a crawl killed at
   any moment (``kill -9``) loses none of the requests it held; a resumed crawl holds them again
   (:meth:`HeldRequests.load`). An operating-system crash or power cut may lose the last ones written;
 * without ``JOBDIR``, a ``scrapy.squeues.PickleFifoDiskQueue`` per host in a temporary directory, removed
@@ -245,8 +246,9 @@ class HeldRequests:
         Args:
             host: the request's host key.
             request: the request.
-            due: when the host is due (epoch s), or None (when its line frees); under ``JOBDIR`` the
-                latest due time of the host is recorded for a resumed crawl.
+            due: when the host is due, epoch seconds of the store's clock (the scheduler converts its local
+                due times, docs/spec.md §5), or None (when its line frees); under ``JOBDIR`` the latest due
+                time of the host is recorded for a resumed crawl, which converts it to its own clock.
         """
         entry = self._hosts.get(host)
         if entry is None:
@@ -370,7 +372,8 @@ class HeldRequests:
         """Hold again the requests a previous run left under ``JOBDIR`` (nothing without ``JOBDIR``).
 
         Returns:
-            host → its recorded due time (None: when its line frees) for every host with requests on disk.
+            host → its recorded due time (epoch s of the store's clock; None: when its line frees) for every
+            host with requests on disk.
             Directories with no request (a host emptied, or a kill before its first write) are removed.
         """
         found: dict[str, float | None] = {}

@@ -30,6 +30,7 @@ from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.held import HELD_DIR, HeldRequests, read_held
 from scrapy_polite.reactor import installed_reactor
 from scrapy_polite.scheduler import DEFERRED_FILE, PoliteScheduler
+from scrapy_polite.seams import ClockSync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = 1_000_000.0
@@ -261,6 +262,7 @@ class Pacer:
         self.now = T0
         self.config = Config(max_held_in_memory)
         self.scheduler: Any = None
+        self.sync = ClockSync(self.clock)  # an embedded store: its clock is this one
 
     def clock(self) -> float:
         return self.now
