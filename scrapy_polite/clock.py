@@ -19,6 +19,7 @@ read the same process clock; one anchored after a step of ``s`` seconds reads ``
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -41,15 +42,20 @@ class ProcessClock:
         self.wall = wall
         self.monotonic = monotonic
         self._anchor: float | None = None  # wall0 - mono0, seconds
+        self._lock = threading.Lock()  # the store's thread and the reactor may make the first read together
 
     @property
     def anchor(self) -> float:
         """``wall0 - mono0``: the wall clock minus the monotonic clock at the anchor, seconds (anchors now
-        when the clock has not been read yet)."""
-        if self._anchor is None:
-            mono = self.monotonic()
-            self._anchor = self.wall() - mono
-        return self._anchor
+        when the clock has not been read yet; only once, whichever thread reads first)."""
+        anchor = self._anchor
+        if anchor is None:
+            with self._lock:
+                if self._anchor is None:
+                    mono = self.monotonic()
+                    self._anchor = self.wall() - mono
+                anchor = self._anchor
+        return anchor
 
     def __call__(self) -> float:
         """The time now, Unix epoch seconds of the process clock."""
