@@ -205,6 +205,8 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
                 "POLITE_MAX_HELD_IN_MEMORY": 10}
     crawler = get_crawler(ListSpider, settings)
     crawler.spider = ListSpider()
+    active: set[scrapy.Request] = set()  # the downloader's requests, for the lifecycle's reconcile
+    crawler.engine = SimpleNamespace(downloader=SimpleNamespace(active=active), running=False)
     store = (ServerClockStore(clock=lambda: T0 - 100 + t.monotonic() - 5_000.0) if server
              else MemoryStore(clock=clock))
     pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), AsyncStore(store), clock=clock,
@@ -215,27 +217,34 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
     scheduler.open(crawler.spider)
     host = "a.example"
     r1 = scheduler.next_request()
-    assert r1 is not None and isinstance(inline(pacer.before_request(r1, host)), Go)
+    assert r1 is not None
+    active.add(r1)
+    assert isinstance(inline(pacer.before_request(r1, host)), Go)
     r1.meta["polite_host"] = host_key(r1.url)
     t.advance(0.2)
     pacer.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "30"}, request=r1))
     inline(pacer.finish(r1))
+    active.discard(r1)
     r2 = scheduler.next_request()
     assert r2 is not None
+    active.add(r2)
     r2.meta["polite_host"] = host
     outcome = inline(pacer.before_request(r2, host))
     assert isinstance(outcome, Defer) and outcome.reason == "throttled"
     scheduler.hold(r2, host, outcome.due)
+    active.discard(r2)
     deferred_at = t.monotonic()
     t.advance(10.0)
     t.step(step)
     while t.monotonic() - deferred_at < 200:
         request = scheduler.next_request()
         if request is not None:
+            active.add(request)
             outcome = inline(pacer.before_request(request, host))
             if isinstance(outcome, Go):
                 return 30.0, t.monotonic() - deferred_at
             scheduler.hold(request, host, outcome.due)
+            active.discard(request)
         t.advance(0.25)
     raise AssertionError("the held request never went")
 
@@ -343,8 +352,20 @@ class OffsetPacer:
     def clock(self) -> float:
         return self.now
 
-    def line_busy(self, host: str) -> bool:
+    def host_blocked(self, host: str) -> bool:
         return False
+
+    def host_parkable(self, host: str) -> bool:
+        return False
+
+    def released(self, request: Any, host: str) -> None:
+        pass
+
+    def held(self, request: Any, host: str) -> None:
+        pass
+
+    def reconcile(self, *, force: bool = False) -> int:
+        return 0
 
 
 def test_held_due_times_are_persisted_in_the_stores_clock_and_converted_on_resume(monkeypatch, tmp_path):
