@@ -1,14 +1,16 @@
 """Where the scheduler keeps held (deferred) requests: in memory up to a bound, the rest on disk (docs/spec.md §5).
 
-:class:`HeldRequests` keeps the requests of each host in the order they were held. A request is kept in
-memory while fewer than ``POLITE_MAX_HELD_IN_MEMORY`` held requests (of all hosts) are and none of its
-host's is on disk; any other is written to its host's disk queue, one Scrapy disk queue per host, as
-Scrapy's ``DownloaderAwarePriorityQueue`` keeps one per download slot:
+:class:`HeldRequests` keeps the requests of each host in the order they were held, and gives them back in
+that order (first in, first out per host, across memory and disk). A request is kept in memory while fewer
+than ``POLITE_MAX_HELD_IN_MEMORY`` held requests (of all hosts) are and none of its host's is on disk; any
+other is written to its host's disk queue, one Scrapy disk queue per host, as Scrapy's
+``DownloaderAwarePriorityQueue`` keeps one per download slot:
 
 * under ``JOBDIR``, in ``JOBDIR/polite_held/<host>-<hash>/``: ``requests.sqlite3``, a
   ``scrapy.squeues.PickleFifoSQLiteQueue`` (queuelib's SQLite queue, in WAL mode), and ``host.json``, the
-  host and its due time (replaced atomically). There **every** held request is written when it is held,
-  one SQLite transaction each (committed to the WAL without an fsync, about 20 µs), so a crawl killed at
+  host and its due time (epoch seconds of the store's clock; replaced atomically). There **every** held
+  request is written when it is held, one SQLite transaction each (committed to the WAL without an fsync,
+  about 20 µs), so a crawl killed at
   any moment (``kill -9``) loses none of the requests it held; a resumed crawl holds them again
   (:meth:`HeldRequests.load`). An operating-system crash or power cut may lose the last ones written;
 * without ``JOBDIR``, a ``scrapy.squeues.PickleFifoDiskQueue`` per host in a temporary directory, removed
@@ -17,7 +19,8 @@ Scrapy's ``DownloaderAwarePriorityQueue`` keeps one per download slot:
 Requests are serialised the way Scrapy's own disk queues do it (``request.to_dict(spider=...)``, pickled;
 read back with ``request_from_dict``), so their callbacks and errbacks must be methods of the spider. A
 request that cannot be serialised stays in memory, beyond the bound if need be (under ``JOBDIR`` it is then
-lost to a kill and reported at close, ``polite/deferred/not_saved``).
+lost to a kill and reported at close, ``polite/deferred/not_saved``), in its place in its host's order: after
+the host's older requests on disk, before the newer ones.
 
 At most :data:`OPEN_QUEUES` disk queues are open at once (each holds file descriptors); the least recently
 used one is closed and reopened when next needed.
@@ -135,14 +138,44 @@ def read_held(jobdir: str) -> Iterator[tuple[str, float | None, dict[str, Any]]]
 
 @dataclass
 class _Host:
-    """One host's held requests: the first ones in memory, then ``on_disk`` in its disk queue."""
+    """One host's held requests in the order held: ``order`` is a FIFO of requests kept in memory and of
+    runs (an ``int``: that many consecutive requests in its disk queue), so a request kept in memory after
+    its host spilled (one that cannot be serialised) comes back after the older ones on disk."""
 
-    memory: deque[Request] = field(default_factory=deque)
+    order: deque[Request | int] = field(default_factory=deque)
+    in_memory: int = 0
     on_disk: int = 0
     due: float | None = None  # the due time recorded on disk (JOBDIR only)
 
     def __len__(self) -> int:
-        return len(self.memory) + self.on_disk
+        return self.in_memory + self.on_disk
+
+    def append_memory(self, request: Request) -> None:
+        """A request held in memory, behind the others."""
+        self.order.append(request)
+        self.in_memory += 1
+
+    def append_disk(self, count: int = 1) -> None:
+        """``count`` requests written to the disk queue, behind the others."""
+        if self.order and isinstance(self.order[-1], int):
+            self.order[-1] += count
+        else:
+            self.order.append(count)
+        self.on_disk += count
+
+    def memory_requests(self) -> list[Request]:
+        """The requests held in memory, in the order held."""
+        return [item for item in self.order if not isinstance(item, int)]
+
+    def drop_memory(self) -> None:
+        """Forget the requests held in memory (closing); the runs on disk stay."""
+        self.order = deque(item for item in self.order if isinstance(item, int))
+        self.in_memory = 0
+
+    def drop_disk(self) -> None:
+        """Forget the runs on disk (the queue has no more records to read)."""
+        self.order = deque(item for item in self.order if not isinstance(item, int))
+        self.on_disk = 0
 
 
 class HeldRequests:
@@ -213,15 +246,16 @@ class HeldRequests:
         Args:
             host: the request's host key.
             request: the request.
-            due: when the host is due (epoch s), or None (when its line frees); under ``JOBDIR`` the
-                latest due time of the host is recorded for a resumed crawl.
+            due: when the host is due, epoch seconds of the store's clock (the scheduler converts its local
+                due times, docs/spec.md §5), or None (when its line frees); under ``JOBDIR`` the latest due
+                time of the host is recorded for a resumed crawl, which converts it to its own clock.
         """
         entry = self._hosts.get(host)
         if entry is None:
             entry = self._hosts[host] = _Host()
         self._total += 1
         if not entry.on_disk and self._in_memory < self.max_in_memory:
-            entry.memory.append(request)
+            entry.append_memory(request)
             self._in_memory += 1
             return
         try:
@@ -237,13 +271,13 @@ class HeldRequests:
         except (OSError, sqlite3.Error) as exc:
             self._keep_in_memory(entry, request, "could not be written to disk", exc)
             return
-        entry.on_disk += 1
+        entry.append_disk()
         self.written += 1
 
     def _keep_in_memory(self, entry: _Host, request: Request, why: str, exc: Exception) -> None:
-        """Hold ``request`` in memory after all; warn once per ``why`` (under ``JOBDIR`` the scheduler
-        reports each such request at close instead)."""
-        entry.memory.append(request)
+        """Hold ``request`` in memory after all, still behind the host's older requests (on disk or not);
+        warn once per ``why`` (under ``JOBDIR`` the scheduler reports each such request at close instead)."""
+        entry.append_memory(request)
         self._in_memory += 1
         if why not in self._warned and not self.durable:
             self._warned.add(why)
@@ -251,16 +285,25 @@ class HeldRequests:
                            "POLITE_MAX_HELD_IN_MEMORY, as is any other such request", request, why, exc)
 
     def pop(self, host: str) -> Request | None:
-        """The host's first held request, removed; None when it has none (or none can be read back)."""
+        """The host's first held request (first in, first out across memory and disk), removed; None when
+        it has none (or none can be read back)."""
         entry = self._hosts.get(host)
         if entry is None:
             return None
         request: Request | None = None
-        if entry.memory:
-            request = entry.memory.popleft()
-            self._in_memory -= 1
-            self._total -= 1
-        while request is None and entry.on_disk:
+        while request is None and entry.order:
+            head = entry.order[0]
+            if not isinstance(head, int):  # a request held in memory
+                entry.order.popleft()
+                entry.in_memory -= 1
+                self._in_memory -= 1
+                self._total -= 1
+                request = head
+                break
+            if head > 1:  # the next request of a run on disk
+                entry.order[0] = head - 1
+            else:
+                entry.order.popleft()
             entry.on_disk -= 1
             self._total -= 1
             try:
@@ -269,10 +312,10 @@ class HeldRequests:
                 self.unreadable += 1
                 logger.error("scrapy-polite: a deferred request of %s cannot be read back: %s", host, exc)
                 continue
-            if request is None:  # the queue has fewer records than counted: nothing more to read
+            if request is None:  # the queue has fewer records than counted: nothing more to read from it
                 self.unreadable += entry.on_disk + 1
                 self._total -= entry.on_disk
-                entry.on_disk = 0
+                entry.drop_disk()
         if not len(entry):
             del self._hosts[host]
         return request
@@ -329,7 +372,8 @@ class HeldRequests:
         """Hold again the requests a previous run left under ``JOBDIR`` (nothing without ``JOBDIR``).
 
         Returns:
-            host → its recorded due time (None: when its line frees) for every host with requests on disk.
+            host → its recorded due time (epoch s of the store's clock; None: when its line frees) for every
+            host with requests on disk.
             Directories with no request (a host emptied, or a kill before its first write) are removed.
         """
         found: dict[str, float | None] = {}
@@ -357,7 +401,7 @@ class HeldRequests:
                 shutil.rmtree(directory, ignore_errors=True)
                 continue
             entry = self._hosts.setdefault(host, _Host())
-            entry.on_disk += count
+            entry.append_disk(count)
             entry.due = due
             self._total += count
             found[host] = due
@@ -369,11 +413,11 @@ class HeldRequests:
     def close(self) -> list[Request]:
         """Close the disk queues (under ``JOBDIR`` their requests stay for a resumed crawl; the temporary
         directory is removed) and return the requests still held in memory, which are not kept."""
-        left = [request for entry in self._hosts.values() for request in entry.memory]
+        left = [request for entry in self._hosts.values() for request in entry.memory_requests()]
         for entry in self._hosts.values():
-            self._in_memory -= len(entry.memory)
-            self._total -= len(entry.memory)
-            entry.memory.clear()
+            self._in_memory -= entry.in_memory
+            self._total -= entry.in_memory
+            entry.drop_memory()
         while self._queues:
             self._close_queue(*self._queues.popitem(last=False))
         if self._temp is not None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ from twisted.internet.defer import Deferred
 
 from .addresses import AddressFilter
 from .booking import Booker
+from .clock import process_clock
 from .events import EventLog
 from .lifecycle import Lifecycle, Stage
 from .outage import DeferredStore, StoreGuard
@@ -71,12 +71,14 @@ class Pacer:
         crawler: the Scrapy crawler.
         config: the validated settings.
         store: the pace table (opened; failures were raised as :class:`StoreError` already).
-        clock: this process's clock, Unix epoch seconds (tests inject one).
+        clock: this process's clock, Unix epoch seconds: the monotonic process clock (docs/spec.md §5;
+            :data:`~scrapy_polite.clock.process_clock`), for every local due time, wait and timer (tests
+            inject one).
         sleep: ``sleep(seconds) -> Deferred`` that never blocks the reactor (tests inject one).
     """
 
     def __init__(self, crawler: Crawler, config: PoliteConfig, store: AsyncStore,
-                 clock: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = process_clock,
                  sleep: Callable[[float], Deferred[None]] | None = None) -> None:
         self.crawler = crawler
         self.config = config

@@ -18,12 +18,12 @@ The counters speak the user's words, the same in README ("Stats"), the closing s
 from __future__ import annotations
 
 import bisect
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .clock import process_clock
 from .events import EventLog
 from .policy import Decision, HostState
 
@@ -169,7 +169,8 @@ class Report:
 
     Args:
         stats: the crawler's stats collector (None: counters only).
-        clock: this process's clock, epoch seconds (when waits start; the crawl's start).
+        clock: this process's clock, epoch seconds (when waits start; the crawl's start): the monotonic
+            process clock by default (docs/spec.md §5).
 
     Attributes:
         started: when the crawl started (epoch s).
@@ -177,7 +178,7 @@ class Report:
             total the summary gives: never longer than the crawl, unlike sums over hosts).
     """
 
-    def __init__(self, stats: Any, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, stats: Any, clock: Callable[[], float] = process_clock) -> None:
         self.stats = stats
         self.clock = clock
         self.started = clock()

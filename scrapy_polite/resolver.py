@@ -44,6 +44,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from .addresses import AddressFilter
+from .clock import process_clock
 from .hosts import InvalidHost, name_host
 from .settings import DNSConfig, SettingsError, normalise_dns_name, parse_dns_overrides, parse_nameserver
 
@@ -142,7 +143,8 @@ class PublicHostnameResolver:
         nameservers: ``(address, port)`` pairs; empty: the system's (``/etc/resolv.conf``).
         timeout: seconds for one lookup (A and AAAA together).
         min_ttl, max_ttl: seconds; an answer is cached for its TTL clamped to this range.
-        clock: epoch seconds (tests inject one).
+        clock: epoch seconds, for the cache's expiry: the monotonic process clock by default (docs/spec.md §5;
+            tests inject one).
         stats: optional callable ``inc(key)`` counting under ``polite/``.
 
     Raises:
@@ -155,7 +157,7 @@ class PublicHostnameResolver:
                  overrides: Mapping[str, Iterable[str]] | None = None,
                  nameservers: Sequence[tuple[str, int]] = (), timeout: float = 5.0,
                  min_ttl: float = 60.0, max_ttl: float = 3600.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = process_clock) -> None:
         if timeout <= 0 or min_ttl < 0 or max_ttl < min_ttl:
             raise SettingsError(f"need POLITE_DNS_TIMEOUT > 0 and 0 <= POLITE_DNS_MIN_TTL <= POLITE_DNS_MAX_TTL "
                                 f"(seconds), got timeout={timeout!r}, min_ttl={min_ttl!r}, max_ttl={max_ttl!r}")

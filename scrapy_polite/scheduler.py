@@ -159,7 +159,7 @@ class PoliteScheduler:
         line is free). The middleware then returns it to the engine, whose ``enqueue_request`` we skip."""
         self._rehold.add(request)
         self._owned.discard(request)
-        self._held.push(host, request, due)
+        self._held.push(host, request, None if due is None else self.pacer.sync.to_store(due))  # persisted: store time
         if due is None and not self.pacer.host_parkable(host):
             due = self.clock()  # nothing holds the host back any more: it may go now (docs/spec.md §5)
         when = due if due is not None else math.inf
@@ -298,7 +298,8 @@ class PoliteScheduler:
     def _load(self) -> None:
         """Hold again what a previous run left under ``JOBDIR`` (stopped or killed), at the due times it
         recorded; a ``polite_deferred.pickle`` of an older version is moved into the held requests."""
-        dues = {host: due or 0.0 for host, due in self._held.load().items()}
+        to_local = self.pacer.sync.to_local  # due times are persisted in the store's clock (docs/spec.md §5)
+        dues = {host: 0.0 if due is None else to_local(due) for host, due in self._held.load().items()}
         path = self._path()
         if path and os.path.exists(path):
             try:
@@ -308,7 +309,8 @@ class PoliteScheduler:
                 for row in data.get("requests", []):
                     request = request_from_dict(row["request"], spider=spider)
                     self._held.push(row["host"], request, row["due"])
-                    dues[row["host"]] = max(dues.get(row["host"], 0.0), row["due"] or 0.0)
+                    due = 0.0 if row["due"] is None else to_local(row["due"])
+                    dues[row["host"]] = max(dues.get(row["host"], 0.0), due)
             except Exception:
                 logger.exception("scrapy-polite: cannot read the deferred requests saved in %s", path)
             else:

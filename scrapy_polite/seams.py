@@ -98,8 +98,12 @@ class ClockSync:
     that moment, so times of the table (due times) can be turned into this process's clock for the
     scheduler's timers, and local moments (a throttle seen) into the table's clock.
 
+    The local clock is the monotonic process clock (:data:`~scrapy_polite.clock.process_clock`,
+    docs/spec.md §5), so a step of this machine's wall clock moves neither side of the offset: a due time of
+    the table turned into the local clock is not brought forward (or pushed back) by it.
+
     Args:
-        clock: this process's clock, epoch seconds.
+        clock: this process's clock, epoch seconds (the process clock; tests inject one).
         server_clock: the table has a clock of its own (a server's); when False (SQLite, memory: the
             table's clock *is* this process's clock) the offset stays 0.
     """
@@ -117,6 +121,10 @@ class ClockSync:
     def to_local(self, store_time: float) -> float:
         """A moment of the store's clock, in this process's clock."""
         return store_time + self.offset
+
+    def to_store(self, local_time: float) -> float:
+        """A moment of this process's clock, in the store's clock (what is persisted, docs/spec.md §5)."""
+        return local_time - self.offset
 
     def store_now(self) -> float:
         """The store's clock now, estimated from the last observation."""

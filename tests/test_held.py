@@ -9,16 +9,20 @@ process's RSS with and without the bound.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import scrapy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scrapy.utils.test import get_crawler
 
 from scrapy_polite import held as held_module
@@ -26,6 +30,7 @@ from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.held import HELD_DIR, HeldRequests, read_held
 from scrapy_polite.reactor import installed_reactor
 from scrapy_polite.scheduler import DEFERRED_FILE, PoliteScheduler
+from scrapy_polite.seams import ClockSync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = 1_000_000.0
@@ -146,6 +151,58 @@ def test_a_request_that_cannot_be_serialised_stays_in_memory():
     held.close()
 
 
+def unpicklable(url: str) -> scrapy.Request:
+    """A request Scrapy's disk queues refuse (its callback is not a spider method): it stays in memory."""
+    return scrapy.Request(url, callback=lambda response: None, dont_filter=True)
+
+
+@pytest.mark.parametrize("jobdir", [False, True], ids=["temp", "jobdir"])
+def test_a_request_kept_in_memory_after_its_host_spilled_comes_back_after_the_older_ones_on_disk(tmp_path, jobdir):
+    """Issue 16, item 6 (regression): bound 1, ``/0`` in memory, ``/1`` on disk, then ``/2`` cannot be
+    serialised and stays in memory, then ``/3`` on disk: they come back ``/0``, ``/1``, ``/2``, ``/3``.
+    (Before the fix the memory deque was drained first: ``/0``, ``/2``, ``/1``, ``/3``.)"""
+    crawler = make_crawler(**({"JOBDIR": str(tmp_path)} if jobdir else {}))
+    held = HeldRequests(crawler, max_in_memory=1, jobdir=str(tmp_path) if jobdir else None)
+    held.push("a.example", request(crawler, "http://a.example/0"), due=None)
+    held.push("a.example", request(crawler, "http://a.example/1"), due=None)
+    held.push("a.example", unpicklable("http://a.example/2"), due=None)
+    held.push("a.example", request(crawler, "http://a.example/3"), due=None)
+    assert held.in_memory == (1 if jobdir else 2) and held.written == (3 if jobdir else 2)
+    assert [held.pop("a.example").url[-1] for _ in range(4)] == ["0", "1", "2", "3"]
+    assert held.pop("a.example") is None and len(held) == 0 and held.in_memory == 0
+    held.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["push", "push", "push_odd", "pop"]), st.integers(0, 2)),
+                    max_size=40),
+       bound=st.integers(0, 3), jobdir=st.booleans())
+def test_held_requests_are_fifo_per_host_across_memory_and_disk(ops, bound, jobdir):
+    """Random pushes of serialisable and unserialisable requests over three hosts, a small bound, pops:
+    each host's requests come back in the order held, whether they waited in memory or on disk, and the
+    counts (held, in memory) match."""
+    with tempfile.TemporaryDirectory() as tmp:
+        crawler = make_crawler(**({"JOBDIR": tmp} if jobdir else {}))
+        held = HeldRequests(crawler, max_in_memory=bound, jobdir=tmp if jobdir else None)
+        model: dict[str, collections.deque[str]] = {}
+        for n, (op, h) in enumerate(ops):
+            host = f"h{h}.example"
+            if op == "pop":
+                got = held.pop(host)
+                want = model[host].popleft() if model.get(host) else None
+                assert (got.url if got is not None else None) == want
+            else:
+                url = f"http://{host}/{n}"
+                held.push(host, request(crawler, url) if op == "push" else unpicklable(url), due=None)
+                model.setdefault(host, collections.deque()).append(url)
+            assert len(held) == sum(len(q) for q in model.values())
+        for host, queue in model.items():
+            assert [held.pop(host).url for _ in range(len(queue))] == list(queue)
+            assert held.pop(host) is None
+        assert len(held) == 0 and held.in_memory == 0
+        held.close()
+
+
 def test_jobdir_every_held_request_is_on_disk_at_once(tmp_path):
     """Under JOBDIR the bound does not apply: each request is on disk when push returns, with its host's
     latest due time, before any close (a kill -9 loses none)."""
@@ -205,6 +262,7 @@ class Pacer:
         self.now = T0
         self.config = Config(max_held_in_memory)
         self.scheduler: Any = None
+        self.sync = ClockSync(self.clock)  # an embedded store: its clock is this one
 
     def clock(self) -> float:
         return self.now

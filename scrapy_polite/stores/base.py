@@ -5,8 +5,9 @@ A store keeps one :class:`~scrapy_polite.policy.HostState` row per key: host key
 
 **The store supplies the clock.** Every update function receives the store's ``now`` (Unix epoch
 seconds) and every read returns it, so a backend with a server clock (Redis ``TIME``) is the one clock of
-every booking and record across machines. The embedded backends read ``time.time()`` inside the
-transaction, so a wait for another writer's lock never books a moment in the past.
+every booking and record across machines. The embedded backends read the monotonic process clock
+(:data:`scrapy_polite.clock.process_clock`: epoch seconds that a step of the wall clock does not move) inside
+the transaction, so a wait for another writer's lock never books a moment in the past.
 
 **The event log** lives beside the rows (:meth:`PaceStore.append_events`, :meth:`PaceStore.events`): a bounded
 log of :class:`Event` shared by every process using the store, written in batches off the crawl's hot path

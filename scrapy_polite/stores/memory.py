@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
+from ..clock import process_clock
 from ..policy import HostState
 from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, UpdateFn
 
@@ -20,11 +20,12 @@ class MemoryStore:
     """An in-process pace table (``memory://``). Thread-safe; lost when the process ends.
 
     Args:
-        clock: the store's clock, epoch seconds (tests inject one).
+        clock: the store's clock, epoch seconds: the monotonic process clock by default, so the store's
+            ``now`` never goes backwards and ignores steps of the wall clock (docs/spec.md §6; tests inject one).
         events_max: the most events its event log keeps (the oldest are dropped first).
     """
 
-    def __init__(self, *, clock: Callable[[], float] = time.time, events_max: int = DEFAULT_EVENTS_MAX) -> None:
+    def __init__(self, *, clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX) -> None:
         self.uri = "memory://"
         self._rows: dict[str, HostState] = {}
         self._lock = threading.Lock()

@@ -1,7 +1,8 @@
 """``sqlite:///path``: the embedded pace table, one SQLite file in WAL mode (docs/spec.md §6).
 
 Every read-modify-write is one ``BEGIN IMMEDIATE`` transaction, so concurrent processes on one machine
-never lose an update; the clock (``time.time()``) is read inside the transaction. The schema version is
+never lose an update; the clock (the monotonic process clock, :data:`~scrapy_polite.clock.process_clock`)
+is read inside the transaction. The schema version is
 kept in ``PRAGMA user_version`` and older files are migrated on open, never discarded.
 """
 
@@ -10,10 +11,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from ..clock import process_clock
 from ..policy import HostState
 from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, StoreBusy, StoreError, UpdateFn
 
@@ -101,7 +102,9 @@ class SQLiteStore:
         timeout: seconds to wait for another process's write lock before failing.
         nowait: a connection that never waits for a lock (an operation that would wait raises
             :class:`StoreBusy`) and never checkpoints the WAL; use :meth:`nowait` to make one.
-        clock: the store's clock, epoch seconds, read inside each transaction (tests inject one).
+        clock: the store's clock, epoch seconds, read inside each transaction: the monotonic process clock by
+            default, so the store's ``now`` never goes backwards in a process and ignores steps of the wall
+            clock (docs/spec.md §6; tests inject one).
         events_max: the most events the event log keeps (``POLITE_EVENT_LOG_SIZE``); an append beyond it
             deletes the oldest.
 
@@ -111,7 +114,7 @@ class SQLiteStore:
     """
 
     def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
-                 clock: Callable[[], float] = time.time, events_max: int = DEFAULT_EVENTS_MAX) -> None:
+                 clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX) -> None:
         self.path = os.path.abspath(path)
         self.uri = f"sqlite:///{self.path}"
         self._lock = threading.Lock()

@@ -1,0 +1,71 @@
+"""The process clock (docs/spec.md §5, §6): epoch seconds that advance with the monotonic clock.
+
+The wall clock (``time.time()``) can step: NTP correcting it, a VM resumed, an operator setting the date.
+Paced on it, a forward step lets held hosts go early by the step and a backward step stalls them. So every
+local due time, wait and timer of scrapy-polite, and the ``now`` of the embedded stores (SQLite, memory),
+are read from one :class:`ProcessClock` per process, :data:`process_clock`:
+
+    ``now = wall0 + (monotonic() - mono0)``
+
+anchored once (the first time it is read): it reads like Unix epoch seconds (the wall clock at the anchor),
+never goes backwards, and a later step of the wall clock does not move it. Between steps it keeps the wall
+clock's rate (on Linux NTP slews ``CLOCK_MONOTONIC`` as it slews the wall clock), so it stays within the
+sum of the steps since the anchor of the wall clock.
+
+Processes on one machine share ``CLOCK_MONOTONIC``, so processes anchored under the same wall-clock setting
+read the same process clock; one anchored after a step of ``s`` seconds reads ``s`` off the others
+(docs/spec.md §6 says what that means for a shared SQLite file).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["ProcessClock", "process_clock"]
+
+
+class ProcessClock:
+    """Epoch seconds that advance with a monotonic clock, anchored once on the wall clock.
+
+    Calling it returns the time, Unix epoch seconds (a ``float``); it never goes backwards (as long as
+    ``monotonic`` does not), and a step of ``wall`` after the anchor does not move it (docs/spec.md §5).
+
+    Args:
+        wall: the wall clock, epoch seconds (read once, at the anchor; tests inject one).
+        monotonic: a monotonic clock, seconds from an arbitrary origin (tests inject one).
+    """
+
+    def __init__(self, wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.wall = wall
+        self.monotonic = monotonic
+        self._anchor: float | None = None  # wall0 - mono0, seconds
+        self._lock = threading.Lock()  # the store's thread and the reactor may make the first read together
+
+    @property
+    def anchor(self) -> float:
+        """``wall0 - mono0``: the wall clock minus the monotonic clock at the anchor, seconds (anchors now
+        when the clock has not been read yet; only once, whichever thread reads first)."""
+        anchor = self._anchor
+        if anchor is None:
+            with self._lock:
+                if self._anchor is None:
+                    mono = self.monotonic()
+                    self._anchor = self.wall() - mono
+                anchor = self._anchor
+        return anchor
+
+    def __call__(self) -> float:
+        """The time now, Unix epoch seconds of the process clock."""
+        return self.anchor + self.monotonic()
+
+    def wall_step(self) -> float:
+        """How far the wall clock has stepped since the anchor, seconds (positive: it is ahead of this
+        clock); for the log only."""
+        return self.wall() - self()
+
+
+#: This process's clock: every local due time, wait and timer, and the embedded stores' ``now``.
+process_clock = ProcessClock()
