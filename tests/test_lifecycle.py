@@ -48,6 +48,9 @@ HOSTS = ["a.test", "b.test", "c.test", "d.test"]
 ADDRESSES = {"a.test": ["192.0.2.1"], "b.test": ["192.0.2.2"], "c.test": ["192.0.2.1", "192.0.2.2"],
              "d.test": ["192.0.2.3"]}
 EPS = 1e-6
+#: What the machine patches, as imported (restored at every teardown).
+ORIGINAL_CALL_LATER = scheduler_module.call_later
+ORIGINAL_AWAIT = booking_module.await_deferred
 
 
 async def await_plain(d: defer.Deferred[Any]) -> Any:
@@ -75,6 +78,7 @@ class SchedulerPacer:
         self.m = machine
         self.config = Config()
         self.scheduler: Any = None
+        self.sync = ClockSync(machine.clock)
 
     def clock(self) -> float:
         return self.m.clock()
@@ -126,10 +130,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     def setup(self, backoffs: list[float] | None = None) -> None:
         """``backoffs``: per host, seconds of backoff left from an earlier run (0: none), so that its
         requests are held from the start."""
-        self._saved_call_later = scheduler_module.call_later
+        self._patched = True
         scheduler_module.call_later = lambda delay, fn, *a: Timer(delay)  # the test is the engine's poll
         # A booking that waits for a line resumes when the line frees, on plain Deferreds (no event loop).
-        self._saved_await = booking_module.await_deferred
         booking_module.await_deferred = await_plain
         self.clock = FakeClock()
         config = PoliteConfig.from_settings({"POLITE_HOST_INTERVAL": HOST_INTERVAL, "POLITE_IP_INTERVAL": IP_INTERVAL,
@@ -166,9 +169,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.ended = 0  # crawled (a final response or failure) or dropped
 
     def teardown(self) -> None:
-        if hasattr(self, "_saved_call_later"):
-            scheduler_module.call_later = self._saved_call_later
-            booking_module.await_deferred = self._saved_await
+        if hasattr(self, "_patched"):  # restored to the originals, whatever ran before
+            scheduler_module.call_later = ORIGINAL_CALL_LATER
+            booking_module.await_deferred = ORIGINAL_AWAIT
         if hasattr(self, "scheduler"):
             self.scheduler.close("finished")
 
