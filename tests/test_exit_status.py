@@ -8,6 +8,8 @@ real ``scrapy crawl`` processes in a project that ``scrapy startproject`` wrote 
 * **A crawl the add-on stopped exits 1**: a store error mid-crawl (a store that fails after a few writes),
   a Redis outage longer than ``POLITE_STORE_TIMEOUT``; one ERROR line, no "Error downloading" traceback.
   Negative controls: the same store that does not fail, Redis that stays up: exit 0.
+* In a script, the same stop sets the runner's ``bootstrap_failed`` (Twisted's ``CrawlerRunner``; what
+  ``scrapy crawl`` reads), and only that runner's.
 
 Each subprocess has a timeout: a process that does not exit fails the test instead of hanging the suite.
 """
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+import pytest_twisted
 
 from tests.support.redis_server import RedisServer, redis_url, unique_prefix  # noqa: F401  (fixture)
 from tests.support.server import Reply, RequestInfo, page
@@ -239,3 +242,58 @@ def test_a_redis_outage_past_the_timeout_exits_1(tmp_path, arrival_server, outag
         return
     assert_stopped_by_the_addon(proc, "POLITE_STORE_TIMEOUT", "Stopping the crawl")
     assert len(srv.arrivals()) == 3  # none after Redis went away
+
+
+# --------------------------------------------------------------------------------------------------
+# In a script: the runner's bootstrap_failed (what scrapy crawl reads)
+
+
+class _FailingAfter:
+    """``POLITE_STORE = "failing-after-test://"``: a memory table whose writes fail after ``limit`` of them."""
+
+    limit = 0
+
+    @classmethod
+    def open(cls, uri: str, options: object) -> object:
+        from scrapy_polite.stores import MemoryStore, StoreError
+
+        limit = cls.limit
+
+        class Store(MemoryStore):
+            writes = 0
+
+            def update_many(self, keys, fn):  # type: ignore[no-untyped-def]
+                Store.writes += 1
+                if Store.writes > limit:
+                    raise StoreError("scrapy-polite cannot write its pace table failing-after-test://: a test. Fix: none.")
+                return super().update_many(keys, fn)
+
+        return Store()
+
+
+@pytest.mark.parametrize("limit", [2, 1000])
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_stopped_by_the_addon_sets_its_runners_bootstrap_failed(arrival_server, limit):
+    """A CrawlerRunner in this process (Twisted's, not scrapy crawl's AsyncCrawlerProcess): a store error mid-crawl
+    sets ``bootstrap_failed``, which scrapy's commands turn into exit status 1; another runner is left alone.
+    Negative control (1000): the same crawl that is not stopped leaves it False."""
+    from scrapy.crawler import CrawlerRunner
+
+    from scrapy_polite.stores import register_store
+    from tests.support.crawl import TEST_SETTINGS, ListSpider
+
+    srv = arrival_server("127.0.0.44")
+    _FailingAfter.limit = limit
+    register_store("failing-after-test", _FailingAfter.open)
+    settings = {**TEST_SETTINGS, "ADDONS": {"scrapy_polite.Addon": 0}, "POLITE_STORE": "failing-after-test://",
+                "POLITE_ALLOW_PRIVATE": True, "POLITE_HOST_INTERVAL": 0.0, "POLITE_IP_INTERVAL": 0.0}
+    runner, bystander = CrawlerRunner(settings), CrawlerRunner(settings)
+    crawler = runner.create_crawler(ListSpider)
+    await runner.crawl(crawler, urls=[srv.url(f"/{i}") for i in range(6)])
+    reason = crawler.stats.get_value("finish_reason")
+    assert not bystander.bootstrap_failed
+    if limit == 1000:
+        assert reason == "finished" and not runner.bootstrap_failed and len(srv.arrivals()) == 6
+    else:
+        assert reason == "polite_store_error" and runner.bootstrap_failed and len(srv.arrivals()) < 6
+        assert crawler.spider is not None  # the crawl's results stay readable
