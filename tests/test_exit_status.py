@@ -262,7 +262,7 @@ class _FailingAfter:
         class Store(MemoryStore):
             writes = 0
 
-            def update_many(self, keys, fn):  # type: ignore[no-untyped-def]
+            def update_many(self, keys, fn):
                 Store.writes += 1
                 if Store.writes > limit:
                     raise StoreError("scrapy-polite cannot write its pace table failing-after-test://: a test. Fix: none.")
