@@ -14,17 +14,20 @@ What it provides:
 * :func:`pinned_agent`: that Twisted agent on its own (built from public Twisted API only);
 * :func:`server_side_failure_types`: the download failures that reached the server's side;
 * :func:`wake_engine`: ask the engine to pull from the scheduler again now;
-* :func:`commit_without_fsync`: let a queuelib SQLite disk queue commit without waiting for the disk.
+* :func:`commit_without_fsync`: let a queuelib SQLite disk queue commit without waiting for the disk;
+* :func:`fail_crawl_process`: make the process that runs a crawl exit with a non-zero status.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import pickle
 import sqlite3
 from typing import TYPE_CHECKING, Any, cast
 
 from queuelib import queue as queuelib_queue
+from scrapy import crawler as scrapy_crawler
 from scrapy import squeues
 from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler, _ScrapyAgent
 from scrapy.exceptions import (
@@ -52,7 +55,8 @@ if TYPE_CHECKING:
     from twisted.web.client import URI
     from twisted.web.iweb import IPolicyForHTTPS
 
-__all__ = ["commit_without_fsync", "download_pinned", "pinned_agent", "server_side_failure_types", "wake_engine"]
+__all__ = ["commit_without_fsync", "download_pinned", "fail_crawl_process", "pinned_agent",
+           "server_side_failure_types", "wake_engine"]
 
 #: Scrapy's HTTP/1.1 handler logs its data-loss warning here (``http11.logger``); so do we.
 _http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
@@ -270,3 +274,49 @@ def commit_without_fsync(queue: Any) -> None:
     db = getattr(queue, "_db", None)
     if isinstance(db, sqlite3.Connection):
         db.execute("PRAGMA synchronous=NORMAL")
+
+
+# -- The exit status of a crawl the add-on stopped -------------------------------------------------------
+
+#: The runners' common base (``CrawlerRunner``, ``AsyncCrawlerRunner`` and the two processes).
+_RUNNER_TYPES: tuple[type[Any], ...] = tuple(
+    t for t in (getattr(scrapy_crawler, name, None) for name in ("CrawlerRunnerBase", "CrawlerRunner",
+                                                                  "AsyncCrawlerRunner"))
+    if isinstance(t, type))
+
+
+def fail_crawl_process(crawler: Crawler) -> int:
+    """Count the crawl as failed in the runner running it, so that ``scrapy crawl`` (``runspider``,
+    ``check``, …) exits with status 1 (docs/spec.md §7): for a crawl scrapy-polite stopped (its pace
+    table failed, the resolver is missing).
+
+    Scrapy has no public way to fail a crawl that started: its commands exit with 1 when the runner's
+    ``bootstrap_failed`` (public attribute) is set, which the runner does only for a crawl that failed to
+    start. The crawler does not know its runner, so the runner is found as the holder of the set its
+    public ``crawlers`` property returns (``CrawlerRunnerBase._crawlers``: the crawler is in it until its
+    crawl ends), through :func:`gc.get_referrers` (two or three scans of the heap: call it once per crawl,
+    at its close). Checked against Scrapy 2.18.0 and 2.19.0 (``bootstrap_failed |= ...`` after the crawl,
+    never reset).
+
+    Returns:
+        how many runners were marked (0: none found, e.g. a crawler run without a runner).
+    """
+    found: list[Any] = []
+
+    def keep(candidates: list[Any]) -> None:
+        for candidate in candidates:
+            if (isinstance(candidate, _RUNNER_TYPES) and crawler in getattr(candidate, "crawlers", ())
+                    and not any(candidate is f for f in found)):
+                found.append(candidate)
+
+    sets = [r for r in gc.get_referrers(crawler) if isinstance(r, set)]
+    if sets:
+        holders = gc.get_referrers(*sets)
+        keep(holders)
+        if not found:  # the runner's attributes in a dict of their own (``__dict__``): one level more
+            dicts = [h for h in holders if isinstance(h, dict)]
+            if dicts:
+                keep(gc.get_referrers(*dicts))
+    for runner in found:
+        runner.bootstrap_failed = True
+    return len(found)

@@ -9,10 +9,12 @@
   ``scrapy polite reset`` command that clears them; a progress line is logged at INFO every
   ``LOGSTATS_INTERVAL`` seconds while requests are held or hosts back off (:mod:`scrapy_polite.summary`);
 * ``spider_closed`` — the INFO summary in README's words (:func:`~scrapy_polite.summary.format_summary`)
-  and the store is closed.
+  and the store is closed. A crawl the add-on stopped (``polite_store_error``, ``polite_resolver_missing``)
+  is counted as failed, so that ``scrapy crawl`` exits with status 1 (docs/spec.md §7).
 
 At construction it refuses a crawl that cannot run safely or has an invalid setting, before any request
-(:func:`~scrapy_polite.startup.refuse_to_start`: one ERROR line, a non-zero exit status).
+(:func:`~scrapy_polite.startup.refuse_to_start`: one ERROR line, a non-zero exit status), and closes the
+pace table it opened, so that the refused process exits.
 
 Stats are under ``polite/`` (see README).
 """
@@ -29,9 +31,10 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.reactor import is_reactor_installed
 from twisted.internet import task, threads
 
+from ._compat import fail_crawl_process
 from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, check_resolver
 from .addon import component_name as name
-from .pacer import Pacer, get_pacer
+from .pacer import Pacer, discard_pacer, get_pacer
 from .policy import HostState, host_key
 from .reactor import await_deferred, installed_reactor
 from .resolver import PublicHostnameResolver
@@ -76,6 +79,7 @@ class PoliteExtension:
             check_resolver(crawler.settings, pacer.address_filter,
                            installed_reactor() if is_reactor_installed() else None)
         except (SettingsError, StoreError, ResolverNotInstalled) as exc:
+            discard_pacer(crawler)  # nothing the pace table started may keep the refused process alive
             raise refuse_to_start(exc, crawler.settings) from None
         ext = cls(crawler, pacer)
         crawler.signals.connect(ext.response_downloaded, signal=signals.response_downloaded)
@@ -267,4 +271,6 @@ class PoliteExtension:
         stats = self.crawler.stats
         no_host = stats.get_value("polite/refused/no_host", 0) if stats is not None else 0
         logger.info("%s", format_summary(self.pacer.report, now=self.pacer.clock(), no_host=no_host or 0))
+        if self.pacer.failed is not None:  # stopped by the add-on: not a finished crawl (exit status 1)
+            fail_crawl_process(self.crawler)
         await self.pacer.close_async()

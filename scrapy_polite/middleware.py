@@ -26,9 +26,10 @@ from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
-from .pacer import Pacer, get_pacer
+from .pacer import CrawlStopped, Pacer, get_pacer
 from .policy import host_key
-from .seams import Defer, Redefer
+from .seams import Defer, Redefer, ResolverNotInstalled
+from .stores import StoreError
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -108,11 +109,17 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         if request.meta.get("dont_pace"):  # exempt from pacing, never from the address rules
             pacer.inc("dont_pace")
             pacer.arrive(request, host)
-            addresses = await pacer.addresses(request, host)
+            try:
+                addresses = await pacer.addresses(request, host)
+            except ResolverNotInstalled as exc:
+                raise _stopped(request, exc) from exc
             if addresses:
                 pacer.pin(request, host, addresses[0])
             return None
-        outcome = await pacer.before_request(request, host)
+        try:
+            outcome = await pacer.before_request(request, host)
+        except (StoreError, ResolverNotInstalled) as exc:
+            raise _stopped(request, exc) from exc
         if isinstance(outcome, Defer):
             _hold(pacer, request, host, outcome.due)
             return request  # the engine hands it back to the scheduler, which keeps it until due
@@ -141,7 +148,10 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         if isinstance(exception, Redefer):
             host = request.meta["polite_host"]
             self.pacer.release(request, host)
-            due = await self.pacer.due(host)
+            try:
+                due = await self.pacer.due(host)
+            except StoreError as exc:
+                raise _stopped(request, exc) from exc
             self.pacer.defer(host, due, "throttled")
             _hold(self.pacer, request, host, due)
             return request
@@ -173,11 +183,22 @@ class PoliteEarlyDeferMiddleware(_PacerComponent):
         host = host_key(request.url)
         if host is None:
             return None
-        due = await pacer.early_due(request, host)
+        try:
+            due = await pacer.early_due(request, host)
+        except StoreError as exc:
+            raise _stopped(request, exc) from exc
         if due is None:
             return None
         _hold(pacer, request, host, due)
         return request
+
+
+def _stopped(request: Request, exc: Exception) -> CrawlStopped:
+    """The request is dropped: the crawl is being stopped (``exc`` was logged once at ERROR when it
+    stopped it) or its pace table is closed. An ``IgnoreRequest``: Scrapy logs no "Error downloading"
+    traceback for each request dropped (docs/spec.md §6)."""
+    logger.debug("scrapy-polite: %s not sent: %s", request, exc)
+    return CrawlStopped(f"scrapy-polite did not send {request}: the crawl is being stopped ({exc})")
 
 
 def _log_refusal(logged: set[str], url: str, reason: str) -> None:

@@ -24,7 +24,7 @@ from twisted.python.failure import Failure
 
 from .policy import HostState
 from .reporting import Report
-from .stores import AsyncStore, ManyUpdateFn, Snapshot, StoreError, StoreUnavailable, UpdateFn
+from .stores import AsyncStore, ManyUpdateFn, Snapshot, StoreClosed, StoreError, StoreUnavailable, UpdateFn
 
 __all__ = ["DeferredStore", "StoreGuard"]
 
@@ -118,7 +118,8 @@ class StoreGuard:
         return self._call(lambda: self.store.update_many(keys, fn))
 
     def close(self) -> None:
-        """Stop retrying (a waiting call fails at its next attempt) and close the store."""
+        """Stop retrying (a call waiting out an outage fails with
+        :class:`~scrapy_polite.stores.StoreClosed` at its next attempt) and close the store."""
         self._closed = True
         self.store.close()
 
@@ -151,8 +152,10 @@ class StoreGuard:
     def _failed(self, failure: Failure, make: Callable[[], Deferred[T]], delay: float,
                 started: float) -> Deferred[Any] | Failure:
         exc = failure.value
-        if not isinstance(exc, StoreUnavailable) or self._closed:
+        if not isinstance(exc, StoreUnavailable):
             return failure
+        if self._closed:  # the crawl is over: the call is abandoned, not a failure to report
+            return fail(self._closed_error())
         now = self.clock()
         if self.outage_started is None and started >= self._recovered_at:
             self.outage_started = now
@@ -167,8 +170,12 @@ class StoreGuard:
             return fail(self._give_up(exc, now - began))
         wait = min(delay * (0.5 + 0.5 * self.jitter()), remaining)
         d: Deferred[Any] = self.sleep(wait)
-        d.addCallback(lambda _: fail(exc) if self._closed else self._call(make, min(2 * delay, self.max_delay)))
+        d.addCallback(lambda _: fail(self._closed_error()) if self._closed
+                      else self._call(make, min(2 * delay, self.max_delay)))
         return d  # fires with the retried call's result
+
+    def _closed_error(self) -> StoreClosed:
+        return StoreClosed(f"scrapy-polite's pace table {self.uri} is closed")
 
     def _give_up(self, exc: StoreUnavailable, seconds: float) -> StoreError:
         if self.outage_started is not None and not self._given_up:

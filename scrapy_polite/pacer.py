@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.project import data_path
 from twisted.internet.defer import Deferred
@@ -42,7 +43,7 @@ from .resolver import PublicHostnameResolver
 from .retrying import ThrottleRetries
 from .seams import ClockSync, Defer, Go, HoldingScheduler, Redefer, ResolverNotInstalled
 from .settings import PoliteConfig
-from .stores import AsyncStore, StoreError, StoreOptions, open_store
+from .stores import AsyncStore, StoreClosed, StoreError, StoreOptions, open_store
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -52,8 +53,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "CrawlStopped",
     "Pacer",
     "get_pacer",
+    "discard_pacer",
     "find_pacer",
     "default_store_uri",
     "Go",
@@ -62,6 +65,14 @@ __all__ = [
     "ResolverNotInstalled",
     "SERVER_SIDE_FAILURES",
 ]
+
+
+class CrawlStopped(IgnoreRequest):
+    """A request that was not sent because scrapy-polite is stopping the crawl (its pace table failed:
+    reason ``polite_store_error``; the resolver is missing: ``polite_resolver_missing``) or has closed its
+    pace table. The reason was logged once, at ERROR, when the crawl was stopped (docs/spec.md §6, §7);
+    an ``IgnoreRequest``, so Scrapy does not log each dropped request again with a traceback. Request
+    errbacks see it; ``__cause__`` is the error that stopped the crawl."""
 
 
 class Pacer:
@@ -86,6 +97,8 @@ class Pacer:
         self.store = store
         self.clock = clock
         self.failed: Exception | None = None
+        #: The crawl's close has begun (:meth:`close`, :meth:`close_async`): store errors no longer stop it.
+        self.closing = False
         self.user_agent: str = (crawler.settings.get("ROBOTSTXT_USER_AGENT") or crawler.settings.get("USER_AGENT")
                                 or "Scrapy")
         self.report = Report(crawler.stats, clock)
@@ -279,6 +292,12 @@ class Pacer:
         return self.report.host_report()
 
     def _store_failed(self, exc: StoreError) -> None:
+        if isinstance(exc, StoreClosed):  # a late call after the close: it wrote nothing, nothing to stop
+            logger.debug("scrapy-polite: %s", exc)
+            return
+        if self.closing:  # the crawl is closing already: nothing to stop
+            logger.warning("scrapy-polite: %s (while the crawl was closing)", exc)
+            return
         if self.failed is None:
             self.failed = exc
             logger.error("%s Stopping the crawl: without its pace table scrapy-polite cannot pace it.", exc)
@@ -286,20 +305,24 @@ class Pacer:
             close_spider_soon(self.crawler, "polite_store_error")
 
     def _resolver_missing(self, exc: ResolverNotInstalled) -> None:
-        if self.failed is None:
+        if self.failed is None and not self.closing:
             self.failed = exc
             logger.error("%s", exc)
             self.inc("resolver_missing")
             close_spider_soon(self.crawler, "polite_resolver_missing")
 
     def close(self) -> None:
-        """Write the events still buffered, then close the pace table (blocking: outside a running crawl)."""
+        """Write the events still buffered, then close the pace table (blocking: outside a running crawl, or
+        a crawl refused at its start). Idempotent; later store calls fail with
+        :class:`~scrapy_polite.stores.StoreClosed`, quietly."""
+        self.closing = True
         self.events.close()
         self.guard.close()
 
     async def close_async(self) -> None:
         """Write the events still buffered, then close the pace table, without blocking the reactor (the
         crawl's close: ``spider_closed``). A failure of either is logged, never raised."""
+        self.closing = True
         try:
             await await_deferred(self.events.close())
         except Exception:
@@ -361,9 +384,26 @@ def get_pacer(crawler: Crawler) -> Pacer:
             logger.info("scrapy-polite: expired %d stale hosts from %s", expired, backend.uri)
         logger.info("scrapy-polite: pace table %s", backend.uri)
         # A server store (Redis) is called from a few threads: each call is network I/O.
-        pacer = Pacer(crawler, config, AsyncStore(backend, threads=getattr(backend, "threads", 1)))
+        try:
+            pacer = Pacer(crawler, config, AsyncStore(backend, threads=getattr(backend, "threads", 1)))
+        except BaseException:
+            backend.close()
+            raise
         _PACERS[crawler] = pacer
     return pacer
+
+
+def discard_pacer(crawler: Crawler) -> None:
+    """Close the crawler's :class:`Pacer`, if :func:`get_pacer` built one, and forget it: for a crawl refused
+    at its start, so that nothing the pace table started (threads, connections) outlives the refusal
+    (docs/spec.md §7). A failure to close is logged at DEBUG, never raised (the refusal is the error)."""
+    pacer = _PACERS.pop(crawler, None)
+    if pacer is None:
+        return
+    try:
+        pacer.close()
+    except Exception:
+        logger.debug("scrapy-polite: the pace table %s did not close cleanly", pacer.store.uri, exc_info=True)
 
 
 def find_pacer(crawler: Crawler) -> Pacer | None:

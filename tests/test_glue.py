@@ -874,6 +874,58 @@ def test_a_store_error_while_recording_stops_the_pacer(step):
         pacer.check()
 
 
+def test_a_late_record_after_the_close_writes_nothing_and_stops_nothing(caplog):
+    """A response recorded after the pacer closed its table (a late download at the crawl's close) fails as
+    closed, quietly: no ERROR, no "Stopping the crawl", the pacer is not failed, the row is not written.
+    Negative control: the same record before the close is written."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="scrapy_polite")
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    pacer = pacer_on(store, clock, FakeSleep(clock))
+    r1 = request("http://a.example/1")
+    pacer.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "3"}, request=r1))
+    assert store.get("a.example").consec == 1  # the control: written
+    inline(pacer.close_async())
+    assert pacer.store.closed
+    r2 = request("http://a.example/2")
+    pacer.record_response(r2, Response(r2.url, status=429, headers={"Retry-After": "30"}, request=r2))
+    pacer.record_failure(r2, txerror.ConnectionRefusedError())
+    pacer.set_crawl_delay("a.example", 9)
+    assert store.get("a.example").consec == 1 and store.get("a.example").crawl_delay == 0.0  # nothing written
+    assert pacer.failed is None and pacer.crawler.stats.get_value("polite/store_errors") is None
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert "Stopping the crawl" not in caplog.text
+    assert "is closed" in caplog.text  # said at DEBUG
+
+
+def test_a_request_after_the_stop_is_dropped_as_crawl_stopped_not_a_store_error():
+    """Once the table failed, the middleware drops each request with CrawlStopped, an IgnoreRequest, which
+    Scrapy does not log as "Error downloading" with a traceback (the stop was logged once, at ERROR).
+    Negative control: on a working table the request is booked."""
+    from scrapy.exceptions import IgnoreRequest
+
+    from scrapy_polite.middleware import PoliteDownloaderMiddleware
+    from scrapy_polite.pacer import CrawlStopped
+
+    clock = FakeClock()
+    for broken in (True, False):
+        pacer = pacer_on(FailingStore(clock=clock) if broken else MemoryStore(clock=clock), clock, FakeSleep(clock))
+        middleware = PoliteDownloaderMiddleware(pacer)
+        for url in ("http://a.example/", "http://b.example/"):
+            r = request(url, proxy="http://proxy.example:3128")
+            if broken:
+                with pytest.raises(CrawlStopped) as raised:
+                    inline(middleware.process_request(r))
+                assert isinstance(raised.value, IgnoreRequest)
+                assert isinstance(raised.value.__cause__, StoreError)
+                assert isinstance(pacer.failed, StoreError)
+            else:
+                assert inline(middleware.process_request(r)) is None and pacer.failed is None
+        assert pacer.crawler.stats.get_value("polite/store_errors") == (1 if broken else None)
+
+
 def test_set_crawl_delay_does_not_swallow_an_invalid_delay(caplog):
     g = glue()
     d = g.recorder.set_crawl_delay("a.example", -1.0)

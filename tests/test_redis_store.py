@@ -31,6 +31,7 @@ from scrapy_polite.reporting import Report
 from scrapy_polite.stores import (
     MemoryStore,
     StoreBusy,
+    StoreClosed,
     StoreError,
     StoreOptions,
     StoreUnavailable,
@@ -672,7 +673,8 @@ def test_closing_the_guard_stops_its_retries():
     guard.close()
     assert store.closed
     clock.advance(5)
-    assert len(got) == 1 and isinstance(got[0].value, StoreUnavailable) and len(store.calls) == calls
+    # The waiting call is abandoned as closed (quietly: the crawl is over), not as an outage to report.
+    assert len(got) == 1 and isinstance(got[0].value, StoreClosed) and len(store.calls) == calls
 
 
 # --------------------------------------------------------------------------------------------------

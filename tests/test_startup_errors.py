@@ -2,6 +2,9 @@
 ``scrapy crawl`` before any request, with **one** ERROR line naming the problem and the fix, the traceback
 only at DEBUG, and a non-zero exit status. Through the real ``scrapy crawl`` on a project written into a
 temporary directory, against a loopback :class:`~tests.support.server.ArrivalServer` that must see nothing.
+The project uses the default pace table (SQLite in the project's ``.scrapy/``), as a user's does: a store
+that started anything before the refusal must not keep the process alive (issue 16; every store, and
+``scrapy startproject``'s own project: tests/test_exit_status.py).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ BOT_NAME = "started"
 SPIDER_MODULES = ["started.spiders"]
 {addons}
 POLITE_ALLOWED_NETWORKS = ["127.0.0.0/8"]
-POLITE_STORE = "memory://"
 TELNETCONSOLE_ENABLED = False
 REMOTE_CONTROL_ENABLED = False
 RETRY_ENABLED = False
@@ -68,7 +70,7 @@ def crawl(cwd: Path, spider: str, *args: str, level: str = "INFO") -> subprocess
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     env.pop("SCRAPY_SETTINGS_MODULE", None)
     return subprocess.run([sys.executable, "-m", "scrapy", "crawl", spider, "-s", f"LOG_LEVEL={level}", *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=90)
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
 def errors(proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -81,9 +83,9 @@ def server(arrival_server):
 
 
 def assert_refused(proc: subprocess.CompletedProcess[str], server, *expected: str) -> str:
-    """Non-zero exit, exactly one ERROR line (containing ``expected``), no traceback, nothing sent."""
+    """Exit status 1, exactly one ERROR line (containing ``expected``), no traceback, nothing sent."""
     out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out
+    assert proc.returncode == 1, out
     lines = errors(proc)
     assert len(lines) == 1, "\n".join(lines) or out
     assert "scrapy-polite cannot start the crawl: " in lines[0]

@@ -21,7 +21,7 @@ from twisted.internet import defer
 from twisted.internet.task import deferLater
 
 from scrapy_polite.policy import HostState
-from scrapy_polite.stores import AsyncStore, MemoryStore, Snapshot, SQLiteStore
+from scrapy_polite.stores import AsyncStore, MemoryStore, Snapshot, SQLiteStore, StoreClosed
 from tests.support.stores import (  # noqa: F401  (fixtures)
     T0,
     StoreUnderTest,
@@ -516,6 +516,74 @@ async def test_close_async_never_blocks_the_reactor_while_a_queued_call_waits(tm
     # Once closed, a late call fails cleanly (nothing restarts a thread).
     with pytest.raises(Exception, match="closed"):
         await astore.update("a.example", lambda old, now: (FULL, None))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_call_after_the_close_fails_as_closed_and_writes_nothing(any_store):
+    """From the close on (the same reactor turn, while the close runs on another thread), every call fails
+    with StoreClosed at once and never reaches the backend: nothing is written, no update function runs.
+    Negative control: the same calls before the close are written."""
+    astore = wrap(any_store)
+    assert await astore.update("a.example", lambda old, now: (OTHER, "before")) == "before"  # the control
+    ran: list[str] = []
+
+    def late(old, now):
+        ran.append("late")
+        return FULL, None
+
+    closing = astore.close_async()
+    calls = [astore.update("a.example", late), astore.update_many(["a.example"], lambda s, now: ({}, ran.append("x"))),
+             astore.get("a.example"), astore.read(["a.example"]), astore.append_events([ev(T0, steps=9)])]
+    await closing
+    calls += [astore.update("a.example", late), astore.append_events([ev(T0, steps=9)])]
+    for d in calls:
+        with pytest.raises(StoreClosed, match="is closed"):
+            await d
+    assert ran == [] and astore.closed
+    if any_store.backend.persistent:  # what the table holds, read through a new connection
+        other = any_store.open()
+        assert other.get("a.example") == OTHER and other.events() == []
+    else:
+        assert any_store.store.get("a.example") == OTHER and any_store.store.events() == []
+    astore.close()  # idempotent
+
+
+def test_sqlite_close_waits_for_a_call_in_progress_on_another_thread_and_later_calls_fail_as_closed(tmp_path):
+    """The close of a SQLite connection and a call on another thread never overlap: the close waits for the
+    call (it commits whole), and a call after the close raises StoreClosed and writes nothing. Negative
+    control: a call before the close is written."""
+    import threading
+
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path, clock=lambda: T0)
+    inside, release = threading.Event(), threading.Event()
+
+    def slow(old, now):
+        inside.set()
+        assert release.wait(10)
+        return FULL, "committed"
+
+    results: list[str] = []
+    writer = threading.Thread(target=lambda: results.append(store.update("a.example", slow)))
+    writer.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive()  # held until the call in progress is done
+    release.set()
+    writer.join(10)
+    closer.join(10)
+    assert results == ["committed"] and not closer.is_alive()
+    with pytest.raises(StoreClosed):
+        store.update("a.example", lambda old, now: (OTHER, None))
+    with pytest.raises(StoreClosed):
+        store.append_events([ev(T0)])
+    reopened = SQLiteStore(path)
+    try:
+        assert reopened.get("a.example") == FULL and reopened.events() == []
+    finally:
+        reopened.close()
 
 
 def _tick(ticks: list[float]) -> None:

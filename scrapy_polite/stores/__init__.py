@@ -1,7 +1,8 @@
 """The pace table (docs/spec.md §6): one store protocol, several backends, one registry by URI scheme.
 
 * :mod:`.base` — :class:`PaceStore` (the protocol, the event log's ``append_events`` / ``events`` included),
-  :class:`Event`, :class:`Snapshot`, :class:`StoreError`, :class:`StoreBusy`, :class:`StoreOptions`;
+  :class:`Event`, :class:`Snapshot`, :class:`StoreError`, :class:`StoreBusy`, :class:`StoreClosed`,
+  :class:`StoreOptions`;
 * :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default;
 * :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`;
 * :mod:`.asyncstore` — :class:`AsyncStore`, calls that never block the reactor.
@@ -21,6 +22,7 @@ from .base import (
     PaceStore,
     Snapshot,
     StoreBusy,
+    StoreClosed,
     StoreError,
     StoreOptions,
     StoreUnavailable,
@@ -42,6 +44,7 @@ __all__ = [
     "SQLiteStore",
     "Snapshot",
     "StoreBusy",
+    "StoreClosed",
     "StoreError",
     "StoreOptions",
     "StoreUnavailable",

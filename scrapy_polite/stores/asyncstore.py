@@ -12,7 +12,7 @@ from twisted.python.threadpool import ThreadPool
 
 from ..policy import HostState
 from ..reactor import installed_reactor
-from .base import Event, ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreError, UpdateFn
+from .base import Event, ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreClosed, StoreError, UpdateFn
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
@@ -44,6 +44,11 @@ class AsyncStore:
     * any other backend (a network server): every call runs on the store's thread pool of
       ``threads`` threads.
 
+    The threads are started when first needed (a crawl refused at its start never starts one, so none can
+    keep the process alive) and stopped by :meth:`close` / :meth:`close_async`. From the close on, every
+    call fails at once with :class:`~scrapy_polite.stores.base.StoreClosed` and touches no connection: a
+    late call never writes, nor meets a connection being closed on another thread (docs/spec.md §6).
+
     The event log (:meth:`append_events`): inline for memory. For SQLite, inline on the no-wait connection
     too, in transactions of at most ``event_chunk`` events, one per reactor turn (under a millisecond
     each), so it never holds the file's write lock while the pace table's calls want it (a thread of its
@@ -69,7 +74,10 @@ class AsyncStore:
             reactor = installed_reactor()
         self.store = store
         self._reactor = reactor
-        self._pool: ThreadPool | None = None
+        self._pool: ThreadPool | None = None  # started when first needed (:meth:`_start_pool`)
+        self._threads = max(1, threads)
+        #: Set by the close (on the reactor's thread): every later call fails with StoreClosed.
+        self._closed = False
         self._inline: PaceStore | None = None
         self._queued = 0
         #: Calls made while a checkpoint or a busy call runs on the thread, in call order:
@@ -97,10 +105,17 @@ class AsyncStore:
             return
         if isinstance(store, SQLiteStore):
             self._inline = store.nowait()
-        self._pool = ThreadPool(minthreads=1, maxthreads=max(1, threads), name="scrapy-polite-store")
-        self._pool.start()
+
+    def _start_pool(self) -> ThreadPool:
+        """The store's thread pool, started on first use (never after the close)."""
+        if self._pool is None:
+            self._pool = ThreadPool(minthreads=1, maxthreads=self._threads, name="scrapy-polite-store")
+            self._pool.start()
+        return self._pool
 
     def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
+        if self._closed:
+            return defer.fail(self._closed_error())
         # Behind the checkpoint, behind an inline call handed to the thread, and behind the calls already held.
         if self._checkpointing or self._held or (self._queued and self._inline is not None):
             d: defer.Deferred[Any] = defer.Deferred()
@@ -117,7 +132,7 @@ class AsyncStore:
             except Exception:
                 return defer.fail()
             else:
-                if name in ("update", "update_many") and self._pool is not None:
+                if name in ("update", "update_many") and self._inline is not self.store:
                     self._wrote()
                 return defer.succeed(result)
         return self._threaded(name, *args)
@@ -138,11 +153,11 @@ class AsyncStore:
     def _checkpoint(self) -> None:
         """Checkpoint the WAL on the store's thread; calls wait on the reactor's side until it is done (no
         write lands in the WAL meanwhile, so the next write starts it over)."""
-        if self._pool is None or not isinstance(self.store, SQLiteStore):
+        if self._closed or not isinstance(self.store, SQLiteStore):
             return
         self._checkpointing = True
         d: defer.Deferred[tuple[int, int] | None] = threads.deferToThreadPool(
-            self._reactor, self._pool, self.store.checkpoint)
+            self._reactor, self._start_pool(), self.store.checkpoint)
         d.addErrback(lambda _failure: None)  # a failed checkpoint leaves the WAL as it was; the next one retries
         d.addCallback(self._checkpointed)
 
@@ -160,7 +175,7 @@ class AsyncStore:
             self._frames_after = frames[0] if frames[1] < frames[0] else 0
             self._learned = True
         self._since_checkpoint = 0
-        if self._pool is None:  # closed meanwhile: the held calls went to the thread
+        if self._closed:  # closed meanwhile: the held calls went to the thread
             return
         self._drain()
         self._write_events()
@@ -173,8 +188,9 @@ class AsyncStore:
             self._run(name, args).chainDeferred(d)
 
     def _threaded(self, name: str, *args: Any) -> defer.Deferred[Any]:
-        if self._pool is None:
+        if self._closed:
             return defer.fail(self._closed_error())
+        pool = self._start_pool()
         self._queued += 1
         result_d: defer.Deferred[Any] = defer.Deferred()
 
@@ -188,13 +204,18 @@ class AsyncStore:
             if not self._queued and self._inline is not None:
                 self._drain()
 
-        d: defer.Deferred[Any] = threads.deferToThreadPool(self._reactor, self._pool,
-                                                           getattr(self.store, name), *args)
+        d: defer.Deferred[Any] = threads.deferToThreadPool(self._reactor, pool, getattr(self.store, name), *args)
         d.addBoth(done)
         return result_d
 
-    def _closed_error(self) -> StoreError:
-        return StoreError(f"scrapy-polite's pace table {self.store.uri} is closed")
+    def _closed_error(self) -> StoreClosed:
+        return StoreClosed(f"scrapy-polite's pace table {self.store.uri} is closed")
+
+    @property
+    def closed(self) -> bool:
+        """The store was closed (:meth:`close`, :meth:`close_async`): every call fails with
+        :class:`~scrapy_polite.stores.base.StoreClosed`."""
+        return self._closed
 
     @property
     def uri(self) -> str:
@@ -220,6 +241,8 @@ class AsyncStore:
     def append_events(self, events: list[Event]) -> defer.Deferred[None]:
         """See :meth:`PaceStore.append_events <scrapy_polite.stores.base.PaceStore.append_events>`; how
         each backend writes it: see the class. Fires once every event of the batch is written."""
+        if self._closed:
+            return defer.fail(self._closed_error())
         if isinstance(self.store, MemoryStore):
             try:
                 self.store.append_events(events)
@@ -228,7 +251,7 @@ class AsyncStore:
             return defer.succeed(None)
         if not isinstance(self.store, SQLiteStore):
             return self._threaded("append_events", events)  # fails as closed once the pool is gone
-        if self._pool is None or self._inline is None:
+        if self._inline is None:
             return defer.fail(self._closed_error())
         d: defer.Deferred[None] = defer.Deferred()
         self._events_waiting.append((list(events), d))
@@ -243,7 +266,7 @@ class AsyncStore:
         if self._events_turn is not None and self._events_turn.active():  # called before its turn came
             self._events_turn.cancel()
         self._events_turn = None
-        if self._events_writing or self._checkpointing or self._inline is None or self._pool is None:
+        if self._events_writing or self._checkpointing or self._inline is None or self._closed:
             return
         self._events_writing = True
         try:
@@ -305,21 +328,22 @@ class AsyncStore:
 
     def close(self) -> None:
         """Stop the thread (after the calls already queued), checkpoint and close the backend. Blocks until
-        the calls already queued are done: for a crawl, :meth:`close_async` does the same off the reactor."""
+        the calls already queued are done: for a crawl, :meth:`close_async` does the same off the reactor.
+        Idempotent; from here on every call fails with :class:`~scrapy_polite.stores.base.StoreClosed`."""
         self._queue_held()
         self._close_parts(*self._detach())
 
     def close_async(self) -> defer.Deferred[None]:
         """:meth:`close` without blocking the reactor: the calls held on the reactor's side are queued and
-        the store is marked closed here (a later call fails with :class:`StoreError`), and the waits (the
-        store's threads finishing the calls already queued — a Redis call in an outage may take its socket
-        timeout —, the WAL checkpoint, the backend's close) run on a thread of the reactor's pool. Fires
-        when the store is closed; errors of the close are the Deferred's. Blocking when the reactor is not
-        running (nothing to keep responsive, and its pool may be gone)."""
+        the store is marked closed here (a later call fails with
+        :class:`~scrapy_polite.stores.base.StoreClosed`), and the waits (the store's threads finishing the
+        calls already queued — a Redis call in an outage may take its socket timeout —, the WAL
+        checkpoint, the backend's close) run on a thread of the reactor's pool. Fires when the store is
+        closed; errors of the close are the Deferred's. Blocking when the reactor is not running (nothing
+        to keep responsive, and its pool may be gone), and for the memory store (no I/O)."""
         self._queue_held()
         parts = self._detach()
-        pool, events_pool = parts
-        if (pool is None and events_pool is None) or not getattr(self._reactor, "running", False):
+        if isinstance(self.store, MemoryStore) or not getattr(self._reactor, "running", False):
             try:
                 self._close_parts(*parts)
             except Exception:
@@ -330,6 +354,8 @@ class AsyncStore:
         return d
 
     def _queue_held(self) -> None:
+        if self._closed:
+            return
         self._checkpointing = False
         while self._held:  # calls held behind a checkpoint or a busy call: queued on the thread, in order
             name, args, d = self._held.popleft()
@@ -343,7 +369,8 @@ class AsyncStore:
 
     def _detach(self) -> tuple[ThreadPool | None, ThreadPool | None]:
         """On the reactor's thread: take the threads out of use (later calls see the store closed) and hand
-        them to :meth:`_close_parts`."""
+        them to :meth:`_close_parts`. From here on every call fails with StoreClosed."""
+        self._closed = True
         parts = (self._pool, self._events_pool)
         self._pool = self._events_pool = None
         return parts
@@ -363,11 +390,11 @@ class AsyncStore:
                 try:
                     if pool is not None:
                         pool.stop()
-                        if isinstance(self.store, SQLiteStore):
-                            try:
-                                self.store.checkpoint()
-                            except StoreError:
-                                pass
+                    if isinstance(self.store, SQLiteStore):
+                        try:
+                            self.store.checkpoint()
+                        except StoreError:
+                            pass
                 finally:
                     try:
                         if self._inline is not None and self._inline is not self.store:

@@ -28,6 +28,7 @@ __all__ = [
     "Event",
     "PaceStore",
     "Snapshot",
+    "StoreClosed",
     "StoreError",
     "StoreBusy",
     "StoreOptions",
@@ -54,6 +55,12 @@ class StoreError(RuntimeError):
 class StoreBusy(StoreError):
     """An operation found the table contended (a no-wait SQLite connection found it locked; a Redis
     optimistic write lost its race too often); it may be retried where waiting is allowed."""
+
+
+class StoreClosed(StoreError):
+    """A call reached the pace table after it was closed (a late record at the crawl's close): it did
+    nothing, and nothing was written. Not a failure of the store: the crawl is over, so it is not reported
+    as one (docs/spec.md §6, "Closing")."""
 
 
 class StoreUnavailable(StoreError):

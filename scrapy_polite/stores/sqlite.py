@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from ..clock import process_clock
 from ..policy import HostState
-from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, StoreBusy, StoreError, UpdateFn
+from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, StoreBusy, StoreClosed, StoreError, UpdateFn
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION"]
 
@@ -117,7 +117,10 @@ class SQLiteStore:
                  clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX) -> None:
         self.path = os.path.abspath(path)
         self.uri = f"sqlite:///{self.path}"
+        #: Held by every use of the connection, and by :meth:`close`: a call never meets a connection being
+        #: closed on another thread, and a call after the close raises :class:`StoreClosed`.
         self._lock = threading.Lock()
+        self._closed = False
         self._nowait = nowait
         self._clock = clock
         self.events_max = max(0, int(events_max))
@@ -184,6 +187,8 @@ class SQLiteStore:
         text = str(exc)
         if isinstance(exc, StoreError):
             return exc
+        if self._closed:  # set under the lock before the connection was closed: the call found it closed
+            return StoreClosed(f"scrapy-polite's pace table {self.uri} is closed")
         if self._nowait and isinstance(exc, sqlite3.OperationalError) and "locked" in text:
             return StoreBusy(text)
         if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
@@ -367,5 +372,8 @@ class SQLiteStore:
         return [Event._make(row) for row in rows]
 
     def close(self) -> None:
+        """Close the connection (idempotent). It waits for a call in progress on another thread; a call
+        after it raises :class:`StoreClosed` and writes nothing."""
         with self._lock:
+            self._closed = True
             self._db.close()
