@@ -4,10 +4,13 @@ in memory per host at most, the rest on disk), :class:`~scrapy_polite.lifecycle.
 :class:`~scrapy_polite.booking.Booker` and :class:`~scrapy_polite.recording.Recorder`, on the fake clock and
 inline memory store of tests/test_glue.py, with a model of Scrapy's downloader (its ``active`` set).
 
-Random steps: new requests of four hosts on shared addresses; the engine asking for requests; each
-released request then booked (go, or deferred back), dropped before booking (``IgnoreRequest`` from
-robots.txt, offsite, a project middleware; a response from the cache), or gone by a path no middleware saw;
-responses (2xx, 429 + Retry-After, 503) and download failures; the clock moving; the idle check.
+Random steps: new requests of four hosts on shared addresses (some starting in backoff); the engine asking
+for requests; each released request then booked (go, wait in line, or deferred back), dropped before
+booking (``IgnoreRequest`` from robots.txt, offsite, a project middleware; a response from the cache), or
+gone by a path no middleware saw; responses (2xx, 404, 429 + Retry-After, 503) and download failures; time
+moving on; the wall clock stepping ± 60 s and − 1 h (the process clock must not follow it); the idle check;
+the spider closing (every request then crawled, dropped, in the engine's hands, or reported as not
+crawled).
 
 After every step: no host waits with nothing that can wake it; no line or claim is held by a request that
 has left the downloader (once reconciled); at most one request per host and per address in flight; per-host
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 from typing import Any
+from unittest import mock
 
 import scrapy
 from hypothesis import settings as hsettings
@@ -32,6 +36,7 @@ from twisted.python.failure import Failure
 from scrapy_polite import booking as booking_module
 from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.booking import Booker
+from scrapy_polite.clock import ProcessClock
 from scrapy_polite.lifecycle import Lifecycle, Stage
 from scrapy_polite.policy import HostState, ip_key
 from scrapy_polite.recording import Recorder
@@ -40,7 +45,7 @@ from scrapy_polite.scheduler import PoliteScheduler
 from scrapy_polite.seams import ClockSync, Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import AsyncStore, MemoryStore
-from tests.test_glue import FakeClock, FakeResolution, FakeSleep, FakeStats, inline
+from tests.test_glue import T0, FakeResolution, FakeSleep, FakeStats, inline
 from tests.test_held import Timer, make_crawler
 
 HOST_INTERVAL, IP_INTERVAL = 1.0, 2.0
@@ -65,6 +70,29 @@ def inline_result(d: defer.Deferred[Any]) -> Any:
     if isinstance(out[0], Failure):
         out[0].raiseException()
     return out[0]
+
+
+class SteppedClock:
+    """The process clock (:class:`~scrapy_polite.clock.ProcessClock`) on a fake wall clock and a fake
+    monotonic clock: :meth:`advance` moves time on (both), :meth:`step` steps only the wall clock (NTP, a VM
+    resumed), which is also what ``time.time()`` returns while the machine runs."""
+
+    def __init__(self) -> None:
+        self.mono = 0.0
+        self.wall_offset = T0
+        self.process = ProcessClock(wall=self.wall, monotonic=lambda: self.mono)
+
+    def wall(self) -> float:
+        return self.mono + self.wall_offset
+
+    def __call__(self) -> float:
+        return self.process()
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+
+    def step(self, seconds: float) -> None:
+        self.wall_offset += seconds
 
 
 class Config:
@@ -134,7 +162,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         scheduler_module.call_later = lambda delay, fn, *a: Timer(delay)  # the test is the engine's poll
         # A booking that waits for a line resumes when the line frees, on plain Deferreds (no event loop).
         booking_module.await_deferred = await_plain
-        self.clock = FakeClock()
+        self.clock = SteppedClock()
+        self._time = mock.patch("time.time", self.clock.wall)  # a component reading the wall clock sees steps
+        self._time.start()
+        self.closed = False
         config = PoliteConfig.from_settings({"POLITE_HOST_INTERVAL": HOST_INTERVAL, "POLITE_IP_INTERVAL": IP_INTERVAL,
                                              "POLITE_MAX_WAIT": 60.0, "POLITE_MAX_RETRY_AFTER": 30.0})
         self.store = MemoryStore(clock=self.clock)
@@ -172,11 +203,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         if hasattr(self, "_patched"):  # restored to the originals, whatever ran before
             scheduler_module.call_later = ORIGINAL_CALL_LATER
             booking_module.await_deferred = ORIGINAL_AWAIT
-        if hasattr(self, "scheduler"):
+        if hasattr(self, "_time"):
+            self._time.stop()
+        if hasattr(self, "scheduler") and not self.closed:
             self.scheduler.close("finished")
 
     # -- the spider and the engine -------------------------------------------------------------------
 
+    @precondition(lambda self: not self.closed)
     @rule(host=st.sampled_from(HOSTS), n=st.integers(1, 4))
     def new_request(self, host: str, n: int = 1) -> None:
         """The spider yields ``n`` requests of ``host``."""
@@ -186,6 +220,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.scheduler.enqueue_request(scrapy.Request(f"http://{host}/{self.created}", callback=spider.parse,
                                                           errback=spider.on_error, dont_filter=True))
 
+    @precondition(lambda self: not self.closed)
     @rule(n=st.integers(1, 4))
     def engine_asks(self, n: int = 1) -> None:
         """The engine asks for up to ``n`` requests (until the downloader is full or none is given)."""
@@ -200,6 +235,27 @@ class LifecycleMachine(RuleBasedStateMachine):
     def time_passes(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
+    @precondition(lambda self: not self.closed)
+    @rule(seconds=st.sampled_from([-60.0, 60.0, -3600.0]))
+    def wall_clock_steps(self, seconds: float) -> None:
+        """The wall clock steps (NTP, a VM resumed): nothing held may go early, nothing may stall."""
+        self.clock.step(seconds)
+
+    @rule()
+    def close(self) -> None:
+        """The spider closes: every request ends crawled, dropped, or reported as not crawled."""
+        held = self.scheduler.held_count()
+        in_progress = len(self.active)  # released, waiting or in flight: the engine's at close
+        self.scheduler.close("finished")
+        self.closed = True
+        reported = self.crawler.stats.get_value("polite/deferred/not_crawled") or 0
+        assert reported == held, (reported, held)
+        assert self.ended + held + in_progress + len(self.inner_pending()) == self.created, (
+            self.ended, held, in_progress, self.created)
+
+    def inner_pending(self) -> list[scrapy.Request]:
+        return self.scheduler.inner.queue
+
     @rule()
     def idle_check(self) -> None:
         """The extension's spider_idle: reconcile, then wake every parked host nothing holds back."""
@@ -213,7 +269,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     # -- the downloader middlewares ------------------------------------------------------------------
 
-    @precondition(lambda self: self.released)
+    @precondition(lambda self: self.released and not self.closed)
     @rule(i=st.integers(0, 20), fate=st.sampled_from(["book", "book", "book", "drop", "answer", "vanish"]))
     def through_the_middlewares(self, i: int, fate: str) -> None:
         request = self.released.pop(i % len(self.released))
@@ -249,14 +305,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         request.meta["polite_sent_at"] = outcome.sent_at
         if outcome.address is not None:
             self.resolution.pin(request, host, outcome.address)
-        now = self.clock()
+        now = self.clock.mono  # spacing is judged on time as it passed, whatever the wall clock did
         self.booked_requests.append(request)
         self.bookings.setdefault(host, []).append(now)
         if outcome.address is not None:
             self.bookings.setdefault(ip_key(outcome.address), []).append(now)
         self.in_flight.append(request)
 
-    @precondition(lambda self: self.in_flight)
+    @precondition(lambda self: self.in_flight and not self.closed)
     @rule(i=st.integers(0, 20), status=st.sampled_from([200, 200, 200, 404, 429, 503, "failure"]),
           retry_after=st.sampled_from([None, "0", "1", "3"]))
     def download_ends(self, i: int, status: Any, retry_after: str | None) -> None:
@@ -380,3 +436,29 @@ def test_a_host_whose_released_requests_are_dropped_one_by_one_is_never_parked_o
         assert [r.url for r in m.booked_requests] == ["http://a.test/1", "http://a.test/4"]
     finally:
         m.teardown()
+
+
+def test_a_wall_clock_step_neither_releases_a_held_host_early_nor_stalls_it():
+    """a.test starts 5 s in backoff with two requests, both held. The wall clock steps +60 s one second in
+    (nothing may go before 5 s of time as it passed), or −60 s (nothing may stall past 5 s). Judged on the
+    monotonic clock; fails when the pacing reads the wall clock."""
+    for step in (60.0, -60.0):
+        m = LifecycleMachine()
+        m.setup([5.0, 0.0, 0.0, 0.0])
+        try:
+            m.new_request("a.test", 2)
+            m.engine_asks(4)
+            while m.released:
+                m.through_the_middlewares(0, "book")
+            assert m.scheduler.held_count() == 2 and not m.bookings
+            m.time_passes(1.0)
+            m.wall_clock_steps(step)
+            while not m.bookings.get("a.test") and m.clock.mono < 20:
+                m.time_passes(0.1)
+                m.engine_asks(4)
+                while m.released:
+                    m.through_the_middlewares(0, "book")
+            first = m.bookings["a.test"][0]
+            assert 5.0 - 1e-6 <= first <= 5.2, (step, first)
+        finally:
+            m.teardown()
