@@ -246,18 +246,16 @@ class Booker:
             # the next defers until that moment (docs/spec.md §5).
             waiting_key = ip_key(booking.address) if booking.address is not None else None
             if waiting_key is not None and booking.start > booking.host_free:
-                waiter = lifecycle.ip_waiter.get(waiting_key)
-                if waiter is not None and waiter is not request and deferrable:
+                if not lifecycle.wait_for_budget(waiting_key, request) and deferrable:
                     self.release(request, host)
                     return self.defer(host, self.clock.to_local(booking.start), "ip_line", request)
-                lifecycle.ip_waiter[waiting_key] = request
             else:
                 waiting_key = None
             try:
                 await self._wait(host, min(booking.start - now, self.policy.max_wait), request)
             finally:
-                if waiting_key is not None and lifecycle.ip_waiter.get(waiting_key) is request:
-                    del lifecycle.ip_waiter[waiting_key]
+                if waiting_key is not None:
+                    lifecycle.end_budget_wait(waiting_key, request)
 
     async def _transact(self, host: str, addresses: list[str], floor: float,
                         ip_interval: float) -> tuple[Booking, float]:

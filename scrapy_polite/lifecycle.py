@@ -94,8 +94,7 @@ class Lifecycle:
         self._waiting_hosts: dict[str, set[str]] = {}  # ip: key → hosts deferred until it frees
         self._stages: weakref.WeakKeyDictionary[Any, Stage] = weakref.WeakKeyDictionary()
         self._hosts: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        #: ``ip:`` key → the request waiting in line for that address's budget (one at most).
-        self.ip_waiter: dict[str, Any] = {}
+        self._budget_waiters: dict[str, Any] = {}  # ip: key → the request waiting for its budget
 
     # -- what is known -----------------------------------------------------------------------------------
 
@@ -121,6 +120,11 @@ class Lifecycle:
         """The request holding the key's line, or None."""
         line = self._lines.get(key)
         return line.holder if line is not None else None
+
+    @property
+    def ip_waiter(self) -> dict[str, Any]:
+        """``ip:`` key → the request waiting in line for that address's budget (a copy, for reports)."""
+        return dict(self._budget_waiters)
 
     def claimant(self, host: str) -> Any:
         """The host's released request still on its way to the booking, or None."""
@@ -197,6 +201,21 @@ class Lifecycle:
                 line = self._lines[key] = Line()
             line.freed.append(d)
         return d
+
+    def wait_for_budget(self, key: str, request: Any) -> bool:
+        """``request`` waits in line for the budget of the address ``key`` (docs/spec.md §5: one request per
+        address waits, the next defers); False when another request already waits for it (this one is not
+        registered: it defers, or waits unregistered when it cannot be deferred)."""
+        waiter = self._budget_waiters.get(key)
+        if waiter is not None and waiter is not request:
+            return False
+        self._budget_waiters[key] = request
+        return True
+
+    def end_budget_wait(self, key: str, request: Any) -> None:
+        """``request`` no longer waits for the address's budget (idempotent; another's wait is kept)."""
+        if self._budget_waiters.get(key) is request:
+            del self._budget_waiters[key]
 
     def wait_on_addresses(self, host: str, keys: Iterable[str]) -> None:
         """``host`` is deferred until one of these address lines frees (each is taken now)."""
