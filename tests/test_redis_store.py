@@ -374,8 +374,14 @@ def test_keys_share_one_hash_slot_and_expire_after_next_allowed(store, raw, pref
     put(store, "a.example", HostState(next_allowed=now + 100, updated=now))
     put(store, "ip:192.0.2.1", HostState(next_allowed=now + 1, updated=now))
     names = sorted(n.decode() for n in raw.scan_iter(match=prefix + "*"))
-    assert names == [f"{prefix}{{pace}}", f"{prefix}{{pace}}:a.example", f"{prefix}{{pace}}:ip:192.0.2.1"]
+    records = [n for n in names if n.startswith(f"{prefix}{{pace}}#done:")]
+    assert len(records) == 2  # one idempotence record per update
+    assert sorted(set(names) - set(records)) == [f"{prefix}{{pace}}", f"{prefix}{{pace}}:a.example",
+                                                 f"{prefix}{{pace}}:ip:192.0.2.1"]
     assert len({key_slot(n.encode()) for n in names}) == 1  # one hash slot: works on a Redis Cluster
+    for record in records:  # kept POLITE_STORE_TIMEOUT + DONE_MARGIN seconds
+        assert store.done_ttl - 5 < raw.pttl(record) / 1000 <= store.done_ttl
+    assert store.done_ttl == StoreOptions().timeout + redis_module.DONE_MARGIN
     expire = store.expire_after
     host_at = raw.pexpiretime(f"{prefix}{{pace}}:a.example") / 1000
     ip_at = raw.pexpiretime(f"{prefix}{{pace}}:ip:192.0.2.1") / 1000

@@ -16,21 +16,25 @@ from .asyncstore import AsyncStore
 from .base import (
     DEFAULT_EVENTS_MAX,
     EVENT_KINDS,
+    Again,
     Event,
     ManyUpdateFn,
     PaceStore,
     Snapshot,
+    SteppedStore,
     StoreBusy,
     StoreError,
     StoreOptions,
     StoreUnavailable,
     UpdateFn,
+    UpdateSteps,
 )
 from .memory import MemoryStore
 from .registry import open_store, register_store, registered_schemes, sqlite_path
 from .sqlite import SCHEMA_VERSION, SQLiteStore
 
 __all__ = [
+    "Again",
     "AsyncStore",
     "DEFAULT_EVENTS_MAX",
     "EVENT_KINDS",
@@ -44,8 +48,10 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "StoreOptions",
+    "SteppedStore",
     "StoreUnavailable",
     "UpdateFn",
+    "UpdateSteps",
     "open_store",
     "register_store",
     "registered_schemes",
