@@ -10,6 +10,7 @@ on a ``redis://`` table.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import subprocess
@@ -39,6 +40,7 @@ from scrapy_polite.stores import (
 )
 from scrapy_polite.stores import redis as redis_module
 from scrapy_polite.stores.redis import RedisStore, redact_uri
+from tests.support.redis_proxy import LossyProxy
 from tests.support.redis_server import RedisServer, free_port, redis_url, unique_prefix  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -344,6 +346,99 @@ def test_the_retry_of_an_update_that_raised_unavailable_is_not_applied_twice(sto
     # Negative control: another update function is another update.
     assert store.update("a.example", bump) == 2
     assert store.get("a.example").consec == 3
+
+
+def _port_of(url):
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).port
+
+
+def bump_both(states, now):
+    """A booking's shape: the host's and the address's rows in one update; the result is the host's old count."""
+    host, ip = sorted(states)
+    old = states[host] or HostState()
+    return ({host: replace(old, consec=old.consec + 1, updated=now),
+             ip: replace(states[ip] or HostState(), consec=(states[ip] or HostState()).consec + 1, updated=now)},
+            old.consec)
+
+
+WRITE_SHA = hashlib.sha1(redis_module._WRITE_IF_UNCHANGED.encode()).hexdigest().encode()
+ROWS = ["a.example", "ip:192.0.2.1"]
+
+
+@pytest.mark.parametrize("resend", ["immediate", "after_unavailable"])
+def test_a_lost_reply_is_not_applied_twice_though_another_writer_overwrote_the_rows(redis_url, prefix, resend):
+    """Writer A's write is applied, its reply is lost (a proxy drops it and closes the connection), and
+    writer B overwrites both rows before A resends: the resend — at once (``immediate``), or the crawl's
+    retry of the same update after ``StoreUnavailable`` (``after_unavailable``) — must not apply A again."""
+    with LossyProxy(_port_of(redis_url)) as proxy:
+        a = RedisStore(proxy.url, StoreOptions(prefix=prefix, timeout=2.0))
+        b = RedisStore(redis_url, StoreOptions(prefix=prefix))
+        try:
+            b.update_many(ROWS, bump_both)  # consec 1 (and the script is in the server's cache)
+            overwritten = []
+            proxy.lose_reply_to(WRITE_SHA, then=lambda: overwritten.append(b.update_many(ROWS, bump_both)),
+                                refuse=1 if resend == "after_unavailable" else 0)
+
+            def booking(states, now):
+                return bump_both(states, now)
+
+            if resend == "immediate":
+                assert a.update_many(ROWS, booking) == 1  # A's own result: it read consec 1
+            else:
+                with pytest.raises(StoreUnavailable):
+                    a.update_many(ROWS, booking)
+                assert proxy.refused == 1
+                assert a.update_many(ROWS, booking) == 1  # the retry (same function) returns A's first result
+            assert proxy.lost == 1 and overwritten == [2]  # B wrote after A's write was applied
+            state = b.get("a.example")
+            assert (state.consec, b.get("ip:192.0.2.1").consec) == (3, 3)  # 1 + A + B: A applied once
+            # Negative control: another update (another function) is applied, through the same proxy.
+            assert a.update_many(ROWS, bump_both) == 3
+            assert b.get("a.example").consec == 4
+        finally:
+            a.close()
+            b.close()
+
+
+def test_a_retry_that_writes_nothing_still_fences_off_the_lost_write(store):
+    """The retry of an update whose write was lost claims its record even when it writes nothing, so the
+    write, if it arrives late (still in flight), is not applied after the retry returned."""
+    store.update("a.example", bump)
+
+    class InFlight:  # the write does not reach the server now: it is kept, to arrive later
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, *args, **kwargs):
+            self.calls.append((args, kwargs))
+            raise redis.ConnectionError("Connection lost (simulated) before the write reached the server")
+
+    real, late = store._write, InFlight()
+    store._write = late
+    calls = []
+
+    def maybe(old, now):
+        calls.append(old.consec)
+        return (bump(old, now)[0] if len(calls) == 1 else None), len(calls)
+
+    with pytest.raises(StoreUnavailable):
+        store.update("a.example", maybe)
+    store._write = real
+    assert store.update("a.example", maybe) == 2  # the retry: nothing to write, the record claimed
+    args, kwargs = late.calls[0]
+    assert isinstance(real(*args, **kwargs), bytes)  # the late write finds the record ...
+    assert store.get("a.example").consec == 1  # ... and applies nothing
+    # Negative control: a late write of an update nobody claimed is applied.
+    store.update("b.example", bump)
+    store._write = late = InFlight()
+    with pytest.raises(StoreUnavailable):
+        store.update("b.example", bump)
+    store._write = real
+    args, kwargs = late.calls[0]
+    assert real(*args, **kwargs) > 0
+    assert store.get("b.example").consec == 2
 
 
 def test_an_update_whose_write_never_reached_the_server_is_applied_by_its_retry(store):

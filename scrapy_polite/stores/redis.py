@@ -25,7 +25,8 @@ writes nothing still claims the id, so a write of it still in flight can no long
 
 **Contention.** An update is a sequence of steps (:meth:`RedisStore.update_steps`): each is one read and/or one
 write round trip and never sleeps; after a lost race it returns :class:`~scrapy_polite.stores.base.Again`
-with the moment to wait (none after the first loss, then a random moment up to 0.2 ms, doubling up to 20 ms).
+with the moment to wait (none after the first loss: the next step writes on the rows the lost race returned;
+then a random moment up to 0.2 ms, doubling up to 20 ms, after which the step reads the rows again).
 :class:`~scrapy_polite.stores.AsyncStore` waits on the reactor's clock, so a hot row never holds a store
 thread while it waits: it delays the bookings of its own host and addresses only. After
 :data:`MAX_ATTEMPTS` lost races or :data:`MAX_BUSY_SECONDS` of them the update raises
@@ -666,7 +667,8 @@ class _Update(Generic[T]):
     def _step(self) -> T | Again:
         store, keys = self._store, self._keys
         if self._rows is None:
-            rows, self._now, found = store._read(keys, self._record if self._check else None)
+            check = self._check or bool(self._pending.results)  # an earlier attempt may have been applied
+            rows, self._now, found = store._read(keys, self._record if check else None)
             if found is not None:
                 return self._applied(found)
             self._rows = rows
@@ -697,10 +699,12 @@ class _Update(Generic[T]):
             raise self._busy()
         if self._lost < 2:
             return Again(0.0)
-        # Lost twice in a row: step aside a random moment, so that writers of one row stop colliding.
+        # Lost twice in a row: step aside a random moment, so that writers of one row stop colliding, then
+        # read the rows again (those of the reply are stale by then: writing on them would surely lose).
         self._busy_until = self._busy_until or time.monotonic() + MAX_BUSY_SECONDS
         if time.monotonic() > self._busy_until:
             raise self._busy()
+        self._rows = None
         return Again(random.uniform(0.0, min(0.02, 0.0001 * 2 ** (self._lost - 1))))
 
     def _busy(self) -> StoreBusy:
