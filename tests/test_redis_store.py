@@ -3,9 +3,10 @@ outage guard (scrapy_polite.outage) on a fake clock.
 
 The protocol every backend shares runs on Redis in tests/test_store_protocol.py (the ``redis`` entry of
 tests/support/stores.py). Here: what only a server store has — the server's clock, optimistic writes that
-retry on a lost race and never apply twice, key layout, expiry and prefix, the errors at start and mid-call,
-eight processes updating the same rows — then the guard that waits through an outage, and ``scrapy polite``
-on a ``redis://`` table.
+retry on a lost race and never apply twice (a reply lost by a proxy while another writer overwrites the
+rows), key layout, expiry and prefix, the errors at start and mid-call, eight processes updating the same
+rows, a hot row that delays only its own host's bookings — then the guard that waits through an outage, and
+``scrapy polite`` on a ``redis://`` table. The Redis Cluster: tests/test_redis_cluster.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The pace table (docs/spec.md §6): one store protocol, several backends, one registry by URI scheme.
 
 * :mod:`.base` — :class:`PaceStore` (the protocol, the event log's ``append_events`` / ``events`` included),
-  :class:`Event`, :class:`Snapshot`, :class:`StoreError`, :class:`StoreBusy`, :class:`StoreOptions`;
-* :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default;
+  :class:`Event`, :class:`Snapshot`, :class:`StoreError`, :class:`StoreBusy`, :class:`StoreOptions`, and
+  :class:`SteppedStore` / :class:`UpdateSteps` / :class:`Again` (updates run step by step, Redis's);
+* :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default; ``redis``
+  (optional) — ``redis://``, ``redis+cluster://``;
 * :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`;
 * :mod:`.asyncstore` — :class:`AsyncStore`, calls that never block the reactor.
 

@@ -1,4 +1,5 @@
-"""The pace-table backends the shared store suite (``tests/test_store_protocol.py``) runs over.
+"""The pace-table backends the shared store suite (``tests/test_store_protocol.py``) runs over: memory,
+SQLite, Redis (the session's ``redis-server``) and a Redis Cluster (the session's three nodes).
 
 :data:`BACKENDS` lists one :class:`Backend` per store; every test of the suite runs once per entry. To
 add a backend (Redis), add one entry to that list, in this module (the fixtures' parameters are read
