@@ -215,3 +215,35 @@ def test_processes_sharing_a_table_on_the_cluster_lose_no_update(redis_cluster_u
     total = PROCESSES * updates
     assert counts == {**{f"h{i}.example": total // 5 for i in range(5)},
                       "ip:192.0.2.0": total // 2, "ip:192.0.2.1": total // 2}
+
+
+def test_a_stopped_cluster_is_unavailable_then_back():
+    """The whole cluster down mid-crawl is an outage to wait out (StoreUnavailable, not a fatal error), and the
+    same store works again once its nodes are back (the client relearns the slots; a node that lost its
+    scripts gets them again)."""
+    from tests.support.redis_cluster import LocalCluster
+
+    with LocalCluster() as local:
+        s = open_store(local.url, StoreOptions(prefix="t:", timeout=1.0))
+        try:
+            s.update("a.example", bump)
+            local.stop()
+            for _ in range(2):
+                with pytest.raises(StoreUnavailable, match="Fix:"):
+                    s.update("a.example", bump)
+                with pytest.raises(StoreUnavailable):
+                    s.read(["a.example"])
+            local.restart()  # the nodes keep their slots; their data was not persisted
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    s.update("a.example", bump)
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "the store never came back"
+                    time.sleep(0.2)
+            assert s.get("a.example").consec == 1
+            s.update("a.example", bump)
+            assert s.get("a.example").consec == 2
+        finally:
+            s.close()

@@ -289,6 +289,23 @@ def _cluster_nodes(uri: str) -> tuple[str, list[tuple[str, int]]]:
     return urlunsplit((CLUSTER_SCHEMES[parts.scheme.lower()], netloc, "", parts.query, "")), nodes[1:]
 
 
+class _Script:
+    """A Lua script run by ``EVALSHA``, or by ``EVAL`` (its text) when the node does not know it: a node
+    restarted, or a cluster client whose view of the nodes is partial after an outage (redis-py 5 then loads
+    the script on the nodes it knows, not always on the slot's)."""
+
+    def __init__(self, client: Any, text: str) -> None:
+        self._client = client
+        self.script = client.register_script(text)
+        self.text = text
+
+    def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return self.script(keys=keys, args=args)
+        except redis_errors.NoScriptError:
+            return self._client.eval(self.text, len(keys), *keys, *args)
+
+
 def _node(host: str, port: int) -> ClusterNode:
     return ClusterNode(host, port)  # type: ignore[no-untyped-call]
 
@@ -370,9 +387,9 @@ class RedisStore:
             raise StoreError(f"POLITE_STORE {self.uri!r} is not a Redis URL scrapy-polite can use: {exc}. Fix: use "
                              "redis://host:port/db, rediss://host:port/db or unix:///path/to/redis.sock?db=0 for one "
                              "server, redis+cluster://host:port[,host:port...] for a Redis Cluster.") from exc
-        self._read_script = self._client.register_script(_READ)
-        self._write = self._client.register_script(_WRITE_IF_UNCHANGED)
-        self._delete_if = self._client.register_script(_DELETE_IF_UNCHANGED)
+        self._read_script = _Script(self._client, _READ)
+        self._write = _Script(self._client, _WRITE_IF_UNCHANGED)
+        self._delete_if = _Script(self._client, _DELETE_IF_UNCHANGED)
         self._lock = threading.Lock()
         #: (update function, keys) → what is known of its write whose connection was lost.
         self._ambiguous: OrderedDict[tuple[Any, tuple[str, ...]], _Pending] = OrderedDict()

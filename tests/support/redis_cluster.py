@@ -90,31 +90,15 @@ class LocalCluster:
             RuntimeError: it was not ready within ``timeout`` seconds (the nodes' logs are in the message).
         """
         deadline = time.monotonic() + timeout
-        for port in self.ports:
-            where = os.path.join(self.directory, str(port))
-            os.makedirs(where)
-            args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", where,
-                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no", "--daemonize", "no",
-                    "--logfile", os.path.join(where, "redis.log")]
-            self.processes.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                                   stdin=subprocess.DEVNULL, preexec_fn=die_with_parent))
+        self._spawn(fresh=True)
         try:
-            for port in self.ports:
-                while not ping("127.0.0.1", port):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"cluster node {port} did not start")
-                    time.sleep(0.02)
+            self._wait_up(deadline)
             create = subprocess.run([self.cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                                      "--cluster-replicas", "0", "--cluster-yes"],
                                     capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic()))
             if create.returncode != 0:
                 raise RuntimeError(f"redis-cli --cluster create failed:\n{create.stdout}\n{create.stderr}")
-            for port in self.ports:
-                while "cluster_state:ok" not in self._cli(port, "cluster", "info"):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"cluster node {port} never said cluster_state:ok")
-                    time.sleep(0.05)
+            self._wait_ok(deadline)
         except BaseException as exc:
             logs = self._logs()
             self.cleanup()
@@ -122,6 +106,41 @@ class LocalCluster:
                 raise RuntimeError(f"{exc}\n{logs}") from None
             raise
         return self
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start the stopped nodes again (each keeps its cluster configuration, ``nodes.conf``; the data is
+        not persisted) and wait until every node says ``cluster_state:ok``."""
+        self.stop()
+        deadline = time.monotonic() + timeout
+        self._spawn(fresh=False)
+        self._wait_up(deadline)
+        self._wait_ok(deadline)
+
+    def _spawn(self, fresh: bool) -> None:
+        for port in self.ports:
+            where = os.path.join(self.directory, str(port))
+            if fresh:
+                os.makedirs(where)
+            args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", where,
+                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no", "--daemonize", "no",
+                    "--logfile", os.path.join(where, "redis.log")]
+            self.processes.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                   stdin=subprocess.DEVNULL, preexec_fn=die_with_parent))
+
+    def _wait_up(self, deadline: float) -> None:
+        for port in self.ports:
+            while not ping("127.0.0.1", port):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cluster node {port} did not start")
+                time.sleep(0.02)
+
+    def _wait_ok(self, deadline: float) -> None:
+        for port in self.ports:
+            while "cluster_state:ok" not in self._cli(port, "cluster", "info"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cluster node {port} never said cluster_state:ok")
+                time.sleep(0.05)
 
     def _cli(self, port: int, *args: str) -> str:
         try:
