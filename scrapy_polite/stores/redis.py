@@ -372,8 +372,9 @@ class RedisStore:
                 self._client = client
             elif self.cluster:
                 first, others = _cluster_nodes(uri)
-                # The cluster client resends a command once after a lost connection (to the slot's new owner
-                # after a failover): safe, since every write carries its idempotence record.
+                # The cluster client resends a command after a lost connection (to the slot's new owner after a
+                # failover; once without waiting, redis-py >= 6; its default count in 5): safe, since every write
+                # carries its idempotence record.
                 self._client = RedisCluster(
                     url=first, startup_nodes=[_node(h, p) for h, p in others], retry=Retry(NoBackoff(), 1),
                     socket_timeout=wait, socket_connect_timeout=wait, client_name="scrapy-polite")
