@@ -56,7 +56,7 @@ class AsyncStore:
       ``threads`` threads. The updates of a :class:`~scrapy_polite.stores.base.SteppedStore` (Redis) run
       step by step: each step (a round trip or two) on the pool, and the wait after a lost race on the
       reactor's clock (``callLater``), so a contended row never holds a thread while it waits and delays
-      only its own updates, not the other hosts' (docs/spec.md §6, "Contention"). An update still waiting
+      only its own updates, not the other hosts' (docs/spec.md §6, "Redis: contention"). An update still waiting
       to retry when the store is closed fails with :class:`~scrapy_polite.stores.base.StoreError`.
 
     The event log (:meth:`append_events`): inline for memory. For SQLite, inline on the no-wait connection

@@ -206,7 +206,7 @@ class PaceStore(Protocol):
 
 class Again(NamedTuple):
     """What :meth:`UpdateSteps.step` returns when its update lost a race: call ``step`` again after ``delay``
-    seconds (0: at once). docs/spec.md §6, "Contention".
+    seconds (0: at once). docs/spec.md §6, "Redis: contention".
 
     Attributes:
         delay: seconds to wait before the next step (>= 0).
@@ -216,7 +216,7 @@ class Again(NamedTuple):
 
 
 class UpdateSteps(Protocol[T_co]):
-    """One update of a server store, cut into steps that never sleep (docs/spec.md §6, "Contention"): each
+    """One update of a server store, cut into steps that never sleep (docs/spec.md §6, "Redis: contention"): each
     :meth:`step` is at most one read and one write round trip. The caller waits between two steps however
     it likes — :class:`~scrapy_polite.stores.AsyncStore` on the reactor's clock, so a lost race never holds a
     store thread while it waits."""
@@ -234,7 +234,7 @@ class UpdateSteps(Protocol[T_co]):
 class SteppedStore(Protocol):
     """A store whose updates can be run step by step (:class:`UpdateSteps`), e.g. Redis's optimistic writes.
     :class:`~scrapy_polite.stores.AsyncStore` runs each step on a store thread and waits between two steps on
-    the reactor, so one contended row delays only the updates of that row (docs/spec.md §6, "Contention")."""
+    the reactor, so one contended row delays only the updates of that row (docs/spec.md §6, "Redis: contention")."""
 
     def update_steps(self, key: str, fn: UpdateFn[T]) -> UpdateSteps[T]:
         """:meth:`PaceStore.update` as steps; no I/O until the first step."""

@@ -501,7 +501,7 @@ class RedisStore:
 
     def update_steps(self, key: str, fn: UpdateFn[T]) -> UpdateSteps[T]:
         """:meth:`update` as :class:`~scrapy_polite.stores.base.UpdateSteps` that never sleep (docs/spec.md §6,
-        "Contention"); no I/O until the first step."""
+        "Redis: contention"); no I/O until the first step."""
         def many(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState], T]:
             new, result = fn(states[key], now)
             return ({key: new} if new is not None else {}), result
@@ -510,7 +510,7 @@ class RedisStore:
 
     def update_many_steps(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> UpdateSteps[T]:
         """:meth:`update_many` as :class:`~scrapy_polite.stores.base.UpdateSteps` that never sleep
-        (docs/spec.md §6, "Contention"); no I/O until the first step."""
+        (docs/spec.md §6, "Redis: contention"); no I/O until the first step."""
         return _Update(self, list(dict.fromkeys(keys)), fn, fn)
 
     def _take_pending(self, name: tuple[Any, tuple[str, ...]]) -> _Pending | None:
