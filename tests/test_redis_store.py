@@ -32,6 +32,7 @@ from scrapy_polite.outage import StoreGuard
 from scrapy_polite.policy import HostState
 from scrapy_polite.reporting import Report
 from scrapy_polite.stores import (
+    Again,
     AsyncStore,
     MemoryStore,
     StoreBusy,
@@ -268,6 +269,33 @@ def test_a_lost_race_reruns_fn_on_the_winner_row(redis_url, prefix):
         calls.clear()
         first.update("a.example", lambda old, now: (calls.append(old.consec), bump(old, now))[1])
         assert calls == [2]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_step_that_waited_after_a_lost_race_books_at_the_moment_it_runs(redis_url, prefix):
+    """After a lost race the next step writes on the rows the race returned, with the server's clock of that
+    reply moved on by the time the step waited (in the pool's queue): a booking made late must not reserve a
+    moment already past, or the next process's booking would come less than the interval after the send."""
+    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    seen = []
+
+    def racing(old, now):
+        seen.append(now)
+        if len(seen) == 1:  # another process writes the row between our read and our write
+            second.update("a.example", bump)
+        return bump(old, now)
+
+    try:
+        steps = first.update_steps("a.example", racing)
+        assert steps.step() == Again(0.0)  # lost; the next step at once (it has the current rows)
+        time.sleep(0.3)  # ... but it waits its turn on a busy pool
+        before = first.now()
+        assert steps.step() == 1
+        assert seen[1] - seen[0] >= 0.3 and seen[1] >= before  # booked when it ran, not 0.3 s before
+        assert seen[1] - before < 0.3  # negative control: moved on by the wait, not more
     finally:
         first.close()
         second.close()

@@ -667,6 +667,7 @@ class _Update(Generic[T]):
         self._names = [*map(store._key, keys), store._counter, self._record]
         self._rows: list[_Row] | None = None
         self._now = 0.0
+        self._now_at = 0.0  # time.monotonic() when the server's clock read self._now
         self._lost = 0
         self._busy_until: float | None = None
 
@@ -687,10 +688,13 @@ class _Update(Generic[T]):
         if self._rows is None:
             check = self._check or bool(self._pending.results)  # an earlier attempt may have been applied
             rows, self._now, found = store._read(keys, self._record if check else None)
+            self._now_at = time.monotonic()
             if found is not None:
                 return self._applied(found)
             self._rows = rows
-        rows, now = self._rows, self._now
+        # The server's clock as read, moved on by the time since (this process's monotonic clock): a step that
+        # waited in the pool's queue after a lost race must not book at a moment already past.
+        rows, now = self._rows, self._now + max(0.0, time.monotonic() - self._now_at)
         new, result = self._fn({key: row.state for key, row in zip(keys, rows)}, now)
         stray = set(new).difference(keys)
         if stray:
@@ -711,6 +715,7 @@ class _Update(Generic[T]):
         if not isinstance(reply, list):
             return result
         self._now = int(reply[0]) + int(reply[1]) / 1e6
+        self._now_at = time.monotonic()
         self._rows = [_row(values) for values in reply[2:]]
         self._lost += 1
         if self._lost >= MAX_ATTEMPTS:
