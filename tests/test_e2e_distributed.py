@@ -3,7 +3,7 @@
 Real ``scrapy`` processes (subprocesses with ``CrawlerProcess``) crawl the same loopback hosts through one
 real ``redis-server``, and the checks read the **server-side** arrival log:
 
-* four processes, five hosts (two of them on one address): no two requests to one host, or to one address,
+* four processes, five hosts (two of them on one address), on one Redis and on a Redis Cluster: no two requests to one host, or to one address,
   closer than the interval, across processes; a 429 with ``Retry-After`` answered to one process holds
   every process off; one process runs with its clock 30 s ahead and the spacing still holds (the table's
   clock is the server's). Negative control: the same crawl with a pace table per process (``memory://``)
@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.redis_cluster import redis_cluster_url  # noqa: F401
 from tests.support.redis_server import RedisServer, free_port, redis_url, unique_prefix  # noqa: F401
 from tests.support.server import Arrival, Reply, RequestInfo, page, scripted
 
@@ -170,9 +171,12 @@ def run_four(tmp_path: Any, arrival_server: Any, store: str, prefix: str, skew: 
     return all_arrivals(servers), results
 
 
-def test_four_processes_share_one_budget_per_host_and_address(redis_url, arrival_server, tmp_path):
+@pytest.mark.parametrize("table", ["redis", "redis_cluster"])
+def test_four_processes_share_one_budget_per_host_and_address(table, request, arrival_server, tmp_path):
+    # One Redis server, or a Redis Cluster of three nodes (redis+cluster://): the same guarantees.
+    store = request.getfixturevalue("redis_url" if table == "redis" else "redis_cluster_url")
     prefix = unique_prefix("e2e")
-    hits, results = run_four(tmp_path, arrival_server, redis_url, prefix, skew=30.0)
+    hits, results = run_four(tmp_path, arrival_server, store, prefix, skew=30.0)
     assert len({(a.host, a.path) for a in hits}) == PROCESSES * PAGES * len(HOSTS), describe(hits)  # every page
     # The skewed process really was 30 s ahead.
     assert results[-1]["clock_ahead"] > 29.0 and results[0]["clock_ahead"] < 1.0

@@ -3,13 +3,15 @@ outage guard (scrapy_polite.outage) on a fake clock.
 
 The protocol every backend shares runs on Redis in tests/test_store_protocol.py (the ``redis`` entry of
 tests/support/stores.py). Here: what only a server store has — the server's clock, optimistic writes that
-retry on a lost race and never apply twice, key layout, expiry and prefix, the errors at start and mid-call,
-eight processes updating the same rows — then the guard that waits through an outage, and ``scrapy polite``
-on a ``redis://`` table.
+retry on a lost race and never apply twice (a reply lost by a proxy while another writer overwrites the
+rows), key layout, expiry and prefix, the errors at start and mid-call, eight processes updating the same
+rows, a hot row that delays only its own host's bookings — then the guard that waits through an outage, and
+``scrapy polite`` on a ``redis://`` table. The Redis Cluster: tests/test_redis_cluster.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import subprocess
@@ -20,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import pytest_twisted
 import redis
 from redis.crc import key_slot
 from twisted.internet import defer
@@ -29,6 +32,8 @@ from scrapy_polite.outage import StoreGuard
 from scrapy_polite.policy import HostState
 from scrapy_polite.reporting import Report
 from scrapy_polite.stores import (
+    Again,
+    AsyncStore,
     MemoryStore,
     StoreBusy,
     StoreClosed,
@@ -40,6 +45,7 @@ from scrapy_polite.stores import (
 )
 from scrapy_polite.stores import redis as redis_module
 from scrapy_polite.stores.redis import RedisStore, redact_uri
+from tests.support.redis_proxy import LossyProxy
 from tests.support.redis_server import RedisServer, free_port, redis_url, unique_prefix  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,6 +275,33 @@ def test_a_lost_race_reruns_fn_on_the_winner_row(redis_url, prefix):
         second.close()
 
 
+def test_a_step_that_waited_after_a_lost_race_books_at_the_moment_it_runs(redis_url, prefix):
+    """After a lost race the next step writes on the rows the race returned, with the server's clock of that
+    reply moved on by the time the step waited (in the pool's queue): a booking made late must not reserve a
+    moment already past, or the next process's booking would come less than the interval after the send."""
+    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    seen = []
+
+    def racing(old, now):
+        seen.append(now)
+        if len(seen) == 1:  # another process writes the row between our read and our write
+            second.update("a.example", bump)
+        return bump(old, now)
+
+    try:
+        steps = first.update_steps("a.example", racing)
+        assert steps.step() == Again(0.0)  # lost; the next step at once (it has the current rows)
+        time.sleep(0.3)  # ... but it waits its turn on a busy pool
+        before = first.now()
+        assert steps.step() == 1
+        assert seen[1] - seen[0] >= 0.3 and seen[1] >= before  # booked when it ran, not 0.3 s before
+        assert seen[1] - before < 0.3  # negative control: moved on by the wait, not more
+    finally:
+        first.close()
+        second.close()
+
+
 def test_every_row_read_is_checked_not_only_the_ones_written(redis_url, prefix):
     first = RedisStore(redis_url, StoreOptions(prefix=prefix))
     second = RedisStore(redis_url, StoreOptions(prefix=prefix))
@@ -347,6 +380,99 @@ def test_the_retry_of_an_update_that_raised_unavailable_is_not_applied_twice(sto
     assert store.get("a.example").consec == 3
 
 
+def _port_of(url):
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).port
+
+
+def bump_both(states, now):
+    """A booking's shape: the host's and the address's rows in one update; the result is the host's old count."""
+    host, ip = sorted(states)
+    old = states[host] or HostState()
+    return ({host: replace(old, consec=old.consec + 1, updated=now),
+             ip: replace(states[ip] or HostState(), consec=(states[ip] or HostState()).consec + 1, updated=now)},
+            old.consec)
+
+
+WRITE_SHA = hashlib.sha1(redis_module._WRITE_IF_UNCHANGED.encode()).hexdigest().encode()
+ROWS = ["a.example", "ip:192.0.2.1"]
+
+
+@pytest.mark.parametrize("resend", ["immediate", "after_unavailable"])
+def test_a_lost_reply_is_not_applied_twice_though_another_writer_overwrote_the_rows(redis_url, prefix, resend):
+    """Writer A's write is applied, its reply is lost (a proxy drops it and closes the connection), and
+    writer B overwrites both rows before A resends: the resend — at once (``immediate``), or the crawl's
+    retry of the same update after ``StoreUnavailable`` (``after_unavailable``) — must not apply A again."""
+    with LossyProxy(_port_of(redis_url)) as proxy:
+        a = RedisStore(proxy.url, StoreOptions(prefix=prefix, timeout=2.0))
+        b = RedisStore(redis_url, StoreOptions(prefix=prefix))
+        try:
+            b.update_many(ROWS, bump_both)  # consec 1 (and the script is in the server's cache)
+            overwritten = []
+            proxy.lose_reply_to(WRITE_SHA, then=lambda: overwritten.append(b.update_many(ROWS, bump_both)),
+                                refuse=1 if resend == "after_unavailable" else 0)
+
+            def booking(states, now):
+                return bump_both(states, now)
+
+            if resend == "immediate":
+                assert a.update_many(ROWS, booking) == 1  # A's own result: it read consec 1
+            else:
+                with pytest.raises(StoreUnavailable):
+                    a.update_many(ROWS, booking)
+                assert proxy.refused == 1
+                assert a.update_many(ROWS, booking) == 1  # the retry (same function) returns A's first result
+            assert proxy.lost == 1 and overwritten == [2]  # B wrote after A's write was applied
+            state = b.get("a.example")
+            assert (state.consec, b.get("ip:192.0.2.1").consec) == (3, 3)  # 1 + A + B: A applied once
+            # Negative control: another update (another function) is applied, through the same proxy.
+            assert a.update_many(ROWS, bump_both) == 3
+            assert b.get("a.example").consec == 4
+        finally:
+            a.close()
+            b.close()
+
+
+def test_a_retry_that_writes_nothing_still_fences_off_the_lost_write(store):
+    """The retry of an update whose write was lost claims its record even when it writes nothing, so the
+    write, if it arrives late (still in flight), is not applied after the retry returned."""
+    store.update("a.example", bump)
+
+    class InFlight:  # the write does not reach the server now: it is kept, to arrive later
+        def __init__(self):
+            self.calls = []
+
+        def __call__(self, *args, **kwargs):
+            self.calls.append((args, kwargs))
+            raise redis.ConnectionError("Connection lost (simulated) before the write reached the server")
+
+    real, late = store._write, InFlight()
+    store._write = late
+    calls = []
+
+    def maybe(old, now):
+        calls.append(old.consec)
+        return (bump(old, now)[0] if len(calls) == 1 else None), len(calls)
+
+    with pytest.raises(StoreUnavailable):
+        store.update("a.example", maybe)
+    store._write = real
+    assert store.update("a.example", maybe) == 2  # the retry: nothing to write, the record claimed
+    args, kwargs = late.calls[0]
+    assert isinstance(real(*args, **kwargs), bytes)  # the late write finds the record ...
+    assert store.get("a.example").consec == 1  # ... and applies nothing
+    # Negative control: a late write of an update nobody claimed is applied.
+    store.update("b.example", bump)
+    store._write = late = InFlight()
+    with pytest.raises(StoreUnavailable):
+        store.update("b.example", bump)
+    store._write = real
+    args, kwargs = late.calls[0]
+    assert real(*args, **kwargs) > 0
+    assert store.get("b.example").consec == 2
+
+
 def test_an_update_whose_write_never_reached_the_server_is_applied_by_its_retry(store):
     class Unsent:
         def __call__(self, *args, **kwargs):
@@ -375,8 +501,14 @@ def test_keys_share_one_hash_slot_and_expire_after_next_allowed(store, raw, pref
     put(store, "a.example", HostState(next_allowed=now + 100, updated=now))
     put(store, "ip:192.0.2.1", HostState(next_allowed=now + 1, updated=now))
     names = sorted(n.decode() for n in raw.scan_iter(match=prefix + "*"))
-    assert names == [f"{prefix}{{pace}}", f"{prefix}{{pace}}:a.example", f"{prefix}{{pace}}:ip:192.0.2.1"]
+    records = [n for n in names if n.startswith(f"{prefix}{{pace}}#done:")]
+    assert len(records) == 2  # one idempotence record per update
+    assert sorted(set(names) - set(records)) == [f"{prefix}{{pace}}", f"{prefix}{{pace}}:a.example",
+                                                 f"{prefix}{{pace}}:ip:192.0.2.1"]
     assert len({key_slot(n.encode()) for n in names}) == 1  # one hash slot: works on a Redis Cluster
+    for record in records:  # kept POLITE_STORE_TIMEOUT + DONE_MARGIN seconds
+        assert store.done_ttl - 5 < raw.pttl(record) / 1000 <= store.done_ttl
+    assert store.done_ttl == StoreOptions().timeout + redis_module.DONE_MARGIN
     expire = store.expire_after
     host_at = raw.pexpiretime(f"{prefix}{{pace}}:a.example") / 1000
     ip_at = raw.pexpiretime(f"{prefix}{{pace}}:ip:192.0.2.1") / 1000
@@ -524,6 +656,134 @@ def test_eight_processes_lose_no_update(redis_url, prefix, tmp_path):
     total = PROCESSES * UPDATES
     assert counts == {**{f"h{i}.example": total // 5 for i in range(5)},
                       "ip:192.0.2.0": total // 2, "ip:192.0.2.1": total // 2}
+
+
+# --------------------------------------------------------------------------------------------------
+# A hot row delays only its own host's bookings
+
+HOT_WRITER = textwrap.dedent("""
+    import os, sys, time
+    from dataclasses import replace
+    sys.path.insert(0, {root!r})
+    from scrapy_polite.policy import HostState
+    from scrapy_polite.stores import StoreOptions
+    from scrapy_polite.stores.redis import RedisStore
+
+    url, prefix, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+    store = RedisStore(url, StoreOptions(prefix=prefix))
+    keys = ["hot.example", "ip:192.0.2.9"]
+
+    def bump(states, now):
+        return {{k: replace(states[k] or HostState(), consec=(states[k] or HostState()).consec + 1) for k in keys}}, None
+
+    done = 0
+    while not os.path.exists(stop):
+        store.update_many(keys, bump)
+        done += 1
+        time.sleep(0.002)  # writers of a crawl, not a CPU burner: the 2 cores stay for the measurement
+    store.close()
+    print(done)
+""")
+
+#: Races each of the crawl's bookings of the hot host is made to lose (a rival bumps the row's version
+#: between its read and its write), on top of the 8 writers' contention.
+HOT_LOSSES = 40
+
+#: Bumps a row's version from the table's counter, as any write does, without changing its state.
+TOUCH = "local v = redis.call('INCR', KEYS[2]); redis.call('HSET', KEYS[1], 'v', v); return v"
+
+
+def _percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_hot_row_delays_only_its_own_bookings(redis_url, prefix, raw, tmp_path):
+    """One host contended by 8 writer processes, and the crawl's own bookings of it losing race after race:
+    meanwhile the crawl's bookings of another host keep their latency (measured here: each from the call
+    to its result, on the reactor). Under the old design (a lost race retried by sleeping on the store
+    thread) the hot bookings held both store threads and every other booking waited behind them."""
+    from twisted.internet import reactor
+
+    store = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    astore = AsyncStore(store, threads=store.threads)  # as the pacer builds it
+    touch = raw.register_script(TOUCH)
+    hot_keys, cold_keys = ["hot.example", "ip:192.0.2.9"], ["cold.example", "ip:198.51.100.7"]
+    writers = []
+    stop = tmp_path / "stop"
+    try:
+        async def cold_latencies(count):
+            out = []
+            for _ in range(count):
+                started = time.monotonic()
+                await astore.update_many(cold_keys, bump_both)
+                out.append(time.monotonic() - started)
+                await deferLater(reactor, 0.005, lambda: None)
+            return out
+
+        baseline = await cold_latencies(30)
+
+        script = tmp_path / "writer.py"
+        script.write_text(HOT_WRITER.format(root=ROOT))
+        writers = [subprocess.Popen([sys.executable, str(script), redis_url, prefix, str(stop)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(8)]
+        deadline = time.monotonic() + 60
+        while (store.get("hot.example") or HostState()).consec < 200:  # every writer started, or most
+            assert time.monotonic() < deadline, "the writers never wrote"
+            await deferLater(reactor, 0.05, lambda: None)
+
+        losses = {}
+
+        def hot_booking(n):
+            def fn(states, now):
+                losses[n] = losses.get(n, 0) + 1
+                if losses[n] <= HOT_LOSSES:  # another writer wins the race before our write
+                    touch(keys=[store._key("hot.example"), f"{prefix}{{pace}}"])
+                return bump_both(states, now)
+            return fn
+
+        hot_started = time.monotonic()
+        hot_latencies = []
+
+        async def one_hot(n):
+            await astore.update_many(hot_keys, hot_booking(n))
+            hot_latencies.append(time.monotonic() - hot_started)
+
+        hot = [defer.ensureDeferred(one_hot(n)) for n in range(4)]
+        contended = []
+        while not all(d.called for d in hot) or len(contended) < 30:
+            contended += await cold_latencies(1)
+        await defer.gatherResults(hot)
+    finally:
+        stop.write_text("stop")
+        written = []
+        for w in writers:
+            out, err = w.communicate(timeout=120)
+            assert w.returncode == 0, err.decode(errors="replace")
+            written.append(int(out.split()[-1]))
+        await astore.close_async()
+
+    hot_median = _percentile(hot_latencies, 0.5)
+    print(f"cold booking latency ms: baseline p50 {_percentile(baseline, 0.5) * 1e3:.2f} "
+          f"p90 {_percentile(baseline, 0.9) * 1e3:.2f}; contended p50 {_percentile(contended, 0.5) * 1e3:.2f} "
+          f"p90 {_percentile(contended, 0.9) * 1e3:.2f} max {max(contended) * 1e3:.2f} ({len(contended)} bookings); "
+          f"hot bookings done after {sorted(round(h * 1e3) for h in hot_latencies)} ms; writers {sum(written)} writes")
+    # The contention was real: every hot booking lost its races and took long (a negative control of the
+    # measurement: no contention, no test).
+    assert all(count > HOT_LOSSES for count in losses.values()) and len(losses) == 4
+    assert hot_median > 0.1
+    # The other host's bookings kept their latency: a small fraction of the hot ones' (generous bounds). The
+    # longest counts: a booking stuck behind the hot ones is one slow booking among many quick ones.
+    assert _percentile(contended, 0.5) < hot_median / 10
+    assert max(contended) < hot_median / 4
+    # Nothing was lost or applied twice: the writers' updates and the four hot bookings, all counted.
+    check = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    try:
+        assert check.get("hot.example").consec == sum(written) + 4
+        assert check.get("ip:192.0.2.9").consec == sum(written) + 4
+    finally:
+        check.close()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,17 +1,19 @@
 """The store protocol (docs/spec.md §6, scrapy_polite.stores.base.PaceStore), one shared suite run over every
-backend of :data:`tests.support.stores.BACKENDS` (memory, SQLite; Redis by adding one entry there).
+backend of :data:`tests.support.stores.BACKENDS` (memory, SQLite, Redis, a Redis Cluster).
 
 What every backend must do: rows read and written whole (no lossy column); ``update`` / ``update_many``
 apply ``fn(states, now)`` atomically with **the store's now**, write only keys they read, and change
 nothing when ``fn`` raises; ``delete``, ``items`` sorted by key, ``expire``; a plausible ``now()``; and
 the :class:`~scrapy_polite.stores.AsyncStore` adapter over it (Deferreds; fired at once when inline).
-Then what only persistent backends have (reopen), and SQLite's contended path of the adapter.
+Then what only persistent backends have (reopen), a stepped store's updates waiting between their steps
+on the reactor (not on a thread), and SQLite's contended path of the adapter.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from dataclasses import fields, replace
 
@@ -21,7 +23,16 @@ from twisted.internet import defer
 from twisted.internet.task import deferLater
 
 from scrapy_polite.policy import HostState
-from scrapy_polite.stores import AsyncStore, MemoryStore, Snapshot, SQLiteStore, StoreClosed
+from scrapy_polite.stores import (
+    Again,
+    AsyncStore,
+    MemoryStore,
+    Snapshot,
+    SQLiteStore,
+    SteppedStore,
+    StoreClosed,
+    StoreError,
+)
 from tests.support.stores import (  # noqa: F401  (fixtures)
     T0,
     StoreUnderTest,
@@ -354,6 +365,77 @@ def test_async_store_over_memory_is_inline():
     assert d.called and d.result == T0  # no thread, no reactor turn
     assert store.get("a.example") == FULL
     astore.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# A stepped store (Redis): the waits between an update's steps are on the reactor, not on a thread
+
+
+class SteppedMemory:
+    """A store of rows in memory (a MemoryStore within) whose updates run as steps, as a server store's: each
+    update asks to wait ``delays`` (seconds) in turn, then applies. Records the thread of every step."""
+
+    uri = "stepped-memory://"
+
+    def __init__(self, delays):
+        self.rows = MemoryStore(clock=lambda: T0)
+        self.delays = list(delays)
+        self.step_threads = []
+
+    def get(self, key):
+        return self.rows.get(key)
+
+    def update(self, key, fn):
+        return self.rows.update(key, fn)
+
+    def close(self):
+        self.rows.close()
+
+    def update_steps(self, key, fn):
+        store, waits = self, list(self.delays)
+
+        class Steps:
+            def step(self):
+                store.step_threads.append(threading.current_thread().name)
+                if waits:
+                    return Again(waits.pop(0))
+                return store.update(key, fn)
+
+        return Steps()
+
+    def update_many_steps(self, keys, fn):
+        raise NotImplementedError
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stepped_update_waits_between_its_steps_on_the_reactor_not_on_a_thread():
+    from twisted.internet import reactor
+
+    store = SteppedMemory([0.0, 0.05])
+    astore = AsyncStore(store, threads=1)
+    try:
+        assert isinstance(store, SteppedStore)
+        assert await astore.update("a.example", lambda old, now: (FULL, "done")) == "done"
+        assert len(store.step_threads) == 3 and all("scrapy-polite-store" in t for t in store.step_threads)
+        # An update waiting 30 s for its next step holds no thread: with one thread, another call completes.
+        store.delays = [30.0]
+        waiting = astore.update("b.example", lambda old, now: (OTHER, "late"))
+        for _ in range(200):
+            if len(store.step_threads) == 4:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        started = time.monotonic()
+        assert await astore.get("a.example") == FULL
+        assert time.monotonic() - started < 5.0 and not waiting.called
+        timers = [c for c in reactor.getDelayedCalls() if c.getTime() > reactor.seconds() + 20]
+        assert len(timers) == 1  # the update's next step, on the reactor's clock
+    finally:
+        await astore.close_async()
+    # Closing stops the wait: its timer is cancelled and the update fails as closed (nothing left running).
+    assert not timers[0].active()
+    with pytest.raises(StoreError, match="closed"):
+        await waiting
+    assert store.get("b.example") is None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 * :mod:`.base` — :class:`PaceStore` (the protocol, the event log's ``append_events`` / ``events`` included),
   :class:`Event`, :class:`Snapshot`, :class:`StoreError`, :class:`StoreBusy`, :class:`StoreClosed`,
-  :class:`StoreOptions`;
-* :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default;
+  :class:`StoreOptions`, and :class:`SteppedStore` / :class:`UpdateSteps` / :class:`Again` (updates run step
+  by step, Redis's);
+* :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default; ``redis``
+  (optional) — ``redis://``, ``redis+cluster://``;
 * :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`;
 * :mod:`.asyncstore` — :class:`AsyncStore`, calls that never block the reactor.
 
@@ -17,22 +19,26 @@ from .asyncstore import AsyncStore
 from .base import (
     DEFAULT_EVENTS_MAX,
     EVENT_KINDS,
+    Again,
     Event,
     ManyUpdateFn,
     PaceStore,
     Snapshot,
+    SteppedStore,
     StoreBusy,
     StoreClosed,
     StoreError,
     StoreOptions,
     StoreUnavailable,
     UpdateFn,
+    UpdateSteps,
 )
 from .memory import MemoryStore
 from .registry import open_store, register_store, registered_schemes, sqlite_path
 from .sqlite import SCHEMA_VERSION, SQLiteStore
 
 __all__ = [
+    "Again",
     "AsyncStore",
     "DEFAULT_EVENTS_MAX",
     "EVENT_KINDS",
@@ -47,8 +53,10 @@ __all__ = [
     "StoreClosed",
     "StoreError",
     "StoreOptions",
+    "SteppedStore",
     "StoreUnavailable",
     "UpdateFn",
+    "UpdateSteps",
     "open_store",
     "register_store",
     "registered_schemes",

@@ -12,7 +12,19 @@ from twisted.python.threadpool import ThreadPool
 
 from ..policy import HostState
 from ..reactor import installed_reactor
-from .base import Event, ManyUpdateFn, PaceStore, Snapshot, StoreBusy, StoreClosed, StoreError, UpdateFn
+from .base import (
+    Again,
+    Event,
+    ManyUpdateFn,
+    PaceStore,
+    Snapshot,
+    SteppedStore,
+    StoreBusy,
+    StoreClosed,
+    StoreError,
+    UpdateFn,
+    UpdateSteps,
+)
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
@@ -42,7 +54,11 @@ class AsyncStore:
       few pages, rewritten) is checkpointed about every 8000 writes; a table of 100,000 hosts, whose
       writes touch pages all over the file, about every 1500 (``bench/booking.py``).
     * any other backend (a network server): every call runs on the store's thread pool of
-      ``threads`` threads.
+      ``threads`` threads. The updates of a :class:`~scrapy_polite.stores.base.SteppedStore` (Redis) run
+      step by step: each step (a round trip or two) on the pool, and the wait after a lost race on the
+      reactor's clock (``callLater``), so a contended row never holds a thread while it waits and delays
+      only its own updates, not the other hosts' (docs/spec.md §6, "Redis: contention"). An update still waiting
+      to retry when the store is closed fails with :class:`~scrapy_polite.stores.base.StoreError`.
 
     The threads are started when first needed (a crawl refused at its start never starts one, so none can
     keep the process alive) and stopped by :meth:`close` / :meth:`close_async`. From the close on, every
@@ -100,11 +116,16 @@ class AsyncStore:
         self._events_on_thread = 0  # batches on the event log's thread: later ones follow them there, in order
         self._events_pool: ThreadPool | None = None
         self._events_store: SQLiteStore | None = None
+        #: Updates of a stepped store waiting on the reactor's clock for their next step: timer → result.
+        self._retrying: dict[Any, defer.Deferred[Any]] = {}
+        self._stepped: SteppedStore | None = None
         if isinstance(store, MemoryStore):
             self._inline = store
             return
         if isinstance(store, SQLiteStore):
             self._inline = store.nowait()
+        elif isinstance(store, SteppedStore):
+            self._stepped = store
 
     def _start_pool(self) -> ThreadPool:
         """The store's thread pool, started on first use (never after the close)."""
@@ -135,7 +156,49 @@ class AsyncStore:
                 if name in ("update", "update_many") and self._inline is not self.store:
                     self._wrote()
                 return defer.succeed(result)
+        if self._stepped is not None and name in ("update", "update_many"):
+            return self._steps(name, args)
         return self._threaded(name, *args)
+
+    def _steps(self, name: str, args: tuple[Any, ...]) -> defer.Deferred[Any]:
+        """An update of a stepped store: its steps on the pool, the waits between them on the reactor."""
+        if self._closed or self._stepped is None:
+            return defer.fail(self._closed_error())
+        try:
+            if name == "update":
+                steps: UpdateSteps[Any] = self._stepped.update_steps(*args)
+            else:
+                steps = self._stepped.update_many_steps(*args)
+        except Exception:
+            return defer.fail()
+        result_d: defer.Deferred[Any] = defer.Deferred()
+        self._step(steps, result_d)
+        return result_d
+
+    def _step(self, steps: UpdateSteps[Any], result_d: defer.Deferred[Any]) -> None:
+        if self._closed:  # closed while the update waited for its next step
+            result_d.errback(self._closed_error())
+            return
+        d: defer.Deferred[Any] = threads.deferToThreadPool(self._reactor, self._start_pool(), steps.step)
+        d.addCallbacks(self._stepped_once, result_d.errback, callbackArgs=(steps, result_d))
+
+    def _stepped_once(self, out: Any, steps: UpdateSteps[Any], result_d: defer.Deferred[Any]) -> None:
+        """A step is done: the update's result, or its next step now (behind the calls already queued) or
+        after the delay it asked for (on the reactor's clock: no thread waits)."""
+        if not isinstance(out, Again):
+            result_d.callback(out)
+            return
+        if out.delay <= 0:
+            self._step(steps, result_d)
+            return
+        timer: Any = None
+
+        def due() -> None:
+            self._retrying.pop(timer, None)
+            self._step(steps, result_d)
+
+        timer = self._reactor.callLater(out.delay, due)
+        self._retrying[timer] = result_d
 
     def _wrote(self) -> None:
         """One inline write landed in the WAL. Until the first checkpoint, every 250 writes the WAL file's
@@ -373,6 +436,11 @@ class AsyncStore:
         self._closed = True
         parts = (self._pool, self._events_pool)
         self._pool = self._events_pool = None
+        retrying, self._retrying = self._retrying, {}
+        for timer, result_d in retrying.items():  # updates waiting to retry a lost race: stopped, failed
+            if timer.active():
+                timer.cancel()
+            result_d.errback(self._closed_error())
         return parts
 
     def _close_parts(self, pool: ThreadPool | None, events_pool: ThreadPool | None) -> None:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from ..policy import HostState
 
 __all__ = [
+    "Again",
     "EVENT_KINDS",
     "DEFAULT_EVENTS_MAX",
     "Event",
@@ -33,11 +34,14 @@ __all__ = [
     "StoreBusy",
     "StoreOptions",
     "StoreUnavailable",
+    "SteppedStore",
     "UpdateFn",
+    "UpdateSteps",
     "ManyUpdateFn",
 ]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 #: An update function: ``(state or None, now)`` in, ``(new state or None to leave the row untouched, a
 #: result for the caller)`` out. It must be pure: a backend may call it more than once (a retried
@@ -205,4 +209,45 @@ class PaceStore(Protocol):
 
     def close(self) -> None:
         """Release the backend."""
+        ...
+
+
+class Again(NamedTuple):
+    """What :meth:`UpdateSteps.step` returns when its update lost a race: call ``step`` again after ``delay``
+    seconds (0: at once). docs/spec.md §6, "Redis: contention".
+
+    Attributes:
+        delay: seconds to wait before the next step (>= 0).
+    """
+
+    delay: float
+
+
+class UpdateSteps(Protocol[T_co]):
+    """One update of a server store, cut into steps that never sleep (docs/spec.md §6, "Redis: contention"): each
+    :meth:`step` is at most one read and one write round trip. The caller waits between two steps however
+    it likes — :class:`~scrapy_polite.stores.AsyncStore` on the reactor's clock, so a lost race never holds a
+    store thread while it waits."""
+
+    def step(self) -> T_co | Again:
+        """Try the update once more: its result (the update is done), or :class:`Again` (it lost a race).
+
+        Raises:
+            StoreError: as :meth:`PaceStore.update`; :class:`StoreBusy` once the update lost too many races.
+        """
+        ...
+
+
+@runtime_checkable
+class SteppedStore(Protocol):
+    """A store whose updates can be run step by step (:class:`UpdateSteps`), e.g. Redis's optimistic writes.
+    :class:`~scrapy_polite.stores.AsyncStore` runs each step on a store thread and waits between two steps on
+    the reactor, so one contended row delays only the updates of that row (docs/spec.md §6, "Redis: contention")."""
+
+    def update_steps(self, key: str, fn: UpdateFn[T]) -> UpdateSteps[T]:
+        """:meth:`PaceStore.update` as steps; no I/O until the first step."""
+        ...
+
+    def update_many_steps(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> UpdateSteps[T]:
+        """:meth:`PaceStore.update_many` as steps; no I/O until the first step."""
         ...

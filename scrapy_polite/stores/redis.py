@@ -1,31 +1,48 @@
-"""``redis://host:port/db`` (also ``rediss://`` and ``unix://``): one pace table shared by every process
+"""``redis://host:port/db`` (also ``rediss://`` and ``unix://``), or a Redis Cluster
+(``redis+cluster://host:port[,host:port…]``, ``rediss+cluster://…``): one pace table shared by every process
 on every machine that points ``POLITE_STORE`` at the same Redis (docs/spec.md §6).
 
 Needs the ``redis`` client (``pip install scrapy-polite[redis]``; it uses ``hiredis`` when installed).
 
 **One policy, optimistic writes.** The pacing rules stay in Python (:mod:`scrapy_polite.policy`); Redis
-only stores rows and checks versions. Every row is a hash carrying a version. A read is one pipelined
-round trip, ``TIME`` + ``HMGET``… (inside ``MULTI``/``EXEC`` for a snapshot of several rows); a write is
-one small generic Lua script that writes the new rows only if **every row read** still has the version
-read (absent = 0), else returns the current rows and the clock, on which the update function is applied
-again (a bounded number of times, then
-:class:`~scrapy_polite.stores.base.StoreBusy`). So an uncontended booking is two round trips, and a
-contended one costs one more per lost race. ``WATCH``/``MULTI`` would need a connection held per
-transaction and a third round trip (``WATCH``, read, ``MULTI…EXEC``), and a lost race starts over
-with a new read; the script returns what the retry needs.
+only stores rows and checks versions. Every row is a hash carrying a version. A read is one small script
+(``TIME`` + ``HMGET``…, atomic, so several rows are one snapshot, and routed to the node of the table's slot
+on a cluster); a write is one small generic Lua script that writes the new rows only if **every row read**
+still has the version read (absent = 0), else returns the current rows and the clock, on which the update
+function is applied again. So an uncontended booking is two round trips, and a contended one costs one
+more per lost race. ``WATCH``/``MULTI`` would need a connection held per transaction and a third round trip
+(``WATCH``, read, ``MULTI…EXEC``), and a lost race starts over with a new read; the script returns what the
+retry needs.
 
-Versions come from one counter per table, so a row deleted and written again never reuses a version
-(no ABA). Every write also leaves a random token in the rows it writes: when the connection is lost
-after a write was sent, the retry of the same update finds its token and returns the first result
-instead of applying the update twice.
+**Exactly once.** Every update has a random id; the write that applies it also sets the key
+``<prefix>{pace}#done:<id>`` (to the number of the attempt that was applied), with a TTL of
+``POLITE_STORE_TIMEOUT`` + :data:`DONE_MARGIN` seconds, in the same script. Each write first looks for that key
+and applies nothing when it is there: so the resend of a write whose reply was lost (by this module, by a
+cluster client, or by the crawl's retry after :class:`~scrapy_polite.stores.base.StoreUnavailable`, which
+uses the same update function and so the same id) returns the first result instead of applying the update
+again — whatever other writers did to the rows meanwhile, since the record is not in the rows. A retry that
+writes nothing still claims the id, so a write of it still in flight can no longer be applied.
+
+**Contention.** An update is a sequence of steps (:meth:`RedisStore.update_steps`): each is one read and/or one
+write round trip and never sleeps; after a lost race it returns :class:`~scrapy_polite.stores.base.Again`
+with the moment to wait (none after the first loss: the next step writes on the rows the lost race returned;
+then a random moment up to 0.2 ms, doubling up to 20 ms, after which the step reads the rows again).
+:class:`~scrapy_polite.stores.AsyncStore` waits on the reactor's clock, so a hot row never holds a store
+thread while it waits: it delays the bookings of its own host and addresses only. After
+:data:`MAX_ATTEMPTS` lost races or :data:`MAX_BUSY_SECONDS` of them the update raises
+:class:`~scrapy_polite.stores.base.StoreBusy`. The blocking :meth:`RedisStore.update` (``scrapy polite``)
+runs the same steps and sleeps between them.
 
 **The server's clock.** ``TIME`` is the ``now`` of every booking and record (:attr:`RedisStore.server_clock`),
-so processes whose clocks disagree still keep the spacing.
+so processes whose clocks disagree still keep the spacing. On a cluster it is the clock of the node that
+holds the table.
 
-**Keys.** ``<prefix>{pace}:<key>`` for the rows (``POLITE_STORE_PREFIX``, default ``polite:``) and
-``<prefix>{pace}`` for the version counter: every key of one table has the hash tag ``{pace}`` (or the
-prefix's own ``{tag}`` when it has one), so a table lives in one hash slot of a Redis Cluster. A row expires
-``POLITE_STORE_EXPIRE`` seconds after the later of its write and its ``next_allowed``.
+**Keys.** ``<prefix>{pace}:<key>`` for the rows (``POLITE_STORE_PREFIX``, default ``polite:``),
+``<prefix>{pace}`` for the version counter, ``<prefix>{pace}#events`` for the event log and
+``<prefix>{pace}#done:<id>`` for the idempotence records: every key of one table has the hash tag ``{pace}``
+(or the prefix's own ``{tag}`` when it has one), so a table lives in one hash slot of a Redis Cluster and
+every script's keys are in one slot. A row expires ``POLITE_STORE_EXPIRE`` seconds after the later of its
+write and its ``next_allowed``.
 
 **Outages.** A lost connection raises :class:`~scrapy_polite.stores.base.StoreUnavailable` (after one
 immediate reconnect attempt); the crawl waits and retries (:class:`~scrapy_polite.outage.StoreGuard`).
@@ -41,22 +58,37 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis import exceptions as redis_errors
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from ..policy import HostState
-from .base import Event, ManyUpdateFn, Snapshot, StoreBusy, StoreError, StoreOptions, StoreUnavailable, UpdateFn
+from .base import (
+    Again,
+    Event,
+    ManyUpdateFn,
+    Snapshot,
+    StoreBusy,
+    StoreError,
+    StoreOptions,
+    StoreUnavailable,
+    UpdateFn,
+    UpdateSteps,
+)
 
-__all__ = ["RedisStore", "redact_uri"]
+__all__ = ["CLUSTER_SCHEMES", "DONE_MARGIN", "MAX_ATTEMPTS", "MAX_BUSY_SECONDS", "RedisStore", "redact_uri"]
 
 T = TypeVar("T")
+
+#: The URL schemes of a Redis Cluster, and the scheme of one node's URL each stands for.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 #: The hash field of each :class:`HostState` field (short: every booking reads a row). A field added to
 #: HostState needs a name here (checked at import); a row written before a field existed reads its default.
@@ -69,35 +101,61 @@ if set(_STATE_FIELDS) != set(_STATE_TYPES):  # pragma: no cover - a development 
     raise RuntimeError(f"scrapy_polite.stores.redis: HostState fields {sorted(_STATE_TYPES)} and their hash "
                        f"fields {sorted(_STATE_FIELDS)} differ: name the new field in _STATE_FIELDS")
 
-#: The fields of a row's hash: version, write token, then the :class:`HostState` fields.
-_FIELDS = ("v", "w", *_STATE_FIELDS.values())
+#: The fields of a row's hash: the version, then the :class:`HostState` fields. (Rows written by earlier
+#: versions also hold a field ``w``, their write token, which is no longer read.)
+_FIELDS = ("v", *_STATE_FIELDS.values())
 
-#: Writes the rows of ARGV if every row of KEYS still has the version read; else returns the clock and the
-#: current rows. KEYS[1..n]: the rows read; KEYS[n+1]: the table's version counter. ARGV[1]: the write's
-#: token; ARGV[2..n+1]: the versions read ("0": absent); ARGV[n+2]: the number f of state fields, then their
-#: f hash field names; then f + 2 values per row to write: its index in KEYS, its expiry (Unix ms, "0":
-#: none) and its f field values. Generic: no pacing rule here, and no field name either.
-_WRITE_IF_UNCHANGED = """
+#: Reads the clock and rows, atomically. KEYS[1..n]: the rows; KEYS[n+1]: the update's idempotence record when
+#: ARGV[1] is "1" (its value is returned, or false), else any key of the table's slot (routing on a cluster).
+#: ARGV[2..]: the hash fields. Returns {seconds, microseconds, record or false, fields of each row...}.
+_READ = """
 local n = #KEYS - 1
-local f = tonumber(ARGV[n + 2])
+local t = redis.call('TIME')
+local out = {t[1], t[2], false}
+if ARGV[1] == '1' then
+  out[3] = redis.call('GET', KEYS[n + 1])
+end
 local names = {}
-for k = 1, f do names[k] = ARGV[n + 2 + k] end
+for k = 2, #ARGV do names[k - 1] = ARGV[k] end
+for i = 1, n do
+  out[#out + 1] = redis.call('HMGET', KEYS[i], unpack(names))
+end
+return out
+"""
+
+#: Writes the rows of ARGV if the update's idempotence record is absent and every row of KEYS still has the
+#: version read; with the rows, sets the record. KEYS[1..n]: the rows read; KEYS[n+1]: the table's version
+#: counter; KEYS[n+2]: the record. ARGV[1]: this attempt's number (the record's value); ARGV[2]: the record's
+#: TTL (ms); ARGV[3..n+2]: the versions read ("0": absent); ARGV[n+3]: the number f of state fields, then their
+#: f hash field names; then f + 2 values per row to write: its index in KEYS, its expiry (Unix ms, "0":
+#: none) and its f field values. Returns the record's value (a string) when it was there (nothing written),
+#: the clock and the current rows when a version changed (nothing written), else the new version (a number).
+#: Generic: no pacing rule here, and no field name either.
+_WRITE_IF_UNCHANGED = """
+local n = #KEYS - 2
+local done = redis.call('GET', KEYS[n + 2])
+if done then
+  return done
+end
+local f = tonumber(ARGV[n + 3])
+local names = {}
+for k = 1, f do names[k] = ARGV[n + 3 + k] end
 for i = 1, n do
   local v = redis.call('HGET', KEYS[i], 'v')
-  if (v or '0') ~= ARGV[i + 1] then
+  if (v or '0') ~= ARGV[i + 2] then
     local t = redis.call('TIME')
     local out = {t[1], t[2]}
     for j = 1, n do
-      out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', 'w', unpack(names))
+      out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', unpack(names))
     end
     return out
   end
 end
 local version = redis.call('INCR', KEYS[n + 1])
-local i = n + 3 + f
+local i = n + 4 + f
 while i <= #ARGV do
   local key = KEYS[tonumber(ARGV[i])]
-  local pairs = {'v', version, 'w', ARGV[1]}
+  local pairs = {'v', version}
   for k = 1, f do
     pairs[#pairs + 1] = names[k]
     pairs[#pairs + 1] = ARGV[i + 1 + k]
@@ -110,6 +168,7 @@ while i <= #ARGV do
   end
   i = i + 2 + f
 end
+redis.call('SET', KEYS[n + 2], ARGV[1], 'PX', ARGV[2])
 return version
 """
 
@@ -127,39 +186,42 @@ return deleted
 #: Lost races one update may meet before it gives up (each costs one round trip; the winner of every race
 #: makes progress, so this is only reached under extreme contention on one row) …
 MAX_ATTEMPTS = 10_000
-#: … or seconds it may spend losing them. After the second lost race in a row each retry first sleeps a
-#: random moment (up to 0.2 ms, doubling up to 20 ms), so that writers of one row stop colliding.
+#: … or seconds it may spend losing them (counted from its second lost race).
 MAX_BUSY_SECONDS = 10.0
+#: Seconds an idempotence record outlives ``POLITE_STORE_TIMEOUT``: the crawl retries an update only while
+#: the outage has lasted less than that timeout, so the record is still there for every retry.
+DONE_MARGIN = 120.0
 
 #: Writes of unknown outcome remembered for their retry (oldest forgotten first).
 _PENDING_LIMIT = 10_000
 
 #: Error replies that mean "not now" rather than "never": the server is loading its data after a restart
 #: (a ``BusyLoadingError``, a connection error), is a read-only replica or lost its master (a failover in
-#: progress), its cluster is reconfiguring, it cannot persist (``MISCONF``), or a script holds it (``BUSY``).
-#: redis-py maps some replies to classes (and strips their code from the message), the others by their code.
+#: progress), its cluster is reconfiguring or unreachable, it cannot persist (``MISCONF``), or a script holds
+#: it (``BUSY``). redis-py maps some replies to classes (and strips their code from the message), the others
+#: by their code.
 _TRANSIENT_ERRORS: tuple[type[Exception], ...] = (redis_errors.ReadOnlyError, redis_errors.MasterDownError,
-                                                  redis_errors.TryAgainError, redis_errors.ClusterDownError)
+                                                  redis_errors.TryAgainError, redis_errors.ClusterError,
+                                                  redis_errors.RedisClusterException)
 _TRANSIENT_REPLIES = ("MISCONF", "BUSY ")
 
 
 @dataclass(frozen=True)
 class _Row:
     version: bytes
-    token: bytes | None
     state: HostState | None
 
 
 def _row(values: Sequence[Any]) -> _Row:
-    version, token, *fields = values
+    version, *fields = values
     if version is None:
-        return _Row(b"0", None, None)
+        return _Row(b"0", None)
     state: dict[str, Any] = {}
     for name, raw in zip(_STATE_FIELDS, fields):
         if raw is not None:  # None: a field the writer's version did not have yet (its default)
             kind = _STATE_TYPES[name]
             state[name] = raw == b"1" if kind is bool else kind(raw)
-    return _Row(bytes(version), token, HostState(**state))
+    return _Row(bytes(version), HostState(**state))
 
 
 def _encode(state: HostState) -> list[Any]:
@@ -193,20 +255,88 @@ def redact_uri(uri: str) -> str:
     return rebuilt if netloc else rebuilt.replace(":", "://", 1)  # unix:///path keeps its empty authority
 
 
+def _cluster_nodes(uri: str) -> tuple[str, list[tuple[str, int]]]:
+    """A ``redis+cluster://[user:password@]host:port[,host:port…][/0][?options]`` URL as the URL of its first
+    node (``redis://…`` or ``rediss://…``, with the credentials and options) and the other nodes.
+
+    Raises:
+        ValueError: no node, a port that is not a number, or a database other than 0.
+    """
+    parts = urlsplit(uri)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    nodes: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.startswith("["):  # [IPv6]:port
+            host, _, rest = item[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else ""
+        else:
+            host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
+        if not host:
+            raise ValueError(f"{item!r} names no host")
+        if port and not port.isdigit():
+            raise ValueError(f"port {port!r} is not a number")
+        nodes.append((host, int(port) if port else 6379))
+    if not nodes:
+        raise ValueError("it names no node")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError("a Redis Cluster has only database 0")
+    first_host, first_port = nodes[0]
+    first = f"[{first_host}]:{first_port}" if ":" in first_host else f"{first_host}:{first_port}"
+    netloc = f"{userinfo}{at}{first}"
+    return urlunsplit((CLUSTER_SCHEMES[parts.scheme.lower()], netloc, "", parts.query, "")), nodes[1:]
+
+
+class _Script:
+    """A Lua script run by ``EVALSHA``, or by ``EVAL`` (its text) when the node does not know it: a node
+    restarted, or a cluster client whose view of the nodes is partial after an outage (redis-py 5 then loads
+    the script on the nodes it knows, not always on the slot's)."""
+
+    def __init__(self, client: Any, text: str) -> None:
+        self._client = client
+        self.script = client.register_script(text)
+        self.text = text
+
+    def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return self.script(keys=keys, args=args)
+        except redis_errors.NoScriptError:
+            return self._client.eval(self.text, len(keys), *keys, *args)
+
+
+def _node(host: str, port: int) -> ClusterNode:
+    return ClusterNode(host, port)  # type: ignore[no-untyped-call]
+
+
+@dataclass
+class _Pending:
+    """What is known of an update whose write may have been applied: its id and each attempt's result."""
+
+    token: str
+    results: dict[int, Any] = field(default_factory=dict)
+
+
 class RedisStore:
-    """The pace table in a Redis server, shared by every process that uses the same URI and prefix.
+    """The pace table in a Redis server or a Redis Cluster, shared by every process that uses the same URI
+    and prefix (docs/spec.md §6).
 
     Args:
         uri: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` (TLS) or
-            ``unix:///path/to/socket?db=N`` (redis-py's URL forms).
+            ``unix:///path/to/socket?db=N`` (redis-py's URL forms) for one server;
+            ``redis+cluster://[[user]:password@]host:port[,host:port…][?options]`` or ``rediss+cluster://…``
+            for a Redis Cluster (the nodes listed are where the client first learns the cluster's layout;
+            one reachable is enough; database 0 only).
         options: ``prefix`` (``POLITE_STORE_PREFIX``), ``timeout`` (``POLITE_STORE_TIMEOUT``, seconds; one
-            call waits at most ``min(timeout, 5)`` seconds for the server) and ``expire``
-            (``POLITE_STORE_EXPIRE``, seconds).
-        client: a ready ``redis.Redis`` (tests); built from ``uri`` when None.
+            call waits at most ``min(timeout, 5)`` seconds for the server; an idempotence record is kept
+            ``timeout`` + :data:`DONE_MARGIN` seconds) and ``expire`` (``POLITE_STORE_EXPIRE``, seconds).
+        client: a ready ``redis.Redis`` or ``redis.cluster.RedisCluster`` (tests); built from ``uri`` when None.
 
     Raises:
         StoreError: the server cannot be reached, refuses the credentials, or is not a usable Redis (at
-            construction: the crawl must not start). The message names the URI (password hidden) and the fix.
+            construction: the crawl must not start) — also a cluster node named by ``redis://`` or a single
+            server named by ``redis+cluster://``. The message names the URI (password hidden) and the fix.
     """
 
     #: The table's clock is the server's (``TIME``): the pacer converts its due times to this process's clock.
@@ -217,36 +347,79 @@ class RedisStore:
     #: so two overlap their round trips; more only contend for the GIL (bench/distributed.py, 2 cores).
     threads = 2
 
-    def __init__(self, uri: str, options: StoreOptions | None = None, *, client: redis.Redis | None = None) -> None:
+    def __init__(self, uri: str, options: StoreOptions | None = None, *,
+                 client: redis.Redis | RedisCluster | None = None) -> None:
         options = options or StoreOptions()
         self.uri = redact_uri(uri)
         self.prefix = options.prefix
         self.expire_after = options.expire
+        #: Seconds an update's idempotence record is kept (``POLITE_STORE_TIMEOUT`` + :data:`DONE_MARGIN`).
+        self.done_ttl = max(0.0, options.timeout) + DONE_MARGIN
         self._base = f"{options.prefix}{{pace}}"
         self._rows = f"{self._base}:"
         self._counter = self._base
+        self._done = f"{self._base}#done:"
         #: The event log: one stream, ``<prefix>{pace}#events`` (``#``: never a row's key, which has ``:``).
         self._events = f"{self._base}#events"
         self.events_max = max(0, int(options.events_max))
+        scheme = uri.partition(":")[0].lower()
+        #: The URI names a Redis Cluster (``redis+cluster://``): the cluster client, which follows the slots.
+        self.cluster = isinstance(client, RedisCluster) if client is not None else scheme in CLUSTER_SCHEMES
         wait = max(0.1, min(5.0, options.timeout))
+        self._client: Any
         try:
-            self._client = client or redis.Redis.from_url(
-                uri, socket_timeout=wait, socket_connect_timeout=wait, retry=Retry(NoBackoff(), 0),
-                health_check_interval=30, client_name="scrapy-polite")
-        except (ValueError, redis_errors.RedisError) as exc:
+            if client is not None:
+                self._client = client
+            elif self.cluster:
+                first, others = _cluster_nodes(uri)
+                # The cluster client resends a command after a lost connection (to the slot's new owner after a
+                # failover; once without waiting, redis-py >= 6; its default count in 5): safe, since every write
+                # carries its idempotence record.
+                self._client = RedisCluster(
+                    url=first, startup_nodes=[_node(h, p) for h, p in others], retry=Retry(NoBackoff(), 1),
+                    socket_timeout=wait, socket_connect_timeout=wait, client_name="scrapy-polite")
+            else:
+                self._client = redis.Redis.from_url(
+                    uri, socket_timeout=wait, socket_connect_timeout=wait, retry=Retry(NoBackoff(), 0),
+                    health_check_interval=30, client_name="scrapy-polite")
+        except (ValueError, redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
+            if self.cluster and not isinstance(exc, ValueError) and "db" not in str(exc):
+                raise self._start_error(exc) from None
             raise StoreError(f"POLITE_STORE {self.uri!r} is not a Redis URL scrapy-polite can use: {exc}. Fix: use "
-                             "redis://host:port/db, rediss://host:port/db or unix:///path/to/redis.sock?db=0."
-                             ) from exc
-        self._write = self._client.register_script(_WRITE_IF_UNCHANGED)
-        self._delete_if = self._client.register_script(_DELETE_IF_UNCHANGED)
+                             "redis://host:port/db, rediss://host:port/db or unix:///path/to/redis.sock?db=0 for one "
+                             "server, redis+cluster://host:port[,host:port...] for a Redis Cluster.") from exc
+        self._read_script = _Script(self._client, _READ)
+        self._write = _Script(self._client, _WRITE_IF_UNCHANGED)
+        self._delete_if = _Script(self._client, _DELETE_IF_UNCHANGED)
         self._lock = threading.Lock()
-        #: (update function, keys) → (token, result) of a write whose connection was lost.
-        self._ambiguous: OrderedDict[tuple[Any, tuple[str, ...]], tuple[str, Any]] = OrderedDict()
+        #: (update function, keys) → what is known of its write whose connection was lost.
+        self._ambiguous: OrderedDict[tuple[Any, tuple[str, ...]], _Pending] = OrderedDict()
         try:
             self._client.ping()
-        except redis_errors.RedisError as exc:
+            if not self.cluster:
+                self._refuse_a_cluster_node()
+        except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
             self._client.close()
-            raise self._error("reach", exc) from None  # the message says it all: one error, the URL, the fix
+            raise self._start_error(exc) from None  # the message says it all: one error, the URL, the fix
+
+    def _start_error(self, exc: BaseException) -> StoreError:
+        if self.cluster and "cluster mode is not enabled" in str(exc).lower():
+            return StoreError(f"scrapy-polite cannot use its pace table {self.uri}: the server is not part of a "
+                              "Redis Cluster. Fix: use redis://host:port/db for a single server.")
+        return self._error("reach", exc)
+
+    def _refuse_a_cluster_node(self) -> None:
+        """A ``redis://`` URL naming one node of a cluster would fail on every key of another node's slot:
+        refused at start (a server that does not answer ``INFO cluster`` is taken for a single server)."""
+        try:
+            info = self._client.info("cluster")
+        except redis_errors.ResponseError:
+            return
+        if str(info.get("cluster_enabled", "0")) == "1":
+            self._client.close()
+            raise StoreError(f"scrapy-polite cannot use its pace table {self.uri}: the server is a node of a Redis "
+                             "Cluster, and a redis:// URL reaches that node only. Fix: name the cluster, "
+                             "redis+cluster://host:port[,host:port...] (POLITE_STORE).")
 
     # -- errors -----------------------------------------------------------------------------------------
 
@@ -258,9 +431,11 @@ class RedisStore:
                               "right user and password in POLITE_STORE (redis://user:password@host:port/db).")
         if self._transient(exc):
             cls = StoreUnavailable if action != "reach" else StoreError
-            return cls(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: start Redis "
-                       "there (e.g. redis-server --port 6379) or point POLITE_STORE to a reachable server "
-                       "(redis://host:port/db).")
+            start = ("start the cluster's nodes there or point POLITE_STORE to reachable nodes "
+                     "(redis+cluster://host:port,host:port)" if self.cluster else
+                     "start Redis there (e.g. redis-server --port 6379) or point POLITE_STORE to a reachable "
+                     "server (redis://host:port/db)")
+            return cls(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: {start}.")
         return StoreError(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: point "
                           "POLITE_STORE to a Redis server (version 5 or later) whose keys under "
                           f"{self.prefix!r} only scrapy-polite writes, or change POLITE_STORE_PREFIX.")
@@ -283,7 +458,7 @@ class RedisStore:
                 if isinstance(exc, (redis_errors.AuthenticationError, redis_errors.BusyLoadingError)):
                     raise
                 return call()
-        except redis_errors.RedisError as exc:
+        except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
             raise self._error(action, exc) from exc
         except (ConnectionError, TimeoutError) as exc:
             raise self._error(action, exc) from exc
@@ -293,96 +468,61 @@ class RedisStore:
     def _key(self, key: str) -> str:
         return self._rows + key
 
-    def _read(self, keys: Sequence[str], *, atomic: bool = True) -> tuple[list[_Row], float]:
-        """The rows of ``keys`` and the server's clock, in one round trip: ``MULTI`` / ``TIME`` / ``HMGET``… /
-        ``EXEC`` when ``atomic`` (and more than one key), else a plain pipeline (an update's read: its write
-        checks every row it read anyway)."""
-        def call() -> list[Any]:
-            pipe = self._client.pipeline(transaction=atomic and len(keys) > 1)
-            pipe.time()
-            for key in keys:
-                pipe.hmget(self._key(key), _FIELDS)
-            return pipe.execute()
-
-        replies = self._run("read", call)
-        seconds, micros = replies[0]
-        return [_row(values) for values in replies[1:]], seconds + micros / 1e6
+    def _read(self, keys: Sequence[str], record: str | None = None) -> tuple[list[_Row], float, bytes | None]:
+        """The rows of ``keys``, the server's clock and, when ``record`` names an idempotence record, its value
+        (None: absent), in one round trip (one script: atomic, on the node of the table's slot)."""
+        names = [*map(self._key, keys), record or self._counter]
+        reply = self._run("read", partial(self._read_script, keys=names, args=["1" if record else "0", *_FIELDS]))
+        seconds, micros, found, *rows = reply
+        return [_row(values) for values in rows], int(seconds) + int(micros) / 1e6, found
 
     def now(self) -> float:
-        """The server's clock (``TIME``), Unix epoch seconds."""
-        seconds, micros = self._run("read", self._client.time)
-        return float(seconds + micros / 1e6)
+        """The server's clock (``TIME`` on the node of the table's slot), Unix epoch seconds."""
+        return self._read([])[1]
 
     def get(self, key: str) -> HostState | None:
         return self._read([key])[0][0].state
 
     def read(self, keys: Sequence[str]) -> Snapshot:
-        rows, now = self._read(keys)
+        rows, now, _ = self._read(keys)
         return Snapshot({key: row.state for key, row in zip(keys, rows)}, now)
 
     # -- writes -----------------------------------------------------------------------------------------
 
     def update(self, key: str, fn: UpdateFn[T]) -> T:
+        """See :meth:`PaceStore.update <scrapy_polite.stores.base.PaceStore.update>`: the steps of
+        :meth:`update_steps`, sleeping between two (call it off the reactor)."""
+        return _finish(self.update_steps(key, fn))
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
+        """See :meth:`PaceStore.update_many <scrapy_polite.stores.base.PaceStore.update_many>`: the steps of
+        :meth:`update_many_steps`, sleeping between two (call it off the reactor)."""
+        return _finish(self.update_many_steps(keys, fn))
+
+    def update_steps(self, key: str, fn: UpdateFn[T]) -> UpdateSteps[T]:
+        """:meth:`update` as :class:`~scrapy_polite.stores.base.UpdateSteps` that never sleep (docs/spec.md §6,
+        "Redis: contention"); no I/O until the first step."""
         def many(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState], T]:
             new, result = fn(states[key], now)
             return ({key: new} if new is not None else {}), result
 
-        return self._update([key], many, fn)
+        return _Update(self, [key], many, fn)
 
-    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
-        return self._update(list(dict.fromkeys(keys)), fn, fn)
+    def update_many_steps(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> UpdateSteps[T]:
+        """:meth:`update_many` as :class:`~scrapy_polite.stores.base.UpdateSteps` that never sleep
+        (docs/spec.md §6, "Redis: contention"); no I/O until the first step."""
+        return _Update(self, list(dict.fromkeys(keys)), fn, fn)
 
-    def _update(self, keys: list[str], fn: ManyUpdateFn[T], identity: Any) -> T:
-        """The optimistic read-modify-write. ``identity`` (the caller's update function) and ``keys`` name one
-        logical update: when a write of it was sent but its connection was lost (the write may or may not
-        have been applied), the next call with the same function on the same keys first looks for the
-        token of that write, and returns the first result when it finds it."""
-        name = (identity, tuple(keys))
+    def _take_pending(self, name: tuple[Any, tuple[str, ...]]) -> _Pending | None:
         with self._lock:
-            pending = self._ambiguous.pop(name, None)
-        token = pending[0] if pending is not None else uuid.uuid4().hex
-        mark = token.encode()
-        names = [*map(self._key, keys), self._counter]
-        rows, now = self._read(keys, atomic=False)
-        if pending is not None and any(row.token == mark for row in rows):
-            return pending[1]  # type: ignore[no-any-return]  # the result of the write that was applied
-        busy_until: float | None = None
-        for attempt in range(MAX_ATTEMPTS):
-            if attempt >= 2:  # lost twice in a row: step aside a random moment before the next try
-                busy_until = busy_until or time.monotonic() + MAX_BUSY_SECONDS
-                if time.monotonic() > busy_until:
-                    break
-                # Never on the reactor: AsyncStore runs every Redis call on its store threads (only memory
-                # and SQLite are ever called inline), and `scrapy polite` has no reactor.
-                time.sleep(random.uniform(0.0, min(0.02, 0.0001 * 2 ** (attempt - 1))))
-            new, result = fn({key: row.state for key, row in zip(keys, rows)}, now)
-            stray = set(new).difference(keys)
-            if stray:
-                raise ValueError(f"update function wrote {sorted(stray)!r}, which it did not read")
-            if not new:
-                return result
-            args: list[Any] = [token, *(row.version for row in rows), len(_STATE_FIELDS), *_STATE_FIELDS.values()]
-            for index, key in enumerate(keys, start=1):
-                state = new.get(key)
-                if state is not None:
-                    args.extend((index, self._expiry_ms(state, now), *_encode(state)))
-            try:
-                reply = self._run("write", partial(self._write, keys=names, args=args))
-            except StoreUnavailable:
-                with self._lock:
-                    self._ambiguous[name] = (token, result)
-                    while len(self._ambiguous) > _PENDING_LIMIT:
-                        self._ambiguous.popitem(last=False)
-                raise
-            if not isinstance(reply, list):
-                return result
-            now = int(reply[0]) + int(reply[1]) / 1e6
-            rows = [_row(values) for values in reply[2:]]
-            if any(row.token == mark for row in rows):  # the immediate resend found the first write applied
-                return result
-        raise StoreBusy(f"scrapy-polite could not write its pace table {self.uri}: {len(keys)} rows "
-                        f"({', '.join(keys)}) changed under every one of its attempts (at most {MAX_ATTEMPTS}, "
-                        f"{MAX_BUSY_SECONDS:g} s). Fix: fewer processes on these hosts, or a less loaded Redis.")
+            return self._ambiguous.pop(name, None)
+
+    def _remember(self, name: tuple[Any, tuple[str, ...]], pending: _Pending) -> None:
+        with self._lock:
+            self._ambiguous[name] = pending
+            self._ambiguous.move_to_end(name)
+            while len(self._ambiguous) > _PENDING_LIMIT:
+                self._ambiguous.popitem(last=False)
 
     def _expiry_ms(self, state: HostState, now: float) -> int:
         """When the row's key expires: ``POLITE_STORE_EXPIRE`` after the later of now, its write and its
@@ -408,15 +548,21 @@ class RedisStore:
             if cursor == 0:
                 return
 
+    def _scanned(self) -> Any:
+        """The client that ``SCAN`` runs on: on a cluster, the node that holds the table's slot."""
+        if not self.cluster:
+            return self._client
+        return self._client.get_redis_connection(self._client.get_node_from_key(self._counter))
+
     def _scan_batch(self, cursor: int, pattern: str) -> tuple[int, list[str]]:
-        next_cursor, names = self._run("read", lambda: self._client.scan(cursor, match=pattern, count=1000))
+        next_cursor, names = self._run("read", lambda: self._scanned().scan(cursor, match=pattern, count=1000))
         return int(next_cursor), [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
     def _hmget_all(self, names: list[str]) -> list[Any]:
         pipe = self._client.pipeline(transaction=False)
         for name in names:
             pipe.hmget(name, _FIELDS)
-        return pipe.execute()
+        return list(pipe.execute())
 
     def items(self) -> Iterator[tuple[str, HostState]]:
         rows = sorted((key, row.state) for batch in self._scan() for key, row in batch if row.state is not None)
@@ -442,13 +588,13 @@ class RedisStore:
             return
 
         def call() -> list[Any]:
-            pipe = self._client.pipeline(transaction=True)
+            pipe = self._client.pipeline(transaction=not self.cluster)  # redis-py 5: no MULTI on a cluster
             for event in events:
                 pipe.xadd(self._events, {"e": json.dumps(list(event), separators=(",", ":"))})
             pipe.xtrim(self._events, maxlen=self.events_max, approximate=False)
             if self.expire_after * 1000 < 2**62:
                 pipe.pexpire(self._events, max(1, int(self.expire_after * 1000)))
-            return pipe.execute()
+            return list(pipe.execute())
 
         self._run("write", call)
 
@@ -487,6 +633,108 @@ class RedisStore:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _finish(steps: UpdateSteps[T]) -> T:
+    """Run ``steps`` to their end on this thread, sleeping between two."""
+    while True:
+        out = steps.step()
+        if not isinstance(out, Again):
+            return out
+        if out.delay > 0:
+            time.sleep(out.delay)
+
+
+class _Update(Generic[T]):
+    """One optimistic read-modify-write of a :class:`RedisStore`, step by step (:class:`UpdateSteps`).
+
+    ``identity`` (the caller's update function) and ``keys`` name one logical update: when a write of it was
+    sent but its connection was lost (applied or not, nobody knows), the next update with the same function
+    on the same keys takes over its id (so its record) and the results of its attempts: it first reads the
+    record with the rows, and returns the result of the attempt that was applied when there is one.
+    """
+
+    def __init__(self, store: RedisStore, keys: list[str], fn: ManyUpdateFn[T], identity: Any) -> None:
+        self._store = store
+        self._keys = keys
+        self._fn = fn
+        self._name = (identity, tuple(keys))
+        pending = store._take_pending(self._name)
+        #: An earlier call of this update may have been applied: look for its record before anything else.
+        self._check = pending is not None
+        self._pending = pending or _Pending(uuid.uuid4().hex)
+        self._record = store._done + self._pending.token
+        self._names = [*map(store._key, keys), store._counter, self._record]
+        self._rows: list[_Row] | None = None
+        self._now = 0.0
+        self._now_at = 0.0  # time.monotonic() when the server's clock read self._now
+        self._lost = 0
+        self._busy_until: float | None = None
+
+    def step(self) -> T | Again:
+        try:
+            return self._step()
+        except StoreUnavailable:
+            if self._pending.results:  # a write may be in flight: its retry must find it
+                self._store._remember(self._name, self._pending)
+            raise
+
+    def _applied(self, attempt: bytes) -> T:
+        """The result of the attempt whose write the record names."""
+        return self._pending.results[int(attempt)]  # type: ignore[no-any-return]
+
+    def _step(self) -> T | Again:
+        store, keys = self._store, self._keys
+        if self._rows is None:
+            check = self._check or bool(self._pending.results)  # an earlier attempt may have been applied
+            rows, self._now, found = store._read(keys, self._record if check else None)
+            self._now_at = time.monotonic()
+            if found is not None:
+                return self._applied(found)
+            self._rows = rows
+        # The server's clock as read, moved on by the time since (this process's monotonic clock): a step that
+        # waited in the pool's queue after a lost race must not book at a moment already past.
+        rows, now = self._rows, self._now + max(0.0, time.monotonic() - self._now_at)
+        new, result = self._fn({key: row.state for key, row in zip(keys, rows)}, now)
+        stray = set(new).difference(keys)
+        if stray:
+            raise ValueError(f"update function wrote {sorted(stray)!r}, which it did not read")
+        if not new and not self._pending.results:
+            return result  # nothing to write, and no earlier write of this update to fence off
+        attempt = len(self._pending.results)
+        self._pending.results[attempt] = result
+        args: list[Any] = [attempt, max(1, int(store.done_ttl * 1000)), *(row.version for row in rows),
+                           len(_STATE_FIELDS), *_STATE_FIELDS.values()]
+        for index, key in enumerate(keys, start=1):
+            state = new.get(key)
+            if state is not None:
+                args.extend((index, store._expiry_ms(state, now), *_encode(state)))
+        reply = store._run("write", partial(store._write, keys=self._names, args=args))
+        if isinstance(reply, bytes):  # the record was there: an earlier attempt (or its resend) was applied
+            return self._applied(reply)
+        if not isinstance(reply, list):
+            return result
+        self._now = int(reply[0]) + int(reply[1]) / 1e6
+        self._now_at = time.monotonic()
+        self._rows = [_row(values) for values in reply[2:]]
+        self._lost += 1
+        if self._lost >= MAX_ATTEMPTS:
+            raise self._busy()
+        if self._lost < 2:
+            return Again(0.0)
+        # Lost twice in a row: step aside a random moment, so that writers of one row stop colliding, then
+        # read the rows again (those of the reply are stale by then: writing on them would surely lose).
+        self._busy_until = self._busy_until or time.monotonic() + MAX_BUSY_SECONDS
+        if time.monotonic() > self._busy_until:
+            raise self._busy()
+        self._rows = None
+        return Again(random.uniform(0.0, min(0.02, 0.0001 * 2 ** (self._lost - 1))))
+
+    def _busy(self) -> StoreBusy:
+        return StoreBusy(f"scrapy-polite could not write its pace table {self._store.uri}: {len(self._keys)} rows "
+                         f"({', '.join(self._keys)}) changed under every one of its attempts (at most "
+                         f"{MAX_ATTEMPTS}, {MAX_BUSY_SECONDS:g} s). Fix: fewer processes on these hosts, or a less "
+                         "loaded Redis.")
 
 
 def _text(value: Any) -> str:

@@ -1,7 +1,8 @@
 """Opening a pace table from its ``POLITE_STORE`` URI: one registry of backends by URI scheme.
 
 ``memory://`` → :class:`~scrapy_polite.stores.memory.MemoryStore`; ``sqlite:///path`` (or a plain path)
-→ :class:`~scrapy_polite.stores.sqlite.SQLiteStore`; ``redis://``, ``rediss://`` and ``unix://`` →
+→ :class:`~scrapy_polite.stores.sqlite.SQLiteStore`; ``redis://``, ``rediss://`` and ``unix://`` (one server),
+``redis+cluster://`` and ``rediss+cluster://`` (a Redis Cluster) →
 :class:`~scrapy_polite.stores.redis.RedisStore` (imported when first used: the ``redis`` client is an optional
 dependency, ``pip install scrapy-polite[redis]``). Other backends register their schemes with
 :func:`register_store`. The crawl and the ``scrapy polite`` command both open stores here.
@@ -83,7 +84,7 @@ def _open_redis(uri: str, options: StoreOptions) -> PaceStore:
     try:
         from .redis import RedisStore  # noqa: PLC0415  (optional dependency: the redis client)
     except ImportError as exc:
-        if exc.name not in ("redis", "redis.backoff", "redis.retry", "redis.exceptions"):
+        if exc.name not in ("redis", "redis.backoff", "redis.retry", "redis.exceptions", "redis.cluster"):
             raise
         scheme = uri.partition(":")[0]
         raise StoreError(f"POLITE_STORE {scheme}://... needs the redis client, which is not installed ({exc}). "
@@ -93,5 +94,5 @@ def _open_redis(uri: str, options: StoreOptions) -> PaceStore:
 
 register_store("memory", _open_memory)
 register_store("sqlite", _open_sqlite)
-for _scheme in ("redis", "rediss", "unix"):
+for _scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
     register_store(_scheme, _open_redis)

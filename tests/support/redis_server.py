@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-__all__ = ["RedisServer", "free_port", "redis_binary", "redis_url", "require_redis", "session_redis_url",
-           "stop_session_server", "unique_prefix"]
+__all__ = ["RedisServer", "die_with_parent", "free_port", "ping", "redis_binary", "redis_url", "require_redis",
+           "session_redis_url", "stop_session_server", "unique_prefix"]
 
 #: ``redis-server`` as found on the machine (Debian's package installs /usr/bin/redis-server).
 REDIS_SERVER = "redis-server"
@@ -103,12 +103,12 @@ class RedisServer:
                 "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
                 "--logfile", self.log, "--protected-mode", "yes"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                        stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 break
-            if _ping("127.0.0.1", self.port):
+            if ping("127.0.0.1", self.port):
                 return self
             time.sleep(0.02)
         self.stop()
@@ -140,7 +140,7 @@ class RedisServer:
         self.cleanup()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: ask Linux to SIGTERM it when the test process dies, however it dies."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -148,7 +148,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def _ping(host: str, port: int) -> bool:
+def ping(host: str, port: int) -> bool:
+    """True when a Redis server on ``host:port`` answers PING (within 0.5 s)."""
     try:
         with socket.create_connection((host, port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")

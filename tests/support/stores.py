@@ -1,4 +1,5 @@
-"""The pace-table backends the shared store suite (``tests/test_store_protocol.py``) runs over.
+"""The pace-table backends the shared store suite (``tests/test_store_protocol.py``) runs over: memory,
+SQLite, Redis (the session's ``redis-server``) and a Redis Cluster (the session's three nodes).
 
 :data:`BACKENDS` lists one :class:`Backend` per store; every test of the suite runs once per entry. To
 add a backend (Redis), add one entry to that list, in this module (the fixtures' parameters are read
@@ -117,12 +118,47 @@ def _flush_redis_prefix(location: str) -> None:
         client.close()
 
 
+def _open_redis_cluster(location: str, clock: Callable[[], float] | None, events_max: int | None = None
+                        ) -> PaceStore:
+    # The session's real Redis Cluster (tests/support/redis_cluster.py); one key prefix per location, whose
+    # own hash tag spreads the tests' tables over the nodes (each table in one slot).
+    from scrapy_polite.stores.redis import RedisStore
+    from tests.support.redis_cluster import session_cluster_url
+
+    return RedisStore(session_cluster_url(), StoreOptions(
+        prefix=_cluster_prefix(location), events_max=DEFAULT_EVENTS_MAX if events_max is None else events_max))
+
+
+def _cluster_prefix(location: str) -> str:
+    return "{" + _redis_prefix(location).rstrip(":") + "}:"
+
+
+def _flush_redis_cluster_prefix(location: str) -> None:
+    from redis.cluster import RedisCluster
+
+    from tests.support.redis_cluster import node_ports, session_cluster_url
+
+    host, port = node_ports(session_cluster_url())[0]
+    client = RedisCluster(host=host, port=port)  # the tests' clusters: loopback, no TLS
+    try:
+        for prefix in (_cluster_prefix(location), _cluster_prefix(location + "-other")):
+            node = client.get_node_from_key(prefix)
+            conn = client.get_redis_connection(node)
+            names = list(conn.scan_iter(match=prefix + "*", count=1000))  # braces are no wildcard
+            if names:
+                conn.delete(*names)  # one tag: one slot, one node
+    finally:
+        client.close()
+
+
 #: Every backend the shared suite runs over. Append one entry to add a backend.
 BACKENDS: list[Backend] = [
     Backend("memory", _open_memory, persistent=False, injectable_clock=True, inline_async=True),
     Backend("sqlite", _open_sqlite, persistent=True, injectable_clock=True, inline_async=True),
     Backend("redis", _open_redis, persistent=True, injectable_clock=False, inline_async=False,
             cleanup=_flush_redis_prefix),
+    Backend("redis-cluster", _open_redis_cluster, persistent=True, injectable_clock=False, inline_async=False,
+            cleanup=_flush_redis_cluster_prefix),
 ]
 
 
