@@ -194,7 +194,7 @@ class Booker:
             await self._wait(host, min(verdict.due - snapshot.now, self.policy.max_wait), request)
         addresses = await self.resolution.addresses(request, host)  # resolved at the decision (docs/spec.md §3)
         self.report.inc("burst")
-        self.lifecycle.booked(request)
+        self.lifecycle.sent(request)
         self.report.counters(host).requests += 1
         go = Go(sent_at=decided_at - self.clock.offset, address=addresses[0] if addresses else None)
         self.report.events.booking(host, request.url, at=go.sent_at, due=None, address=go.address, reason="burst")
@@ -230,10 +230,13 @@ class Booker:
                     # line meanwhile. The booking stands (the table spaced it after every earlier one);
                     # the request waits until the line is its own (docs/spec.md §5).
                     key = ip_key(address)
-                    while not lifecycle.take(key, request):
+                    lifecycle.booked(request)
+                    if not lifecycle.take(key, request):
                         self.report.inc("ip_line/retaken")
-                        await await_deferred(lifecycle.wait_for([key]))
-                lifecycle.booked(request)
+                        while not lifecycle.take(key, request):
+                            await await_deferred(lifecycle.wait_for([key]))
+                        now = await self._address_free(host, key, request)
+                lifecycle.sent(request)
                 self.report.booked(host)
                 self.report.events.booking(host, request.url, at=now, address=address,
                                            due=booking.host.next_allowed if booking.host is not None else None)
@@ -256,6 +259,18 @@ class Booker:
             finally:
                 if waiting_key is not None:
                     lifecycle.end_budget_wait(waiting_key, request)
+
+    async def _address_free(self, host: str, key: str, request: Request) -> float:
+        """After waiting for the address's line: the other request's finish moved the address to its end
+        plus ``POLITE_IP_INTERVAL`` (docs/spec.md §3), so wait for that moment too; returns the store's time
+        the request goes at (its ``polite_sent_at``)."""
+        while True:
+            snapshot = await self._read(key)
+            state = snapshot.states[key]
+            ahead = (state.next_allowed if state is not None else 0.0) - snapshot.now
+            if ahead <= 0:
+                return snapshot.now
+            await self._wait(host, min(ahead, self.policy.max_wait), request)
 
     async def _transact(self, host: str, addresses: list[str], floor: float,
                         ip_interval: float) -> tuple[Booking, float]:

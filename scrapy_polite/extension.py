@@ -148,8 +148,8 @@ class PoliteExtension:
         scheduler.unpark()
         earliest = scheduler.earliest_due()
         if earliest == float("inf"):
-            logger.error("scrapy-polite: the held requests wait for lines that nothing holds any more; closing. %s",
-                         scheduler.describe())
+            logger.error("scrapy-polite: the held requests wait for lines that nothing in the downloader will free; "
+                         "closing. %s", scheduler.describe())
             self.pacer.inc("stranded")
             raise CloseSpider("polite_stranded")
         wait = (earliest - self.pacer.clock()) if earliest is not None else 0.0

@@ -82,15 +82,16 @@ class Lifecycle:
     Args:
         wake: ``wake(host)``, called when something that held the host back is gone (the scheduler then
             hands out the host's next held request as soon as it is due); None until a scheduler attaches.
-        inc: ``inc(stat_key)``, counts ``polite/<stat_key>``.
+        inc: ``inc(stat_key, count)``, adds ``count`` to ``polite/<stat_key>``.
     """
 
     def __init__(self, wake: Callable[[str], None] | None = None,
-                 inc: Callable[[str], None] | None = None) -> None:
+                 inc: Callable[[str, float], None] | None = None) -> None:
         self.wake = wake
         self._inc = inc
         self._lines: dict[str, Line] = {}
         self._claims: dict[str, Any] = {}  # host → its released request on its way to the booking
+        self._claimed: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # request → host
         self._waiting_hosts: dict[str, set[str]] = {}  # ip: key → hosts deferred until it frees
         self._stages: weakref.WeakKeyDictionary[Any, Stage] = weakref.WeakKeyDictionary()
         self._hosts: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -141,6 +142,10 @@ class Lifecycle:
             return True
         return any(host in hosts and self.busy(key) for key, hosts in self._waiting_hosts.items())
 
+    def lines_kept(self) -> int:
+        """How many lines are kept (taken, or with requests waiting for them): bounded by the lines in use."""
+        return len(self._lines)
+
     def holders(self) -> list[tuple[str, Any]]:
         """``(key, request)`` for every taken line and every claim (key ``claim:<host>``)."""
         out = [(key, line.holder) for key, line in self._lines.items() if line.holder is not None]
@@ -162,6 +167,7 @@ class Lifecycle:
         self._hosts[request] = host
         self._stages[request] = Stage.RELEASED
         self._claims[host] = request  # the scheduler releases a host only when it is not blocked()
+        self._claimed[request] = host  # ended by this host, whatever host the request arrives for
 
     # -- the middleware's and the booking's moves -----------------------------------------------------
 
@@ -184,7 +190,11 @@ class Lifecycle:
         return line.holder is request
 
     def booked(self, request: Any) -> None:
-        """``request`` is booked and goes to the download handler."""
+        """``request`` is booked in the table; it may still wait for its address's line (docs/spec.md §5)."""
+        self._stages[request] = Stage.BOOKED
+
+    def sent(self, request: Any) -> None:
+        """``request`` goes to the download handler (``in flight``)."""
         self._stages[request] = Stage.IN_FLIGHT
 
     def has_live_waiters(self, keys: Iterable[str]) -> bool:
@@ -199,6 +209,7 @@ class Lifecycle:
             line = self._lines.get(key)
             if line is None:
                 line = self._lines[key] = Line()
+            line.freed = [w for w in line.freed if not w.called]  # a wait on several lines fired by another
             line.freed.append(d)
         return d
 
@@ -260,10 +271,13 @@ class Lifecycle:
 
     # -- the backstop ----------------------------------------------------------------------------------
 
-    def reconcile(self, active: Collection[Any] | None) -> int:
+    def reconcile(self, active: Collection[Any] | None,
+                  release: Callable[[Any], None] | None = None) -> int:
         """End every request that holds a line or a claim but is no longer in the downloader (``active``:
         Scrapy's ``Downloader.active``; None: unknown, nothing is done): it left by a path that bypassed the
-        middleware (docs/spec.md §5). Returns how many were ended (``polite/lifecycle/reclaimed``)."""
+        middleware (docs/spec.md §5). ``release(request)`` is called first for each (the booking's release:
+        it unpins the request's address). Returns how many were ended, and adds them to
+        ``polite/lifecycle/reclaimed``."""
         if active is None:
             return 0
         gone = [(key, request) for key, request in self.holders()
@@ -277,19 +291,28 @@ class Lifecycle:
             ended += 1
             logger.debug("scrapy-polite: %s left without passing the pacing middleware (%s); freeing it",
                          request, key)
+            if release is not None:
+                release(request)
+            if key.startswith("claim:"):
+                self._end_claim(key[len("claim:"):], request)
             for line_key, line in list(self._lines.items()):
                 if line.holder is request:
                     self._free_line(line_key, request)
             self.end(request, dropped=True)
         if ended and self._inc is not None:
-            self._inc("lifecycle/reclaimed")
+            self._inc("lifecycle/reclaimed", ended)
         return ended
 
     # -- internals -------------------------------------------------------------------------------------
 
     def _unclaim(self, request: Any) -> None:
-        host = self._hosts.get(request)
-        if host is not None and self._claims.get(host) is request:
+        host = self._claimed.pop(request, None)
+        if host is not None:
+            self._end_claim(host, request)
+
+    def _end_claim(self, host: str, request: Any) -> None:
+        self._claimed.pop(request, None)
+        if self._claims.get(host) is request:
             del self._claims[host]
             self._wake(host)
 
@@ -307,10 +330,9 @@ class Lifecycle:
             return False
         line.holder = None
         line.recording = None
-        waiters, line.freed = line.freed, []
-        if not waiters:
-            del self._lines[key]  # bounded by the lines in use, not by every host ever seen
-        for d in waiters:
+        waiters, line.freed = [d for d in line.freed if not d.called], []
+        del self._lines[key]  # bounded by the lines in use, not by every host ever seen
+        for d in waiters:  # each waiter takes the line (or another) when it runs: a new Line then
             if not d.called:
                 d.callback(None)
         for waiting in self._waiting_hosts.pop(key, ()):

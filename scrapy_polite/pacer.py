@@ -243,7 +243,7 @@ class Pacer:
         self._reconciled = now
         engine = getattr(self.crawler, "engine", None)
         active = getattr(getattr(engine, "downloader", None), "active", None)
-        return self.lifecycle.reconcile(active)
+        return self.lifecycle.reconcile(active, self.booker.release)
 
     def drop(self, request: Request) -> None:
         """``request`` left without a download (``IgnoreRequest`` from any component, a response made by a

@@ -4,7 +4,7 @@ Each crawl starts with a host in backoff from an earlier run (its SQLite row: on
 in 2 s), so every start request of that host is held by the scheduler. When the host comes due, its held
 requests are released one at a time; some of them are then dropped or answered *before* the pacing
 middleware books them — by ``RobotsTxtMiddleware``, ``OffsiteMiddleware``, ``HttpCacheMiddleware``, a
-project middleware raising ``IgnoreRequest`` or one returning a ``Response``. Each crawl must finish on its
+project middleware raising ``IgnoreRequest`` or returning a ``Response`` or another request. Each crawl must finish on its
 own (``finish_reason`` ``"finished"``) with every allowed page fetched (the server's arrival log), no
 request left held, and no timeout needed.
 
@@ -61,6 +61,16 @@ class AnswerCanned:
     def process_request(self, request: Any, spider: Any = None) -> HtmlResponse | None:
         if "/canned" in request.url:
             return HtmlResponse(request.url, body=b"<html>canned</html>", encoding="utf-8", request=request)
+        return None
+
+
+class Rewrite:
+    """A project middleware that returns a rewritten request in place of ``/old*`` (as scrapy-splash does
+    for its render endpoint): the released request leaves without reaching scrapy-polite's middleware."""
+
+    def process_request(self, request: Any, spider: Any = None) -> Any:
+        if "/old" in request.url:
+            return request.replace(url=request.url.replace("/old", "/new"))
         return None
 
 
@@ -159,4 +169,17 @@ async def test_held_requests_dropped_or_answered_by_a_project_middleware_do_not_
     else:
         assert fetched == ["a", "b", "c"]
         assert sorted(f.error for f in crawler.spider.failed) == ["IgnoreRequest", "IgnoreRequest"]
+    assert_finished(crawler, elapsed)
+
+
+@pytest_twisted.ensureDeferred
+async def test_held_requests_replaced_by_a_project_middleware_do_not_strand_the_host(arrival_server, tmp_path):
+    """No hook of ours sees a released request replaced by another (the middleware returns a Request): the
+    lifecycle owner finds it missing from the downloader and frees its host (``polite/lifecycle/reclaimed``)."""
+    srv = arrival_server("127.0.5.21")
+    srv.route("/*", page())
+    urls = [srv.url(p) for p in ("/a", "/old1", "/b", "/old2", "/c")]
+    crawler, elapsed = await crawl(srv, tmp_path, urls, DOWNLOADER_MIDDLEWARES={Rewrite: 500})
+    assert paths(srv) == ["/a", "/b", "/c", "/new1", "/new2"]
+    assert crawler.stats.get_value("polite/lifecycle/reclaimed") == 2
     assert_finished(crawler, elapsed)

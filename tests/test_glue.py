@@ -969,3 +969,37 @@ async def test_an_address_line_taken_during_an_awaited_booking_is_waited_for_nev
     assert go_b.address == A1 and g.lines.holds("ip:192.0.2.1", rb)
     # negative control: the booking b made in the table stands (spaced after a's)
     assert go_b.sent_at >= go_a.sent_at + 2.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_retaken_address_line_still_keeps_the_interval_after_the_other_requests_end():
+    """The same stalled booking as above: when a's download ends, the address's next start is its end plus
+    ``POLITE_IP_INTERVAL`` (docs/spec.md §3). b, which waited for A1's line, goes no sooner than that, and its
+    ``polite_sent_at`` is the moment it really goes.
+
+    Fails when the request that won the line back goes at once on its old booking."""
+    g = glue(addresses={"a.example": [A1], "b.example": [A1]}, gated=True, sleep="hand")
+    ra, rb = request("http://a.example/1"), request("http://b.example/1")
+    g.astore.gated = True
+    booking_a = task(g.booker.before_request(ra, "a.example"))
+    booking_b = task(g.booker.before_request(rb, "b.example"))
+    await settle()
+    call, d = g.astore.held.pop(0)
+    call().chainDeferred(d)
+    sent(g, ra, await booking_a)
+    g.clock.advance(2.5)
+    call, d = g.astore.held.pop(0)
+    g.astore.gated = False
+    call().chainDeferred(d)
+    await settle()
+    assert not booking_b.called
+    end_a = g.clock()
+    respond(g, ra)
+    assert g.row("ip:192.0.2.1").next_allowed >= end_a + 2.0
+    await settle()
+    assert not booking_b.called, "b went inside the address's interval after a's end"
+    assert g.stat("ip_line/retaken") == 1
+    g.sleep.wake()  # the wait for the address's next start ends
+    await settle()
+    go_b = sent(g, rb, await booking_b)
+    assert go_b.address == A1 and go_b.sent_at >= end_a + 2.0

@@ -462,3 +462,66 @@ def test_a_wall_clock_step_neither_releases_a_held_host_early_nor_stalls_it():
             assert 5.0 - 1e-6 <= first <= 5.2, (step, first)
         finally:
             m.teardown()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The owner's bookkeeping (each found by a review, each failing on the code before its fix)
+
+
+def test_reconcile_releases_the_reclaimed_requests_pin():
+    """A request reclaimed by reconcile gives up its resolver pin too (the booking's release is called), or
+    the resolver would answer only that address for its host for the rest of the crawl."""
+    from tests.test_glue import book, glue, request
+
+    g = glue(addresses={"a.example": ["192.0.2.1"]})
+    ra = request("http://a.example/1")
+    book(g, ra)
+    assert g.resolution.pins[("a.example", "192.0.2.1")] == 1
+    assert g.lines.reconcile({ra}, g.booker.release) == 0  # negative control: still in the downloader
+    assert g.resolution.pins[("a.example", "192.0.2.1")] == 1
+    assert g.lines.reconcile(set(), g.booker.release) == 1
+    assert not g.lines.busy("a.example") and not g.lines.busy("ip:192.0.2.1")
+    assert g.resolution.pins[("a.example", "192.0.2.1")] == 0
+
+
+def test_lines_do_not_outlive_their_use():
+    """A wait on several lines leaves its fired Deferred in the others' lists: those lines are still
+    forgotten once free (the owner keeps only the lines in use)."""
+    lc = Lifecycle()
+    lc.wake = lambda host: None
+    kept = []
+    for i in range(100):
+        r1, r2, waiter = (scrapy.Request(f"http://h{i}.example/1"), scrapy.Request(f"http://h{i}.example/2"),
+                          scrapy.Request("http://x.example/"))
+        k1, k2 = f"ip:192.0.{i}.1", f"ip:192.0.{i}.2"
+        assert lc.take(k1, r1) and lc.take(k2, r2)
+        d = lc.wait_for([k1, k2])  # every address busy: wait for either
+        lc.free(r1, f"h{i}.example", k1)
+        assert d.called and lc.take(k1, waiter)
+        assert lc.lines_kept() == 2  # negative control: lines in use are kept
+        lc.free(waiter, "x.example", k1)
+        lc.free(r2, f"h{i}.example", k2)
+        kept.append((r1, r2, waiter))
+    assert not lc.holders() and lc.lines_kept() == 0
+
+
+def test_the_reclaimed_stat_counts_requests():
+    counted: list[float] = []
+    lc = Lifecycle(inc=lambda key, count: counted.append(count))
+    requests = [scrapy.Request(f"http://h{i}.example/") for i in range(3)]
+    for i, r in enumerate(requests):
+        lc.release(r, f"h{i}.example")
+    assert lc.reconcile(set(requests[:1])) == 2
+    assert sum(counted) == 2
+
+
+def test_a_claim_is_ended_whatever_host_the_request_arrives_for():
+    """The claim is the host the request was released for: it ends even when the request arrives for
+    another key (a middleware that changed its URL in place)."""
+    lc = Lifecycle()
+    woken: list[str] = []
+    lc.wake = woken.append
+    r = scrapy.Request("http://a.example/")
+    lc.release(r, "a.example")
+    lc.arrive(r, "b.example")
+    assert not lc.blocked("a.example") and woken == ["a.example"]
