@@ -636,7 +636,13 @@ class RedisStore:
 
 
 def _finish(steps: UpdateSteps[T]) -> T:
-    """Run ``steps`` to their end on this thread, sleeping between two."""
+    """Run ``steps`` to their end on this thread, sleeping between two.
+
+    Only the blocking :meth:`RedisStore.update` / ``update_many`` run here: ``scrapy polite`` and scripts,
+    never a crawl. A crawl reaches the store through :class:`~scrapy_polite.stores.AsyncStore`, which runs
+    the same steps itself (``update_steps``), each on a store thread and the wait between two on the
+    reactor's clock, so this sleep never runs on the reactor nor holds a store thread (docs/spec.md §6,
+    "Redis: contention")."""
     while True:
         out = steps.step()
         if not isinstance(out, Again):
