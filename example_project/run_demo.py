@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--arrivals", metavar="PATH", help="also write every server-side arrival as CSV to PATH")
     parser.add_argument("--timeline", metavar="PATH",
-                        help="where to write the crawl's timeline (.html, or .png through headless Chromium); default: "
+                        help="where to write the crawl's timeline (.html, or .svg for the picture alone); default: "
                              "polite-timeline.html beside the pace table file (or in the project's .scrapy/)")
     parser.add_argument("--check", action="store_true",
                         help=f"serve the sites on port {CHECK_PORT} and run `scrapy check pydoc_site` (the spider's "
@@ -159,7 +159,7 @@ def write_demo_timeline(uri: str, crawler: Any, output: str, *, since: float) ->
     ``output`` (scrapy_polite.timeline); its path, or None when there is nothing to draw or it cannot be written."""
     from scrapy_polite.pacer import find_pacer
     from scrapy_polite.stores import MemoryStore, StoreError, open_store
-    from scrapy_polite.timeline import RenderError, write_timeline
+    from scrapy_polite.timeline import write_timeline
 
     pacer = find_pacer(crawler)
     backend = pacer.store.store if pacer is not None else None
@@ -176,7 +176,7 @@ def write_demo_timeline(uri: str, crawler: Any, output: str, *, since: float) ->
             return None
         os.makedirs(os.path.dirname(output), exist_ok=True)
         write_timeline(events, output, title="scrapy-polite demo: the crawl's timeline", store=uri)
-    except (StoreError, RenderError, OSError) as exc:
+    except (StoreError, ValueError, OSError) as exc:
         print(f"\nno timeline: {exc}", file=sys.stderr)
         return None
     return output

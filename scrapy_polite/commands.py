@@ -7,12 +7,12 @@ Usage (inside a Scrapy project, or with ``--store URI`` / ``-s POLITE_STORE=...`
     scrapy polite reset HOST_OR_URL [...]           # forget a host's backoff (README says what is kept)
     scrapy polite crawl-delay HOST SECONDS          # set the host's Crawl-delay; --clear removes it
     scrapy polite expire                            # remove rows idle longer than POLITE_STORE_EXPIRE
-    scrapy polite timeline [--since WHEN] [--host HOST ...] [-o timeline.html|timeline.png]
+    scrapy polite timeline [--since WHEN] [--host HOST ...] [-o timeline.html|timeline.svg] [--format svg|html]
 
 Exit status: :data:`EXIT_OK` 0 done; :data:`EXIT_NO_HOST` 1 no such host (or no events to draw);
 :data:`EXIT_USAGE` 2 usage (an unknown verb or option, a bad value, an invalid setting); :data:`EXIT_STORE` 3
 the store is unusable (missing, unreadable, unwritable, unreachable); :data:`EXIT_OUTPUT` 4 the timeline could
-not be written or rendered (no Chromium for a PNG).
+not be written.
 
 One vocabulary: the columns (:data:`HOST_COLUMNS`) are the words of the closing summary and of the example's
 table; a JSON key is its column's name lower-cased, with spaces and dashes as underscores (``backoff steps`` →
@@ -42,7 +42,7 @@ from .pacer import default_store_uri
 from .policy import HostState, PacingPolicy, host_key, ip_key
 from .settings import PoliteConfig, SettingsError
 from .stores import Event, PaceStore, StoreError, StoreOptions, open_store, sqlite_path
-from .timeline import RenderError, hosts_of, write_timeline
+from .timeline import FORMATS, hosts_of, timeline_format, write_timeline
 
 __all__ = [
     "Command",
@@ -77,9 +77,10 @@ EVENT_COLUMNS = ("at", "event", "what", "url")
 
 #: Which options each verb takes (the others are a usage error with it).
 _VERB_OPTIONS = {"hosts": {"throttled", "json"}, "show": {"json", "events"}, "reset": {"json"},
-                 "crawl-delay": {"json", "clear"}, "expire": {"json"}, "timeline": {"json", "since", "host", "output"}}
+                 "crawl-delay": {"json", "clear"}, "expire": {"json"},
+                 "timeline": {"json", "since", "host", "output", "format"}}
 _OPTION_NAMES = {"throttled": "--throttled", "json": "--json", "events": "--events", "clear": "--clear",
-                 "since": "--since", "host": "--host", "output": "-o/--output"}
+                 "since": "--since", "host": "--host", "output": "-o/--output", "format": "--format"}
 
 
 class _NoSuchHost(Exception):
@@ -495,6 +496,7 @@ class _Operator:
         if args:
             raise UsageError(f"timeline takes no positional argument (got {' '.join(args)}); use --host HOST",
                              print_help=False)
+        output = _timeline_output(self.opts)
         since = parse_since(self.opts.since, self.now) if self.opts.since else None
         wanted = [_key(h) for h in (self.opts.host or [])]
         limit = self.config.event_log_size
@@ -511,22 +513,15 @@ class _Operator:
             raise _NoSuchHost(f"no events in the event log of {self.store.uri}"
                               f"{' since ' + _absolute(since) if since else ''} (POLITE_EVENT_LOG off, or nothing "
                               "crawled with this POLITE_STORE yet)")
-        output = self.opts.output or "timeline.html"
         try:
-            report = write_timeline(events, output, store=self.store.uri)
-        except RenderError as exc:
-            print(f"scrapy polite timeline: {exc}", file=self.err)
-            return EXIT_OUTPUT
+            written = write_timeline(events, output, store=self.store.uri, fmt=self.opts.format)
         except OSError as exc:
             print(f"scrapy polite timeline: cannot write {output}: {exc}. Fix: choose another -o path", file=self.err)
             return EXIT_OUTPUT
         hosts = hosts_of(events)
-        if report is not None and report.console_errors:
-            print(f"scrapy polite timeline: the page logged errors while rendering: {report.console_errors}",
-                  file=self.err)
         if self.opts.json:
-            self.dump({"store": self.store.uri, "output": os.path.abspath(output), "events": len(events),
-                       "hosts": hosts})
+            self.dump({"store": self.store.uri, "output": os.path.abspath(output), "format": written,
+                       "events": len(events), "hosts": hosts})
         else:
             self.print(f"timeline of {len(events)} events, {len(hosts)} hosts "
                        f"({clock_time(events[0].at, date=True)} to {clock_time(events[-1].at, date=True)}): "
@@ -562,7 +557,8 @@ class Command(ScrapyCommand):
 
     def syntax(self) -> str:
         return ("hosts [--throttled] [--json] | show HOST_OR_URL [--events N] [--json] | reset HOST_OR_URL [...] | "
-                "crawl-delay HOST SECONDS|--clear | expire | timeline [--since WHEN] [--host HOST] [-o PATH]")
+                "crawl-delay HOST SECONDS|--clear | expire | "
+                "timeline [--since WHEN] [--host HOST] [-o PATH] [--format svg|html]")
 
     def short_desc(self) -> str:
         return "Look at and steer scrapy-polite's pace table and event log"
@@ -570,7 +566,7 @@ class Command(ScrapyCommand):
     def long_desc(self) -> str:
         return (__doc__ or "").split("\n\n", 1)[0].replace("``", "") + (
             " Exit status: 0 done, 1 no such host (or no events to draw), 2 usage, 3 the store is unusable, "
-            "4 the timeline could not be written or rendered.")
+            "4 the timeline could not be written.")
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
@@ -595,7 +591,11 @@ def add_verb_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--host", metavar="HOST", action="append", default=None,
                        help="timeline: only this host (repeatable)")
     group.add_argument("-o", "--output", metavar="PATH", default=None,
-                       help="timeline: the file to write, .html or .png (default timeline.html)")
+                       help="timeline: the file to write, .html or .svg (default timeline.html, or timeline.svg "
+                            "with --format svg)")
+    group.add_argument("--format", metavar="FORMAT", choices=FORMATS, default=None,
+                       help="timeline: svg (a standalone image) or html (the picture, a table per host and "
+                            "tooltips); default: by the -o name's ending, else html")
 
 
 def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO[str], err: IO[str],
@@ -624,6 +624,11 @@ def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO
         value = getattr(opts, name, None)
         if value not in (None, False, []) and name not in _VERB_OPTIONS[verb]:
             raise UsageError(f"{flag} does not apply to `{verb}`", print_help=False)
+    if verb == "timeline":
+        try:
+            timeline_format(_timeline_output(opts), opts.format)  # a format we don't draw: before the store
+        except ValueError as exc:
+            raise UsageError(str(exc), print_help=False) from None
     try:
         config = PoliteConfig.from_settings(settings)
     except SettingsError as exc:
@@ -644,6 +649,11 @@ def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO
     except StoreError as exc:
         print(exc, file=err)
         return EXIT_STORE
+
+
+def _timeline_output(opts: argparse.Namespace) -> str:
+    """The file ``timeline`` writes: ``-o``, else timeline.svg for ``--format svg``, else timeline.html."""
+    return str(opts.output or ("timeline.svg" if opts.format == "svg" else "timeline.html"))
 
 
 def _number(text: str) -> bool:

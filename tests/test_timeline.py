@@ -1,12 +1,16 @@
 """The timeline (``scrapy polite timeline``, scrapy_polite/timeline.py) of a real crawl against loopback servers,
-rendered in a real headless Chromium (Debian's ``chromium``; ``.ci/run`` installs it when missing).
+rendered in a real headless Chromium (Debian's ``chromium``, driven by tests/support/chromium.py; ``.ci/run``
+installs it when missing): the HTML page, and the standalone SVG image.
 
 The crawl has a healthy host, a host that throttles once (429 with Retry-After, then deferrals), a host whose
 robots.txt publishes a Crawl-delay, and a host with a non-public address (refused). Its event log must hold
 every host and every kind of event; the timeline drawn from it must have a row per host, open in Chromium with
 no console error and no network request, show the URL, status and delay chosen when a mark is hovered, and
-its screenshot (saved next to the HTML) must not be blank. Negative controls prove the checks can fail: a page
-that logs an error and loads a remote image is caught, and a blank page's screenshot is judged blank.
+its screenshot (saved next to the HTML) must not be blank. The standalone SVG (``-o timeline.svg``) must be
+well-formed XML with a row per host and a ``<title>`` tooltip on every mark, draw in Chromium on its own with no
+error and no request, and not be blank. Negative controls prove the checks can fail: a page that logs an error
+and loads a remote image is caught, a blank page's screenshot is judged blank, and a PNG is refused (exit 2)
+without touching the store.
 
 Chromium is never optional here: a missing browser fails the test (with the command that installs it).
 """
@@ -18,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -25,7 +30,8 @@ import pytest_twisted
 from twisted.internet import defer
 
 from scrapy_polite.stores import SQLiteStore
-from scrapy_polite.timeline import OUTCOME_COLOURS, Chromium, find_chromium, timeline_html
+from scrapy_polite.timeline import OUTCOME_COLOURS, timeline_html, timeline_svg
+from tests.support.chromium import Chromium, find_chromium
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.png import read_png
 from tests.support.server import Reply, page, sequence
@@ -151,16 +157,41 @@ def test_the_timeline_renders_in_chromium_with_no_error_and_no_request(crawled, 
     assert image.has_colour(OUTCOME_COLOURS["2xx"]) and image.has_colour(OUTCOME_COLOURS["throttle"])
 
 
-def test_the_timeline_as_png_and_filtered_by_host(crawled, tmp_path):
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_the_timeline_as_a_standalone_svg_filtered_by_host(crawled, tmp_path):
     uri, _, _, _ = crawled
     result = polite("timeline", "--store", uri, "--host", "127.0.0.3", "--since", "1h", "-o",
-                    str(tmp_path / "busy.png"), "--json", cwd=tmp_path)
+                    str(tmp_path / "busy.svg"), "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["hosts"] == ["127.0.0.3"] and data["events"] > 0
-    png = (tmp_path / "busy.png").read_bytes()
-    ok, how = not_blank(png)
+    assert data["hosts"] == ["127.0.0.3"] and data["events"] > 0 and data["format"] == "svg"
+    text = (tmp_path / "busy.svg").read_text(encoding="utf-8")
+    root = ET.fromstring(text.encode("utf-8"))  # well-formed XML, or this raises
+    assert root.tag == f"{SVG}svg" and root.get("width") and root.get("viewBox")
+    assert [g.get("data-host") for g in root.iter(f"{SVG}g") if g.get("class") == "row"] == ["127.0.0.3"]
+    marks = [e for e in root.iter(f"{SVG}rect") if (e.get("class") or "").startswith("mark")]
+    assert marks and all(m.find(f"{SVG}title") is not None for m in marks)  # a native tooltip on every mark
+    throttle = next(m for m in marks if "throttle" in (m.get("class") or ""))
+    tip = throttle.find(f"{SVG}title").text
+    assert "/p/1" in tip and "429" in tip and "Retry-After 1 s" in tip, tip
+    assert "<script" not in text and not re.search(r'(src|href)="(https?:)?//', text)  # nothing runs, nothing to fetch
+    # --format svg without -o writes timeline.svg; --format html wins over a .svg name.
+    default = polite("timeline", "--store", uri, "--format", "svg", cwd=tmp_path)
+    assert default.returncode == 0, default.stderr
+    assert ET.parse(tmp_path / "timeline.svg").getroot().tag == f"{SVG}svg"
+    # The whole log's SVG, opened on its own in Chromium: a row per host, no error, no request, not blank.
+    report = chromium().render(str(tmp_path / "timeline.svg"), width=1400, height=100,
+                               evaluate=["document.querySelectorAll('g.row').length"])
+    assert report.console_errors == [] and report.external_requests == []
+    assert report.evaluated == [4]
+    ok, how = not_blank(report.screenshot)
     assert ok, how
+    image = read_png(report.screenshot)
+    assert image.has_colour(OUTCOME_COLOURS["2xx"]) and image.has_colour(OUTCOME_COLOURS["throttle"])
+    forced = polite("timeline", "--store", uri, "--format", "html", "-o", str(tmp_path / "page.svg"), cwd=tmp_path)
+    assert forced.returncode == 0 and (tmp_path / "page.svg").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     # Negative controls: a host without events, and a --since after everything, draw nothing (exit 1).
     missing = polite("timeline", "--store", uri, "--host", "nowhere.example", "-o", str(tmp_path / "x.html"),
                      cwd=tmp_path)
@@ -168,6 +199,35 @@ def test_the_timeline_as_png_and_filtered_by_host(crawled, tmp_path):
     assert not (tmp_path / "x.html").exists()
     later = polite("timeline", "--store", uri, "--since", "@9999999999", "-o", str(tmp_path / "y.html"), cwd=tmp_path)
     assert later.returncode == 1 and "no events" in later.stderr
+
+
+def test_a_png_is_refused_with_the_svg_named(tmp_path):
+    """PNG is not drawn any more: -o x.png is a usage error (exit 2) naming the .svg to write, before the store is
+    opened (a missing store would be exit 3), and nothing is written; an unknown --format is refused too."""
+    missing_store = f"sqlite:///{tmp_path / 'nowhere' / 'pace.sqlite3'}"
+    png = polite("timeline", "--store", missing_store, "-o", str(tmp_path / "t.png"), cwd=tmp_path)
+    assert png.returncode == 2, (png.returncode, png.stderr)
+    assert "t.svg" in png.stderr and "Traceback" not in png.stderr
+    assert not (tmp_path / "t.png").exists()
+    fmt = polite("timeline", "--store", missing_store, "--format", "png", cwd=tmp_path)
+    assert fmt.returncode == 2 and "png" in fmt.stderr
+    # Negative control: the same missing store with an .svg output gets past the format and fails on the store.
+    svg = polite("timeline", "--store", missing_store, "-o", str(tmp_path / "t.svg"), cwd=tmp_path)
+    assert svg.returncode == 3, (svg.returncode, svg.stderr)
+
+
+def test_the_svg_escapes_what_it_draws_and_an_empty_log_says_so():
+    """Hosts and URLs with XML's special characters stay well-formed; no events is a picture that says so."""
+    from scrapy_polite.stores.base import Event
+
+    url = "http://a.example/?x=1&y=<2>&z=\"3\""
+    events = [Event(at=100.0, kind="booking", host="a.example", url=url),
+              Event(at=100.5, kind="response", host="a.example", url=url, status=200, started=100.0)]
+    root = ET.fromstring(timeline_svg(events, title="t & <u>", store="sqlite:///x?a&b", now=200.0).encode())
+    titles = [t.text or "" for t in root.iter(f"{SVG}title")]
+    assert "t & <u>" in titles and any(url in t for t in titles)
+    empty = ET.fromstring(timeline_svg([], store="memory://").encode())
+    assert any("No events in memory://" in (t.text or "") for t in empty.iter(f"{SVG}text"))
 
 
 def test_negative_control_errors_and_requests_are_caught(tmp_path):
