@@ -358,7 +358,8 @@ class _Operator:
         if key.startswith("ip:"):  # an address row: the bookings made on it (of any host)
             address = key[3:]
             recent = self.store.events(limit=max(2000, 50 * limit))
-            events = [e for e in recent if e.address is not None and ip_key(e.address) == key][-limit:] if limit else []
+            events = [e for e in recent if e.kind == "booking" and e.address is not None and ip_key(e.address) == key
+                      ][-limit:] if limit else []
         else:
             address = None
             events = self.store.events(host=key, limit=limit) if limit else []
