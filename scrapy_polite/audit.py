@@ -510,6 +510,10 @@ def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str 
 
 # -- words -------------------------------------------------------------------------------------------------
 
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
 def _s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.3f} s"
 
@@ -557,28 +561,29 @@ def format_report(report: AuditReport, *, store: str, throttles_shown: int = 5) 
         shown = "; ".join(_throttle_words(t) for t in host.throttles[:throttles_shown])
         more = f"; {len(host.throttles) - throttles_shown} more (--json lists them)" \
             if len(host.throttles) > throttles_shown else ""
-        throttles = f"{len(host.throttles)} throttles ({shown}{more})" if host.throttles else "0 throttles"
+        throttles = f"{_n(len(host.throttles), 'throttle')} ({shown}{more})" if host.throttles else "0 throttles"
         refused = f", {host.refused} refused" if host.refused else ""
-        verdict = f", {host.violations} VIOLATIONS" if host.violations else ", ok"
-        lines.append(f"host {host.host}: {host.requests} requests{burst}, {gap}, {throttles}{refused}{verdict}")
+        verdict = f", {_n(host.violations, 'VIOLATION')}" if host.violations else ", ok"
+        lines.append(f"host {host.host}: {_n(host.requests, 'request')}{burst}, {gap}, {throttles}{refused}{verdict}")
     for address in report.addresses:
         gap = ("smallest gap -" if address.smallest_gap is None else
                f"smallest gap {_s(address.smallest_gap)} (interval {_s(address.gap_required)})")
         allowed = "allowed" if address.allowed else "NOT ALLOWED"
-        verdict = f", {address.violations} VIOLATIONS" if address.violations else ", ok"
-        lines.append(f"address {address.address}: {address.requests} requests ({', '.join(address.hosts)}), {gap}, "
-                     f"{allowed}{verdict}")
+        verdict = f", {_n(address.violations, 'VIOLATION')}" if address.violations else ", ok"
+        hosts = ", ".join(address.hosts)
+        requests = _n(address.requests, "request")
+        lines.append(f"address {address.address}: {requests} ({hosts}), {gap}, {allowed}{verdict}")
     lines.extend(f"note: {note}" for note in report.notes)
     for violation in report.violations:
         lines.extend(_violation_words(violation))
     if report.ok:
-        lines.append(f"OK: no violation in {sum(h.requests for h in report.hosts)} requests to "
-                     f"{len(report.hosts)} hosts")
+        lines.append(f"OK: no violation in {_n(sum(h.requests for h in report.hosts), 'request')} to "
+                     f"{_n(len(report.hosts), 'host')}")
     else:
         counts: dict[str, int] = defaultdict(int)
         for violation in report.violations:
             counts[violation.kind] += 1
-        lines.append(f"FAILED: {len(report.violations)} violations ("
+        lines.append(f"FAILED: {_n(len(report.violations), 'violation')} ("
                      + ", ".join(f"{n} {k}" for k, n in counts.items()) + ")")
     return lines
 
