@@ -11,33 +11,9 @@ import pytest
 from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.audit import VIOLATION_KINDS, LogError, audit, format_report, report_json
 from scrapy_polite.stores import Event
+from tests.support.audit_log import T0, Log
 
-T0 = 1_800_000_000.0
 LOOPBACK = AddressFilter(allowed_networks=["127.0.0.0/8"]).allows
-
-
-class Log:
-    """Builds a log as one process writes it: numbered 0, 1, 2, ..."""
-
-    def __init__(self, source: str = "m:1") -> None:
-        self.source = source
-        self.events: list[Event] = []
-
-    def add(self, at: float, kind: str, host: str = "a.example", **fields: Any) -> Event:
-        numbered = sum(1 for e in self.events if e.source == self.source)
-        event = Event(T0 + at, kind, host, **{"source": self.source, "seq": numbered, **fields})
-        self.events.append(event)
-        return event
-
-    def book(self, at: float, host: str = "a.example", *, interval: float = 1.0, address: str = "127.0.0.2",
-             ip_interval: float = 0.0, **fields: Any) -> Event:
-        return self.add(at, "booking", host, url=f"http://{host}/{len(self.events)}", delay=interval,
-                        due=T0 + at + interval, address=address, interval=interval, ip_interval=ip_interval,
-                        **fields)
-
-    def respond(self, at: float, host: str = "a.example", *, status: int = 200, due: float, **fields: Any) -> Event:
-        return self.add(at, "response", host, url=f"http://{host}/r", status=status, delay=due - at, due=T0 + due,
-                        **fields)
 
 
 def run(log: Log, allows: Any = LOOPBACK, **kwargs: Any):
