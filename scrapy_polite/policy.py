@@ -106,7 +106,8 @@ class Booking:
         address: the address chosen (booked), or the one free first (not booked); None without addresses.
         writes: the rows to store: ``""`` for the host's row, else an address → its ``ip:`` row.
         interval: seconds, the host's interval this booking applied (``max(eff, floor)``; 0 when not booked),
-            recorded in the event log for ``scrapy polite audit``.
+            recorded in the event log for ``scrapy polite audit``; derived from ``writes``, so it takes no part
+            in comparing two bookings.
     """
 
     booked: bool
@@ -115,7 +116,7 @@ class Booking:
     host_free: float
     address: str | None = None
     writes: Mapping[str, HostState] = field(default_factory=dict)
-    interval: float = 0.0
+    interval: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
