@@ -239,7 +239,9 @@ class Booker:
                 lifecycle.sent(request)
                 self.report.booked(host)
                 self.report.events.booking(host, request.url, at=now, address=address,
-                                           due=booking.host.next_allowed if booking.host is not None else None)
+                                           due=booking.host.next_allowed if booking.host is not None else None,
+                                           interval=booking.interval,
+                                           ip_interval=ip_interval if booking.address is not None else 0.0)
                 return Go(sent_at=now, address=address)
             verdict = self.policy.defer_verdict(booking.host, now, override=override)
             if verdict is not None and deferrable:

@@ -8,11 +8,14 @@ Usage (inside a Scrapy project, or with ``--store URI`` / ``-s POLITE_STORE=...`
     scrapy polite crawl-delay HOST SECONDS          # set the host's Crawl-delay; --clear removes it
     scrapy polite expire                            # remove rows idle longer than POLITE_STORE_EXPIRE
     scrapy polite timeline [--since WHEN] [--host HOST ...] [-o timeline.html|timeline.svg] [--format svg|html]
+    scrapy polite audit [--since WHEN] [--json]     # check the event log against every pacing rule
 
 Exit status: :data:`EXIT_OK` 0 done; :data:`EXIT_NO_HOST` 1 no such host (or no events to draw);
 :data:`EXIT_USAGE` 2 usage (an unknown verb or option, a bad value, an invalid setting); :data:`EXIT_STORE` 3
 the store is unusable (missing, unreadable, unwritable, unreachable); :data:`EXIT_OUTPUT` 4 the timeline could
-not be written.
+not be written. ``audit`` has its own: :data:`EXIT_OK` 0 every rule kept,
+:data:`EXIT_VIOLATED` 1 a rule was broken, :data:`EXIT_BAD_LOG` 2 the log cannot be audited (truncated,
+incomplete, corrupt, or empty), 3 the store is unusable.
 
 One vocabulary: the columns (:data:`HOST_COLUMNS`) are the words of the closing summary and of the example's
 table; a JSON key is its column's name lower-cased, with spaces and dashes as underscores (``backoff steps`` →
@@ -37,20 +40,23 @@ from typing import IO, Any, ClassVar
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from .audit import LogError, audit, format_report, report_json
 from .events import clock_time, describe, process_source
 from .pacer import default_store_uri
 from .policy import HostState, PacingPolicy, host_key, ip_key
 from .settings import PoliteConfig, SettingsError
-from .stores import Event, PaceStore, StoreError, StoreOptions, open_store, sqlite_path
+from .stores import Event, PaceStore, StoreCorrupt, StoreError, StoreOptions, open_store, sqlite_path
 from .timeline import FORMATS, hosts_of, timeline_format, write_timeline
 
 __all__ = [
     "Command",
+    "EXIT_BAD_LOG",
     "EXIT_NO_HOST",
     "EXIT_OK",
     "EXIT_OUTPUT",
     "EXIT_STORE",
     "EXIT_USAGE",
+    "EXIT_VIOLATED",
     "HOST_COLUMNS",
     "VERBS",
     "format_table",
@@ -63,8 +69,12 @@ EXIT_NO_HOST = 1
 EXIT_USAGE = 2
 EXIT_STORE = 3
 EXIT_OUTPUT = 4
+#: ``audit``: a rule was broken.
+EXIT_VIOLATED = 1
+#: ``audit``: the log cannot be audited (truncated, incomplete, corrupt or empty).
+EXIT_BAD_LOG = 2
 
-VERBS = ("hosts", "show", "reset", "crawl-delay", "expire", "timeline")
+VERBS = ("hosts", "show", "reset", "crawl-delay", "expire", "timeline", "audit")
 
 #: The columns of ``hosts`` (and the host part of ``show``), in the words of the summary and the example.
 HOST_COLUMNS = ("host", "next allowed", "backoff steps", "Crawl-delay", "2xx seen", "updated", "last throttle")
@@ -78,13 +88,17 @@ EVENT_COLUMNS = ("at", "event", "what", "url")
 #: Which options each verb takes (the others are a usage error with it).
 _VERB_OPTIONS = {"hosts": {"throttled", "json"}, "show": {"json", "events"}, "reset": {"json"},
                  "crawl-delay": {"json", "clear"}, "expire": {"json"},
-                 "timeline": {"json", "since", "host", "output", "format"}}
+                 "timeline": {"json", "since", "host", "output", "format"}, "audit": {"json", "since"}}
 _OPTION_NAMES = {"throttled": "--throttled", "json": "--json", "events": "--events", "clear": "--clear",
                  "since": "--since", "host": "--host", "output": "-o/--output", "format": "--format"}
 
 
 class _NoSuchHost(Exception):
     """Exit 1: the host (or events to draw) is not in the table; the message says which."""
+
+
+class _BadLog(Exception):
+    """``audit``'s exit 2: the log cannot be audited; the message says why and the fix."""
 
 
 # -- words -----------------------------------------------------------------------------------------------------
@@ -359,7 +373,8 @@ class _Operator:
         if key.startswith("ip:"):  # an address row: the bookings made on it (of any host)
             address = key[3:]
             recent = self.store.events(limit=max(2000, 50 * limit))
-            events = [e for e in recent if e.address is not None and ip_key(e.address) == key][-limit:] if limit else []
+            events = [e for e in recent if e.kind == "booking" and e.address is not None and ip_key(e.address) == key
+                      ][-limit:] if limit else []
         else:
             address = None
             events = self.store.events(host=key, limit=limit) if limit else []
@@ -528,6 +543,43 @@ class _Operator:
                        f"{os.path.abspath(output)}")
         return EXIT_OK
 
+    # -- audit ----------------------------------------------------------------------------------------------
+
+    def audit(self, args: list[str]) -> int:
+        """Check the event log against the pacing rules (:mod:`scrapy_polite.audit`; docs/spec.md §8)."""
+        if args:
+            raise UsageError(f"audit takes no positional argument (got {' '.join(args)})", print_help=False)
+        since = parse_since(self.opts.since, self.now) if self.opts.since else None
+        uri = self.store.uri
+        try:
+            events = self.store.events(since, None, limit=_EVERY_EVENT)
+        except StoreCorrupt as exc:
+            raise _BadLog(f"the event log of {uri} cannot be read: {exc}") from None
+        if not events:
+            raise _BadLog(f"no events to audit in the event log of {uri}"
+                          f"{' since ' + _absolute(since) if since else ''} (POLITE_EVENT_LOG off, or nothing "
+                          "crawled with this POLITE_STORE yet): a crawl without a record cannot be vouched for")
+        rules = self.config.address_filter
+        words = "the public-address rules (docs/spec.md §4)"
+        if rules.allow_private:
+            words += " with POLITE_ALLOW_PRIVATE"
+        elif rules.allowed_networks:
+            words += f" and POLITE_ALLOWED_NETWORKS {', '.join(str(n) for n in rules.allowed_networks)}"
+        try:
+            report = audit(events, rules.allows, rules=words, windowed=since is not None)
+        except LogError as exc:
+            raise _BadLog(f"the event log of {uri} cannot be audited: {exc}") from None
+        if self.opts.json:
+            self.dump(report_json(report, store=uri))
+        else:
+            for line in format_report(report, store=uri):
+                self.print(line)
+        return EXIT_OK if report.ok else EXIT_VIOLATED
+
+
+#: ``audit`` reads the whole log, whatever ``POLITE_EVENT_LOG_SIZE`` the crawl that wrote it had.
+_EVERY_EVENT = 10**12
+
 
 def _field_words(name: str, value: Any, now: float) -> str:
     """A row's field in the command's words, for ``reset``."""
@@ -550,7 +602,7 @@ def _field_words(name: str, value: Any, now: float) -> str:
 # -- the command -----------------------------------------------------------------------------------------------
 
 class Command(ScrapyCommand):
-    """``scrapy polite hosts|show|reset|crawl-delay|expire|timeline`` on the project's pace table."""
+    """``scrapy polite hosts|show|reset|crawl-delay|expire|timeline|audit`` on the project's pace table."""
 
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
@@ -558,7 +610,7 @@ class Command(ScrapyCommand):
     def syntax(self) -> str:
         return ("hosts [--throttled] [--json] | show HOST_OR_URL [--events N] [--json] | reset HOST_OR_URL [...] | "
                 "crawl-delay HOST SECONDS|--clear | expire | "
-                "timeline [--since WHEN] [--host HOST] [-o PATH] [--format svg|html]")
+                "timeline [--since WHEN] [--host HOST] [-o PATH] [--format svg|html] | audit [--since WHEN] [--json]")
 
     def short_desc(self) -> str:
         return "Look at and steer scrapy-polite's pace table and event log"
@@ -566,7 +618,8 @@ class Command(ScrapyCommand):
     def long_desc(self) -> str:
         return (__doc__ or "").split("\n\n", 1)[0].replace("``", "") + (
             " Exit status: 0 done, 1 no such host (or no events to draw), 2 usage, 3 the store is unusable, "
-            "4 the timeline could not be written.")
+            "4 the timeline could not be written; audit: 0 every rule kept, 1 a rule broken, 2 the log "
+            "cannot be audited (truncated, incomplete, corrupt, empty), 3 the store is unusable.")
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
@@ -587,7 +640,8 @@ def add_verb_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--events", type=int, metavar="N", default=None, help="show: the latest N events (20)")
     group.add_argument("--clear", action="store_true", help="crawl-delay: remove the host's Crawl-delay")
     group.add_argument("--since", metavar="WHEN", default=None,
-                       help="timeline: from WHEN: 15m, 2h, 1d, @EPOCH or 2026-05-01T12:00 (default: the whole log)")
+                       help="timeline, audit: from WHEN: 15m, 2h, 1d, @EPOCH or 2026-05-01T12:00 (default: the whole "
+                            "log)")
     group.add_argument("--host", metavar="HOST", action="append", default=None,
                        help="timeline: only this host (repeatable)")
     group.add_argument("-o", "--output", metavar="PATH", default=None,
@@ -646,6 +700,12 @@ def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO
     except _NoSuchHost as exc:
         print(exc, file=err)
         return EXIT_NO_HOST
+    except _BadLog as exc:
+        print(f"scrapy polite audit: {exc}", file=err)
+        return EXIT_BAD_LOG
+    except StoreCorrupt as exc:
+        print(f"scrapy polite audit: the event log cannot be read: {exc}" if verb == "audit" else exc, file=err)
+        return EXIT_BAD_LOG if verb == "audit" else EXIT_STORE
     except StoreError as exc:
         print(exc, file=err)
         return EXIT_STORE

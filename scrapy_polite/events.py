@@ -17,11 +17,13 @@ which have no transaction, the store's clock as estimated from the last one
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
@@ -46,6 +48,22 @@ class EventWriter(Protocol):
 def process_source() -> str:
     """This process as events name it: ``"machine:pid"``."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+#: The next event number (:attr:`Event.seq <scrapy_polite.stores.Event.seq>`) of each ``(process id, store)``:
+#: every crawler of a process that writes to one store shares one sequence, so the numbers a source wrote to a
+#: store run 0, 1, 2, ... without a gap unless events were lost (a forked child starts its own).
+_SEQUENCES: dict[tuple[int, str], Iterator[int]] = {}
+_SEQUENCES_LOCK = threading.Lock()
+
+
+def _sequence(writer: object) -> Iterator[int]:
+    key = (os.getpid(), str(getattr(writer, "uri", id(writer))))
+    with _SEQUENCES_LOCK:
+        found = _SEQUENCES.get(key)
+        if found is None:
+            found = _SEQUENCES[key] = itertools.count()
+        return found
 
 
 class EventLog:
@@ -78,6 +96,7 @@ class EventLog:
         self._call_later = call_later
         self._inc = inc
         self._buffer: list[Event] = []
+        self._seq: Iterator[int] | None = None
         self._timer: Any = None
         self._pending = 0
         self._warned = False
@@ -91,20 +110,24 @@ class EventLog:
     # -- the events (each appends one tuple) --------------------------------------------------------------
 
     def _add(self, event: Event) -> None:
+        if self._seq is None:
+            self._seq = _sequence(self.writer)
         buffer = self._buffer
-        buffer.append(event)
+        buffer.append(event._replace(seq=next(self._seq)))
         if len(buffer) >= self.batch_size:
             self._schedule(0.0)
         elif self._timer is None:
             self._schedule(self.flush_interval)
 
     def booking(self, host: str, url: str | None, *, at: float, due: float | None, address: str | None,
-                reason: str | None = None) -> None:
-        """A request booked on ``host`` at ``at`` (store's clock); ``due``: the host's next allowed after it,
-        ``address``: the address booked; ``reason`` ``"burst"`` for a burst request."""
+                reason: str | None = None, interval: float | None = None, ip_interval: float | None = None) -> None:
+        """A request booked on ``host`` at ``at`` (store's clock; the moment it goes); ``due``: the host's next
+        allowed after it, ``address``: the address booked (the one it connects to, docs/spec.md §4); ``reason``
+        ``"burst"`` for a burst request; ``interval``: the host's interval the booking applied, seconds,
+        ``ip_interval``: the address's (docs/spec.md §3; ``scrapy polite audit`` holds the next request to them)."""
         if self.enabled:
             self._add(Event(at, "booking", host, url, None, None if due is None else due - at, due, reason,
-                            None, None, address, None, self.source))
+                            None, None, address, None, self.source, interval, ip_interval))
 
     def wait(self, host: str, url: str | None, seconds: float) -> None:
         """A request of ``host`` waits ``seconds`` in line, from now."""
@@ -124,19 +147,22 @@ class EventLog:
 
     def response(self, host: str, url: str | None, *, at: float, status: int | None, failure: str | None,
                  retry_after: float | None, delay: float, due: float, steps: int, started: float | None,
-                 throttle: bool, counted: bool) -> None:
+                 throttle: bool, counted: bool, address: str | None = None, ip_interval: float | None = None,
+                 hold: float | None = None) -> None:
         """A response (``status``) or a server-side failure (``failure``: its name) recorded at ``at``:
         ``delay`` chosen (s), the host's next allowed ``due``, its backoff ``steps`` after it, ``started``:
-        its booking time. A throttle that took a step is followed by a ``backoff`` event."""
+        its booking time; ``address``: the address its request was booked on, finished with ``ip_interval``
+        seconds (docs/spec.md §3); ``hold``: seconds the host is held for its spent quota (None: no hold). A
+        throttle that took a step is followed by a ``backoff`` event."""
         if not self.enabled:
             return
         if failure is not None:
-            self._add(Event(at, "failure", host, url, None, delay, due, failure, retry_after, steps, None, started,
-                            self.source))
+            self._add(Event(at, "failure", host, url, None, delay, due, failure, retry_after, steps, address,
+                            started, self.source, None, ip_interval, hold))
         else:
             reason = ("throttle" if counted else "throttle_counted_before") if throttle else None
-            self._add(Event(at, "response", host, url, status, delay, due, reason, retry_after, steps, None,
-                            started, self.source))
+            self._add(Event(at, "response", host, url, status, delay, due, reason, retry_after, steps, address,
+                            started, self.source, None, ip_interval, hold))
         if throttle and counted:
             cause = failure if failure is not None else str(status)
             self._add(Event(at, "backoff", host, url, status, delay, due, cause, retry_after, steps, None, started,

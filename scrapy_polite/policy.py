@@ -105,6 +105,9 @@ class Booking:
         host_free: epoch seconds at which the host alone would be free (``max(now, next_allowed)``).
         address: the address chosen (booked), or the one free first (not booked); None without addresses.
         writes: the rows to store: ``""`` for the host's row, else an address → its ``ip:`` row.
+        interval: seconds, the host's interval this booking applied (``max(eff, floor)``; 0 when not booked),
+            recorded in the event log for ``scrapy polite audit``; derived from ``writes``, so it takes no part
+            in comparing two bookings.
     """
 
     booked: bool
@@ -113,6 +116,7 @@ class Booking:
     host_free: float
     address: str | None = None
     writes: Mapping[str, HostState] = field(default_factory=dict)
+    interval: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -543,7 +547,7 @@ class PacingPolicy:
         if address is not None and ip_interval > 0:
             writes[address] = self.reserve(addresses[address], start=now, interval=ip_interval)
         return Booking(booked=True, host=writes.get("", host), start=now, host_free=host_free,
-                       address=address, writes=writes)
+                       address=address, writes=writes, interval=eff)
 
     @staticmethod
     def finish_address(state: HostState | None, *, end: float, ip_interval: float) -> HostState:

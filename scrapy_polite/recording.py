@@ -235,7 +235,9 @@ class Recorder:
                 host, request.url, at=state.updated, status=status,
                 failure=cause, retry_after=retry_after, delay=decision.delay, due=state.next_allowed,
                 steps=state.consec, started=request.meta.get("polite_sent_at"), throttle=decision.throttle,
-                counted=decision.counted)
+                counted=decision.counted, address=request.meta.get("polite_ip"),
+                ip_interval=self.config.ip_interval if request.meta.get("polite_ip") else None,
+                hold=decision.ratelimit.hold if decision.ratelimit is not None else None)
         return decision
 
     def _failed(self, failure: Failure, host: str, label: str) -> None:

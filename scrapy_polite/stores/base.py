@@ -30,6 +30,7 @@ __all__ = [
     "PaceStore",
     "Snapshot",
     "StoreClosed",
+    "StoreCorrupt",
     "StoreError",
     "StoreBusy",
     "StoreOptions",
@@ -59,6 +60,12 @@ class StoreError(RuntimeError):
 class StoreBusy(StoreError):
     """An operation found the table contended (a no-wait SQLite connection found it locked; a Redis
     optimistic write lost its race too often); it may be retried where waiting is allowed."""
+
+
+class StoreCorrupt(StoreError):
+    """The store's data is damaged: the file is not a database or is malformed (a file cut short), or an entry
+    of the event log cannot be read. Not transient; the message names the store and the fix. ``scrapy polite
+    audit`` reports it as a log it cannot check (exit 2)."""
 
 
 class StoreClosed(StoreError):
@@ -115,8 +122,19 @@ class Event(NamedTuple):
             adopted, ``delay``), ``refusal`` (a request refused, ``reason``: ``non_public`` or ``no_host``),
             ``operator`` (``scrapy polite reset`` / ``crawl-delay``: ``reason`` names the verb).
         host: the host key (``""`` for a URL without a host).
-        url, status, delay, due, reason, retry_after, steps, address, started: see ``kind``.
+        url, status, delay, due, reason, retry_after, steps, address, started: see ``kind``; a ``response`` or
+            ``failure`` also names the ``address`` its request was booked on.
         source: the process that wrote it, ``"machine:pid"``.
+        interval: ``booking``: the host's interval this booking applied, seconds (the effective interval of
+            docs/spec.md §2 with every override, as the booking computed it); None in a log written before it
+            was recorded (``scrapy polite audit`` then reads ``delay``).
+        ip_interval: ``booking``: the address's interval it applied (``POLITE_IP_INTERVAL``, 0: not paced by
+            address); ``response``/``failure``: the interval its address was finished with (§3).
+        hold: ``response``/``failure``: seconds the host is held because its announced quota is spent
+            (docs/spec.md §2, "Announced quotas"); None: no hold.
+        seq: the event's number among the events its process wrote to this store (0, 1, 2, ...): a gap, or a
+            first number above 0, shows that events were lost or trimmed (``scrapy polite audit``). None for
+            an operator's event and in older logs.
     """
 
     at: float
@@ -132,6 +150,10 @@ class Event(NamedTuple):
     address: str | None = None
     started: float | None = None
     source: str = ""
+    interval: float | None = None
+    ip_interval: float | None = None
+    hold: float | None = None
+    seq: int | None = None
 
 
 @dataclass(frozen=True)

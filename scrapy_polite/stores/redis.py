@@ -76,6 +76,7 @@ from .base import (
     ManyUpdateFn,
     Snapshot,
     StoreBusy,
+    StoreCorrupt,
     StoreError,
     StoreOptions,
     StoreUnavailable,
@@ -316,6 +317,23 @@ class _Pending:
 
     token: str
     results: dict[int, Any] = field(default_factory=dict)
+
+
+def _event(fields: dict[bytes, bytes], stream: str, raw_id: Any) -> Event:
+    """One entry of the event stream: a JSON list of :class:`Event`'s fields in order; an entry written before
+    a field was added is shorter (the missing fields are None).
+
+    Raises:
+        StoreCorrupt: the entry is not such a list.
+    """
+    try:
+        values = json.loads(fields[b"e"])
+        if not isinstance(values, list) or not 3 <= len(values) <= len(Event._fields):
+            raise ValueError(f"expected a list of 3 to {len(Event._fields)} fields")
+        return Event(*values)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise StoreCorrupt(f"the event log {stream} holds an entry that cannot be read (id {_text(raw_id)}: "
+                           f"{exc}). Fix: delete the entry (XDEL), or the stream to start a fresh log") from None
 
 
 class RedisStore:
@@ -614,7 +632,7 @@ class RedisStore:
             for raw_id, fields in chunk:
                 if not fields:  # an entry without fields: not ours
                     continue
-                event = Event._make(json.loads(fields[b"e"]))
+                event = _event(fields, self._events, raw_id)
                 if (since is None or event.at >= since) and (host is None or event.host == host):
                     found.append((event.at, _text(raw_id), event))
                     if len(found) == limit:

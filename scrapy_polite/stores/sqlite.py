@@ -16,7 +16,17 @@ from typing import Any, TypeVar
 
 from ..clock import process_clock
 from ..policy import HostState
-from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, StoreBusy, StoreClosed, StoreError, UpdateFn
+from .base import (
+    DEFAULT_EVENTS_MAX,
+    Event,
+    ManyUpdateFn,
+    Snapshot,
+    StoreBusy,
+    StoreClosed,
+    StoreCorrupt,
+    StoreError,
+    UpdateFn,
+)
 
 __all__ = ["SQLiteStore", "SCHEMA_VERSION"]
 
@@ -24,8 +34,9 @@ T = TypeVar("T")
 
 #: The on-disk schema this code writes. Older versions are migrated on open, never discarded.
 #: 1: the ``hosts`` table; 2: the ``events`` table beside it (the event log); 3: the hosts' announced quotas
-#: (``ratelimit_interval``, ``ratelimit_until``).
-SCHEMA_VERSION = 3
+#: (``ratelimit_interval``, ``ratelimit_until``); 4: what ``scrapy polite audit`` checks, in the event log
+#: (``interval``, ``ip_interval``, ``hold``, ``seq``; None in the events written before).
+SCHEMA_VERSION = 4
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -68,11 +79,21 @@ ALTER TABLE hosts ADD COLUMN ratelimit_interval REAL NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN ratelimit_until REAL NOT NULL DEFAULT 0;
 """
 
-#: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3}
+#: What ``scrapy polite audit`` checks (:class:`~scrapy_polite.stores.base.Event`): events written before have
+#: none (NULL).
+_SCHEMA_V4 = """
+ALTER TABLE events ADD COLUMN interval REAL;
+ALTER TABLE events ADD COLUMN ip_interval REAL;
+ALTER TABLE events ADD COLUMN hold REAL;
+ALTER TABLE events ADD COLUMN seq INTEGER;
+"""
 
-_EVENT_COLUMNS = "at, kind, host, url, status, delay, due, reason, retry_after, steps, address, started, source"
-_EVENT_INSERT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+#: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4}
+
+_EVENT_COLUMNS = ("at, kind, host, url, status, delay, due, reason, retry_after, steps, address, started, source, "
+                  "interval, ip_interval, hold, seq")
+_EVENT_INSERT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES ({', '.join('?' * len(Event._fields))})"
 _EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
 
 _COLUMNS = "next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until"
@@ -194,8 +215,8 @@ class SQLiteStore:
         if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
             fix = (f"the file is not a valid pace table; move it away (e.g. mv {self.path} {self.path}.bad) "
                    "to start a fresh one, or point POLITE_STORE to another file")
-        else:
-            fix = (f"make {os.path.dirname(self.path)} writable, or set POLITE_STORE to a writable location, "
+            return StoreCorrupt(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: {fix}.")
+        fix = (f"make {os.path.dirname(self.path)} writable, or set POLITE_STORE to a writable location, "
                    "e.g. POLITE_STORE = 'sqlite:////var/tmp/polite.sqlite3' (or 'memory://' for a one-off run)")
         return StoreError(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: {fix}.")
 

@@ -1,0 +1,37 @@
+"""Event logs as a crawl writes them, built by hand for the audit's tests (tests/test_audit.py,
+tests/test_audit_command.py): each event numbered as its process numbers it (``Event.seq``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy_polite.stores import Event
+
+__all__ = ["Log", "T0"]
+
+T0 = 1_800_000_000.0
+
+
+class Log:
+    """Builds a log as one process writes it: numbered 0, 1, 2, ..."""
+
+    def __init__(self, source: str = "m:1") -> None:
+        self.source = source
+        self.events: list[Event] = []
+
+    def add(self, at: float, kind: str, host: str = "a.example", **fields: Any) -> Event:
+        numbered = sum(1 for e in self.events if e.source == self.source)
+        event = Event(T0 + at, kind, host, **{"source": self.source, "seq": numbered, **fields})
+        self.events.append(event)
+        return event
+
+    def book(self, at: float, host: str = "a.example", *, interval: float = 1.0, address: str = "127.0.0.2",
+             ip_interval: float = 0.0, **fields: Any) -> Event:
+        fields.setdefault("url", f"http://{host}/{len(self.events)}")
+        return self.add(at, "booking", host, delay=interval,
+                        due=T0 + at + interval, address=address, interval=interval, ip_interval=ip_interval,
+                        **fields)
+
+    def respond(self, at: float, host: str = "a.example", *, status: int = 200, due: float, **fields: Any) -> Event:
+        return self.add(at, "response", host, url=f"http://{host}/r", status=status, delay=due - at, due=T0 + due,
+                        **fields)

@@ -1,0 +1,336 @@
+"""The pure audit of an event log (scrapy_polite/audit.py; docs/spec.md §8): every rule, its violation named with
+its two requests, the negative controls at the exact boundary, and the logs it refuses to vouch for."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from scrapy_polite.addresses import AddressFilter
+from scrapy_polite.audit import VIOLATION_KINDS, LogError, audit, format_report, report_json
+from scrapy_polite.stores import Event
+from tests.support.audit_log import T0, Log
+
+LOOPBACK = AddressFilter(allowed_networks=["127.0.0.0/8"]).allows
+
+
+def run(log: Log, allows: Any = LOOPBACK, **kwargs: Any):
+    return audit(log.events, allows, **kwargs)
+
+
+def only(report, kind: str):
+    assert [v.kind for v in report.violations] == [kind], format_report(report, store="test")
+    return report.violations[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# The interval
+
+
+def test_requests_exactly_at_the_interval_pass():
+    log = Log()
+    for i in range(5):
+        log.book(i * 1.0)
+    report = run(log)
+    assert report.ok and report.violations == []
+    (host,) = report.hosts
+    assert host.requests == 5 and host.smallest_gap == pytest.approx(1.0) and host.gap_required == 1.0
+
+
+def test_a_request_a_millisecond_early_is_a_short_gap_naming_both_requests():
+    log = Log()
+    first = log.book(0.0)
+    second = log.book(0.999)
+    violation = only(run(log), "interval")
+    assert (violation.first, violation.second, violation.key) == (first, second, "a.example")
+    assert violation.gap == pytest.approx(0.999) and violation.required == 1.0
+
+
+def test_the_interval_recorded_by_each_booking_is_held_adaptive_included():
+    """The interval in force is the one the booking applied (an adaptive or announced interval above the
+    host interval), not a setting."""
+    log = Log()
+    log.book(0.0, interval=2.5)  # e.g. raised by the adaptive pacing
+    log.book(2.5, interval=1.0)
+    log.book(3.4, interval=1.0)
+    violation = only(run(log), "interval")
+    assert violation.required == 1.0 and violation.gap == pytest.approx(0.9)
+    log = Log()
+    log.book(0.0, interval=2.5)
+    log.book(2.0)
+    assert only(run(log), "interval").required == 2.5
+
+
+def test_the_delay_after_a_response_counts_from_its_end():
+    """``start₂ ≥ end₁ + delay`` (docs/spec.md §3): a request 1 s after the first booking but 0.5 s after the
+    response ended (delay 1 s) broke the rule."""
+    log = Log()
+    log.book(0.0)
+    log.respond(0.7, due=1.7)
+    log.book(1.2)
+    violation = only(run(log), "interval")
+    assert violation.first.kind == "response" and violation.required == pytest.approx(1.0)
+    log = Log()
+    log.book(0.0)
+    log.respond(0.7, due=1.7)
+    log.book(1.7)
+    assert run(log).ok
+
+
+def test_hosts_are_paced_apart_and_waits_and_deferrals_are_not_requests():
+    log = Log()
+    log.book(0.0, "a.example", address="127.0.0.2")
+    log.book(0.1, "b.example", address="127.0.0.3")
+    log.add(0.2, "wait", "a.example", delay=0.8, due=T0 + 1.0)
+    log.add(0.3, "deferral", "a.example", reason="line")
+    log.book(1.0, "a.example", address="127.0.0.2")
+    report = run(log)
+    assert report.ok
+    assert [(h.host, h.requests) for h in report.hosts] == [("a.example", 2), ("b.example", 1)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Holds: Retry-After, quota, backoff
+
+
+def test_a_request_inside_a_retry_after_hold_is_named_with_the_throttle():
+    log = Log()
+    log.book(0.0)
+    throttle = log.respond(0.2, status=429, due=5.2, retry_after=5.0, reason="throttle", steps=1)
+    inside = log.book(3.0)
+    violation = only(run(log), "retry_after")
+    assert (violation.first, violation.second) == (throttle, inside)
+    assert violation.required == 5.0 and violation.gap == pytest.approx(2.8)
+    assert "Retry-After 5 s" in violation.detail
+
+
+def test_a_request_at_the_end_of_the_retry_after_hold_passes_and_shows_how_long_it_was_honoured():
+    log = Log()
+    log.book(0.0)
+    log.respond(0.2, status=429, due=5.2, retry_after=5.0, reason="throttle", steps=1)
+    log.book(5.2)
+    report = run(log)
+    assert report.ok
+    (throttle,) = report.hosts[0].throttles
+    assert throttle.cause == "429" and throttle.retry_after == 5.0
+    assert throttle.held == pytest.approx(5.0) and throttle.honoured == pytest.approx(5.0)
+
+
+def test_a_request_inside_a_spent_quota_is_a_quota_violation():
+    log = Log()
+    log.book(0.0)
+    log.respond(0.2, due=4.2, hold=4.0)  # a 200 saying "remaining 0, reset in 4 s"
+    log.book(2.0)
+    violation = only(run(log), "quota")
+    assert violation.required == 4.0 and violation.first.hold == 4.0
+
+
+def test_a_request_inside_a_backoff_without_retry_after_is_a_backoff_violation():
+    log = Log()
+    log.book(0.0)
+    log.add(0.2, "failure", reason="TimeoutError", delay=2.0, due=T0 + 2.2, steps=1)
+    log.book(1.5)
+    violation = only(run(log), "backoff")
+    assert "TimeoutError" in violation.detail
+    log = Log()
+    log.book(0.0)
+    log.respond(0.2, status=503, due=2.2, reason="throttle", steps=1)
+    log.book(2.2)
+    assert run(log).ok
+
+
+def test_an_operator_reset_ends_the_holds():
+    log = Log()
+    log.book(0.0)
+    log.respond(0.2, status=429, due=300.2, retry_after=300.0, reason="throttle", steps=1)
+    log.add(1.0, "operator", reason="reset", source="op:9", seq=None)
+    log.book(1.5)
+    assert run(log).ok
+
+
+# --------------------------------------------------------------------------------------------------
+# Crawl-delay
+
+
+def test_a_gap_shorter_than_the_crawl_delay_is_a_crawl_delay_violation():
+    log = Log()
+    log.book(0.0)  # robots.txt
+    log.add(0.3, "robots_delay", delay=5.0, due=T0 + 5.3)
+    log.book(5.3, interval=1.0)  # a booking that (wrongly) applied the host interval alone
+    late = log.book(7.0, interval=1.0)
+    violation = only(run(log), "crawl_delay")
+    assert violation.second == late and violation.required == 5.0 and violation.gap == pytest.approx(1.7)
+
+
+def test_requests_exactly_at_the_crawl_delay_pass_and_the_operator_can_change_it():
+    log = Log()
+    log.book(0.0)
+    log.add(0.3, "robots_delay", delay=5.0, due=T0 + 5.3)
+    log.book(5.3, interval=5.0)
+    log.book(10.3, interval=5.0)
+    log.add(11.0, "operator", reason="crawl-delay cleared", delay=0.0, source="op:9", seq=None)
+    log.book(15.3, interval=1.0)
+    log.book(16.3)
+    report = run(log)
+    assert report.ok
+    assert report.hosts[0].smallest_gap == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Addresses
+
+
+def test_an_address_outside_the_rules_is_named():
+    log = Log()
+    log.book(0.0, address="127.0.0.2")
+    outside = log.book(1.0, address="10.1.2.3")
+    report = run(log)
+    violation = only(report, "address")
+    assert violation.key == "10.1.2.3" and violation.second == outside and violation.first is None
+    assert [(a.address, a.allowed) for a in report.addresses] == [("10.1.2.3", False), ("127.0.0.2", True)]
+
+
+def test_public_addresses_pass_the_default_rules_and_mapped_addresses_share_a_row():
+    log = Log()
+    log.book(0.0, address="8.8.8.8", ip_interval=1.0)
+    log.book(1.0, "b.example", address="::ffff:8.8.8.8", ip_interval=1.0)
+    report = run(log, AddressFilter().allows)
+    assert report.ok
+    (address,) = report.addresses
+    assert address.address == "8.8.8.8" and address.requests == 2 and address.hosts == ["a.example", "b.example"]
+
+
+def test_two_hosts_on_one_address_closer_than_the_ip_interval():
+    log = Log()
+    first = log.book(0.0, "a.example", ip_interval=2.0)
+    second = log.book(1.0, "b.example", ip_interval=2.0)
+    violation = only(run(log), "ip_interval")
+    assert (violation.key, violation.first, violation.second) == ("127.0.0.2", first, second)
+    log = Log()
+    log.book(0.0, "a.example", ip_interval=2.0)
+    log.book(2.0, "b.example", ip_interval=2.0)
+    assert run(log).ok
+
+
+def test_the_ip_interval_counts_from_the_end_of_the_response_on_the_address():
+    log = Log()
+    log.book(0.0, "a.example", ip_interval=1.0)
+    log.respond(0.8, "a.example", due=1.8, address="127.0.0.2", ip_interval=1.0)
+    log.book(1.5, "b.example", ip_interval=1.0)
+    violation = only(run(log), "ip_interval")
+    assert violation.first.kind == "response" and violation.required == 1.0
+    log = Log()
+    log.book(0.0, "a.example", ip_interval=1.0)
+    log.respond(0.8, "a.example", due=1.8, address="127.0.0.2", ip_interval=1.0)
+    log.book(1.8, "b.example", ip_interval=1.0)
+    assert run(log).ok
+
+
+# --------------------------------------------------------------------------------------------------
+# Bursts
+
+
+def test_a_burst_skips_the_interval_but_not_a_throttle():
+    log = Log()
+    log.book(0.0)
+    log.add(0.1, "booking", url="http://a.example/b", address="127.0.0.2", reason="burst")
+    log.book(1.0)
+    report = run(log)
+    assert report.ok and report.hosts[0].bursts == 1 and report.hosts[0].requests == 3
+    log.respond(1.2, status=429, due=11.2, retry_after=10.0, reason="throttle", steps=1)
+    log.add(2.0, "booking", url="http://a.example/c", address="127.0.0.2", reason="burst")
+    assert only(run(log), "retry_after").second.reason == "burst"
+
+
+# --------------------------------------------------------------------------------------------------
+# Logs the audit cannot vouch for
+
+
+def test_a_log_whose_oldest_events_were_trimmed_is_refused_unless_windowed():
+    log = Log()
+    for i in range(4):
+        log.book(float(i))
+    trimmed = log.events[2:]
+    with pytest.raises(LogError, match=r"truncated: the first 2 events of m:1 are missing.*--since"):
+        audit(trimmed, LOOPBACK)
+    assert audit(trimmed, LOOPBACK, windowed=True).ok
+
+
+def test_a_gap_in_the_numbers_is_an_incomplete_log():
+    log = Log()
+    for i in range(5):
+        log.book(float(i))
+    holed = log.events[:1] + log.events[3:]
+    with pytest.raises(LogError, match=r"incomplete: 2 events of m:1 \(#1 to #2\) are missing"):
+        audit(holed, LOOPBACK)
+    with pytest.raises(LogError, match="appears twice"):
+        audit(log.events + log.events[-1:], LOOPBACK)
+
+
+def test_two_processes_each_number_their_own_events():
+    one, two = Log("m:1"), Log("m:2")
+    one.book(0.0, "a.example")
+    two.book(1.0, "a.example")
+    one.book(2.0, "a.example")
+    report = audit(one.events + two.events, LOOPBACK)
+    assert report.ok and report.sources == ["m:1", "m:2"] and report.hosts[0].requests == 3
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"at": math.nan}, "at = nan"),
+    ({"at": "yesterday"}, "at = 'yesterday'"),
+    ({"kind": "teleport"}, "kind 'teleport'"),
+    ({"interval": -1.0}, "interval = -1.0"),
+    ({"delay": "soon"}, "delay = 'soon'"),
+    ({"address": "not-an-ip"}, "not an IP address"),
+    ({"seq": -3}, "the number -3"),
+    ({"host": None}, "host None"),
+])
+def test_an_event_that_cannot_be_read_is_a_clear_error(change, words):
+    log = Log()
+    log.book(0.0)
+    log.events[0] = log.events[0]._replace(**change)
+    with pytest.raises(LogError, match="corrupt|does not know") as info:
+        audit(log.events, LOOPBACK)
+    assert words in str(info.value)
+
+
+def test_an_older_log_is_read_from_its_due_times_and_says_what_it_cannot_check():
+    """A log written before the audit's fields (no interval, no numbers): the interval is the booking's delay
+    (its due less its time), the address gaps are not checked, and the report says so."""
+    events = [Event(T0, "booking", "a.example", "http://a.example/1", delay=1.0, due=T0 + 1, address="127.0.0.2"),
+              Event(T0 + 0.5, "booking", "a.example", "http://a.example/2", delay=1.0, due=T0 + 1.5,
+                    address="127.0.0.2")]
+    report = audit(events, LOOPBACK)
+    assert [v.kind for v in report.violations] == ["interval"]
+    assert any("next allowed after them" in n for n in report.notes)
+    assert any("cannot be detected" in n for n in report.notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# The words and the JSON
+
+
+def test_the_report_in_words_and_in_json():
+    log = Log()
+    log.book(0.0)
+    log.respond(0.2, status=429, due=2.2, retry_after=2.0, reason="throttle", steps=1)
+    log.book(1.0)
+    report = run(log)
+    lines = format_report(report, store="sqlite:///x")
+    assert lines[0].startswith("audit of the event log of sqlite:///x: 3 events from 1 process, ")
+    assert lines[1] == ("host a.example: 2 requests, smallest gap 1.000 s (interval 1.000 s), 1 throttle (429, "
+                        "Retry-After 2 s: held 2.000 s, next request after 0.800 s), 1 VIOLATION")
+    assert lines[2] == "address 127.0.0.2: 2 requests (a.example), smallest gap -, allowed, ok"
+    assert lines[3].startswith("VIOLATION retry_after (inside a Retry-After hold): a.example: 0.800 s between them, "
+                               "2.000 s required (429, Retry-After 2 s)")
+    assert lines[4].startswith("  first:  ") and "429 response http://a.example/r" in lines[4]
+    assert lines[5].startswith("  second: ") and "request http://a.example/2 on 127.0.0.2 from m:1" in lines[5]
+    assert lines[-1] == "FAILED: 1 violation (1 retry_after)"
+    data = report_json(report, store="sqlite:///x")
+    assert data["ok"] is False and data["hosts"][0]["throttles"][0]["honoured"] == pytest.approx(0.8)
+    (violation,) = data["violations"]
+    assert violation["kind"] == "retry_after" and violation["words"] == VIOLATION_KINDS["retry_after"]
+    assert violation["first"]["status"] == 429 and violation["second"]["url"] == "http://a.example/2"
