@@ -664,6 +664,27 @@ class RedisStore:
         seconds, micros, found, *rows = reply
         return [_row(values) for values in rows], int(seconds) + int(micros) / 1e6, found
 
+    def _run_scripts(self, script: _Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Run ``script`` once per ``(keys, args)`` of ``calls`` in one pipelined round trip (on a cluster, to each
+        slot's node in parallel; each call atomic on its node) and return the replies (an error reply raises,
+        after the others ran). A node that does not know the script gets it loaded, and the calls are sent
+        again (each script is idempotent for its update)."""
+        def call() -> list[Any]:
+            for _ in range(2):
+                pipe = self._client.pipeline(transaction=False)
+                for keys, args in calls:  # execute_command: redis-py blocks pipe.evalsha on a cluster
+                    pipe.execute_command("EVALSHA", script.script.sha, len(keys), *keys, *args)
+                replies = list(pipe.execute(raise_on_error=False))
+                if not any(isinstance(r, redis_errors.NoScriptError) for r in replies):
+                    break
+                self._client.script_load(script.text)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+
+        return self._run("write", call)
+
     def now(self) -> float:
         """The server's clock (``TIME`` on the node of the table's slot; ``sharded``: of the event log's slot),
         Unix epoch seconds."""
@@ -1097,25 +1118,29 @@ class _ShardedUpdate(Generic[T]):
     # -- several slots: lock, decide, write -------------------------------------------------------------
 
     def _unlock(self, groups: Sequence[_Group]) -> None:
-        store = self._store
-        for group in groups:
-            store._run("write", partial(store._shard_unlock, keys=group.names, args=[self._pending.token]))
+        if groups:
+            self._store._run_scripts(self._store._shard_unlock,
+                                     [(group.names, [self._pending.token]) for group in groups])
 
     def _locked_step(self) -> T | Again:
         store = self._store
         lease = max(1, int(LOCK_LEASE * 1000))
         rows: list[_Row] = [_Row(b"0", None)] * len(self._keys)
-        locked: list[_Group] = []
-        for group in self._groups:
-            reply = store._run("write", partial(store._shard_lock, keys=[*group.names, group.record],
-                                                args=[self._pending.token, lease, *_FIELDS]))
-            if isinstance(reply, bytes):  # an earlier attempt of this update was written here: finish it
-                self._unlock(locked)
-                return self._finish(int(reply))
-            if int(reply[0]) == 0:  # a row is locked by another update: release ours, try again later
-                self._unlock(locked)
-                return self._lost_race(reread=True)
-            locked.append(group)
+        # Every slot's lock-and-read in one pipelined round trip (the nodes answer in parallel). A slot whose rows
+        # another update holds is not locked; the slots that were are released, and the update tries again.
+        replies = store._run_scripts(store._shard_lock, [([*group.names, group.record],
+                                                          [self._pending.token, lease, *_FIELDS])
+                                                         for group in self._groups])
+        locked = [group for group, reply in zip(self._groups, replies)
+                  if not isinstance(reply, bytes) and int(reply[0]) == 1]
+        done = [int(reply) for reply in replies if isinstance(reply, bytes)]
+        if done:  # an earlier attempt of this update was written in some slot: finish it
+            self._unlock(locked)
+            return self._finish(done[0])
+        if len(locked) < len(self._groups):
+            self._unlock(locked)
+            return self._lost_race(reread=True)
+        for group, reply in zip(self._groups, replies):
             if 0 in group.indices:  # the clock of the first key's slot (a booking's: the host's)
                 self._now = int(reply[1]) + int(reply[2]) / 1e6
                 self._now_at = time.monotonic()
@@ -1135,21 +1160,25 @@ class _ShardedUpdate(Generic[T]):
         return self._finish(attempt)
 
     def _finish(self, attempt: int) -> T | Again:
-        """Write every slot's rows of ``attempt`` (a slot already written returns its record)."""
+        """Write every slot's rows of ``attempt``, in one pipelined round trip (a slot already written returns
+        its record)."""
         writes = self._writes.get(attempt)
-        if writes is None:  # the record of an attempt this process no longer knows (cannot be: same token)
+        if writes is None:  # the record of an attempt this process no longer knows (its pending was forgotten)
             raise StoreError(f"scrapy-polite lost track of an update of its pace table {self._store.uri} "
                              f"({', '.join(self._keys)}). Fix: retry.")
-        for position, (group, args) in enumerate(zip(self._groups, writes)):
-            reply = self._write(group, args)
-            if reply == 0:
-                self._unlock(self._groups[position:])
-                if position == 0:  # another update took the lock after its lease: nothing written, try again
-                    return self._lost_race(reread=True)
-                raise StoreError(f"scrapy-polite's update of {', '.join(self._keys)} in its pace table "
-                                 f"{self._store.uri} was written in {position} of its {len(self._groups)} slots "
-                                 f"only: its process stalled past the locks' lease ({LOCK_LEASE:g} s). Nothing "
-                                 "was sent on it. Fix: a less loaded machine or Redis.")
+        replies = self._store._run_scripts(self._store._shard_write,
+                                           [([*group.names, group.record], args)
+                                            for group, args in zip(self._groups, writes)])
+        refused = [group for group, reply in zip(self._groups, replies) if reply == 0]
+        if refused:
+            self._unlock(refused)
+            if len(refused) == len(self._groups):  # another update took every lock after its lease: nothing
+                return self._lost_race(reread=True)  # was written, try again
+            raise StoreError(f"scrapy-polite's update of {', '.join(self._keys)} in its pace table "
+                             f"{self._store.uri} was written in {len(self._groups) - len(refused)} of its "
+                             f"{len(self._groups)} slots only: its process stalled past the locks' lease "
+                             f"({LOCK_LEASE:g} s) and another update took a lock. Nothing was sent on it. Fix: a "
+                             "less loaded machine or Redis.")
         return self._applied(str(attempt).encode())
 
     def _busy(self) -> StoreBusy:
