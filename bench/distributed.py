@@ -301,20 +301,70 @@ def with_layout(url: str, layout: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}layout={layout}"
 
 
+class ServerTime:
+    """The scripts' time on each primary of a cluster (``INFO commandstats``: ``evalsha`` and ``eval`` calls and
+    µs), between :meth:`reset` and :meth:`read`: what a booking costs the servers, whatever the clients cost."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+        from redis.cluster import RedisCluster
+
+        first = url.split("://", 1)[1].split("?", 1)[0].split(",")[0].rpartition("@")[2]
+        host, _, port = first.rpartition(":")
+        cluster = RedisCluster(host=host, port=int(port))
+        try:
+            self.nodes = [redis.Redis(host=n.host, port=n.port) for n in cluster.get_primaries()]
+        finally:
+            cluster.close()
+
+    def reset(self) -> None:
+        for node in self.nodes:
+            node.config_resetstat()
+
+    def read(self) -> list[float]:
+        """Seconds of script time on each primary since :meth:`reset`."""
+        out = []
+        for node in self.nodes:
+            stats = node.info("commandstats")
+            out.append(sum(float(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "eval")) / 1e6)
+        return out
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+
 def cluster_rates(urls: list[tuple[str, str]], counts: list[int], seconds: float, hosts: int, addresses: int,
                   rounds: int) -> None:
     """Figure 1 on each cluster of ``urls`` (``(label, url)``), for both layouts, ``rounds`` alternating rounds
-    (the median printed)."""
+    (the median by bookings/s printed). ``srv µs`` is the scripts' time on all primaries per booking;
+    ``busiest``: the share of it on the busiest primary; ``capacity``: the bookings per second at which that
+    primary's scripts would fill one core (1 s / its µs per booking): what the cluster serves once the
+    servers, not these clients, are the limit."""
     print(f"1. bookings on a Redis Cluster, {hosts} hosts on {addresses} addresses (median of {rounds} rounds):")
     print(f"   {'cluster':<10} {'layout':<8} {'processes':>9} {'bookings/s':>11} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'retries':>8}")
-    for p in counts:
-        for label, url in urls:
-            for layout in ("table", "sharded"):
-                runs = [rate("redis", with_layout(url, layout), p, seconds, hosts, addresses) for _ in range(rounds)]
-                pick = sorted(runs, key=lambda r: r["per_second"])[len(runs) // 2]
-                print(f"   {label:<10} {layout:<8} {p:>9} {pick['per_second']:>11.0f} {pick['p50']:>8.3f} "
-                      f"{pick['p99']:>8.3f} {pick['retries']:>8.3f}", flush=True)
+          f"{'retries':>8} {'srv µs':>7} {'busiest':>8} {'capacity/s':>11}")
+    timers = {url: ServerTime(url) for _, url in urls}
+    try:
+        for p in counts:
+            for label, url in urls:
+                for layout in ("table", "sharded"):
+                    runs = []
+                    for _ in range(rounds):
+                        timers[url].reset()
+                        r = rate("redis", with_layout(url, layout), p, seconds, hosts, addresses)
+                        spent = timers[url].read()
+                        r["server_us"] = sum(spent) / r["bookings"] * 1e6
+                        r["busiest"] = max(spent) / max(sum(spent), 1e-9)
+                        r["capacity"] = r["bookings"] / max(max(spent), 1e-9)
+                        runs.append(r)
+                    pick = sorted(runs, key=lambda r: r["per_second"])[len(runs) // 2]
+                    print(f"   {label:<10} {layout:<8} {p:>9} {pick['per_second']:>11.0f} {pick['p50']:>8.3f} "
+                          f"{pick['p99']:>8.3f} {pick['retries']:>8.3f} {pick['server_us']:>7.1f} "
+                          f"{pick['busiest']:>8.0%} {pick['capacity']:>11.0f}", flush=True)
+    finally:
+        for timer in timers.values():
+            timer.close()
     print()
 
 

@@ -673,7 +673,9 @@ class RedisStore:
             for _ in range(2):
                 pipe = self._client.pipeline(transaction=False)
                 for keys, args in calls:  # execute_command: redis-py blocks pipe.evalsha on a cluster
-                    pipe.execute_command("EVALSHA", script.script.sha, len(keys), *keys, *args)
+                    # On a cluster, the slot's node named: else redis-py >= 6 asks a node for the keys first.
+                    route = {"target_nodes": self._client.get_node_from_key(keys[0])} if self.cluster else {}
+                    pipe.execute_command("EVALSHA", script.script.sha, len(keys), *keys, *args, **route)
                 replies = list(pipe.execute(raise_on_error=False))
                 if not any(isinstance(r, redis_errors.NoScriptError) for r in replies):
                     break
