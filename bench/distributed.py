@@ -3,7 +3,7 @@
 Usage::
 
     python bench/distributed.py [--seconds 3] [--processes 1,4,8] [--hosts 10000] [--addresses 1000]
-                                [--redis redis://127.0.0.1:6379/0]
+                                [--redis redis://127.0.0.1:6379/0] [--cluster [redis+cluster://h:p,h:p]]
 
 Without ``--redis`` it starts its own ``redis-server`` on a free loopback port (persistence off) and stops it
 at the end. SQLite is one file in a temporary directory (WAL, ``synchronous=NORMAL``), all processes on it.
@@ -24,6 +24,12 @@ Figures printed:
    the interval are violations (target 0).
 3. **from the reactor**: one process booking through :class:`~scrapy_polite.stores.AsyncStore` (the
    thread pool the pacer uses for Redis), one at a time and 16 at a time: what a booking costs the crawl.
+
+With ``--cluster`` it measures instead the Redis Cluster (docs/scale.md): bookings per second and latency of
+P processes over H hosts on A addresses, for the table in one slot (``layout=table``, the default) and the
+sharded table (``layout=sharded``: one hash tag per row, a booking's host and address rows locked and written
+slot by slot), on a cluster of 1 master and one of 3 masters that it starts on loopback (``redis-server
+--cluster-enabled yes``, persistence off, stopped at the end), or on the cluster whose URL is given.
 
 Nothing leaves the machine. The defaults run in about a minute on two cores.
 """
@@ -290,6 +296,108 @@ class LocalRedis:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def with_layout(url: str, layout: str) -> str:
+    """``url`` with the store option ``layout=`` (docs/scale.md)."""
+    return f"{url}{'&' if '?' in url else '?'}layout={layout}"
+
+
+class ServerTime:
+    """The scripts' time on each primary of a cluster (``INFO commandstats``: ``evalsha`` and ``eval`` calls and
+    µs), between :meth:`reset` and :meth:`read`: what a booking costs the servers, whatever the clients cost."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+        from redis.cluster import RedisCluster
+
+        first = url.split("://", 1)[1].split("?", 1)[0].split(",")[0].rpartition("@")[2]
+        host, _, port = first.rpartition(":")
+        cluster = RedisCluster(host=host, port=int(port))
+        try:
+            self.nodes = [redis.Redis(host=n.host, port=n.port) for n in cluster.get_primaries()]
+        finally:
+            cluster.close()
+
+    def reset(self) -> None:
+        for node in self.nodes:
+            node.config_resetstat()
+
+    def read(self) -> list[float]:
+        """Seconds of script time on each primary since :meth:`reset`."""
+        out = []
+        for node in self.nodes:
+            stats = node.info("commandstats")
+            out.append(sum(float(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "eval")) / 1e6)
+        return out
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+
+def cluster_rates(urls: list[tuple[str, str]], counts: list[int], seconds: float, hosts: int, addresses: int,
+                  rounds: int) -> None:
+    """Figure 1 on each cluster of ``urls`` (``(label, url)``), for both layouts, ``rounds`` alternating rounds
+    (the median by bookings/s printed). ``srv µs`` is the scripts' time on all primaries per booking;
+    ``busiest``: the share of it on the busiest primary; ``capacity``: the bookings per second at which that
+    primary's scripts would fill one core (1 s / its µs per booking): what the cluster serves once the
+    servers, not these clients, are the limit."""
+    print(f"1. bookings on a Redis Cluster, {hosts} hosts on {addresses} addresses (median of {rounds} rounds):")
+    print(f"   {'cluster':<10} {'layout':<8} {'processes':>9} {'bookings/s':>11} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'retries':>8} {'srv µs':>7} {'busiest':>8} {'capacity/s':>11}")
+    timers = {url: ServerTime(url) for _, url in urls}
+    try:
+        for p in counts:
+            for label, url in urls:
+                for layout in ("table", "sharded"):
+                    runs = []
+                    for _ in range(rounds):
+                        timers[url].reset()
+                        r = rate("redis", with_layout(url, layout), p, seconds, hosts, addresses)
+                        spent = timers[url].read()
+                        r["server_us"] = sum(spent) / r["bookings"] * 1e6
+                        r["busiest"] = max(spent) / max(sum(spent), 1e-9)
+                        r["capacity"] = r["bookings"] / max(max(spent), 1e-9)
+                        runs.append(r)
+                    pick = sorted(runs, key=lambda r: r["per_second"])[len(runs) // 2]
+                    print(f"   {label:<10} {layout:<8} {p:>9} {pick['per_second']:>11.0f} {pick['p50']:>8.3f} "
+                          f"{pick['p99']:>8.3f} {pick['retries']:>8.3f} {pick['server_us']:>7.1f} "
+                          f"{pick['busiest']:>8.0%} {pick['capacity']:>11.0f}", flush=True)
+    finally:
+        for timer in timers.values():
+            timer.close()
+    print()
+
+
+def cluster_main(args: argparse.Namespace, counts: list[int]) -> None:
+    started: list[Any] = []
+    try:
+        if args.cluster != "local":
+            urls = [("given", args.cluster)]
+        else:
+            from tests.support.redis_cluster import LocalCluster
+
+            urls = []
+            for masters in (1, 3):
+                local = LocalCluster(nodes=masters)
+                started.append(local)
+                local.start()
+                urls.append((f"{masters} master{'s' if masters > 1 else ''}", local.url))
+        print(f"clusters: {', '.join(f'{label}: {url}' for label, url in urls)}; {os.cpu_count()} cores; "
+              f"{args.seconds:g} s per run\n")
+        cluster_rates(urls, counts, args.seconds, args.hosts, args.addresses, args.rounds)
+        print("2. spacing on the sharded table, 5 hosts on 3 addresses:")
+        print(f"   {'cluster':<10} {'processes':>9} {'bookings':>9} {'violations':>10} {'closest host':>13} "
+              f"{'closest ip':>11}")
+        for label, url in urls:
+            for p in counts:
+                r = spacing("redis", with_layout(url, "sharded"), p, args.seconds)
+                print(f"   {label:<10} {p:>9} {r['bookings']:>9} {r['violations']:>10} {r['closest_host']:>10.3f} ms "
+                      f"{r['closest_ip']:>8.3f} ms", flush=True)
+    finally:
+        for local in started:
+            local.cleanup()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per measurement")
@@ -297,8 +405,15 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=10000)
     parser.add_argument("--addresses", type=int, default=1000)
     parser.add_argument("--redis", default=None, help="a Redis URL (default: start a local redis-server)")
+    parser.add_argument("--cluster", nargs="?", const="local", default=None,
+                        help="measure a Redis Cluster instead (a redis+cluster:// URL; default: start a cluster "
+                             "of 1 master and one of 3 on loopback)")
+    parser.add_argument("--rounds", type=int, default=3, help="--cluster: alternating rounds per figure")
     args = parser.parse_args()
     counts = [int(p) for p in args.processes.split(",")]
+    if args.cluster is not None:
+        cluster_main(args, counts)
+        return
 
     local = None if args.redis else LocalRedis()
     redis_url = args.redis or (local.url if local else "")

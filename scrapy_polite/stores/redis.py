@@ -67,6 +67,7 @@ import redis
 from redis import exceptions as redis_errors
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 from redis.retry import Retry
 
 from ..policy import HostState
@@ -84,12 +85,22 @@ from .base import (
     UpdateSteps,
 )
 
-__all__ = ["CLUSTER_SCHEMES", "DONE_MARGIN", "MAX_ATTEMPTS", "MAX_BUSY_SECONDS", "RedisStore", "redact_uri"]
+__all__ = ["CLUSTER_SCHEMES", "DONE_MARGIN", "LAYOUTS", "LOCK_LEASE", "MAX_ATTEMPTS", "MAX_BUSY_SECONDS", "RedisStore",
+           "redact_uri", "split_layout"]
 
 T = TypeVar("T")
 
 #: The URL schemes of a Redis Cluster, and the scheme of one node's URL each stands for.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+#: The key layouts of a table (the URL option ``layout=``, docs/scale.md): ``table`` (the default: one hash
+#: tag, ``{pace}``, for the whole table, so one slot of a cluster) and ``sharded`` (one hash tag per row, so the
+#: rows spread over every slot, and bookings over every node).
+LAYOUTS = ("table", "sharded")
+
+#: Seconds an update whose rows span slots (``layout=sharded``) holds their locks at most: it locks them, decides,
+#: and writes them within two round trips per slot; a process that dies in between blocks those rows this long.
+LOCK_LEASE = 5.0
 
 #: The hash field of each :class:`HostState` field (short: every booking reads a row). A field added to
 #: HostState needs a name here (checked at import); a row written before a field existed reads its default.
@@ -184,6 +195,124 @@ end
 return deleted
 """
 
+#: The sharded layout (``?layout=sharded``): one hash tag per row, so a multi-row update may span slots.
+#: Writes an update's rows in one slot, once. KEYS[1..n]: the rows of the slot; KEYS[n+1]: the update's
+#: idempotence record in that slot. ARGV[1]: the attempt's number; ARGV[2]: the record's TTL (ms); ARGV[3]: the
+#: update's token; ARGV[4]: "w" (optimistic: every row must still have the version read, ARGV[5..n+4], and no
+#: live lock of another update) or "c" (commit of a locked update: every row must still carry this token's
+#: lock); ARGV[n+5]: the number f of state fields, their names, then f + 2 values per row to write as in
+#: _WRITE_IF_UNCHANGED. A row's new version is max(its version + 1, the server's clock in µs): it only grows,
+#: even across a delete. Every row of KEYS loses this token's lock (a lock-only row is deleted). Returns the
+#: record's value when it was there, the clock and the current rows when a version changed or a row is locked
+#: ("w"), 0 when the lock was lost ("c"), else 1.
+_SHARD_WRITE = """
+local n = #KEYS - 1
+local done = redis.call('GET', KEYS[n + 1])
+if done then
+  return done
+end
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+local f = tonumber(ARGV[n + 5])
+local names = {}
+for k = 1, f do names[k] = ARGV[n + 5 + k] end
+local versions = {}
+for i = 1, n do
+  local row = redis.call('HMGET', KEYS[i], 'v', 'lk', 'lx')
+  versions[i] = tonumber(row[1] or '0')
+  if ARGV[4] == 'c' then
+    if row[2] ~= ARGV[3] then
+      return 0
+    end
+  elseif (row[1] or '0') ~= ARGV[i + 4] or (row[2] and tonumber(row[3] or '0') > now_ms) then
+    local out = {t[1], t[2]}
+    for j = 1, n do
+      out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', unpack(names))
+    end
+    return out
+  end
+end
+local i = n + 6 + f
+while i <= #ARGV do
+  local index = tonumber(ARGV[i])
+  local key = KEYS[index]
+  local pairs = {'v', string.format('%d', math.max(versions[index] + 1, now_us))}
+  for k = 1, f do
+    pairs[#pairs + 1] = names[k]
+    pairs[#pairs + 1] = ARGV[i + 1 + k]
+  end
+  redis.call('HSET', key, unpack(pairs))
+  if ARGV[i + 1] == '0' then
+    redis.call('PERSIST', key)
+  else
+    redis.call('PEXPIREAT', key, ARGV[i + 1])
+  end
+  i = i + 2 + f
+end
+for j = 1, n do
+  local lock = redis.call('HGET', KEYS[j], 'lk')
+  if lock then
+    if redis.call('HEXISTS', KEYS[j], 'v') == 1 then
+      redis.call('HDEL', KEYS[j], 'lk', 'lx')
+    else
+      redis.call('DEL', KEYS[j])
+    end
+  end
+end
+redis.call('SET', KEYS[n + 1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+#: Locks and reads an update's rows in one slot (the first phase of an update whose rows span slots).
+#: KEYS[1..n]: the rows; KEYS[n+1]: the update's record in that slot. ARGV[1]: the token; ARGV[2]: the lease
+#: (ms); ARGV[3..]: the hash fields to read ("v" first). Returns the record's value when it is there (nothing
+#: locked); {0, seconds, µs} when a row holds a live lock of another update (nothing locked); else every row
+#: is locked by this token until the lease ends (a lock-only row is created for an absent one, expiring with
+#: its lease) and {1, seconds, µs, fields of each row...}.
+_SHARD_LOCK = """
+local n = #KEYS - 1
+local done = redis.call('GET', KEYS[n + 1])
+if done then
+  return done
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[2])
+for i = 1, n do
+  local row = redis.call('HMGET', KEYS[i], 'lk', 'lx')
+  if row[1] and row[1] ~= ARGV[1] and tonumber(row[2] or '0') > now_ms then
+    return {0, t[1], t[2]}
+  end
+end
+local names = {}
+for k = 3, #ARGV do names[k - 2] = ARGV[k] end
+local out = {1, t[1], t[2]}
+for i = 1, n do
+  local existed = redis.call('EXISTS', KEYS[i])
+  redis.call('HSET', KEYS[i], 'lk', ARGV[1], 'lx', string.format('%d', now_ms + lease))
+  if existed == 0 then
+    redis.call('PEXPIRE', KEYS[i], 2 * lease)
+  end
+  out[#out + 1] = redis.call('HMGET', KEYS[i], unpack(names))
+end
+return out
+"""
+
+#: Releases this token's locks on the rows of KEYS (ARGV[1]: the token); a lock-only row is deleted.
+_SHARD_UNLOCK = """
+for i = 1, #KEYS do
+  if redis.call('HGET', KEYS[i], 'lk') == ARGV[1] then
+    if redis.call('HEXISTS', KEYS[i], 'v') == 1 then
+      redis.call('HDEL', KEYS[i], 'lk', 'lx')
+    else
+      redis.call('DEL', KEYS[i])
+    end
+  end
+end
+return 1
+"""
+
 #: Lost races one update may meet before it gives up (each costs one round trip; the winner of every race
 #: makes progress, so this is only reached under extreme contention on one row) …
 MAX_ATTEMPTS = 10_000
@@ -256,6 +385,26 @@ def redact_uri(uri: str) -> str:
     return rebuilt if netloc else rebuilt.replace(":", "://", 1)  # unix:///path keeps its empty authority
 
 
+def split_layout(uri: str) -> tuple[str, str]:
+    """A Redis URL without its ``layout=`` option (which redis-py does not know), and the layout it names
+    (:data:`LAYOUTS`; ``table`` when absent).
+
+    Raises:
+        ValueError: a layout that is not one of :data:`LAYOUTS`.
+    """
+    parts = urlsplit(uri)
+    if "layout=" not in parts.query:
+        return uri, "table"
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    layouts = [v for k, v in pairs if k == "layout"]
+    layout = layouts[-1] if layouts else "table"
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not one of {', '.join(LAYOUTS)}")
+    query = urlencode([(k, v) for k, v in pairs if k != "layout"])
+    rebuilt = urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+    return (rebuilt if parts.netloc else rebuilt.replace(":", "://", 1)), layout
+
+
 def _cluster_nodes(uri: str) -> tuple[str, list[tuple[str, int]]]:
     """A ``redis+cluster://[user:password@]host:port[,host:port…][/0][?options]`` URL as the URL of its first
     node (``redis://…`` or ``rediss://…``, with the credentials and options) and the other nodes.
@@ -317,6 +466,8 @@ class _Pending:
 
     token: str
     results: dict[int, Any] = field(default_factory=dict)
+    #: ``sharded``, rows in several slots: attempt → each slot's write (a retry finishes a partial write).
+    writes: dict[int, list[list[Any]]] = field(default_factory=dict)
 
 
 def _event(fields: dict[bytes, bytes], stream: str, raw_id: Any) -> Event:
@@ -369,6 +520,18 @@ class RedisStore:
                  client: redis.Redis | RedisCluster | None = None) -> None:
         options = options or StoreOptions()
         self.uri = redact_uri(uri)
+        try:
+            uri, layout = split_layout(uri)
+        except ValueError as exc:
+            raise StoreError(f"POLITE_STORE {self.uri!r}: {exc}. Fix: layout=table (the default, one slot) or "
+                             "layout=sharded (one slot per row: docs/scale.md).") from None
+        #: The key layout (:data:`LAYOUTS`): ``table`` (one hash tag) or ``sharded`` (one per row).
+        self.layout = layout
+        self.sharded = layout == "sharded"
+        if self.sharded and "{" in options.prefix:
+            raise StoreError(f"POLITE_STORE {self.uri!r} with layout=sharded and POLITE_STORE_PREFIX "
+                             f"{options.prefix!r}: a prefix with a hash tag puts every row in one slot again. "
+                             "Fix: a prefix without braces (e.g. 'crawl-a:'), or layout=table.")
         self.prefix = options.prefix
         self.expire_after = options.expire
         #: Seconds an update's idempotence record is kept (``POLITE_STORE_TIMEOUT`` + :data:`DONE_MARGIN`).
@@ -378,7 +541,8 @@ class RedisStore:
         self._counter = self._base
         self._done = f"{self._base}#done:"
         #: The event log: one stream, ``<prefix>{pace}#events`` (``#``: never a row's key, which has ``:``).
-        self._events = f"{self._base}#events"
+        #: Sharded: ``<prefix>{events}#events``, a slot of its own (appends are batched off the hot path).
+        self._events = f"{options.prefix}{{events}}#events" if self.sharded else f"{self._base}#events"
         self.events_max = max(0, int(options.events_max))
         scheme = uri.partition(":")[0].lower()
         #: The URI names a Redis Cluster (``redis+cluster://``): the cluster client, which follows the slots.
@@ -409,6 +573,9 @@ class RedisStore:
         self._read_script = _Script(self._client, _READ)
         self._write = _Script(self._client, _WRITE_IF_UNCHANGED)
         self._delete_if = _Script(self._client, _DELETE_IF_UNCHANGED)
+        self._shard_write = _Script(self._client, _SHARD_WRITE)
+        self._shard_lock = _Script(self._client, _SHARD_LOCK)
+        self._shard_unlock = _Script(self._client, _SHARD_UNLOCK)
         self._lock = threading.Lock()
         #: (update function, keys) → what is known of its write whose connection was lost.
         self._ambiguous: OrderedDict[tuple[Any, tuple[str, ...]], _Pending] = OrderedDict()
@@ -416,6 +583,11 @@ class RedisStore:
             self._client.ping()
             if not self.cluster:
                 self._refuse_a_cluster_node()
+            if self.sharded and self._client.exists(self._counter):
+                self._client.close()
+                raise StoreError(f"scrapy-polite cannot use its pace table {self.uri} with layout=sharded: the prefix "
+                                 f"{self.prefix!r} holds a table of layout=table. Fix: another POLITE_STORE_PREFIX for "
+                                 "the sharded table (its rows start empty), or drop layout=sharded.")
         except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
             self._client.close()
             raise self._start_error(exc) from None  # the message says it all: one error, the URL, the fix
@@ -484,26 +656,81 @@ class RedisStore:
     # -- reads ------------------------------------------------------------------------------------------
 
     def _key(self, key: str) -> str:
-        return self._rows + key
+        """A row's Redis key: ``<prefix>{pace}:<key>`` (``table``), ``<prefix>{<key>}`` (``sharded``)."""
+        return f"{self.prefix}{{{key}}}" if self.sharded else self._rows + key
+
+    def _record_of(self, name: str, token: str) -> str:
+        """The idempotence record of update ``token`` in the slot of the row key ``name``."""
+        return f"{name}#done:{token}" if self.sharded else self._done + token
+
+    def slot_groups(self, keys: Sequence[str]) -> list[list[int]]:
+        """The indices of ``keys`` grouped by the hash slot of their row's Redis key, the groups in the order of
+        their slots (the order an update locks them in): one group unless the table is ``sharded`` on a
+        cluster (a single server runs any script on any keys)."""
+        if not (self.sharded and self.cluster) or len(keys) < 2:
+            return [list(range(len(keys)))]
+        groups: dict[int, list[int]] = {}
+        for index, key in enumerate(keys):
+            groups.setdefault(key_slot(self._key(key).encode()), []).append(index)
+        return [groups[slot] for slot in sorted(groups)]
 
     def _read(self, keys: Sequence[str], record: str | None = None) -> tuple[list[_Row], float, bytes | None]:
         """The rows of ``keys``, the server's clock and, when ``record`` names an idempotence record, its value
-        (None: absent), in one round trip (one script: atomic, on the node of the table's slot)."""
-        names = [*map(self._key, keys), record or self._counter]
+        (None: absent), in one round trip (one script: atomic, on the node of the keys' slot)."""
+        names = [*map(self._key, keys), record or (self._key(keys[0]) if self.sharded and keys else self._counter)]
         reply = self._run("read", partial(self._read_script, keys=names, args=["1" if record else "0", *_FIELDS]))
         seconds, micros, found, *rows = reply
         return [_row(values) for values in rows], int(seconds) + int(micros) / 1e6, found
 
+    def _run_scripts(self, script: _Script, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Run ``script`` once per ``(keys, args)`` of ``calls`` in one pipelined round trip (on a cluster, to each
+        slot's node in parallel; each call atomic on its node) and return the replies (an error reply raises,
+        after the others ran). A node that does not know the script gets it loaded, and the calls are sent
+        again (each script is idempotent for its update)."""
+        def call() -> list[Any]:
+            for _ in range(2):
+                pipe = self._client.pipeline(transaction=False)
+                for keys, args in calls:  # execute_command: redis-py blocks pipe.evalsha on a cluster
+                    # On a cluster, the slot's node named: else redis-py >= 6 asks a node for the keys first.
+                    route = {"target_nodes": self._client.get_node_from_key(keys[0])} if self.cluster else {}
+                    pipe.execute_command("EVALSHA", script.script.sha, len(keys), *keys, *args, **route)
+                replies = list(pipe.execute(raise_on_error=False))
+                if not any(isinstance(r, redis_errors.NoScriptError) for r in replies):
+                    break
+                self._client.script_load(script.text)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+
+        return self._run("write", call)
+
     def now(self) -> float:
-        """The server's clock (``TIME`` on the node of the table's slot), Unix epoch seconds."""
+        """The server's clock (``TIME`` on the node of the table's slot; ``sharded``: of the event log's slot),
+        Unix epoch seconds."""
+        if self.sharded:
+            reply = self._run("read", partial(self._read_script, keys=[self._events], args=["0", *_FIELDS]))
+            return int(reply[0]) + int(reply[1]) / 1e6
         return self._read([])[1]
 
     def get(self, key: str) -> HostState | None:
         return self._read([key])[0][0].state
 
     def read(self, keys: Sequence[str]) -> Snapshot:
-        rows, now, _ = self._read(keys)
-        return Snapshot({key: row.state for key, row in zip(keys, rows)}, now)
+        """See :meth:`PaceStore.read <scrapy_polite.stores.base.PaceStore.read>`. ``sharded`` on a cluster: one
+        atomic read per slot, in the order of :meth:`slot_groups`; the clock is that of the first key's slot."""
+        keys = list(keys)
+        if not keys:
+            return Snapshot({}, self.now())
+        states: dict[str, HostState | None] = {}
+        now = 0.0
+        for group in self.slot_groups(keys):
+            part = [keys[i] for i in group]
+            rows, clock, _ = self._read(part)
+            if 0 in group:
+                now = clock
+            states.update({key: row.state for key, row in zip(part, rows)})
+        return Snapshot({key: states[key] for key in keys}, now)
 
     # -- writes -----------------------------------------------------------------------------------------
 
@@ -524,11 +751,15 @@ class RedisStore:
             new, result = fn(states[key], now)
             return ({key: new} if new is not None else {}), result
 
+        if self.sharded:
+            return _ShardedUpdate(self, [key], many, fn)
         return _Update(self, [key], many, fn)
 
     def update_many_steps(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> UpdateSteps[T]:
         """:meth:`update_many` as :class:`~scrapy_polite.stores.base.UpdateSteps` that never sleep
         (docs/spec.md §6, "Redis: contention"); no I/O until the first step."""
+        if self.sharded:
+            return _ShardedUpdate(self, list(dict.fromkeys(keys)), fn, fn)
         return _Update(self, list(dict.fromkeys(keys)), fn, fn)
 
     def _take_pending(self, name: tuple[Any, tuple[str, ...]]) -> _Pending | None:
@@ -554,26 +785,34 @@ class RedisStore:
     # -- the whole table --------------------------------------------------------------------------------
 
     def _scan(self) -> Iterator[list[tuple[str, _Row]]]:
-        """Every row, in batches, as ``(key, row)``."""
-        pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in self._rows) + "*"
-        cursor = 0
-        while True:
-            cursor, names = self._scan_batch(cursor, pattern)
-            if names:
-                rows = self._run("read", partial(self._hmget_all, names))
-                batch = [(name[len(self._rows):], _row(values)) for name, values in zip(names, rows)]
-                yield [(key, row) for key, row in batch if row.state is not None]
-            if cursor == 0:
-                return
+        """Every row, in batches, as ``(key, row)`` (``sharded`` on a cluster: node after node)."""
+        start = f"{self.prefix}{{" if self.sharded else self._rows
+        pattern = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in start) + ("*}" if self.sharded else "*")
+        for scanned in self._scanned():
+            cursor = 0
+            while True:
+                cursor, names = self._scan_batch(scanned, cursor, pattern)
+                if names:
+                    rows = self._run("read", partial(self._hmget_all, names))
+                    batch = [(name[len(start):-1] if self.sharded else name[len(start):], _row(values))
+                             for name, values in zip(names, rows)]
+                    yield [(key, row) for key, row in batch if row.state is not None]
+                if cursor == 0:
+                    break
 
-    def _scanned(self) -> Any:
-        """The client that ``SCAN`` runs on: on a cluster, the node that holds the table's slot."""
+    def _scanned(self) -> list[Any]:
+        """The clients that ``SCAN`` runs on: on a cluster, the node that holds the table's slot (``sharded``:
+        every primary)."""
         if not self.cluster:
-            return self._client
-        return self._client.get_redis_connection(self._client.get_node_from_key(self._counter))
+            return [self._client]
+        client = self._client
+        if self.sharded:
+            nodes = self._run("read", client.get_primaries)
+            return [client.get_redis_connection(node) for node in nodes]
+        return [client.get_redis_connection(client.get_node_from_key(self._counter))]
 
-    def _scan_batch(self, cursor: int, pattern: str) -> tuple[int, list[str]]:
-        next_cursor, names = self._run("read", lambda: self._scanned().scan(cursor, match=pattern, count=1000))
+    def _scan_batch(self, scanned: Any, cursor: int, pattern: str) -> tuple[int, list[str]]:
+        next_cursor, names = self._run("read", lambda: scanned.scan(cursor, match=pattern, count=1000))
         return int(next_cursor), [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
     def _hmget_all(self, names: list[str]) -> list[Any]:
@@ -591,9 +830,10 @@ class RedisStore:
         for batch in self._scan():
             stale = [(key, row) for key, row in batch if row.state is not None
                      and row.state.updated < before and row.state.next_allowed < before]
-            if stale:
-                removed += int(self._run("write", partial(self._delete_if, keys=[self._key(k) for k, _ in stale],
-                                                          args=[row.version for _, row in stale])))
+            for group in self.slot_groups([k for k, _ in stale]) if stale else []:
+                part = [stale[i] for i in group]
+                removed += int(self._run("write", partial(self._delete_if, keys=[self._key(k) for k, _ in part],
+                                                          args=[row.version for _, row in part])))
         return removed
 
     # -- the event log --------------------------------------------------------------------------------
@@ -775,3 +1015,194 @@ def _stream_order(entry_id: str) -> tuple[int, int]:
     """A stream entry id ``"ms-seq"`` as a sortable pair."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+@dataclass
+class _Group:
+    """The rows of one hash slot in a :class:`_ShardedUpdate`: their indices in the update's keys, their Redis
+    keys and the update's idempotence record in that slot."""
+
+    indices: list[int]
+    names: list[str]
+    record: str
+
+
+class _ShardedUpdate(Generic[T]):
+    """One update of a ``sharded`` table (docs/scale.md), step by step (:class:`UpdateSteps`).
+
+    Rows in one slot (a single-row update, or rows whose tags share a slot, or any update on a single server):
+    the optimistic read and write of :class:`_Update`, whose write also fails on a row another update has
+    locked. Rows in several slots (a booking: the host's row and an address's): **lock, decide, write** —
+    each slot's rows are locked and read in one script (in the order of the slots, so two updates never wait on
+    each other in a cycle: a step that finds a row locked releases what it took and tries again later), the
+    update function runs on them with the clock of the first key's slot, then each slot's new rows are
+    written, and its locks released, in one script with the slot's idempotence record. An update is applied in
+    every slot or, only when its process stalls past :data:`LOCK_LEASE` between two writes and another update
+    takes the lock, in the first slots only (it then raises :class:`StoreError`: the caller does not act on it,
+    so a booking's request is not sent; only more spacing than asked for results). The resend of a write whose
+    reply was lost finds each slot's record, as in :class:`_Update`.
+    """
+
+    def __init__(self, store: RedisStore, keys: list[str], fn: ManyUpdateFn[T], identity: Any) -> None:
+        self._store = store
+        self._keys = keys
+        self._fn = fn
+        self._name = (identity, tuple(keys))
+        pending = store._take_pending(self._name)
+        self._check = pending is not None
+        self._pending = pending or _Pending(uuid.uuid4().hex)
+        token = self._pending.token
+        names = [store._key(key) for key in keys]
+        self._groups = [_Group(g, [names[i] for i in g], store._record_of(names[g[0]], token))
+                        for g in store.slot_groups(keys)]
+        self._rows: list[_Row] | None = None
+        self._now = 0.0
+        self._now_at = 0.0
+        self._lost = 0
+        self._busy_until: float | None = None
+        #: Attempt → the write arguments of each group (a resend after a lost reply writes the same rows).
+        self._writes: dict[int, list[list[Any]]] = self._pending.writes
+
+    def step(self) -> T | Again:
+        try:
+            return self._step() if len(self._groups) == 1 else self._locked_step()
+        except StoreUnavailable:
+            self._store._remember(self._name, self._pending)  # its retry reuses the token: records and locks
+            raise
+
+    def _applied(self, attempt: bytes) -> T:
+        return self._pending.results[int(attempt)]  # type: ignore[no-any-return]
+
+    def _decide(self, rows: list[_Row]) -> tuple[dict[str, HostState], T, float]:
+        now = self._now + max(0.0, time.monotonic() - self._now_at)
+        new, result = self._fn({key: row.state for key, row in zip(self._keys, rows)}, now)
+        stray = set(new).difference(self._keys)
+        if stray:
+            raise ValueError(f"update function wrote {sorted(stray)!r}, which it did not read")
+        return new, result, now
+
+    def _args(self, group: _Group, attempt: int, mode: str, rows: list[_Row], new: dict[str, HostState],
+              now: float) -> list[Any]:
+        store = self._store
+        args: list[Any] = [attempt, max(1, int(store.done_ttl * 1000)), self._pending.token, mode,
+                           *(rows[i].version for i in group.indices), len(_STATE_FIELDS), *_STATE_FIELDS.values()]
+        for position, index in enumerate(group.indices, start=1):
+            state = new.get(self._keys[index])
+            if state is not None:
+                args.extend((position, store._expiry_ms(state, now), *_encode(state)))
+        return args
+
+    def _write(self, group: _Group, args: list[Any]) -> Any:
+        store = self._store
+        return store._run("write", partial(store._shard_write, keys=[*group.names, group.record], args=args))
+
+    def _lost_race(self, reread: bool) -> Again:
+        self._lost += 1
+        if self._lost >= MAX_ATTEMPTS:
+            raise self._busy()
+        if self._lost < 2 and not reread:
+            return Again(0.0)
+        self._busy_until = self._busy_until or time.monotonic() + MAX_BUSY_SECONDS
+        if time.monotonic() > self._busy_until:
+            raise self._busy()
+        self._rows = None
+        return Again(random.uniform(0.0, min(0.02, 0.0001 * 2 ** (self._lost - 1))))
+
+    # -- one slot: optimistic ---------------------------------------------------------------------------
+
+    def _step(self) -> T | Again:
+        store, group = self._store, self._groups[0]
+        if self._rows is None:
+            check = self._check or bool(self._pending.results)
+            rows, self._now, found = store._read(self._keys, group.record if check else None)
+            self._now_at = time.monotonic()
+            if found is not None:
+                return self._applied(found)
+            self._rows = rows
+        rows = self._rows
+        new, result, now = self._decide(rows)
+        if not new and not self._pending.results:
+            return result
+        attempt = len(self._pending.results)
+        self._pending.results[attempt] = result
+        reply = self._write(group, self._args(group, attempt, "w", rows, new, now))
+        if isinstance(reply, bytes):
+            return self._applied(reply)
+        if not isinstance(reply, list):
+            return result
+        self._now = int(reply[0]) + int(reply[1]) / 1e6
+        self._now_at = time.monotonic()
+        self._rows = [_row(values) for values in reply[2:]]
+        return self._lost_race(reread=False)
+
+    # -- several slots: lock, decide, write -------------------------------------------------------------
+
+    def _unlock(self, groups: Sequence[_Group]) -> None:
+        if groups:
+            self._store._run_scripts(self._store._shard_unlock,
+                                     [(group.names, [self._pending.token]) for group in groups])
+
+    def _locked_step(self) -> T | Again:
+        store = self._store
+        lease = max(1, int(LOCK_LEASE * 1000))
+        rows: list[_Row] = [_Row(b"0", None)] * len(self._keys)
+        # Every slot's lock-and-read in one pipelined round trip (the nodes answer in parallel). A slot whose rows
+        # another update holds is not locked; the slots that were are released, and the update tries again.
+        replies = store._run_scripts(store._shard_lock, [([*group.names, group.record],
+                                                          [self._pending.token, lease, *_FIELDS])
+                                                         for group in self._groups])
+        locked = [group for group, reply in zip(self._groups, replies)
+                  if not isinstance(reply, bytes) and int(reply[0]) == 1]
+        done = [int(reply) for reply in replies if isinstance(reply, bytes)]
+        if done:  # an earlier attempt of this update was written in some slot: finish it
+            self._unlock(locked)
+            return self._finish(done[0])
+        if len(locked) < len(self._groups):
+            self._unlock(locked)
+            return self._lost_race(reread=True)
+        for group, reply in zip(self._groups, replies):
+            if 0 in group.indices:  # the clock of the first key's slot (a booking's: the host's)
+                self._now = int(reply[1]) + int(reply[2]) / 1e6
+                self._now_at = time.monotonic()
+            for index, values in zip(group.indices, reply[3:]):
+                rows[index] = _row(values)
+        try:
+            new, result, now = self._decide(rows)
+        except BaseException:
+            self._unlock(locked)
+            raise
+        if not new and not self._pending.results:
+            self._unlock(locked)
+            return result
+        attempt = len(self._pending.results)
+        self._pending.results[attempt] = result
+        self._writes[attempt] = [self._args(group, attempt, "c", rows, new, now) for group in self._groups]
+        return self._finish(attempt)
+
+    def _finish(self, attempt: int) -> T | Again:
+        """Write every slot's rows of ``attempt``, in one pipelined round trip (a slot already written returns
+        its record)."""
+        writes = self._writes.get(attempt)
+        if writes is None:  # the record of an attempt this process no longer knows (its pending was forgotten)
+            raise StoreError(f"scrapy-polite lost track of an update of its pace table {self._store.uri} "
+                             f"({', '.join(self._keys)}). Fix: retry.")
+        replies = self._store._run_scripts(self._store._shard_write,
+                                           [([*group.names, group.record], args)
+                                            for group, args in zip(self._groups, writes)])
+        refused = [group for group, reply in zip(self._groups, replies) if reply == 0]
+        if refused:
+            self._unlock(refused)
+            if len(refused) == len(self._groups):  # another update took every lock after its lease: nothing
+                return self._lost_race(reread=True)  # was written, try again
+            raise StoreError(f"scrapy-polite's update of {', '.join(self._keys)} in its pace table "
+                             f"{self._store.uri} was written in {len(self._groups) - len(refused)} of its "
+                             f"{len(self._groups)} slots only: its process stalled past the locks' lease "
+                             f"({LOCK_LEASE:g} s) and another update took a lock. Nothing was sent on it. Fix: a "
+                             "less loaded machine or Redis.")
+        return self._applied(str(attempt).encode())
+
+    def _busy(self) -> StoreBusy:
+        return StoreBusy(f"scrapy-polite could not write its pace table {self._store.uri}: {len(self._keys)} rows "
+                         f"({', '.join(self._keys)}) changed under every one of its attempts (at most "
+                         f"{MAX_ATTEMPTS}, {MAX_BUSY_SECONDS:g} s). Fix: fewer processes on these hosts, or a less "
+                         "loaded Redis.")

@@ -29,7 +29,7 @@ import pytest
 
 from tests.support.redis_server import die_with_parent, ping, require_redis
 
-__all__ = ["LocalCluster", "cluster_port", "node_ports", "redis_cluster_url", "session_cluster_url", "stop_session_cluster"]
+__all__ = ["LocalCluster", "cluster_port", "flush_cluster_prefix", "node_ports", "redis_cluster_url", "session_cluster_url", "stop_session_cluster"]
 
 
 def cluster_port() -> int:
@@ -64,7 +64,8 @@ class LocalCluster:
     """Three cluster nodes on ``127.0.0.1``, all primaries (no replica), for a session or one test.
 
     Args:
-        nodes: how many nodes (3: the least ``redis-cli --cluster create`` accepts without replicas).
+        nodes: how many nodes (3: the least ``redis-cli --cluster create`` accepts without replicas; 1: one node
+            given every slot with ``CLUSTER ADDSLOTSRANGE``, a cluster of one master).
     """
 
     def __init__(self, nodes: int = 3) -> None:
@@ -93,6 +94,10 @@ class LocalCluster:
         self._spawn(fresh=True)
         try:
             self._wait_up(deadline)
+            if len(self.ports) == 1:
+                self._cli(self.ports[0], "cluster", "addslotsrange", "0", "16383")
+                self._wait_ok(deadline)
+                return self
             create = subprocess.run([self.cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                                      "--cluster-replicas", "0", "--cluster-yes"],
                                     capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic()))
@@ -190,6 +195,22 @@ def node_ports(url: str) -> list[tuple[str, int]]:
         host, _, port = item.rpartition(":")
         out.append((host, int(port)))
     return out
+
+
+def flush_cluster_prefix(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix`` on every primary of the cluster at ``url`` (a sharded table's rows are
+    on all of them)."""
+    from redis.cluster import RedisCluster  # noqa: PLC0415  (the tests' optional client)
+
+    host, port = node_ports(url)[0]
+    client = RedisCluster(host=host, port=port)  # the tests' clusters: loopback, no TLS
+    try:
+        for node in client.get_primaries():
+            conn = client.get_redis_connection(node)
+            for name in list(conn.scan_iter(match=prefix + "*", count=1000)):
+                conn.delete(name)  # one by one: the names are in many slots
+    finally:
+        client.close()
 
 
 _SESSION: LocalCluster | None = None

@@ -151,6 +151,33 @@ def _flush_redis_cluster_prefix(location: str) -> None:
         client.close()
 
 
+def _open_redis_sharded(location: str, clock: Callable[[], float] | None, events_max: int | None = None
+                        ) -> PaceStore:
+    # The session's redis-server, the table in the sharded layout (docs/scale.md): one hash tag per row.
+    from scrapy_polite.stores.redis import RedisStore
+    from tests.support.redis_server import session_redis_url
+
+    return RedisStore(session_redis_url() + "?layout=sharded", StoreOptions(
+        prefix=_redis_prefix(location), events_max=DEFAULT_EVENTS_MAX if events_max is None else events_max))
+
+
+def _open_redis_cluster_sharded(location: str, clock: Callable[[], float] | None, events_max: int | None = None
+                                ) -> PaceStore:
+    # The session's Redis Cluster, the sharded layout: a table's rows on every node, a booking over two slots.
+    from scrapy_polite.stores.redis import RedisStore
+    from tests.support.redis_cluster import session_cluster_url
+
+    return RedisStore(session_cluster_url() + "?layout=sharded", StoreOptions(
+        prefix=_redis_prefix(location), events_max=DEFAULT_EVENTS_MAX if events_max is None else events_max))
+
+
+def _flush_redis_cluster_sharded(location: str) -> None:
+    from tests.support.redis_cluster import flush_cluster_prefix, session_cluster_url
+
+    for prefix in (_redis_prefix(location), _redis_prefix(location + "-other")):
+        flush_cluster_prefix(session_cluster_url(), prefix)
+
+
 #: Every backend the shared suite runs over. Append one entry to add a backend.
 BACKENDS: list[Backend] = [
     Backend("memory", _open_memory, persistent=False, injectable_clock=True, inline_async=True),
@@ -159,6 +186,10 @@ BACKENDS: list[Backend] = [
             cleanup=_flush_redis_prefix),
     Backend("redis-cluster", _open_redis_cluster, persistent=True, injectable_clock=False, inline_async=False,
             cleanup=_flush_redis_cluster_prefix),
+    Backend("redis-sharded", _open_redis_sharded, persistent=True, injectable_clock=False, inline_async=False,
+            cleanup=_flush_redis_prefix),
+    Backend("redis-cluster-sharded", _open_redis_cluster_sharded, persistent=True, injectable_clock=False,
+            inline_async=False, cleanup=_flush_redis_cluster_sharded),
 ]
 
 
