@@ -240,7 +240,8 @@ class Booker:
                 self.report.booked(host)
                 self.report.events.booking(host, request.url, at=now, address=address,
                                            due=booking.host.next_allowed if booking.host is not None else None)
-                return Go(sent_at=now, address=address)
+                return Go(sent_at=now, address=address,
+                          serial=booking.host.booked if booking.host is not None else None)
             verdict = self.policy.defer_verdict(booking.host, now, override=override)
             if verdict is not None and deferrable:
                 self.release(request, host)
