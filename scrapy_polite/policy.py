@@ -47,6 +47,10 @@ __all__ = [
 ]
 
 
+#: Seconds between two tries of a booking that waits for a host's first answer (docs/spec.md §2, "Quota
+#: booking"): one round trip to the server is the usual wait.
+FIRST_ANSWER_POLL = 0.05
+
 #: The exponent of a backoff is capped here (``2**10`` = 1024 × the interval), as in the reference.
 MAX_BACKOFF_EXPONENT = 10
 
@@ -399,6 +403,9 @@ class PacingPolicy:
             # Spent, its reset unknown, and a request booked since says nothing more: the quota is unknown
             # (docs/spec.md §2, "Quota booking"), so the host is not held for ever.
             old = replace(old, quota_left=-1)
+        if old.quota_serial == 0 and old.booked > 0 and self.ratelimit_headers:
+            # The host's first answer: the others may be booked now (the serial not known: all so far answered).
+            old = replace(old, quota_serial=serial if serial is not None else old.booked)
         eff = self.effective_interval(old, override)
         # A throttle recorded at the very moment the request was booked counts as recorded after it: a request
         # booked after a throttle waits at least eff, so a tie is a request that was in flight with it.
@@ -529,6 +536,10 @@ class PacingPolicy:
         * Otherwise one is taken; taking the last holds the host until the reset (``ratelimit_until``,
           ``next_allowed``), so every later request, in any process, waits or is deferred.
 
+        * **The first answer**: a host booked once that has not answered yet (``quota_serial`` 0) takes no
+          second booking, in any process, until it answers (its quota is known only then) or for
+          ``max_wait`` seconds at most; the others try again every :data:`FIRST_ANSWER_POLL` seconds.
+
         ``booked`` (the serial) grows by one with every booking, quota or not (while ``ratelimit_headers``
         is on).
 
@@ -539,6 +550,8 @@ class PacingPolicy:
         new = state
         if not self.ratelimit_headers:
             return new, None
+        if new.booked > 0 and new.quota_serial == 0 and now < new.updated + self.max_wait:
+            return new, now + FIRST_ANSWER_POLL  # the host has not answered yet: its quota is not known
         if new.quota_reset > 0 and now >= new.quota_reset:
             if new.quota_limit > 0:
                 since = max(new.booked - new.quota_serial, 0)
