@@ -242,7 +242,8 @@ class Booker:
                                            due=booking.host.next_allowed if booking.host is not None else None,
                                            interval=booking.interval,
                                            ip_interval=ip_interval if booking.address is not None else 0.0)
-                return Go(sent_at=now, address=address)
+                return Go(sent_at=now, address=address,
+                          serial=booking.host.booked if booking.host is not None else None)
             verdict = self.policy.defer_verdict(booking.host, now, override=override)
             if verdict is not None and deferrable:
                 self.release(request, host)

@@ -452,9 +452,10 @@ class _Operator:
                 continue
             new = self.store.get(key) or HostState()
             forgot = [_field_words(f.name, getattr(old, f.name), self.now) for f in fields(old)
-                      if f.name != "updated" and getattr(old, f.name) != getattr(new, f.name)]
+                      if f.name not in _UNSPOKEN and getattr(old, f.name) != getattr(new, f.name)]
             kept = [_field_words(f.name, getattr(new, f.name), self.now) for f in fields(new)
-                    if f.name != "updated" and getattr(new, f.name) and getattr(old, f.name) == getattr(new, f.name)]
+                    if f.name not in _UNSPOKEN and _recorded(f.name, getattr(new, f.name))
+                    and getattr(old, f.name) == getattr(new, f.name)]
             self.operator_event(key, "reset", steps=old.consec, due=old.next_allowed or None)
             results.append({"host": key, "reset": True, "forgot": forgot, "kept": kept})
             if not self.opts.json:
@@ -581,6 +582,15 @@ class _Operator:
 _EVERY_EVENT = 10**12
 
 
+#: Row fields ``reset`` does not speak of: bookkeeping, not the host's numbers (the quota booking's serials).
+_UNSPOKEN = frozenset({"updated", "booked", "quota_serial"})
+
+
+def _recorded(name: str, value: Any) -> bool:
+    """A row's field holds something (``quota_left`` -1: no quota known)."""
+    return bool(value) and not (name == "quota_left" and value < 0)
+
+
 def _field_words(name: str, value: Any, now: float) -> str:
     """A row's field in the command's words, for ``reset``."""
     if name == "next_allowed":
@@ -593,6 +603,10 @@ def _field_words(name: str, value: Any, now: float) -> str:
         return f"Crawl-delay {value:g} s" if value else "no Crawl-delay"
     if name == "throttled_at":
         return f"last throttle ({_relative(value, now)})" if value else "no throttle"
+    if name == "quota_left":
+        return f"{value} requests left of the quota" if value >= 0 else "no quota left known"
+    if name == "quota_reset":
+        return f"quota reset ({_relative(value, now)})" if value else "no quota reset"
     if isinstance(value, float):
         words = name.replace("_", " ")
         return f"{words} ({_relative(value, now)})" if name.endswith(("_until", "_at")) else f"{words} {value:g} s"

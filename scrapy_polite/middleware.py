@@ -84,6 +84,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         # A redirect or retry copies its parent's meta: forget the parent's booking.
         request.meta.pop("polite_host", None)
         request.meta.pop("polite_sent_at", None)
+        request.meta.pop("polite_quota_serial", None)
         request.meta.pop("polite_ip", None)
         request.meta.pop("_polite_pinned", None)
         try:
@@ -124,6 +125,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             _hold(pacer, request, host, outcome.due)
             return request  # the engine hands it back to the scheduler, which keeps it until due
         request.meta["polite_sent_at"] = outcome.sent_at
+        if outcome.serial is not None:
+            request.meta["polite_quota_serial"] = outcome.serial
         if outcome.address is not None:
             pacer.pin(request, host, outcome.address)
         return None

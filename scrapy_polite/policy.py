@@ -47,6 +47,10 @@ __all__ = [
 ]
 
 
+#: Seconds between two tries of a booking that waits for a host's first answer (docs/spec.md §2, "Quota
+#: booking"): one round trip to the server is the usual wait.
+FIRST_ANSWER_POLL = 0.05
+
 #: The exponent of a backoff is capped here (``2**10`` = 1024 × the interval), as in the reference.
 MAX_BACKOFF_EXPONENT = 10
 
@@ -67,6 +71,17 @@ class HostState:
             rate-limit fields, docs/spec.md §2 "Announced quotas"); 0 = none announced.
         ratelimit_until: epoch seconds until which the host's announced quota is spent (its remaining
             units reached 0; 0 = never): the host is held until then, and its requests are deferred.
+        quota_left: requests the host's announced quota still allows before ``quota_reset``, counting every
+            request booked since the response that announced it (docs/spec.md §2, "Quota booking"); -1 = no
+            quota known.
+        quota_reset: epoch seconds at which the quota is next replenished (0 = not known).
+        quota_limit: the quota's units per window (``q``, ``RateLimit-Limit``, ``X-RateLimit-Limit``) it is
+            refilled to at its reset; 0 = not known (no refill: the quota is unknown after the reset).
+        quota_window: seconds, the quota's window (``w``), the next reset after a refill; 0 = not known.
+        quota_serial: the booking serial (``booked``) of the request whose response the quota was last
+            counted from; a response to an earlier request says nothing newer.
+        booked: how many requests were booked on the host (a serial number, never decreasing): the
+            requests booked after a given one are ``booked`` minus its serial.
     """
 
     next_allowed: float = 0.0
@@ -77,6 +92,12 @@ class HostState:
     updated: float = 0.0
     ratelimit_interval: float = 0.0
     ratelimit_until: float = 0.0
+    quota_left: int = -1
+    quota_reset: float = 0.0
+    quota_limit: int = 0
+    quota_window: float = 0.0
+    quota_serial: int = 0
+    booked: int = 0
 
 
 @dataclass(frozen=True)
@@ -351,6 +372,7 @@ class PacingPolicy:
         sent_at: float | None = None,
         override: float | None = None,
         ratelimits: RateLimits | None = None,
+        serial: int | None = None,
     ) -> Decision:
         """The host's new state after a response (docs/spec.md §2).
 
@@ -370,6 +392,8 @@ class PacingPolicy:
             ratelimits: the response's rate-limit fields (:func:`~scrapy_polite.ratelimit.parse_rate_limits`),
                 applied first by :meth:`after_ratelimit` (so this response's delay already honours them);
                 ignored when ``ratelimit_headers`` is off.
+            serial: the request's booking serial (``HostState.booked`` after its booking,
+                ``meta['polite_quota_serial']``), for the quota booking; None: not known.
 
         Returns:
             A :class:`Decision` whose ``state.next_allowed`` is ``end + delay``.
@@ -377,8 +401,15 @@ class PacingPolicy:
         quota = None
         old = state or HostState()
         if ratelimits and self.ratelimit_headers:
-            quota = self.after_ratelimit(state, ratelimits, end=end)
+            quota = self.after_ratelimit(state, ratelimits, end=end, serial=serial)
             old = quota.state
+        elif old.quota_left == 0 and old.quota_reset == 0 and serial is not None and serial > old.quota_serial:
+            # Spent, its reset unknown, and a request booked since says nothing more: the quota is unknown
+            # (docs/spec.md §2, "Quota booking"), so the host is not held for ever.
+            old = replace(old, quota_left=-1)
+        if old.quota_serial == 0 and old.booked > 0 and self.ratelimit_headers:
+            # The host's first answer: the others may be booked now (the serial not known: all so far answered).
+            old = replace(old, quota_serial=serial if serial is not None else old.booked)
         eff = self.effective_interval(old, override)
         # A throttle recorded at the very moment the request was booked counts as recorded after it: a request
         # booked after a throttle waits at least eff, so a tie is a request that was in flight with it.
@@ -423,7 +454,8 @@ class PacingPolicy:
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
                         counted=throttle and consec > old.consec, retry_after_clamped=clamped, ratelimit=quota)
 
-    def after_ratelimit(self, state: HostState | None, limits: RateLimits, *, end: float) -> RateLimitDecision:
+    def after_ratelimit(self, state: HostState | None, limits: RateLimits, *, end: float,
+                        serial: int | None = None) -> RateLimitDecision:
         """The host's state after a response announced its quotas (docs/spec.md §2, "Announced quotas").
 
         * A policy of ``q`` requests per ``w`` seconds allows one request per ``w / q`` seconds: the largest
@@ -431,15 +463,24 @@ class PacingPolicy:
           ``ratelimit_interval``, replacing the one recorded before (the latest announcement wins); it takes
           part in :meth:`effective_interval`, so it only ever slows the host down. A policy in another unit
           than requests, without a window, or with ``q = 0`` gives no interval.
-        * A service limit whose remaining units are 0 holds the host until its reset: ``next_allowed`` and
-          ``ratelimit_until`` become at least ``end + reset`` (the largest such reset), so no request goes
-          before the quota is replenished, before any 429 arrives.
-        * Both are capped at ``max_retry_after``, like a Retry-After.
+        * **Quota booking**: what remains is counted from the response to the latest-booked request (its
+          ``serial``): ``left = remaining − (requests booked after it)``, since those were sent on the same
+          quota; the binding limit (the smallest ``left``) is recorded with its reset (``end + reset``), its
+          quota and its window, and every later booking takes one from it (:meth:`book`). A response to a
+          request booked before the one the quota was last counted from says nothing newer and is not
+          counted.
+        * A service limit with nothing left (``left = 0``, in-flight requests counted) holds the host until its
+          reset: ``next_allowed`` and ``ratelimit_until`` become at least ``end + reset`` (the largest such
+          reset), so no request goes before the quota is replenished, before any 429 arrives.
+        * Both are capped at ``max_retry_after``, like a Retry-After; a clamped reset is not refilled (the
+          quota is unknown after it, until a response says again).
 
         Args:
             state: the host's state (None: never seen).
             limits: the response's rate-limit fields.
             end: epoch seconds at which the response ended (the store's clock).
+            serial: the booking serial of the request answered (``HostState.booked`` after its booking);
+                None when unknown (the response then counts as the latest, with nothing booked after it).
 
         Returns:
             A :class:`RateLimitDecision`.
@@ -449,10 +490,19 @@ class PacingPolicy:
         for policy in limits.policies:
             if policy.unit == REQUESTS and policy.window is not None and policy.quota > 0:
                 interval = max(interval or 0.0, policy.window / policy.quota)
+        after = max(old.booked - serial, 0) if serial is not None else 0
         hold = None
+        binding: tuple[int, float, int, float] | None = None  # (left, reset, quota, window)
         for limit in limits.limits:
-            if limit.remaining <= 0 and limit.reset is not None and limit.reset > 0:
-                hold = max(hold or 0.0, limit.reset)
+            quota, window, unit = _policy_of(limits, limit.name)
+            if unit != REQUESTS:
+                continue
+            left = max(limit.remaining - after, 0)
+            reset = limit.reset if limit.reset is not None and limit.reset > 0 else 0.0
+            if left <= 0 and reset > 0:
+                hold = max(hold or 0.0, reset)
+            if binding is None or (left, -reset) < (binding[0], -binding[1]):
+                binding = (left, reset, quota, window)
         clamped = False
         if interval is not None and interval > self.max_retry_after:
             interval, clamped = self.max_retry_after, True
@@ -462,11 +512,71 @@ class PacingPolicy:
         changed = interval is not None and interval != old.ratelimit_interval
         if interval is not None and changed:
             new = replace(new, ratelimit_interval=interval, updated=end)
+        if binding is not None and (serial is None or serial > old.quota_serial):
+            left, reset, quota, window = binding
+            if reset > self.max_retry_after:
+                reset, quota, clamped = self.max_retry_after, 0, True  # not the real reset: no refill there
+            if serial is None and old.quota_left >= 0 and old.quota_reset > end:
+                left = min(left, old.quota_left)  # unknown order: never more than already counted
+            new = replace(new, quota_left=left, quota_reset=end + reset if reset > 0 else 0.0, quota_limit=quota,
+                          quota_window=window, quota_serial=serial if serial is not None else old.quota_serial,
+                          updated=end)
         if hold is not None:
             until = end + hold
             new = replace(new, ratelimit_until=max(new.ratelimit_until, until),
                           next_allowed=max(new.next_allowed, until), updated=end)
         return RateLimitDecision(state=new, interval=interval, hold=hold, clamped=clamped, changed=changed)
+
+    def quota_booking(self, state: HostState, *, now: float) -> tuple[HostState, float | None]:
+        """Take one request from the host's announced quota at ``now`` (docs/spec.md §2, "Quota booking"),
+        part of :meth:`book`.
+
+        * A reset that has passed replenishes the quota: ``quota_left`` becomes its ``quota_limit`` less the
+          requests booked since the last counted response (they may fall in the new window), and the next reset
+          is one ``quota_window`` later (not known without a window); without a known limit the quota is
+          unknown (``quota_left = -1``) until a response says again.
+        * Nothing left: no booking before the reset (or, the reset unknown, before ``now + eff``, until a
+          response says more).
+        * Otherwise one is taken; taking the last holds the host until the reset (``ratelimit_until``,
+          ``next_allowed``), so every later request, in any process, waits or is deferred.
+
+        * **The first answer**: a host booked once that has not answered yet (``quota_serial`` 0) takes no
+          second booking, in any process, until it answers (its quota is known only then) or for
+          ``max_wait`` seconds at most; the others try again every :data:`FIRST_ANSWER_POLL` seconds.
+
+        ``booked`` (the serial) grows by one with every booking, quota or not (while ``ratelimit_headers``
+        is on).
+
+        Returns:
+            ``(state, None)`` with the booking taken, or ``(state, moment)``: no booking before ``moment``
+            (epoch s), ``state`` with only a refill applied.
+        """
+        new = state
+        if not self.ratelimit_headers:
+            return new, None
+        if new.booked > 0 and new.quota_serial == 0 and now < new.updated + self.max_wait:
+            return new, now + FIRST_ANSWER_POLL  # the host has not answered yet: its quota is not known
+        if new.quota_reset > 0 and now >= new.quota_reset:
+            if new.quota_limit > 0:
+                since = max(new.booked - new.quota_serial, 0)
+                reset = 0.0
+                if new.quota_window > 0:
+                    periods = math.floor((now - new.quota_reset) / new.quota_window) + 1
+                    reset = new.quota_reset + periods * new.quota_window
+                new = replace(new, quota_left=max(new.quota_limit - since, 0), quota_reset=reset,
+                              quota_serial=new.booked)
+            else:
+                new = replace(new, quota_left=-1, quota_reset=0.0)
+        if new.quota_left < 0:
+            return replace(new, booked=new.booked + 1), None
+        if new.quota_left == 0:
+            return new, new.quota_reset if new.quota_reset > now else now + self.effective_interval(new)
+        left = new.quota_left - 1
+        new = replace(new, quota_left=left, booked=new.booked + 1)
+        if left == 0 and new.quota_reset > now:
+            new = replace(new, ratelimit_until=max(new.ratelimit_until, new.quota_reset),
+                          next_allowed=max(new.next_allowed, new.quota_reset))
+        return new, None
 
     # -- before a request -------------------------------------------------------------------------
 
@@ -519,7 +629,9 @@ class PacingPolicy:
         Over the host's addresses (sorted; the mapping's order is the order of preference, lowest
         first) pick the one with the earliest ``free = max(now, host.next_allowed, ip.next_allowed)``;
         ties go to the first (lowest) address. When that moment is ``now``, the request is booked: the
-        host for ``max(effective interval, floor)`` seconds and the address for ``ip_interval`` seconds.
+        host for ``max(effective interval, floor)`` seconds and the address for ``ip_interval`` seconds, and
+        one request is taken from the host's announced quota (:meth:`quota_booking`); a spent quota books
+        nothing and holds the host until its reset.
 
         Args:
             host: the host's row (None: never seen).
@@ -540,10 +652,18 @@ class PacingPolicy:
                 free_at, address = at, candidate
         if free_at > now:
             return Booking(booked=False, host=host, start=free_at, host_free=host_free, address=address)
+        counted, held_until = self.quota_booking(host or HostState(), now=now)
+        if held_until is not None:  # the announced quota is spent: the host is held (docs/spec.md §2)
+            if counted.quota_reset > now:
+                counted = replace(counted, ratelimit_until=max(counted.ratelimit_until, held_until),
+                                  next_allowed=max(counted.next_allowed, held_until))
+            return Booking(booked=False, host=counted, start=held_until, host_free=held_until, address=address)
         writes: dict[str, HostState] = {}
         eff = max(self.effective_interval(host, None), floor)
-        if eff > 0:  # a zero interval books nothing in the future: no row needs writing for it
-            writes[""] = self.reserve(host, start=now, interval=eff)
+        # A zero interval books nothing in the future: no row needs writing for it, unless the host announces
+        # a quota (its bookings are counted: the serial, ``booked``, grows with every one).
+        if eff > 0 or (self.ratelimit_headers and host is not None and _announces_quota(host)):
+            writes[""] = self.reserve(counted, start=now, interval=eff)
         if address is not None and ip_interval > 0:
             writes[address] = self.reserve(addresses[address], start=now, interval=ip_interval)
         return Booking(booked=True, host=writes.get("", host), start=now, host_free=host_free,
@@ -579,11 +699,15 @@ class PacingPolicy:
 
     @staticmethod
     def reset(state: HostState | None, *, now: float) -> HostState:
-        """Forget ``next_allowed``, ``consec``, ``ok_seen`` and a spent quota's hold (``ratelimit_until``);
-        keep ``crawl_delay`` and ``ratelimit_interval``, the host's own numbers (docs/spec.md §2)."""
+        """Forget ``next_allowed``, ``consec``, ``ok_seen``, a spent quota's hold (``ratelimit_until``) and what
+        is left of it (``quota_left``, ``quota_reset``); keep ``crawl_delay``, ``ratelimit_interval`` and the
+        quota's size (``quota_limit``, ``quota_window``), the host's own numbers, and the booking serial
+        (``booked``, ``quota_serial``: requests in flight are still counted by it) (docs/spec.md §2)."""
         if state is None:
             return HostState(updated=now)
-        return HostState(crawl_delay=state.crawl_delay, ratelimit_interval=state.ratelimit_interval, updated=now)
+        return HostState(crawl_delay=state.crawl_delay, ratelimit_interval=state.ratelimit_interval,
+                         quota_limit=state.quota_limit, quota_window=state.quota_window,
+                         quota_serial=state.quota_serial, booked=state.booked, updated=now)
 
     def retry_throttled(self, *, throttle: bool, retries: int) -> bool:
         """Whether the package retries a page whose response was judged a throttle (``throttle``), after
@@ -616,6 +740,27 @@ class PacingPolicy:
         ``interval`` seconds of it (docs/spec.md §3, the reference's ``reserve``)."""
         old = state or HostState()
         return replace(old, next_allowed=max(old.next_allowed, start + interval), updated=start)
+
+
+def _announces_quota(state: HostState) -> bool:
+    """The host has announced a quota (an interval, a remaining count or a quota's size) at some point."""
+    return state.ratelimit_interval > 0 or state.quota_left >= 0 or state.quota_limit > 0 or state.booked > 0
+
+
+def _policy_of(limits: RateLimits, name: str | None) -> tuple[int, float, str]:
+    """The quota (0: not known), window (s, 0: not known) and unit of the policy a service limit belongs to:
+    the announced policies of the same name (unnamed with unnamed); the smallest quota and the longest window
+    when several match (``RateLimit-Limit: 5, 5;w=4`` is one quota of 5 per 4 s)."""
+    quota, window, unit = 0, 0.0, REQUESTS
+    for policy in limits.policies:
+        if policy.name != name:
+            continue
+        if policy.quota > 0 and (quota == 0 or policy.quota < quota):
+            quota = policy.quota
+        if policy.window is not None and policy.window > window:
+            window = policy.window
+        unit = policy.unit if policy.unit != REQUESTS else unit
+    return quota, window, unit
 
 
 @lru_cache(maxsize=16384)  # called for every booking and release: parse each address once

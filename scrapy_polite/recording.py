@@ -113,12 +113,14 @@ class Recorder:
                 logger.info("Ignoring invalid Retry-After from %s: %s", response.url, exc)
         ratelimits = self._ratelimits(host, response) if self.policy.ratelimit_headers else None
         sent_at = request.meta.get("polite_sent_at")
+        serial = request.meta.get("polite_quota_serial")
         override = self.override(host, request)
         status = response.status
 
         def step(state: HostState | None, end: float) -> Decision:
             return self.policy.after_response(state, status=status, end=end, retry_after=retry_after,
-                                              sent_at=sent_at, override=override, ratelimits=ratelimits)
+                                              sent_at=sent_at, override=override, ratelimits=ratelimits,
+                                              serial=serial)
 
         return self._record(host, request, step, retry_after=retry_after, label=str(status), status=status)
 
@@ -149,10 +151,12 @@ class Recorder:
         self.throttle_marks[host] = self.clock.store_now()
         self.report.counters(host).statuses[type(exception).__name__] += 1
         sent_at = request.meta.get("polite_sent_at")
+        serial = request.meta.get("polite_quota_serial")
         override = self.override(host, request)
 
         def step(state: HostState | None, end: float) -> Decision:
-            return self.policy.after_response(state, status=None, end=end, sent_at=sent_at, override=override)
+            return self.policy.after_response(state, status=None, end=end, sent_at=sent_at, override=override,
+                                              serial=serial)
 
         return self._record(host, request, step, retry_after=None, label="failure", cause=type(exception).__name__)
 

@@ -20,10 +20,14 @@ class Go:
     Attributes:
         sent_at: the booking time, epoch seconds of the pace table's clock (``meta['polite_sent_at']``).
         address: the IP address it is booked on (None behind a proxy or without addresses).
+        serial: its booking serial on the host's row (``HostState.booked`` after the booking,
+            ``meta['polite_quota_serial']``): the requests booked after it count against the quota its
+            response announces (docs/spec.md §2, "Quota booking"); None: not booked (a burst).
     """
 
     sent_at: float
     address: str | None = None
+    serial: int | None = None
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ def row(next_allowed: float, **fields: object) -> HostState:
 
 def test_book_a_free_host_now_on_the_first_address():
     b = POLICY.book(None, {A: None, B: None}, now=T0, ip_interval=2.0)
-    assert b == Booking(booked=True, host=HostState(next_allowed=T0 + 1.0, updated=T0), start=T0, host_free=T0,
-                        address=A, writes={"": HostState(next_allowed=T0 + 1.0, updated=T0),
+    assert b == Booking(booked=True, host=HostState(next_allowed=T0 + 1.0, updated=T0, booked=1), start=T0,
+                        host_free=T0, address=A, writes={"": HostState(next_allowed=T0 + 1.0, updated=T0, booked=1),
                                            A: HostState(next_allowed=T0 + 2.0, updated=T0)})
 
 
@@ -116,7 +116,7 @@ def test_book_keeps_the_rest_of_the_host_row():
                      updated=T0 - 10)
     b = POLICY.book(host, {}, now=T0)
     assert b.writes == {"": HostState(next_allowed=T0 + 1, consec=2, ok_seen=True, throttled_at=T0 - 20,
-                                      updated=T0)}
+                                      updated=T0, booked=1)}  # booked: the serial of the quota booking
     assert b.host == b.writes[""]
 
 
@@ -140,7 +140,7 @@ def test_book_zero_intervals_write_nothing():
     assert set(zero.book(None, {A: None}, now=T0, ip_interval=2.0).writes) == {A}
     assert set(POLICY.book(None, {A: None}, now=T0, ip_interval=0.0).writes) == {""}
     assert zero.book(None, {A: None}, now=T0, floor=0.25, ip_interval=0.0).writes == {
-        "": HostState(next_allowed=T0 + 0.25, updated=T0)}
+        "": HostState(next_allowed=T0 + 0.25, updated=T0, booked=1)}
     # A published Crawl-delay is an interval too.
     assert zero.book(row(0.0, crawl_delay=4.0), {}, now=T0).writes[""].next_allowed == T0 + 4
 

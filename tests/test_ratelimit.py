@@ -222,7 +222,8 @@ def test_a_spent_quota_holds_the_host_until_its_reset():
     assert decision.state.next_allowed == T0 + 12.0 and decision.state.ratelimit_until == T0 + 12.0
     # Negative controls: quota left, or no reset announced, hold nothing.
     for limit in (ServiceLimit(1, 12.0), ServiceLimit(0, None), ServiceLimit(0, 0.0)):
-        assert POLICY.after_ratelimit(state, limits_of(limits=(limit,)), end=T0).state == state
+        new = POLICY.after_ratelimit(state, limits_of(limits=(limit,)), end=T0).state
+        assert (new.next_allowed, new.ratelimit_until) == (state.next_allowed, state.ratelimit_until)
 
 
 def test_a_hold_never_shortens_a_recorded_one():
@@ -348,7 +349,8 @@ def test_sqlite_migrates_a_version_1_file_keeping_its_rows_with_no_quota(tmp_pat
     try:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         columns = [row[1] for row in db.execute("PRAGMA table_info(hosts)")]
-        assert columns[-2:] == ["ratelimit_interval", "ratelimit_until"]
+        assert columns[-8:] == ["ratelimit_interval", "ratelimit_until", "quota_left", "quota_reset", "quota_limit",
+                                "quota_window", "quota_serial", "booked"]
     finally:
         db.close()
     reopened = SQLiteStore(str(path))  # migrated once: opening again changes nothing
@@ -387,7 +389,7 @@ def test_sqlite_migrates_a_version_2_file_keeping_its_rows_and_events(tmp_path):
         store.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     finally:
         db.close()
 

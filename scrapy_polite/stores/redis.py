@@ -107,6 +107,8 @@ LOCK_LEASE = 5.0
 _STATE_FIELDS: dict[str, str] = {
     "next_allowed": "n", "consec": "c", "crawl_delay": "d", "ok_seen": "o", "throttled_at": "t", "updated": "u",
     "ratelimit_interval": "q", "ratelimit_until": "r",
+    "quota_left": "ql", "quota_reset": "qr", "quota_limit": "qq", "quota_window": "qw", "quota_serial": "qs",
+    "booked": "b",
 }
 _STATE_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(HostState)}
 if set(_STATE_FIELDS) != set(_STATE_TYPES):  # pragma: no cover - a development error, caught by any test run
