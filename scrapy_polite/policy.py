@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from .adaptive import AdaptivePolicy
 from .addresses import embedded_ipv4
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .ratelimit import REQUESTS, RateLimits
@@ -67,6 +68,9 @@ class HostState:
             rate-limit fields, docs/spec.md §2 "Announced quotas"); 0 = none announced.
         ratelimit_until: epoch seconds until which the host's announced quota is spent (its remaining
             units reached 0; 0 = never): the host is held until then, and its requests are deferred.
+        latency: seconds, the host's smoothed download latency (docs/spec.md §2, "Adaptive pacing"); 0 = none
+            measured (recorded while ``POLITE_ADAPTIVE`` is on).
+        strain: the host's strain steps (5xx answers and server-side failures not yet earned back), an int ≥ 0.
     """
 
     next_allowed: float = 0.0
@@ -77,6 +81,8 @@ class HostState:
     updated: float = 0.0
     ratelimit_interval: float = 0.0
     ratelimit_until: float = 0.0
+    latency: float = 0.0
+    strain: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,8 @@ class Booking:
         host_free: epoch seconds at which the host alone would be free (``max(now, next_allowed)``).
         address: the address chosen (booked), or the one free first (not booked); None without addresses.
         writes: the rows to store: ``""`` for the host's row, else an address → its ``ip:`` row.
+        interval: seconds the host was booked for (booked: the interval in force for this request, adaptive
+            pacing and every floor included; the booking event's ``delay``); 0 when not booked.
     """
 
     booked: bool
@@ -113,6 +121,7 @@ class Booking:
     host_free: float
     address: str | None = None
     writes: Mapping[str, HostState] = field(default_factory=dict)
+    interval: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -276,6 +285,8 @@ class PacingPolicy:
             response was a throttle before it hands the response on (an int ≥ 0).
         ratelimit_headers: ``POLITE_RATELIMIT_HEADERS``, read the hosts' announced quotas (and honour the
             ones recorded in the table).
+        adaptive: ``POLITE_ADAPTIVE``'s rules (:class:`~scrapy_polite.adaptive.AdaptivePolicy`), or None when it
+            is off: each host's interval then also follows its smoothed latency and strain steps.
 
     Raises:
         ValueError: a negative or non-finite duration, ``max_backoff < host_interval``, or a
@@ -290,6 +301,7 @@ class PacingPolicy:
     max_failure_backoff: float = 60.0
     throttle_retries: int = 10
     ratelimit_headers: bool = True
+    adaptive: AdaptivePolicy | None = None
 
     def __post_init__(self) -> None:
         for name in ("host_interval", "max_backoff", "max_wait", "max_retry_after", "max_failure_backoff"):
@@ -311,7 +323,9 @@ class PacingPolicy:
 
         A published Crawl-delay larger than an override always wins; an override can only slow us down
         below the base interval when it is larger than it. The interval of an announced quota counts only
-        while ``ratelimit_headers`` is on.
+        while ``ratelimit_headers`` is on. With ``adaptive`` on, that ``eff`` is the floor of the host's
+        adaptive interval (:meth:`AdaptivePolicy.interval <scrapy_polite.adaptive.AdaptivePolicy.interval>`,
+        docs/spec.md §2 "Adaptive pacing"), which is returned instead: never below the floor.
         """
         eff = self.host_interval
         if state is not None:
@@ -321,6 +335,8 @@ class PacingPolicy:
                 eff = state.ratelimit_interval
         if override is not None and override > eff:
             eff = override
+        if self.adaptive is not None and state is not None and (state.latency > 0 or state.strain > 0):
+            eff = self.adaptive.interval(state.latency, state.strain, eff)
         return eff
 
     def backoff(self, eff: float, consec: int, *, cap: float | None = None) -> float:
@@ -347,6 +363,7 @@ class PacingPolicy:
         sent_at: float | None = None,
         override: float | None = None,
         ratelimits: RateLimits | None = None,
+        latency: float | None = None,
     ) -> Decision:
         """The host's new state after a response (docs/spec.md §2).
 
@@ -366,6 +383,10 @@ class PacingPolicy:
             ratelimits: the response's rate-limit fields (:func:`~scrapy_polite.ratelimit.parse_rate_limits`),
                 applied first by :meth:`after_ratelimit` (so this response's delay already honours them);
                 ignored when ``ratelimit_headers`` is off.
+            latency: seconds, this answer's download time (None: not measured); it updates the host's smoothed
+                ``latency``, and a 5xx or a failure adds a strain step, any other answer takes one off
+                (:meth:`AdaptivePolicy.observe <scrapy_polite.adaptive.AdaptivePolicy.observe>`; only with
+                ``adaptive`` on). The new values count in this response's delay.
 
         Returns:
             A :class:`Decision` whose ``state.next_allowed`` is ``end + delay``.
@@ -375,6 +396,7 @@ class PacingPolicy:
         if ratelimits and self.ratelimit_headers:
             quota = self.after_ratelimit(state, ratelimits, end=end)
             old = quota.state
+        old = self._observe(old, status=status, latency=latency, override=override)
         eff = self.effective_interval(old, override)
         # A throttle recorded at the very moment the request was booked counts as recorded after it: a request
         # booked after a throttle waits at least eff, so a tie is a request that was in flight with it.
@@ -418,6 +440,18 @@ class PacingPolicy:
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
                         counted=throttle and consec > old.consec, retry_after_clamped=clamped, ratelimit=quota)
+
+    def _observe(self, old: HostState, *, status: int | None, latency: float | None,
+                 override: float | None) -> HostState:
+        """``old`` with this answer's latency sample and strain step recorded (docs/spec.md §2, "Adaptive pacing")."""
+        if self.adaptive is None:
+            return old
+        error = status is None or status >= 500
+        floor = self.effective_interval(replace(old, latency=0.0, strain=0), override)
+        smoothed, strain = self.adaptive.observe(old.latency, old.strain, sample=latency, error=error, floor=floor)
+        if smoothed == old.latency and strain == old.strain:
+            return old
+        return replace(old, latency=smoothed, strain=strain)
 
     def after_ratelimit(self, state: HostState | None, limits: RateLimits, *, end: float) -> RateLimitDecision:
         """The host's state after a response announced its quotas (docs/spec.md §2, "Announced quotas").
@@ -537,13 +571,13 @@ class PacingPolicy:
         if free_at > now:
             return Booking(booked=False, host=host, start=free_at, host_free=host_free, address=address)
         writes: dict[str, HostState] = {}
-        eff = max(self.effective_interval(host, None), floor)
+        eff = self.effective_interval(host, floor)  # floor >= 0: an override of 0 changes nothing
         if eff > 0:  # a zero interval books nothing in the future: no row needs writing for it
             writes[""] = self.reserve(host, start=now, interval=eff)
         if address is not None and ip_interval > 0:
             writes[address] = self.reserve(addresses[address], start=now, interval=ip_interval)
         return Booking(booked=True, host=writes.get("", host), start=now, host_free=host_free,
-                       address=address, writes=writes)
+                       address=address, writes=writes, interval=eff)
 
     @staticmethod
     def finish_address(state: HostState | None, *, end: float, ip_interval: float) -> HostState:
@@ -575,8 +609,9 @@ class PacingPolicy:
 
     @staticmethod
     def reset(state: HostState | None, *, now: float) -> HostState:
-        """Forget ``next_allowed``, ``consec``, ``ok_seen`` and a spent quota's hold (``ratelimit_until``);
-        keep ``crawl_delay`` and ``ratelimit_interval``, the host's own numbers (docs/spec.md §2)."""
+        """Forget ``next_allowed``, ``consec``, ``ok_seen``, a spent quota's hold (``ratelimit_until``) and the
+        adaptive ``latency`` and ``strain``; keep ``crawl_delay`` and ``ratelimit_interval``, the host's own
+        numbers (docs/spec.md §2)."""
         if state is None:
             return HostState(updated=now)
         return HostState(crawl_delay=state.crawl_delay, ratelimit_interval=state.ratelimit_interval, updated=now)
