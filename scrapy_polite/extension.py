@@ -94,6 +94,12 @@ class PoliteExtension:
                 "pacing (burst streams too). Remove them from settings.py (the startproject template sets "
                 "DOWNLOAD_DELAY = 1) unless you want both.", crawler.settings.get("DOWNLOAD_DELAY"),
                 crawler.settings.getbool("AUTOTHROTTLE_ENABLED"))
+        if pacer.policy.adaptive is not None and crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
+            # Allowed by POLITE_ADAPTIVE_WITH_AUTOTHROTTLE (else the settings refused to start: docs/spec.md §2).
+            logger.warning(
+                "scrapy-polite: POLITE_ADAPTIVE and AutoThrottle both pace this crawl on response times; turn "
+                "AutoThrottle off (AUTOTHROTTLE_ENABLED = False): POLITE_ADAPTIVE's latency is shared by every "
+                "process of the pace table and survives a restart, AutoThrottle's is per process")
         return ext
 
     @staticmethod

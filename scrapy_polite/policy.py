@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from .adaptive import AdaptivePolicy
 from .addresses import embedded_ipv4
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .ratelimit import REQUESTS, RateLimits
@@ -82,6 +83,9 @@ class HostState:
             counted from; a response to an earlier request says nothing newer.
         booked: how many requests were booked on the host (a serial number, never decreasing): the
             requests booked after a given one are ``booked`` minus its serial.
+        latency: seconds, the host's smoothed download latency (docs/spec.md §2, "Adaptive pacing"); 0 = none
+            measured (recorded while ``POLITE_ADAPTIVE`` is on).
+        strain: the host's strain steps (5xx answers and server-side failures not yet earned back), an int ≥ 0.
     """
 
     next_allowed: float = 0.0
@@ -98,6 +102,8 @@ class HostState:
     quota_window: float = 0.0
     quota_serial: int = 0
     booked: int = 0
+    latency: float = 0.0
+    strain: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,8 @@ class Booking:
         host_free: epoch seconds at which the host alone would be free (``max(now, next_allowed)``).
         address: the address chosen (booked), or the one free first (not booked); None without addresses.
         writes: the rows to store: ``""`` for the host's row, else an address → its ``ip:`` row.
-        interval: seconds, the host's interval this booking applied (``max(eff, floor)``; 0 when not booked),
+        interval: seconds, the host's interval this booking applied (booked: the interval in force for this
+            request, adaptive pacing and every floor included; the booking event's ``delay``; 0 when not booked),
             recorded in the event log for ``scrapy polite audit``; derived from ``writes``, so it takes no part
             in comparing two bookings.
     """
@@ -301,6 +308,8 @@ class PacingPolicy:
             response was a throttle before it hands the response on (an int ≥ 0).
         ratelimit_headers: ``POLITE_RATELIMIT_HEADERS``, read the hosts' announced quotas (and honour the
             ones recorded in the table).
+        adaptive: ``POLITE_ADAPTIVE``'s rules (:class:`~scrapy_polite.adaptive.AdaptivePolicy`), or None when it
+            is off: each host's interval then also follows its smoothed latency and strain steps.
 
     Raises:
         ValueError: a negative or non-finite duration, ``max_backoff < host_interval``, or a
@@ -315,6 +324,7 @@ class PacingPolicy:
     max_failure_backoff: float = 60.0
     throttle_retries: int = 10
     ratelimit_headers: bool = True
+    adaptive: AdaptivePolicy | None = None
 
     def __post_init__(self) -> None:
         for name in ("host_interval", "max_backoff", "max_wait", "max_retry_after", "max_failure_backoff"):
@@ -336,7 +346,9 @@ class PacingPolicy:
 
         A published Crawl-delay larger than an override always wins; an override can only slow us down
         below the base interval when it is larger than it. The interval of an announced quota counts only
-        while ``ratelimit_headers`` is on.
+        while ``ratelimit_headers`` is on. With ``adaptive`` on, that ``eff`` is the floor of the host's
+        adaptive interval (:meth:`AdaptivePolicy.interval <scrapy_polite.adaptive.AdaptivePolicy.interval>`,
+        docs/spec.md §2 "Adaptive pacing"), which is returned instead: never below the floor.
         """
         eff = self.host_interval
         if state is not None:
@@ -346,6 +358,8 @@ class PacingPolicy:
                 eff = state.ratelimit_interval
         if override is not None and override > eff:
             eff = override
+        if self.adaptive is not None and state is not None and (state.latency > 0 or state.strain > 0):
+            eff = self.adaptive.interval(state.latency, state.strain, eff)
         return eff
 
     def backoff(self, eff: float, consec: int, *, cap: float | None = None) -> float:
@@ -373,6 +387,7 @@ class PacingPolicy:
         override: float | None = None,
         ratelimits: RateLimits | None = None,
         serial: int | None = None,
+        latency: float | None = None,
     ) -> Decision:
         """The host's new state after a response (docs/spec.md §2).
 
@@ -394,6 +409,10 @@ class PacingPolicy:
                 ignored when ``ratelimit_headers`` is off.
             serial: the request's booking serial (``HostState.booked`` after its booking,
                 ``meta['polite_quota_serial']``), for the quota booking; None: not known.
+            latency: seconds, this answer's download time (None: not measured); it updates the host's smoothed
+                ``latency``, and a 5xx or a failure adds a strain step, any other answer takes one off
+                (:meth:`AdaptivePolicy.observe <scrapy_polite.adaptive.AdaptivePolicy.observe>`; only with
+                ``adaptive`` on). The new values count in this response's delay.
 
         Returns:
             A :class:`Decision` whose ``state.next_allowed`` is ``end + delay``.
@@ -410,6 +429,7 @@ class PacingPolicy:
         if old.quota_serial == 0 and old.booked > 0 and self.ratelimit_headers:
             # The host's first answer: the others may be booked now (the serial not known: all so far answered).
             old = replace(old, quota_serial=serial if serial is not None else old.booked)
+        old = self._observe(old, status=status, latency=latency, override=override)
         eff = self.effective_interval(old, override)
         # A throttle recorded at the very moment the request was booked counts as recorded after it: a request
         # booked after a throttle waits at least eff, so a tie is a request that was in flight with it.
@@ -453,6 +473,18 @@ class PacingPolicy:
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
                         counted=throttle and consec > old.consec, retry_after_clamped=clamped, ratelimit=quota)
+
+    def _observe(self, old: HostState, *, status: int | None, latency: float | None,
+                 override: float | None) -> HostState:
+        """``old`` with this answer's latency sample and strain step recorded (docs/spec.md §2, "Adaptive pacing")."""
+        if self.adaptive is None:
+            return old
+        error = status is None or status >= 500
+        floor = self.effective_interval(replace(old, latency=0.0, strain=0), override)
+        smoothed, strain = self.adaptive.observe(old.latency, old.strain, sample=latency, error=error, floor=floor)
+        if smoothed == old.latency and strain == old.strain:
+            return old
+        return replace(old, latency=smoothed, strain=strain)
 
     def after_ratelimit(self, state: HostState | None, limits: RateLimits, *, end: float,
                         serial: int | None = None) -> RateLimitDecision:
@@ -659,7 +691,7 @@ class PacingPolicy:
                                   next_allowed=max(counted.next_allowed, held_until))
             return Booking(booked=False, host=counted, start=held_until, host_free=held_until, address=address)
         writes: dict[str, HostState] = {}
-        eff = max(self.effective_interval(host, None), floor)
+        eff = self.effective_interval(host, floor)  # floor >= 0: an override of 0 changes nothing
         # A zero interval books nothing in the future: no row needs writing for it, unless the host announces
         # a quota (its bookings are counted: the serial, ``booked``, grows with every one).
         if eff > 0 or (self.ratelimit_headers and host is not None and _announces_quota(host)):
@@ -699,10 +731,11 @@ class PacingPolicy:
 
     @staticmethod
     def reset(state: HostState | None, *, now: float) -> HostState:
-        """Forget ``next_allowed``, ``consec``, ``ok_seen``, a spent quota's hold (``ratelimit_until``) and what
-        is left of it (``quota_left``, ``quota_reset``); keep ``crawl_delay``, ``ratelimit_interval`` and the
-        quota's size (``quota_limit``, ``quota_window``), the host's own numbers, and the booking serial
-        (``booked``, ``quota_serial``: requests in flight are still counted by it) (docs/spec.md §2)."""
+        """Forget ``next_allowed``, ``consec``, ``ok_seen``, a spent quota's hold (``ratelimit_until``), what is
+        left of it (``quota_left``, ``quota_reset``) and the adaptive ``latency`` and ``strain``; keep
+        ``crawl_delay``, ``ratelimit_interval`` and the quota's size (``quota_limit``, ``quota_window``), the host's
+        own numbers, and the booking serial (``booked``, ``quota_serial``: requests in flight are still counted by
+        it) (docs/spec.md §2)."""
         if state is None:
             return HostState(updated=now)
         return HostState(crawl_delay=state.crawl_delay, ratelimit_interval=state.ratelimit_interval,

@@ -9,6 +9,7 @@ The new rows are decided by :class:`~scrapy_polite.policy.PacingPolicy` (``after
 from __future__ import annotations
 
 import logging
+import math
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,26 @@ SERVER_SIDE_FAILURES: tuple[type[BaseException], ...] = server_side_failure_type
 #: The rate-limit field names as Scrapy's ``Headers`` keys them (``Headers.normkey``), to tell with one set
 #: operation whether a response has any of them.
 _RATELIMIT_KEYS = frozenset(Headers().normkey(name) for name in RATELIMIT_FIELDS)
+
+
+def _download_latency(request: Request) -> float | None:
+    """Scrapy's ``meta['download_latency']`` (seconds from the request's start to its response's headers), or
+    None when the download handler set none (or a value that is not a number of seconds >= 0)."""
+    raw = request.meta.get("download_latency")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and raw >= 0:
+        return float(raw)
+    return None
+
+
+def _latency(measured: float | None, sent_at: Any, end: float) -> float | None:
+    """An answer's download time for adaptive pacing (docs/spec.md §2, "Adaptive pacing"): Scrapy's measure
+    when there is one, else the time from its booking (``polite_sent_at``) to its record (``end``), both the
+    table's clock; None when neither is known."""
+    if measured is not None:
+        return measured
+    if isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool) and end >= sent_at:
+        return end - float(sent_at)
+    return None
 
 
 class Recorder:
@@ -116,11 +137,12 @@ class Recorder:
         serial = request.meta.get("polite_quota_serial")
         override = self.override(host, request)
         status = response.status
+        measured = _download_latency(request)
 
         def step(state: HostState | None, end: float) -> Decision:
             return self.policy.after_response(state, status=status, end=end, retry_after=retry_after,
                                               sent_at=sent_at, override=override, ratelimits=ratelimits,
-                                              serial=serial)
+                                              serial=serial, latency=_latency(measured, sent_at, end))
 
         return self._record(host, request, step, retry_after=retry_after, label=str(status), status=status)
 
@@ -156,7 +178,7 @@ class Recorder:
 
         def step(state: HostState | None, end: float) -> Decision:
             return self.policy.after_response(state, status=None, end=end, sent_at=sent_at, override=override,
-                                              serial=serial)
+                                              serial=serial, latency=_latency(None, sent_at, end))
 
         return self._record(host, request, step, retry_after=None, label="failure", cause=type(exception).__name__)
 

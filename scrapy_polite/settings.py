@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from .adaptive import AdaptivePolicy
 from .addresses import AddressFilter, parse_ip_literal
 from .policy import PacingPolicy, host_key
 
@@ -63,6 +64,10 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_MAX_FAILURE_BACKOFF": 60.0,  # the backoff cap after download failures (a host that is down)
     "POLITE_THROTTLE_RETRIES": 10,  # retries of a throttled page by the package, besides RETRY_TIMES
     "POLITE_RATELIMIT_HEADERS": True,  # read RateLimit-Policy / RateLimit / X-RateLimit-* (announced quotas)
+    "POLITE_ADAPTIVE": False,  # latency-aware pacing inside the floor (README, "Adaptive pacing")
+    "POLITE_ADAPTIVE_FACTOR": 2.0,  # the interval is at least this many times the host's smoothed latency
+    "POLITE_ADAPTIVE_MAX": 60.0,  # the largest interval adaptive pacing sets (a larger floor still wins)
+    "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE": False,  # run POLITE_ADAPTIVE and AUTOTHROTTLE_ENABLED together
     "POLITE_MAX_IDLE_WAIT": 300.0,
     "POLITE_MAX_HELD_IN_MEMORY": 10_000,  # held requests beyond it are kept on disk (README)
     "POLITE_STORE": None,  # None: sqlite in the project's data dir (.scrapy/polite.sqlite3)
@@ -473,6 +478,45 @@ def _event_log_size(settings: Any) -> int:
     return value
 
 
+def _adaptive(settings: Any) -> AdaptivePolicy | None:
+    """``POLITE_ADAPTIVE``'s rules, or None when it is off (README, "Adaptive pacing").
+
+    Raises:
+        SettingsError: a ``POLITE_ADAPTIVE_FACTOR`` <= 0 or a bad ``POLITE_ADAPTIVE_MAX``; ``AUTOTHROTTLE_ENABLED``
+            with ``POLITE_ADAPTIVE`` while ``POLITE_ADAPTIVE_WITH_AUTOTHROTTLE`` is off.
+    """
+    on = _bool(settings, "POLITE_ADAPTIVE")
+    raw_factor = _raw(settings, "POLITE_ADAPTIVE_FACTOR")
+    try:
+        factor = float(raw_factor)
+    except (TypeError, ValueError):
+        factor = math.nan
+    if not math.isfinite(factor) or factor <= 0:
+        raise SettingsError(f"POLITE_ADAPTIVE_FACTOR must be a finite number > 0 (the interval is at least this "
+                            f"many times the host's smoothed latency), got {raw_factor!r}")
+    cap = _seconds(settings, "POLITE_ADAPTIVE_MAX")
+    both = _bool(settings, "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE")
+    if not on:
+        return None
+    if _autothrottle(settings) and not both:
+        raise SettingsError("POLITE_ADAPTIVE and AUTOTHROTTLE_ENABLED are both on: two pacers, one unaware of the "
+                            "other. Turn AutoThrottle off (AUTOTHROTTLE_ENABLED = False): POLITE_ADAPTIVE paces each "
+                            "host on its response times already, shared across processes; or set "
+                            "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE = True to run both")
+    return AdaptivePolicy(factor=factor, cap=cap)
+
+
+def _autothrottle(settings: Any) -> bool:
+    """Whether Scrapy's ``AUTOTHROTTLE_ENABLED`` is on (False when it is absent or not a boolean)."""
+    raw = settings.get("AUTOTHROTTLE_ENABLED")
+    if raw is None:
+        return False
+    try:
+        return bool(int(raw))
+    except (TypeError, ValueError):
+        return raw in ("True", "true")
+
+
 def _scheduler_base(settings: Any) -> str | type[Any]:
     raw = _raw(settings, "POLITE_SCHEDULER_BASE")
     if isinstance(raw, type) or (isinstance(raw, str) and raw.strip()):
@@ -489,7 +533,8 @@ class PoliteConfig:
         policy: the :class:`~scrapy_polite.policy.PacingPolicy` built from the interval settings
             (``POLITE_HOST_INTERVAL``, ``POLITE_MAX_BACKOFF``, ``POLITE_MAX_WAIT``,
             ``POLITE_MAX_RETRY_AFTER``, ``POLITE_THROTTLE_STATUSES``, ``POLITE_MAX_FAILURE_BACKOFF``,
-            ``POLITE_THROTTLE_RETRIES``, ``POLITE_RATELIMIT_HEADERS``).
+            ``POLITE_THROTTLE_RETRIES``, ``POLITE_RATELIMIT_HEADERS``, and ``POLITE_ADAPTIVE``,
+            ``POLITE_ADAPTIVE_FACTOR``, ``POLITE_ADAPTIVE_MAX`` for its ``adaptive`` rules).
         ip_interval: ``POLITE_IP_INTERVAL``, seconds between two requests to one IP address.
         max_idle_wait: ``POLITE_MAX_IDLE_WAIT``, seconds; when everything left is deferred beyond it the
             spider closes with reason ``polite_deferred``.
@@ -539,7 +584,9 @@ class PoliteConfig:
                 a malformed ``POLITE_HOST_DELAYS`` entry; a bad boolean,
                 ``POLITE_STORE``, ``POLITE_STORE_PREFIX`` or ``POLITE_SCHEDULER_BASE``; a
                 ``POLITE_STORE_TIMEOUT`` <= 0; a ``POLITE_MAX_HELD_IN_MEMORY`` that is not a whole
-                number >= 0; any error of :meth:`DNSConfig.from_settings`.
+                number >= 0; any error of :meth:`DNSConfig.from_settings`; ``POLITE_ADAPTIVE`` with
+                ``AUTOTHROTTLE_ENABLED`` unless ``POLITE_ADAPTIVE_WITH_AUTOTHROTTLE`` (two pacers, one unaware
+                of the other), a ``POLITE_ADAPTIVE_FACTOR`` <= 0.
         """
         enabled = _bool(settings, "POLITE_ENABLED")
         host_interval = _seconds(settings, "POLITE_HOST_INTERVAL")
@@ -567,7 +614,7 @@ class PoliteConfig:
             policy=PacingPolicy(host_interval=host_interval, max_backoff=max_backoff, max_wait=max_wait,
                                 max_retry_after=max_retry_after, throttle_statuses=statuses,
                                 max_failure_backoff=max_failure_backoff, throttle_retries=throttle_retries,
-                                ratelimit_headers=ratelimit_headers),
+                                ratelimit_headers=ratelimit_headers, adaptive=_adaptive(settings)),
             ip_interval=_seconds(settings, "POLITE_IP_INTERVAL"),
             max_idle_wait=_seconds(settings, "POLITE_MAX_IDLE_WAIT"),
             max_held_in_memory=_count(

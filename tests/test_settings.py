@@ -187,6 +187,11 @@ INVALID = [
     ("POLITE_MAX_RETRY_AFTER", "nan"),
     ("POLITE_MAX_IDLE_WAIT", -1),
     ("POLITE_MAX_FAILURE_BACKOFF", -1),
+    ("POLITE_ADAPTIVE", "on"),
+    ("POLITE_ADAPTIVE_FACTOR", 0, "got 0"),
+    ("POLITE_ADAPTIVE_FACTOR", "fast"),
+    ("POLITE_ADAPTIVE_MAX", -1),
+    ("POLITE_ADAPTIVE_WITH_AUTOTHROTTLE", "yes"),
     ("POLITE_MAX_FAILURE_BACKOFF", "a minute"),
     ("POLITE_THROTTLE_RETRIES", -1),
     ("POLITE_THROTTLE_RETRIES", 2.5),
@@ -271,7 +276,8 @@ VALID = {
     "POLITE_IP_INTERVAL": 0.5, "POLITE_MAX_BACKOFF": "10", "POLITE_MAX_WAIT": 0.1,
     "POLITE_MAX_RETRY_AFTER": 0, "POLITE_MAX_IDLE_WAIT": 1, "POLITE_MAX_HELD_IN_MEMORY": "0",
     "POLITE_STORE_EXPIRE": "60", "POLITE_MAX_FAILURE_BACKOFF": "5", "POLITE_THROTTLE_RETRIES": "3",
-    "POLITE_RATELIMIT_HEADERS": "false",
+    "POLITE_RATELIMIT_HEADERS": "false", "POLITE_ADAPTIVE": "true", "POLITE_ADAPTIVE_FACTOR": "3",
+    "POLITE_ADAPTIVE_MAX": "30", "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE": "false",
     "POLITE_STORE": "memory://", "POLITE_STORE_PREFIX": "crawl1:", "POLITE_STORE_TIMEOUT": "5",
     "POLITE_EVENT_LOG": "false", "POLITE_EVENT_LOG_SIZE": "10",
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
@@ -296,6 +302,8 @@ def test_valid_values_are_the_negative_control():
         assert config.max_held_in_memory == 0
         assert config.policy.max_failure_backoff == 5.0 and config.policy.throttle_retries == 3
         assert config.policy.ratelimit_headers is False
+        assert config.policy.adaptive is not None
+        assert (config.policy.adaptive.factor, config.policy.adaptive.cap) == (3.0, 30.0)
         assert config.dns.address_filter.allowed_networks == (ipaddress.ip_network("10.0.0.0/8"),)
         assert dict(config.dns.overrides) == {"a.test": ("127.0.0.1",)}
         assert config.dns.nameservers == (("127.0.0.1", 5353),)
@@ -424,3 +432,19 @@ def test_the_addon_warns_about_a_typo(caplog):
     with caplog.at_level(logging.WARNING, logger="scrapy_polite"):
         Addon().update_settings(correct)
     assert "unknown setting" not in caplog.text
+
+
+@pytest.mark.parametrize("make", [dict, cmdline], ids=["dict", "cmdline"])
+def test_adaptive_with_autothrottle_is_refused_unless_allowed(make):
+    """POLITE_ADAPTIVE and AutoThrottle are two pacers, one unaware of the other: refused, naming the fix,
+    unless POLITE_ADAPTIVE_WITH_AUTOTHROTTLE says both (docs/spec.md §2, "Adaptive pacing")."""
+    with pytest.raises(SettingsError, match="AUTOTHROTTLE_ENABLED = False") as exc:
+        PoliteConfig.from_settings(make(POLITE_ADAPTIVE="True", AUTOTHROTTLE_ENABLED="True"))
+    assert "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE" in str(exc.value)
+    allowed = PoliteConfig.from_settings(make(POLITE_ADAPTIVE="True", AUTOTHROTTLE_ENABLED="True",
+                                              POLITE_ADAPTIVE_WITH_AUTOTHROTTLE="True"))
+    assert allowed.policy.adaptive is not None
+    # Negative controls: either alone is fine.
+    assert PoliteConfig.from_settings(make(AUTOTHROTTLE_ENABLED="True")).policy.adaptive is None
+    assert PoliteConfig.from_settings(make(POLITE_ADAPTIVE="True",
+                                           AUTOTHROTTLE_ENABLED="False")).policy.adaptive is not None

@@ -147,3 +147,21 @@ def test_a_disabled_addon_does_not_refuse(tmp_path, server):
     assert proc.returncode == 0, proc.stderr
     assert errors(proc) == []
     assert [a.path for a in server.arrivals()] == ["/"]
+
+
+def test_adaptive_pacing_with_autothrottle_is_refused(tmp_path, server):
+    """Two pacers on response times, one unaware of the other (docs/spec.md §2, "Adaptive pacing")."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_ADAPTIVE=True",
+                 "-s", "AUTOTHROTTLE_ENABLED=True")
+    assert_refused(proc, server, "POLITE_ADAPTIVE and AUTOTHROTTLE_ENABLED are both on",
+                   "AUTOTHROTTLE_ENABLED = False", "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE = True")
+
+
+def test_adaptive_pacing_with_autothrottle_when_told_runs_and_warns(tmp_path, server):
+    """The negative control: told to run both, the crawl runs (exit 0), and a WARNING says to turn AutoThrottle off."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_ADAPTIVE=True",
+                 "-s", "AUTOTHROTTLE_ENABLED=True", "-s", "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE=True")
+    assert proc.returncode == 0, proc.stderr
+    assert errors(proc) == []
+    assert "POLITE_ADAPTIVE and AutoThrottle both pace this crawl" in proc.stderr
+    assert [a.path for a in server.arrivals()] == ["/"]

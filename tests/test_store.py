@@ -393,3 +393,38 @@ def test_sqlite_concurrent_processes_lose_no_update(tmp_path):
         store.close()
     assert sum(counts.values()) == PROCESSES * UPDATES
     assert counts == {f"h{i}.example": PROCESSES * UPDATES // HOSTS for i in range(HOSTS)}
+
+
+def test_sqlite_migrates_a_version_3_file_keeping_its_rows_without_latency(tmp_path):
+    """A table written before adaptive pacing (schema 3) opens, keeps its rows (no latency measured, no strain),
+    and takes the new fields (docs/spec.md §2, "Adaptive pacing")."""
+    path = tmp_path / "pace.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE hosts (host TEXT PRIMARY KEY, next_allowed REAL NOT NULL, consec INTEGER NOT NULL,
+            crawl_delay REAL NOT NULL, ok_seen INTEGER NOT NULL, throttled_at REAL NOT NULL,
+            updated REAL NOT NULL, ratelimit_interval REAL NOT NULL DEFAULT 0,
+            ratelimit_until REAL NOT NULL DEFAULT 0) WITHOUT ROWID;
+        CREATE INDEX hosts_updated ON hosts (updated);
+        CREATE TABLE events (id INTEGER PRIMARY KEY, at REAL NOT NULL, kind TEXT NOT NULL, host TEXT NOT NULL,
+            url TEXT, status INTEGER, delay REAL, due REAL, reason TEXT, retry_after REAL, steps INTEGER,
+            address TEXT, started REAL, source TEXT NOT NULL);
+        INSERT INTO hosts VALUES ('a.example', 1800000005.5, 3, 2.5, 1, 1800000001.0, 1800000002.0, 0.5, 0);
+        PRAGMA user_version = 3;
+    """)
+    db.close()
+    s = SQLiteStore(str(path))
+    try:
+        old = HostState(next_allowed=1800000005.5, consec=3, crawl_delay=2.5, ok_seen=True,
+                        throttled_at=1800000001.0, updated=1800000002.0, ratelimit_interval=0.5)
+        assert s.get("a.example") == old and old.latency == 0.0 and old.strain == 0
+        new = HostState(next_allowed=T0, latency=0.25, strain=2, updated=T0)
+        _put(s, "b.example", new)
+        assert s.get("b.example") == new
+    finally:
+        s.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    finally:
+        db.close()

@@ -36,7 +36,8 @@ T = TypeVar("T")
 #: 1: the ``hosts`` table; 2: the ``events`` table beside it (the event log); 3: the hosts' announced quotas
 #: (``ratelimit_interval``, ``ratelimit_until``); 4: what ``scrapy polite audit`` checks, in the event log
 #: (``interval``, ``ip_interval``, ``hold``, ``seq``; None in the events written before), and the quota booking
-#: (``quota_left``, ``quota_reset``, ``quota_limit``, ``quota_window``, ``quota_serial``, ``booked``).
+#: (``quota_left``, ``quota_reset``, ``quota_limit``, ``quota_window``, ``quota_serial``, ``booked``),
+#: and adaptive pacing's ``latency`` and ``strain``.
 SCHEMA_VERSION = 4
 
 _SCHEMA_V1 = """
@@ -82,7 +83,8 @@ ALTER TABLE hosts ADD COLUMN ratelimit_until REAL NOT NULL DEFAULT 0;
 
 #: What ``scrapy polite audit`` checks (:class:`~scrapy_polite.stores.base.Event`): events written before have
 #: none (NULL). The quota booking (docs/spec.md §2, "Quota booking"): rows written before it know no quota (-1
-#: left).
+#: left). Adaptive pacing (docs/spec.md §2, "Adaptive pacing"): rows written before it have no latency
+#: measured (0).
 _SCHEMA_V4 = """
 ALTER TABLE events ADD COLUMN interval REAL;
 ALTER TABLE events ADD COLUMN ip_interval REAL;
@@ -94,6 +96,8 @@ ALTER TABLE hosts ADD COLUMN quota_limit INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN quota_window REAL NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN quota_serial INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN booked INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN latency REAL NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN strain INTEGER NOT NULL DEFAULT 0;
 """
 
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
@@ -105,28 +109,29 @@ _EVENT_INSERT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES ({', '.join('?' *
 _EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
 
 _COLUMNS = ("next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until, "
-            "quota_left, quota_reset, quota_limit, quota_window, quota_serial, booked")
+            "quota_left, quota_reset, quota_limit, quota_window, quota_serial, booked, latency, strain")
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM hosts WHERE host = ?"
-_WRITE = f"INSERT OR REPLACE INTO hosts (host, {_COLUMNS}) VALUES ({', '.join(['?'] * 15)})"
+_WRITE = f"INSERT OR REPLACE INTO hosts (host, {_COLUMNS}) VALUES ({', '.join(['?'] * (_COLUMNS.count(',') + 2))})"
 
 
 def _state(row: Sequence[Any] | None) -> HostState | None:
     if row is None:
         return None
     (next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until,
-     quota_left, quota_reset, quota_limit, quota_window, quota_serial, booked) = row
+     quota_left, quota_reset, quota_limit, quota_window, quota_serial, booked, latency, strain) = row
     return HostState(next_allowed=next_allowed, consec=consec, crawl_delay=crawl_delay,
                      ok_seen=bool(ok_seen), throttled_at=throttled_at, updated=updated,
                      ratelimit_interval=ratelimit_interval, ratelimit_until=ratelimit_until,
                      quota_left=quota_left, quota_reset=quota_reset, quota_limit=quota_limit,
-                     quota_window=quota_window, quota_serial=quota_serial, booked=booked)
+                     quota_window=quota_window, quota_serial=quota_serial, booked=booked,
+                     latency=latency, strain=strain)
 
 
 def _row(key: str, state: HostState) -> tuple[Any, ...]:
     return (key, state.next_allowed, state.consec, state.crawl_delay, int(state.ok_seen),
             state.throttled_at, state.updated, state.ratelimit_interval, state.ratelimit_until,
             state.quota_left, state.quota_reset, state.quota_limit, state.quota_window, state.quota_serial,
-            state.booked)
+            state.booked, state.latency, state.strain)
 
 
 class SQLiteStore:
