@@ -75,6 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
     "POLITE_ALLOW_PRIVATE": False,
     "POLITE_ALLOWED_NETWORKS": [],
+    "POLITE_CHECKED_HANDLERS": [],  # download handlers accepted with the weaker "checked" address rule (README)
     "POLITE_DNS_OVERRIDES": {},
     "POLITE_DNS_NAMESERVERS": [],
     "POLITE_DNS_TIMEOUT": 5.0,
