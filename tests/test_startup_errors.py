@@ -48,7 +48,7 @@ class SpiderOnly(Plain):
 
 class OwnHandler(Plain):
     name = "own_handler"
-    custom_settings = {{"DOWNLOAD_HANDLERS": {{"http": "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler"}}}}
+    custom_settings = {{"DOWNLOAD_HANDLERS": {{"http": "myproject.handlers.OwnHandler"}}}}
 '''
 
 ERROR_LINE = re.compile(r"^\S+ \S+ \[[^\]]+\] ERROR: ", re.MULTILINE)
@@ -125,7 +125,7 @@ def test_invalid_dns_setting(tmp_path, server):
 
 def test_unsafe_handler(tmp_path, server):
     proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "own_handler")
-    assert_refused(proc, server, "HttpxDownloadHandler", "Remove that DOWNLOAD_HANDLERS entry")
+    assert_refused(proc, server, "myproject.handlers.OwnHandler", "Remove that DOWNLOAD_HANDLERS entry")
 
 
 def test_the_traceback_is_logged_at_debug(tmp_path, server):
