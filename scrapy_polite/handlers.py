@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .settings import checked_handlers
+
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.http import Response
@@ -115,9 +117,10 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
 
     Raises:
         UnsafeHandlerError: naming the scheme, the handler and the fixes.
+        SettingsError: a malformed ``POLITE_CHECKED_HANDLERS``.
     """
     handlers = settings.getdict("DOWNLOAD_HANDLERS")
-    accepted = {component_path(c) for c in settings.getlist("POLITE_CHECKED_HANDLERS")}
+    accepted = set(checked_handlers(settings))
     modes: dict[str, SchemeMode] = {}
     for scheme in SCHEMES:
         configured = handlers.get(scheme)
