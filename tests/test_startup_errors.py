@@ -103,6 +103,8 @@ def test_a_valid_crawl_exits_0_without_errors(tmp_path, server):
     assert proc.returncode == 0, proc.stderr
     assert errors(proc) == []
     assert [a.path for a in server.arrivals()] == ["/"]
+    # The start-up line names each scheme's mode (README, "Download handlers").
+    assert "scrapy-polite: address rules per scheme: http: pinned (http11), https: pinned (http11)" in proc.stderr
 
 
 def test_addon_only_in_custom_settings(tmp_path, server):
@@ -147,3 +149,5 @@ def test_a_disabled_addon_does_not_refuse(tmp_path, server):
     assert proc.returncode == 0, proc.stderr
     assert errors(proc) == []
     assert [a.path for a in server.arrivals()] == ["/"]
+    # The start-up line names each scheme's mode (README, "Download handlers").
+    assert "scrapy-polite: address rules per scheme: http: pinned (http11), https: pinned (http11)" in proc.stderr
