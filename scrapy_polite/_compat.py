@@ -12,6 +12,8 @@ What it provides:
 * :func:`download_pinned`: Scrapy's ``HTTP11DownloadHandler.download_request``, with an agent that
   connects a booked request (``meta['polite_ip']``) to that address and keys the keep-alive pool by it;
 * :func:`pinned_agent`: that Twisted agent on its own (built from public Twisted API only);
+* :func:`download_pinned_h2`: Scrapy's ``H2DownloadHandler.download_request``, with an HTTP/2 agent that
+  connects a booked request to that address and keys the HTTP/2 connection pool by it;
 * :func:`server_side_failure_types`: the download failures that reached the server's side;
 * :func:`wake_engine`: ask the engine to pull from the scheduler again now;
 * :func:`commit_without_fsync`: let a queuelib SQLite disk queue commit without waiting for the disk;
@@ -35,6 +37,7 @@ from scrapy.exceptions import (
     DownloadFailedError,
     DownloadTimeoutError,
     ResponseDataLossError,
+    UnsupportedURLSchemeError,
 )
 from scrapy.utils._download_handlers import get_dataloss_msg, normalize_bind_address, wrap_twisted_exceptions
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -46,6 +49,13 @@ from twisted.web.error import SchemeNotSupported
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
+try:  # Scrapy's HTTP/2 handler needs the optional h2 package (pip install scrapy-polite[http2])
+    from scrapy.core._http2.agent import H2Agent
+    from scrapy.core.downloader.handlers.http2 import H2DownloadHandler, _ScrapyH2Agent
+    HAS_H2 = True
+except ImportError:
+    HAS_H2 = False
+
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -55,8 +65,8 @@ if TYPE_CHECKING:
     from twisted.web.client import URI
     from twisted.web.iweb import IPolicyForHTTPS
 
-__all__ = ["commit_without_fsync", "download_pinned", "fail_crawl_process", "pinned_agent",
-           "server_side_failure_types", "wake_engine"]
+__all__ = ["HAS_H2", "commit_without_fsync", "download_pinned", "download_pinned_h2", "fail_crawl_process",
+           "pinned_agent", "server_side_failure_types", "wake_engine"]
 
 #: Scrapy's HTTP/1.1 handler logs its data-loss warning here (``http11.logger``); so do we.
 _http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
@@ -198,6 +208,68 @@ async def download_pinned(handler: HTTP11DownloadHandler, request: Request) -> R
             _http11_logger.warning(get_dataloss_msg(request.url))
             handler._fail_on_dataloss_warned = True
         raise
+
+
+# -- Scrapy's HTTP/2 handler with a pinned agent ------------------------------------------------------------
+
+if HAS_H2:
+    class _PinnedH2Agent(H2Agent):
+        """Scrapy's ``H2Agent`` (private ``scrapy.core._http2.agent``; checked against Scrapy 2.18.0 and 2.19.0,
+        whose constructor, ``endpoint_factory``, ``_context_factory``, ``get_endpoint(uri)`` and ``get_key(uri)``
+        are the same; 2.19 adds the bind address to the key) connecting to ``address``: its endpoint is
+        :class:`_PinnedEndpointFactory`'s (TLS with ALPN ``h2`` and SNI for the URL's host), and its pool key
+        gets ``(bind_address, address)`` appended, so a connection to another address of the same host is never
+        reused."""
+
+        def __init__(self, *, reactor: Any, pool: Any, context_factory: Any, connect_timeout: float | None,
+                     bind_address: tuple[str, int] | None, address: str) -> None:
+            super().__init__(reactor=reactor, pool=pool, context_factory=context_factory,
+                             connect_timeout=connect_timeout, bind_address=bind_address)
+            self._pinned = _PinnedEndpointFactory(reactor=reactor, address=address,
+                                                  context_factory=self._context_factory,
+                                                  connect_timeout=connect_timeout, bind_address=bind_address)
+            self._pin_key = (bind_address, address)
+
+        def get_endpoint(self, uri: URI) -> Any:
+            return self._pinned.endpointForURI(uri)
+
+        def get_key(self, uri: URI) -> Any:
+            return (*super().get_key(uri), *self._pin_key)
+
+
+    class _PinnedScrapyH2Agent(_ScrapyH2Agent):
+        """Scrapy's ``_ScrapyH2Agent`` (private; Scrapy 2.18.0 and 2.19.0: same constructor and
+        ``_get_agent(request, timeout)``): a booked request gets :class:`_PinnedH2Agent`. Scrapy's HTTP/2 agent
+        refuses proxies (``NotImplementedError``), so every request it sends is booked on an address."""
+
+        def _get_agent(self, request: Request, timeout: float | None) -> H2Agent:
+            address = request.meta.get("polite_ip")
+            if not address or request.meta.get("proxy"):
+                return super()._get_agent(request, timeout)
+            from twisted.internet import reactor  # noqa: PLC0415 - the installed reactor, read when used (as Scrapy does)
+
+            bind_address = normalize_bind_address(request.meta.get("bindaddress") or self._bind_address)
+            return _PinnedH2Agent(reactor=reactor, pool=self._pool, context_factory=self._context_factory,
+                                  connect_timeout=timeout, bind_address=bind_address, address=str(address))
+
+
+    async def download_pinned_h2(handler: H2DownloadHandler, request: Request) -> Response:
+        """Download ``request`` as Scrapy's ``H2DownloadHandler.download_request`` does (a copy of it, identical
+        in Scrapy 2.18.0 and 2.19.0), connecting a request booked on an address (``meta['polite_ip']``) to
+        that address. Reads the handler's private ``_context_factory``, ``_pool``, ``_bind_address`` and
+        ``_crawler`` (set by ``H2DownloadHandler.__init__``, Scrapy 2.18.0 and 2.19.0).
+
+        Raises: what Scrapy's handler raises (``UnsupportedURLSchemeError`` for ``http``: Scrapy's HTTP/2
+        handler speaks HTTP/2 over TLS only; Scrapy's download exceptions).
+        """
+        if request.url.split(":", 1)[0].lower() == "http":
+            raise UnsupportedURLSchemeError(f"{type(handler).__name__} doesn't support plain HTTP.")
+        agent = _PinnedScrapyH2Agent(context_factory=handler._context_factory, pool=handler._pool,
+                                     bind_address=handler._bind_address, crawler=handler._crawler)
+        spider = handler._crawler.spider
+        assert spider is not None
+        with wrap_twisted_exceptions():
+            return await maybe_deferred_to_future(agent.download_request(request, spider))
 
 
 # -- Failures and the engine -------------------------------------------------------------------------------

@@ -22,6 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
+from .browser import BrowserRequestGuard
+from .handlers import (
+    HANDLER_FAMILIES,
+    PINNED,
+    PINNED_HTTP11_HANDLER,
+    PLAYWRIGHT_HANDLER,
+    SchemeMode,
+    UnsafeHandlerError,
+    component_path,
+    handler_modes,
+    log_modes,
+)
 from .resolver import PublicHostnameResolver
 from .seams import ResolverNotInstalled
 from .settings import DEFAULTS, DNSConfig, PoliteConfig, SettingsError, warn_unknown_settings
@@ -32,16 +44,17 @@ if TYPE_CHECKING:
 
     from .addresses import AddressFilter
 
-__all__ = ["Addon", "CONTRACTS", "check_resolver"]
+__all__ = ["Addon", "CONTRACTS", "UnsafeHandlerError", "check_resolver"]
 
 MIDDLEWARE = "scrapy_polite.middleware.PoliteDownloaderMiddleware"
 EXTENSION = "scrapy_polite.extension.PoliteExtension"
 SCHEDULER = "scrapy_polite.scheduler.PoliteScheduler"
 RESOLVER = "scrapy_polite.resolver.PublicHostnameResolver"
-HANDLER = "scrapy_polite.handler.PinnedHTTP11DownloadHandler"
-#: The handlers ours replaces: Scrapy's HTTP/1.1 handler, which resolves through Twisted.
-REPLACEABLE_HANDLERS = {"scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler",
-                        "scrapy.core.downloader.handlers.http.HTTPDownloadHandler", HANDLER}
+HANDLER = PINNED_HTTP11_HANDLER
+#: The handlers ours replace (pinned mode, scrapy_polite/handlers.py): Scrapy's HTTP/1.1 and HTTP/2 handlers.
+REPLACEABLE_HANDLERS = {path for path, family in HANDLER_FAMILIES.items() if family.mode == PINNED}
+#: The setting through which scrapy-playwright asks whether to abort a browser request.
+PLAYWRIGHT_ABORT = "PLAYWRIGHT_ABORT_REQUEST"
 MIDDLEWARE_PRIORITY = 950
 EARLY_MIDDLEWARE = "scrapy_polite.middleware.PoliteEarlyDeferMiddleware"
 EARLY_MIDDLEWARE_PRIORITY = 50
@@ -97,11 +110,14 @@ class Addon:
             return
         try:
             PoliteConfig.from_settings(settings)
-            _check_handlers(settings)
+            modes = _check_handlers(settings)
         except (SettingsError, UnsafeHandlerError) as exc:
             raise refuse_to_start(exc, settings) from None
-        for scheme in ("http", "https"):
-            settings["DOWNLOAD_HANDLERS"][scheme] = HANDLER
+        for scheme, mode in modes.items():
+            settings["DOWNLOAD_HANDLERS"][scheme] = mode.handler
+        if any(mode.handler == PLAYWRIGHT_HANDLER for mode in modes.values()):
+            _install_browser_guard(settings)
+        log_modes(modes)
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)
         settings["DOWNLOADER_MIDDLEWARES"][EARLY_MIDDLEWARE] = EARLY_MIDDLEWARE_PRIORITY
         settings["EXTENSIONS"][EXTENSION] = 0
@@ -115,36 +131,31 @@ class Addon:
             settings.set("SCHEDULER", SCHEDULER, priority=priority)
 
 
-class UnsafeHandlerError(RuntimeError):
-    """A configured download handler would bypass the public-only, pinned resolution (docs/spec.md §4)."""
-
-
-def _check_handlers(settings: Settings) -> None:
-    """Refuse handlers that resolve names on their own (httpx, aiohttp, HTTP/2, …) and a crawl without a
-    Twisted reactor: they would silently lose the public-address guarantee.
+def _check_handlers(settings: Settings) -> dict[str, SchemeMode]:
+    """Each scheme's handler mode (:func:`~scrapy_polite.handlers.handler_modes`, docs/spec.md §4.1); refuse a
+    handler the add-on does not know and the user did not accept (``POLITE_CHECKED_HANDLERS``), and a crawl
+    without a Twisted reactor: they would silently lose the public-address guarantee.
 
     Raises:
         UnsafeHandlerError: naming the handler (or setting) in use and what to change.
     """
-    if settings.getbool("POLITE_ALLOW_PRIVATE"):
-        return
-    if not settings.getbool("TWISTED_REACTOR_ENABLED", True):
+    if not settings.getbool("POLITE_ALLOW_PRIVATE") and not settings.getbool("TWISTED_REACTOR_ENABLED", True):
         raise UnsafeHandlerError(
             "scrapy-polite needs TWISTED_REACTOR_ENABLED = True: without the Twisted reactor, Scrapy's "
             "download handlers resolve host names themselves and non-public addresses could be reached. "
             "Remove TWISTED_REACTOR_ENABLED = False, or set POLITE_ALLOW_PRIVATE = True to accept that risk.")
-    handlers = settings.getdict("DOWNLOAD_HANDLERS")
-    for scheme in ("http", "https"):
-        configured = handlers.get(scheme)
-        if configured is None:
-            continue
-        path = configured if isinstance(configured, str) else f"{configured.__module__}.{configured.__qualname__}"
-        if path not in REPLACEABLE_HANDLERS:
-            raise UnsafeHandlerError(
-                f"scrapy-polite cannot pin addresses with DOWNLOAD_HANDLERS[{scheme!r}] = {path!r}: that handler "
-                f"resolves host names itself, so non-public addresses could be reached. Remove that "
-                f"DOWNLOAD_HANDLERS entry (scrapy-polite installs {HANDLER}), or set POLITE_ALLOW_PRIVATE = "
-                "True to accept that risk.")
+    return handler_modes(settings)
+
+
+def _install_browser_guard(settings: Settings) -> None:
+    """Set scrapy-playwright's ``PLAYWRIGHT_ABORT_REQUEST`` to a fresh
+    :class:`~scrapy_polite.browser.BrowserRequestGuard` (bound to the crawl when its pacer starts), unless
+    the project set its own predicate: then the project's is asked after ours (docs/spec.md §4.1)."""
+    current = settings.get(PLAYWRIGHT_ABORT)
+    if isinstance(current, BrowserRequestGuard):
+        return
+    settings.set(PLAYWRIGHT_ABORT, BrowserRequestGuard(then=current),
+                 priority=max(settings.getpriority(PLAYWRIGHT_ABORT) or 0, SETTINGS_PRIORITIES["addon"]))
 
 
 def _register_contracts(settings: BaseSettings) -> None:
@@ -198,9 +209,8 @@ def check_resolver(settings: BaseSettings, address_filter: AddressFilter, reacto
 
 
 def component_name(component: object) -> str:
-    if isinstance(component, str):
-        return component
-    return f"{getattr(component, '__module__', '?')}.{getattr(component, '__qualname__', component)}"
+    """The import path of a component given as a path or as a class."""
+    return component_path(component)
 
 
 def _last_priority(settings: Settings) -> int:

@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 
 from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
 
-from ._compat import download_pinned
+from ._compat import HAS_H2, download_pinned
 from .pacer import Redefer, find_pacer
 
 if TYPE_CHECKING:
     from scrapy import Request
+    from scrapy.crawler import Crawler
     from scrapy.http import Response
 
-__all__ = ["PinnedHTTP11DownloadHandler"]
+__all__ = ["PinnedH2DownloadHandler", "PinnedHTTP11DownloadHandler"]
 
 
 class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
@@ -35,9 +36,33 @@ class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
     """
 
     async def download_request(self, request: Request) -> Response:
-        pacer = find_pacer(self.crawler)
-        if (pacer is not None and request.meta.get("polite_burst") and pacer.throttled_since(request)
-                and pacer.can_defer(request)):
-            # Decided before its host throttled, queued in Scrapy's slot since: do not send it into the backoff.
-            raise Redefer(request.url)
+        _redefer_if_throttled(self.crawler, request)
         return await download_pinned(self, request)
+
+
+if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
+    from scrapy.core.downloader.handlers.http2 import H2DownloadHandler
+
+    from ._compat import download_pinned_h2
+
+    class PinnedH2DownloadHandler(H2DownloadHandler):
+        """Scrapy's HTTP/2 handler (``https`` only, as Scrapy's), connecting each booked request to
+        ``meta['polite_ip']`` and keying its HTTP/2 connections by that address (docs/spec.md §4.1).
+
+        Installed for ``https`` by the add-on in place of ``scrapy.core.downloader.handlers.http2.H2DownloadHandler``.
+        Raises ``NotConfigured`` without a Twisted reactor (as Scrapy's handler does); ``h2`` must be installed
+        (``pip install scrapy-polite[http2]``).
+        """
+
+        async def download_request(self, request: Request) -> Response:
+            _redefer_if_throttled(self.crawler, request)
+            return await download_pinned_h2(self, request)
+
+
+def _redefer_if_throttled(crawler: Crawler, request: Request) -> None:
+    """Raise :class:`~scrapy_polite.seams.Redefer` for a burst request decided before its host throttled and
+    queued in Scrapy's slot since: it must not be sent into the backoff."""
+    pacer = find_pacer(crawler)
+    if (pacer is not None and request.meta.get("polite_burst") and pacer.throttled_since(request)
+            and pacer.can_defer(request)):
+        raise Redefer(request.url)

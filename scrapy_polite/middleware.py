@@ -116,6 +116,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
                 raise _stopped(request, exc) from exc
             if addresses:
                 pacer.pin(request, host, addresses[0])
+                pacer.unpinned.sent(request)
             return None
         try:
             outcome = await pacer.before_request(request, host)
@@ -129,6 +130,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             request.meta["polite_quota_serial"] = outcome.serial
         if outcome.address is not None:
             pacer.pin(request, host, outcome.address)
+            pacer.unpinned.sent(request)
         return None
 
     async def process_response(self, request: Request, response: Response) -> Request | Response:
@@ -139,6 +141,9 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             pacer.drop(request)
             return response
         decision = await pacer.finish(request)
+        refusal = pacer.unpinned.refusal(request, response)
+        if refusal is not None:  # docs/spec.md §4.1: a checked handler reached a non-public address
+            raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")
         # A throttle is not a failure (docs/spec.md §2): the same request goes back to be held until its host
         # is due, instead of reaching RetryMiddleware or the spider, while its retry budget lasts.
         due = pacer.throttle_retry_due(request, decision)

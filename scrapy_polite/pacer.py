@@ -30,8 +30,10 @@ from twisted.internet.defer import Deferred
 
 from .addresses import AddressFilter
 from .booking import Booker
+from .browser import BrowserRequestGuard
 from .clock import process_clock
 from .events import EventLog
+from .handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
 from .lifecycle import Lifecycle, Stage
 from .outage import DeferredStore, StoreGuard
 from .policy import Decision, PacingPolicy
@@ -121,6 +123,12 @@ class Pacer:
                                  self.booker.end, self._store_failed, self.user_agent)
         self._reconciled = float("-inf")
         self.retries = ThrottleRetries(config.policy, self.report, self.sync, self.booker.can_defer)
+        #: The requests of a *checked* download handler (docs/spec.md §4.1).
+        self.unpinned = UnpinnedRequests(_modes(crawler), config.address_filter, self.report.inc)
+        browser_guard = crawler.settings.get("PLAYWRIGHT_ABORT_REQUEST")
+        if isinstance(browser_guard, BrowserRequestGuard):
+            browser_guard.bind(address_filter=config.address_filter, resolver=self.get_resolver,
+                               inc=self.report.inc)
 
     # -- shared state -----------------------------------------------------------------------------------
 
@@ -355,6 +363,15 @@ def default_store_uri() -> str:
     """``sqlite:///<project data dir>/polite.sqlite3`` — inside ``.scrapy/`` of the Scrapy project."""
     path = data_path("polite.sqlite3")  # SQLiteStore creates the directory (createdir would make the file one)
     return f"sqlite:///{os.path.abspath(path)}"
+
+
+def _modes(crawler: Crawler) -> dict[str, Any]:
+    """Each scheme's handler mode; {} for a handler the add-on would have refused (the middleware used
+    without the add-on: nothing to count)."""
+    try:
+        return handler_modes(crawler.settings)
+    except UnsafeHandlerError:
+        return {}
 
 
 #: One pacer per crawler, without a private attribute on the crawler.

@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULTS",
     "DNSConfig",
     "PoliteConfig",
+    "checked_handlers",
     "SettingsError",
     "normalise_dns_name",
     "parse_dict_setting",
@@ -80,6 +81,7 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
     "POLITE_ALLOW_PRIVATE": False,
     "POLITE_ALLOWED_NETWORKS": [],
+    "POLITE_CHECKED_HANDLERS": [],  # download handlers accepted with the weaker "checked" address rule (README)
     "POLITE_DNS_OVERRIDES": {},
     "POLITE_DNS_NAMESERVERS": [],
     "POLITE_DNS_TIMEOUT": 5.0,
@@ -525,6 +527,28 @@ def _scheduler_base(settings: Any) -> str | type[Any]:
                         f"'scrapy.core.scheduler.Scheduler', got {raw!r}")
 
 
+def checked_handlers(settings: Any) -> tuple[str, ...]:
+    """``POLITE_CHECKED_HANDLERS``: the import paths of the download handlers the user accepts with the
+    *checked* address rule (docs/spec.md §4.1). Items may be classes (their import path is used).
+
+    Raises:
+        SettingsError: not a list, or an item that is neither a class nor a non-empty dotted import path.
+    """
+    items = parse_list_setting("POLITE_CHECKED_HANDLERS", _raw(settings, "POLITE_CHECKED_HANDLERS"),
+                               what="a list of download handler classes or import paths",
+                               example=["myproject.handlers.MyDownloadHandler"])
+    paths: list[str] = []
+    for item in items:
+        if isinstance(item, type):
+            paths.append(f"{item.__module__}.{item.__qualname__}")
+        elif isinstance(item, str) and "." in item.strip() and " " not in item.strip():
+            paths.append(item.strip())
+        else:
+            raise SettingsError(f"POLITE_CHECKED_HANDLERS: {item!r} is not a download handler class or its import "
+                                "path, such as 'myproject.handlers.MyDownloadHandler'")
+    return tuple(paths)
+
+
 @dataclass(frozen=True)
 class PoliteConfig:
     """The validated ``POLITE_*`` settings of one crawler.
@@ -549,6 +573,7 @@ class PoliteConfig:
             before the spider closes with reason ``polite_store_error`` (> 0).
         host_delays: ``POLITE_HOST_DELAYS`` with normalised host keys, seconds.
         enabled: ``POLITE_ENABLED``.
+        checked_handlers: ``POLITE_CHECKED_HANDLERS``, import paths (:func:`checked_handlers`).
         scheduler_base: ``POLITE_SCHEDULER_BASE``, the scheduler class (or its import path) wrapped.
         dns: the address rules and DNS settings (:class:`DNSConfig`), read from this crawler's settings;
             :attr:`address_filter` is ``dns.address_filter``.
@@ -568,6 +593,7 @@ class PoliteConfig:
     store_timeout: float = DEFAULTS["POLITE_STORE_TIMEOUT"]
     event_log: bool = DEFAULTS["POLITE_EVENT_LOG"]
     event_log_size: int = DEFAULTS["POLITE_EVENT_LOG_SIZE"]
+    checked_handlers: tuple[str, ...] = ()
 
     @property
     def address_filter(self) -> AddressFilter:
@@ -630,6 +656,7 @@ class PoliteConfig:
             store_timeout=store_timeout,
             event_log=_bool(settings, "POLITE_EVENT_LOG"),
             event_log_size=_event_log_size(settings),
+            checked_handlers=checked_handlers(settings),
         )
 
 

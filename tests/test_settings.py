@@ -217,6 +217,8 @@ INVALID = [
     ("POLITE_THROTTLE_STATUSES", "[429.5]"),
     ("POLITE_THROTTLE_STATUSES", [700], "[700]"),
     ("POLITE_THROTTLE_STATUSES", 429),
+    ("POLITE_CHECKED_HANDLERS", 1),
+    ("POLITE_CHECKED_HANDLERS", '["not a path"]', "'not a path'"),
     ("POLITE_HOST_DELAYS", "{api.example.com: 5}"),
     ("POLITE_HOST_DELAYS", "[5]"),
     ("POLITE_HOST_DELAYS", ["api.example.com"]),
@@ -284,7 +286,7 @@ VALID = {
     "POLITE_THROTTLE_STATUSES": "429", "POLITE_HOST_DELAYS": '{"api.example.com": 0}',
     "POLITE_ALLOWED_NETWORKS": '["10.0.0.0/8"]', "POLITE_DNS_OVERRIDES": '{"a.test": "127.0.0.1"}',
     "POLITE_DNS_NAMESERVERS": "127.0.0.1:5353", "POLITE_DNS_TIMEOUT": "0.1", "POLITE_DNS_MIN_TTL": 0,
-    "POLITE_DNS_MAX_TTL": "60",
+    "POLITE_DNS_MAX_TTL": "60", "POLITE_CHECKED_HANDLERS": "myproject.handlers.A, myproject.handlers.B",
 }
 
 
@@ -304,6 +306,7 @@ def test_valid_values_are_the_negative_control():
         assert config.policy.ratelimit_headers is False
         assert config.policy.adaptive is not None
         assert (config.policy.adaptive.factor, config.policy.adaptive.cap) == (3.0, 30.0)
+        assert config.checked_handlers == ("myproject.handlers.A", "myproject.handlers.B")
         assert config.dns.address_filter.allowed_networks == (ipaddress.ip_network("10.0.0.0/8"),)
         assert dict(config.dns.overrides) == {"a.test": ("127.0.0.1",)}
         assert config.dns.nameservers == (("127.0.0.1", 5353),)

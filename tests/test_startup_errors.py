@@ -48,7 +48,7 @@ class SpiderOnly(Plain):
 
 class OwnHandler(Plain):
     name = "own_handler"
-    custom_settings = {{"DOWNLOAD_HANDLERS": {{"http": "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler"}}}}
+    custom_settings = {{"DOWNLOAD_HANDLERS": {{"http": "myproject.handlers.OwnHandler"}}}}
 '''
 
 ERROR_LINE = re.compile(r"^\S+ \S+ \[[^\]]+\] ERROR: ", re.MULTILINE)
@@ -103,6 +103,8 @@ def test_a_valid_crawl_exits_0_without_errors(tmp_path, server):
     assert proc.returncode == 0, proc.stderr
     assert errors(proc) == []
     assert [a.path for a in server.arrivals()] == ["/"]
+    # The start-up line names each scheme's mode (README, "Download handlers").
+    assert "scrapy-polite: address rules per scheme: http: pinned (http11), https: pinned (http11)" in proc.stderr
 
 
 def test_addon_only_in_custom_settings(tmp_path, server):
@@ -125,7 +127,7 @@ def test_invalid_dns_setting(tmp_path, server):
 
 def test_unsafe_handler(tmp_path, server):
     proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "own_handler")
-    assert_refused(proc, server, "HttpxDownloadHandler", "Remove that DOWNLOAD_HANDLERS entry")
+    assert_refused(proc, server, "myproject.handlers.OwnHandler", "Remove that DOWNLOAD_HANDLERS entry")
 
 
 def test_the_traceback_is_logged_at_debug(tmp_path, server):
@@ -147,6 +149,8 @@ def test_a_disabled_addon_does_not_refuse(tmp_path, server):
     assert proc.returncode == 0, proc.stderr
     assert errors(proc) == []
     assert [a.path for a in server.arrivals()] == ["/"]
+    # The start-up line names each scheme's mode (README, "Download handlers").
+    assert "scrapy-polite: address rules per scheme: http: pinned (http11), https: pinned (http11)" in proc.stderr
 
 
 def test_adaptive_pacing_with_autothrottle_is_refused(tmp_path, server):

@@ -1,0 +1,205 @@
+"""Which download handler runs each scheme, and what the add-on can guarantee with it (docs/spec.md §4.1).
+
+Every handler gets the same pacing (booking, deferral, throttles, quotas, the pace table, the event log):
+that is the middleware's and the extension's, whatever downloads the request. What differs is the address
+rule, by what the handler lets the add-on control:
+
+* **pinned**: the add-on makes the connection itself, to the booked address — Scrapy's HTTP/1.1 handler and
+  Scrapy's HTTP/2 handler, both replaced by ours (:mod:`scrapy_polite.handler`);
+* **checked**: the handler resolves host names itself (httpx, aiohttp, scrapy-playwright, or a handler the
+  user names in ``POLITE_CHECKED_HANDLERS``): the add-on still resolves, applies the address rules and books
+  on that address before the request, but the handler's own lookup may answer another address (the
+  rebinding window). Each such request is counted (``polite/unpinned/<handler>``), and a response that
+  reports the address it came from is checked again after the fact;
+* any other handler is **refused**: the crawl does not start (docs/spec.md §7).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .settings import checked_handlers
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.http import Response
+
+    from .addresses import AddressFilter
+
+__all__ = [
+    "CHECKED",
+    "HANDLER_FAMILIES",
+    "PINNED",
+    "PINNED_H2_HANDLER",
+    "PINNED_HTTP11_HANDLER",
+    "PLAYWRIGHT_HANDLER",
+    "SchemeMode",
+    "UnpinnedRequests",
+    "UnsafeHandlerError",
+    "component_path",
+    "handler_modes",
+    "log_modes",
+]
+
+logger = logging.getLogger(__name__)
+
+PINNED = "pinned"
+CHECKED = "checked"
+
+PINNED_HTTP11_HANDLER = "scrapy_polite.handler.PinnedHTTP11DownloadHandler"
+PINNED_H2_HANDLER = "scrapy_polite.handler.PinnedH2DownloadHandler"
+PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+
+
+@dataclass(frozen=True)
+class _Family:
+    """A handler the add-on knows: its mode, the stats label, and the pinned handler that replaces it."""
+
+    mode: str
+    label: str
+    replacement: str | None = None
+
+
+#: Every handler the add-on knows (README, "Download handlers"), by import path.
+HANDLER_FAMILIES: dict[str, _Family] = {
+    "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER),
+    "scrapy.core.downloader.handlers.http.HTTPDownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER),
+    PINNED_HTTP11_HANDLER: _Family(PINNED, "http11", PINNED_HTTP11_HANDLER),
+    "scrapy.core.downloader.handlers.http2.H2DownloadHandler": _Family(PINNED, "http2", PINNED_H2_HANDLER),
+    PINNED_H2_HANDLER: _Family(PINNED, "http2", PINNED_H2_HANDLER),
+    "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler": _Family(CHECKED, "httpx"),
+    "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler": _Family(CHECKED, "aiohttp"),
+    PLAYWRIGHT_HANDLER: _Family(CHECKED, "playwright"),
+}
+
+#: The schemes whose handler decides the address rule (the others name no network host, or are not HTTP).
+SCHEMES = ("http", "https")
+
+
+class UnsafeHandlerError(RuntimeError):
+    """A configured download handler would bypass the address rules (docs/spec.md §4.1)."""
+
+
+@dataclass(frozen=True)
+class SchemeMode:
+    """How one scheme is downloaded.
+
+    Attributes:
+        scheme: ``"http"`` or ``"https"``.
+        mode: :data:`PINNED` or :data:`CHECKED`.
+        handler: the import path of the handler that will run (ours for a pinned scheme).
+        label: the handler's short name, for stats (``polite/unpinned/<label>``) and the log.
+    """
+
+    scheme: str
+    mode: str
+    handler: str
+    label: str
+
+
+def component_path(component: object) -> str:
+    """The import path of a component given as a path or as a class."""
+    if isinstance(component, str):
+        return component
+    return f"{getattr(component, '__module__', '?')}.{getattr(component, '__qualname__', component)}"
+
+
+def handler_modes(settings: Any) -> dict[str, SchemeMode]:
+    """The mode of ``http`` and ``https`` under ``settings`` (``DOWNLOAD_HANDLERS``,
+    ``POLITE_CHECKED_HANDLERS``, ``POLITE_ALLOW_PRIVATE``), docs/spec.md §4.1.
+
+    A scheme without a handler entry runs our pinned HTTP/1.1 handler. A known handler has its family's
+    mode; a handler listed in ``POLITE_CHECKED_HANDLERS`` is checked; any other is refused, unless
+    ``POLITE_ALLOW_PRIVATE`` is set (every address is allowed then: the handler is counted as checked).
+
+    Raises:
+        UnsafeHandlerError: naming the scheme, the handler and the fixes.
+        SettingsError: a malformed ``POLITE_CHECKED_HANDLERS``.
+    """
+    handlers = settings.getdict("DOWNLOAD_HANDLERS")
+    accepted = set(checked_handlers(settings))
+    modes: dict[str, SchemeMode] = {}
+    for scheme in SCHEMES:
+        configured = handlers.get(scheme)
+        path = PINNED_HTTP11_HANDLER if configured is None else component_path(configured)
+        family = HANDLER_FAMILIES.get(path)
+        if family is not None:
+            modes[scheme] = SchemeMode(scheme, family.mode, family.replacement or path, family.label)
+        elif path in accepted or settings.getbool("POLITE_ALLOW_PRIVATE"):
+            modes[scheme] = SchemeMode(scheme, CHECKED, path, path.rsplit(".", 1)[-1].lower())
+        else:
+            raise UnsafeHandlerError(
+                f"scrapy-polite does not know DOWNLOAD_HANDLERS[{scheme!r}] = {path!r}: that handler may resolve "
+                "host names itself, so non-public addresses could be reached. Remove that DOWNLOAD_HANDLERS "
+                f"entry (scrapy-polite installs {PINNED_HTTP11_HANDLER}), or accept it with its weaker address "
+                f"check: POLITE_CHECKED_HANDLERS = [{path!r}] (README, \"Download handlers\").")
+    return modes
+
+
+def log_modes(modes: dict[str, SchemeMode]) -> None:
+    """Log the start-up line naming each scheme's mode, and one INFO line per checked handler saying what
+    remains unguaranteed (README, "Download handlers")."""
+    logger.info("scrapy-polite: address rules per scheme: %s",
+                ", ".join(f"{m.scheme}: {m.mode} ({m.label})" for m in modes.values()))
+    seen: set[str] = set()
+    for m in modes.values():
+        if m.mode != CHECKED or m.handler in seen:
+            continue
+        seen.add(m.handler)
+        schemes = "/".join(o.scheme for o in modes.values() if o.handler == m.handler)
+        logger.info(
+            "scrapy-polite: %s (%s) resolves host names itself: each request's host is resolved and checked, "
+            "and the request booked on that address, before it is sent, but the handler's own lookup is not "
+            "pinned to it (a DNS answer that changes in between is not caught before the request; such "
+            "requests are counted in polite/unpinned/%s)", m.handler, schemes, m.label)
+
+
+class UnpinnedRequests:
+    """Counts the requests a *checked* handler sends (``polite/unpinned/<handler>``) and checks the address
+    a response says it came from (docs/spec.md §4.1).
+
+    Args:
+        modes: each scheme's mode (:func:`handler_modes`).
+        address_filter: the crawl's address rules.
+        inc: the crawl's counter (``inc("unpinned/httpx")`` adds to ``polite/unpinned/httpx``).
+    """
+
+    def __init__(self, modes: dict[str, SchemeMode], address_filter: AddressFilter,
+                 inc: Callable[[str], None]) -> None:
+        self._checked = {scheme: mode for scheme, mode in modes.items() if mode.mode == CHECKED}
+        self._address_filter = address_filter
+        self._inc = inc
+
+    def mode_of(self, url: str) -> SchemeMode | None:
+        """The checked mode that downloads ``url``, or None (pinned, or a scheme without a network host)."""
+        if not self._checked:
+            return None
+        scheme = url.split(":", 1)[0].lower()
+        return self._checked.get(scheme)
+
+    def sent(self, request: Request) -> None:
+        """Count ``request`` (booked on ``meta['polite_ip']``) as sent through a checked handler, if it is."""
+        mode = self.mode_of(request.url)
+        if mode is not None:
+            self._inc(f"unpinned/{mode.label}")
+
+    def refusal(self, request: Request, response: Response) -> str | None:
+        """Why ``response`` must not be passed on, or None. A checked handler that reports the address it
+        connected to (``response.ip_address``: httpx, aiohttp, scrapy-playwright) is checked after the fact:
+        another address than the booked one is counted (``polite/unpinned/address_changed``), a non-public
+        one too (``polite/unpinned/refused_response``) and refused here."""
+        if self.mode_of(request.url) is None:
+            return None
+        address = getattr(response, "ip_address", None)
+        booked = request.meta.get("polite_ip")
+        if address is None or booked is None or str(address) == str(booked):
+            return None
+        self._inc("unpinned/address_changed")
+        if self._address_filter.allows(address):
+            return None
+        self._inc("unpinned/refused_response")
+        return (f"the handler connected to {address}, not the booked {booked}, and {address} is not an allowed "
+                "address (the host's DNS answer changed between the check and the handler's own lookup)")

@@ -1,0 +1,321 @@
+"""Polite with every download handler (issue 20, docs/spec.md §4.1, README "Download handlers").
+
+Real crawls against loopback servers with Scrapy's HTTP/2 handler (a local HTTP/2 server, hypercorn), the
+httpx handler and scrapy-playwright driving Debian's ``chromium``: per-host and per-IP spacing read from the
+server's arrival log, a 429 + Retry-After honoured, the pace table persisted (SQLite); the browser's own
+request for an internal address aborted; and the refusal of a handler the add-on does not know.
+
+Each needs its optional package (``pip install scrapy-polite[http2,httpx,playwright]``, all in the ``test``
+extra) and the browser test ``/usr/bin/chromium``: missing, the test is skipped on a developer's machine and
+**fails** in CI (``$CI`` set), as tests/support/redis_server.py does for redis-server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import time
+
+import pytest
+import pytest_twisted
+from scrapy.settings import Settings
+
+from scrapy_polite import addon as addon_module
+from scrapy_polite.addon import Addon, UnsafeHandlerError
+from scrapy_polite.addresses import AddressFilter
+from scrapy_polite.browser import BrowserRequestGuard
+from scrapy_polite.handlers import CHECKED, PINNED, handler_modes
+from scrapy_polite.stores import open_store
+from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.server import Arrival, Reply, gaps, page, sequence
+
+H2 = "scrapy.core.downloader.handlers.http2.H2DownloadHandler"
+HTTPX = "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler"
+AIOHTTP = "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler"
+PLAYWRIGHT = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+CHROMIUM = os.environ.get("POLITE_TEST_CHROMIUM", "/usr/bin/chromium")
+
+#: Lower-bound tolerance (seconds): clock granularity only.
+TOL = 0.02
+
+
+def need(module: str) -> None:
+    """Skip the test without ``module`` (fail it in CI, where the test extra installs it)."""
+    if importlib.util.find_spec(module) is None:
+        message = f"{module} is not installed: pip install -e '.[test]'"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def need_chromium() -> str:
+    """Debian's chromium binary, or skip the test (fail it in CI) naming how to get it."""
+    need("scrapy_playwright")
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        message = f"{CHROMIUM} not found: apt-get install chromium (or set POLITE_TEST_CHROMIUM)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return CHROMIUM
+
+
+def stat(crawler, key):
+    return crawler.stats.get_value(f"polite/{key}")
+
+
+def by_start(arrivals: list[Arrival]) -> list[Arrival]:
+    return sorted(arrivals, key=lambda a: (a.start, a.end))
+
+
+def describe(arrivals: list[Arrival]) -> str:
+    if not arrivals:
+        return "(no arrivals)"
+    t0 = arrivals[0].start
+    return "; ".join(f"{a.host}{a.path} {a.status} @+{a.start - t0:.3f}" for a in by_start(arrivals))
+
+
+def handler_settings(tmp_path, handler: str | None, **overrides):
+    """The add-on with a SQLite pace table in ``tmp_path``, hosts 0.5 s apart, addresses 1 s apart."""
+    s = polite_settings(POLITE_STORE=f"sqlite:///{tmp_path}/pace.sqlite3", POLITE_HOST_INTERVAL=0.5,
+                        POLITE_IP_INTERVAL=1.0, **overrides)
+    if handler is not None:
+        s["DOWNLOAD_HANDLERS"] = {"http": handler, "https": handler} if handler != H2 else {"https": handler}
+    return s
+
+
+def assert_paced(shared_ip: list[Arrival], own_ip: list[Arrival], throttled_path: str, retry_after: float) -> None:
+    """Two hosts on one address are 1 s apart (per IP); the host on its own address is 0.5 s apart (per host)
+    and was held ``retry_after`` seconds after its 429 (Retry-After honoured)."""
+    shared = by_start(shared_ip)
+    assert len({a.host for a in shared}) == 2, describe(shared)
+    assert min(gaps(shared)) >= 1.0 - TOL, f"per-IP interval broken: {describe(shared)}"
+    own = by_start(own_ip)
+    assert own[0].status == 429 and own[0].path == throttled_path, describe(own)
+    assert [a.status for a in own[1:]] == [200] * (len(own) - 1), describe(own)
+    assert throttled_path in [a.path for a in own[1:]], f"the throttled page was not retried: {describe(own)}"
+    assert own[1].start - own[0].end >= retry_after - TOL, f"Retry-After not honoured: {describe(own)}"
+    assert min(gaps(own)) >= 0.5 - TOL, f"per-host interval broken: {describe(own)}"
+
+
+def assert_persisted(tmp_path, host: str) -> None:
+    """The throttled host's row is in the SQLite pace table after the crawl."""
+    store = open_store(f"sqlite:///{tmp_path}/pace.sqlite3")
+    try:
+        row = store.get(host)
+    finally:
+        store.close()
+    assert row is not None and row.throttled_at > 0 and row.ok_seen, row
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. Modes, the start-up line, the refusal (no crawl)
+
+
+@pytest.mark.parametrize(("handler", "mode"), [(None, PINNED), (H2, PINNED), (HTTPX, CHECKED), (AIOHTTP, CHECKED),
+                                               (PLAYWRIGHT, CHECKED)])
+def test_each_known_handler_has_its_mode(handler, mode):
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": handler} if handler else {}})
+    modes = handler_modes(settings)
+    assert modes["https"].mode == mode
+    assert modes["http"].mode == PINNED  # the other scheme keeps our pinned HTTP/1.1 handler
+
+
+def test_the_addon_installs_the_pinned_h2_handler_and_keeps_checked_ones():
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": H2}})
+    Addon().update_settings(settings)
+    assert settings.getdict("DOWNLOAD_HANDLERS") == {
+        **settings.getdict("DOWNLOAD_HANDLERS"), "http": addon_module.HANDLER,
+        "https": "scrapy_polite.handler.PinnedH2DownloadHandler"}
+    settings = Settings({"DOWNLOAD_HANDLERS": {"http": HTTPX, "https": HTTPX}})
+    Addon().update_settings(settings)
+    assert settings.getdict("DOWNLOAD_HANDLERS")["https"] == HTTPX  # checked: the user's own handler runs
+
+
+def test_the_startup_line_names_each_schemes_mode(caplog):
+    caplog.set_level(logging.INFO, logger="scrapy_polite.handlers")
+    Addon().update_settings(Settings({"DOWNLOAD_HANDLERS": {"https": HTTPX}}))
+    lines = [r.getMessage() for r in caplog.records]
+    assert "scrapy-polite: address rules per scheme: http: pinned (http11), https: checked (httpx)" in lines
+    unpinned = [line for line in lines if "resolves host names itself" in line]
+    assert len(unpinned) == 1 and HTTPX in unpinned[0] and "polite/unpinned/httpx" in unpinned[0]
+
+
+def test_an_unknown_handler_is_refused_unless_accepted_as_checked():
+    own = "myproject.handlers.OwnHandler"
+    with pytest.raises(UnsafeHandlerError, match="POLITE_CHECKED_HANDLERS"):
+        Addon().update_settings(Settings({"DOWNLOAD_HANDLERS": {"https": own}}))
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": own}, "POLITE_CHECKED_HANDLERS": [own]})
+    Addon().update_settings(settings)
+    assert handler_modes(settings)["https"].mode == CHECKED
+    # Accepting one handler does not accept another (negative control).
+    with pytest.raises(UnsafeHandlerError, match="OtherHandler"):
+        Addon().update_settings(Settings({"DOWNLOAD_HANDLERS": {"https": "myproject.handlers.OtherHandler"},
+                                          "POLITE_CHECKED_HANDLERS": [own]}))
+
+
+def test_the_playwright_guard_is_installed_and_keeps_the_projects_predicate():
+    mine = "myproject.abort.no_images"
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT}, "PLAYWRIGHT_ABORT_REQUEST": mine})
+    Addon().update_settings(settings)
+    guard = settings["PLAYWRIGHT_ABORT_REQUEST"]
+    assert isinstance(guard, BrowserRequestGuard) and guard._then == mine
+
+
+def no_names():
+    raise AssertionError("only addresses here: nothing to resolve")
+
+
+class _BrowserRequest:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_browser_guard_aborts_non_public_and_invalid_hosts():
+    aborted: list[str] = []
+    guard = BrowserRequestGuard(then=lambda request: request.url.endswith(".png"))
+    assert await guard(_BrowserRequest("http://93.184.215.14/")), "an unbound guard must fail closed"
+    guard.bind(address_filter=AddressFilter(allowed_networks=["127.0.0.2/32"]), resolver=no_names,
+               inc=aborted.append)
+    for url in ("http://169.254.169.254/latest/meta-data/", "http://127.0.0.9/", "http://[::1]/",
+                "http://0x7f.1/", "http://a b/"):
+        assert await guard(_BrowserRequest(url)), url
+    assert aborted == ["unpinned/browser_aborted"] * 5
+    for url in ("http://127.0.0.2:8080/x.js", "http://93.184.215.14/", "data:text/plain,hi"):
+        assert not await guard(_BrowserRequest(url)), url  # negative controls: allowed and public go
+    assert await guard(_BrowserRequest("http://93.184.215.14/a.png")), "the project's predicate is asked too"
+    assert len(aborted) == 5  # the project's own aborts are not ours to count
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Real crawls, one per handler
+
+
+@pytest_twisted.ensureDeferred
+async def test_http2_handler_is_pinned_paced_and_persisted(tmp_path):
+    need("h2")
+    need("hypercorn")
+    from tests.support.h2_server import H2ArrivalServer
+
+    with H2ArrivalServer(["127.0.20.1", "127.0.20.2"]) as srv:
+        srv.route("/c/0", sequence(Reply.throttle(429, "2"), page()))
+        names = {"a.test": ["127.0.20.1"], "b.test": ["127.0.20.1"], "c.test": ["127.0.20.2"]}
+        urls = [srv.url(f"/{name[0]}/{i}", host=name) for i in range(3) for name in names]
+        crawler = await run_crawl(ListSpider, handler_settings(tmp_path, H2, POLITE_DNS_OVERRIDES=names),
+                                  urls=urls, timeout=40)
+        arrivals = srv.arrivals()
+        assert sorted(crawler.spider.statuses()) == [200] * 9, crawler.spider.failed
+        assert set(srv.http_versions) == {"2"}, "not HTTP/2"
+        # Pinned: each host reached on its booked address, over connections kept per address.
+        assert {(a.host, a.server_address) for a in arrivals} == {
+            (name, addresses[0]) for name, addresses in names.items()}
+        assert_paced([a for a in arrivals if a.host != "c.test"], [a for a in arrivals if a.host == "c.test"],
+                     "/c/0", 2.0)
+        assert_persisted(tmp_path, "c.test")
+        assert stat(crawler, "retry_after/honoured") == 1
+        assert not any(k.startswith("polite/unpinned/") for k in crawler.stats.get_stats()), "HTTP/2 is pinned"
+
+
+@pytest_twisted.ensureDeferred
+async def test_httpx_handler_is_checked_paced_and_persisted(arrival_server, tmp_path):
+    """httpx resolves through the operating system (``localhost`` from /etc/hosts): the two hosts
+    ``localhost`` and ``127.0.0.1`` are one address, the per-IP interval must hold across them."""
+    need("httpx")
+    shared = arrival_server("127.0.0.1")
+    own = arrival_server("127.0.20.3")
+    own.route("/c/0", sequence(Reply.throttle(429, "2"), page()))
+    urls = [u for i in range(3) for u in (shared.url(f"/a/{i}", host="localhost"), shared.url(f"/b/{i}"),
+                                          own.url(f"/c/{i}"))]
+    crawler = await run_crawl(ListSpider, handler_settings(
+        tmp_path, HTTPX, POLITE_DNS_OVERRIDES={"localhost": ["127.0.0.1"]}), urls=urls, timeout=40)
+    assert sorted(crawler.spider.statuses()) == [200] * 9, crawler.spider.failed
+    assert_paced(shared.arrivals(), own.arrivals(), "/c/0", 2.0)
+    assert_persisted(tmp_path, "127.0.20.3")
+    assert stat(crawler, "unpinned/httpx") == 10  # every request sent, the 429 and its retry included
+    assert stat(crawler, "unpinned/address_changed") is None  # httpx connected to the booked addresses
+
+
+@pytest_twisted.ensureDeferred
+async def test_negative_control_httpx_without_the_addon_is_not_spaced(arrival_server, tmp_path):
+    """The same handler and hosts with POLITE_ENABLED = False: the spacing assertions above can fail."""
+    need("httpx")
+    shared = arrival_server("127.0.0.1")
+    urls = [u for i in range(3) for u in (shared.url(f"/a/{i}", host="localhost"), shared.url(f"/b/{i}"))]
+    await run_crawl(ListSpider, handler_settings(tmp_path, HTTPX, POLITE_ENABLED=False), urls=urls, timeout=30)
+    assert len(shared.arrivals()) == 6
+    assert min(gaps(by_start(shared.arrivals()))) < 0.5
+
+
+def playwright_settings(tmp_path, names: dict[str, list[str]], **overrides):
+    """scrapy-playwright on Debian's chromium, which maps the test names as POLITE_DNS_OVERRIDES does."""
+    rules = ", ".join(f"MAP {name} {addresses[0]}" for name, addresses in names.items())
+    return handler_settings(
+        tmp_path, PLAYWRIGHT, POLITE_DNS_OVERRIDES=names,
+        PLAYWRIGHT_BROWSER_TYPE="chromium",
+        PLAYWRIGHT_LAUNCH_OPTIONS={"executable_path": need_chromium(), "headless": True,
+                                   "args": [f"--host-resolver-rules={rules}"]},
+        TWISTED_REACTOR="twisted.internet.asyncioreactor.AsyncioSelectorReactor", **overrides)
+
+
+@pytest_twisted.ensureDeferred
+async def test_playwright_pages_are_checked_paced_and_persisted(arrival_server, tmp_path):
+    need_chromium()
+    shared = arrival_server("127.0.20.4")
+    own = arrival_server("127.0.20.5")
+    own.route("/c/0", sequence(Reply.throttle(429, "2"), page()))
+    names = {"a.test": ["127.0.20.4"], "b.test": ["127.0.20.4"], "c.test": ["127.0.20.5"]}
+    urls = [f"http://{name}:{(own if name == 'c.test' else shared).port}/{name[0]}/{i}"
+            for i in range(2) for name in names]
+    t0 = time.time()
+    crawler = await run_crawl(ListSpider, playwright_settings(tmp_path, names), urls=urls,
+                              meta={"playwright": True}, timeout=60)
+    assert sorted(crawler.spider.statuses()) == [200] * 6, crawler.spider.failed
+    assert_paced(shared.arrivals(), own.arrivals(), "/c/0", 2.0)
+    assert_persisted(tmp_path, "c.test")
+    assert stat(crawler, "throttles/429") == 1  # the navigation response's status was recorded
+    assert stat(crawler, "unpinned/playwright") == 7
+    assert crawler.stats.get_value("playwright/page_count") is not None, "the pages were not rendered"
+    assert time.time() - t0 < 30
+
+
+CANARY_PAGE = """<html><body><p>page</p>
+<img src="http://canary.test:{port}/by-name.png">
+<script>fetch("http://127.0.20.9:{port}/by-address").catch(() => {{}});</script>
+</body></html>"""
+
+
+@pytest_twisted.ensureDeferred
+async def test_playwright_page_cannot_make_the_browser_fetch_an_internal_address(arrival_server, tmp_path):
+    """A page's script and image aim at a loopback canary outside POLITE_ALLOWED_NETWORKS, by address and by
+    name: the canary sees nothing, the aborts are counted; the page's own allowed script still loads."""
+    need_chromium()
+    canary = arrival_server("127.0.20.9")
+    site = arrival_server("127.0.20.6")
+    site.route("/", Reply.html(CANARY_PAGE.format(port=canary.port)
+                               + f'<script src="http://127.0.20.6:{site.port}/ok.js"></script>'))
+    site.route("/ok.js", Reply(200, {"Content-Type": "text/javascript"}, "1;"))
+    names = {"site.test": ["127.0.20.6"], "canary.test": ["127.0.20.9"]}
+    settings = playwright_settings(tmp_path, names, POLITE_ALLOWED_NETWORKS=["127.0.20.6/32"],
+                                   PLAYWRIGHT_PAGE_GOTO_KWARGS={"wait_until": "networkidle"})
+    crawler = await run_crawl(ListSpider, settings, urls=[f"http://site.test:{site.port}/"],
+                              meta={"playwright": True}, timeout=60)
+    assert crawler.spider.statuses() == [200], crawler.spider.failed
+    assert canary.arrivals() == [], "the browser reached the canary"
+    assert stat(crawler, "unpinned/browser_aborted") == 2
+    assert [a.path for a in site.arrivals()] == ["/", "/ok.js"]  # negative control: allowed sub-requests go
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. The refusal of an unknown handler, through the real `scrapy crawl`
+
+
+def test_an_unknown_handler_stops_scrapy_crawl_with_status_1_within_seconds(tmp_path, arrival_server):
+    from tests.test_startup_errors import assert_refused, crawl, make_project
+
+    server = arrival_server("127.0.20.7")
+    started = time.monotonic()
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "own_handler")
+    assert time.monotonic() - started < 20
+    assert_refused(proc, server, "myproject.handlers.OwnHandler", "POLITE_CHECKED_HANDLERS")
