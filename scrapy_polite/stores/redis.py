@@ -94,7 +94,7 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: HostState needs a name here (checked at import); a row written before a field existed reads its default.
 _STATE_FIELDS: dict[str, str] = {
     "next_allowed": "n", "consec": "c", "crawl_delay": "d", "ok_seen": "o", "throttled_at": "t", "updated": "u",
-    "ratelimit_interval": "q", "ratelimit_until": "r",
+    "ratelimit_interval": "q", "ratelimit_until": "r", "run_retry_after": "m",
 }
 _STATE_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(HostState)}
 if set(_STATE_FIELDS) != set(_STATE_TYPES):  # pragma: no cover - a development error, caught by any test run

@@ -24,8 +24,9 @@ T = TypeVar("T")
 
 #: The on-disk schema this code writes. Older versions are migrated on open, never discarded.
 #: 1: the ``hosts`` table; 2: the ``events`` table beside it (the event log); 3: the hosts' announced quotas
-#: (``ratelimit_interval``, ``ratelimit_until``).
-SCHEMA_VERSION = 3
+#: (``ratelimit_interval``, ``ratelimit_until``); 4: the largest Retry-After of a host's throttle run
+#: (``run_retry_after``).
+SCHEMA_VERSION = 4
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -68,30 +69,40 @@ ALTER TABLE hosts ADD COLUMN ratelimit_interval REAL NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN ratelimit_until REAL NOT NULL DEFAULT 0;
 """
 
+#: The largest Retry-After of a host's current throttle run (docs/spec.md §2): rows written before it have none (0,
+#: the backoff is not capped by a Retry-After, as before).
+_SCHEMA_V4 = """
+ALTER TABLE hosts ADD COLUMN run_retry_after REAL NOT NULL DEFAULT 0;
+"""
+
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4}
 
 _EVENT_COLUMNS = "at, kind, host, url, status, delay, due, reason, retry_after, steps, address, started, source"
 _EVENT_INSERT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
 
-_COLUMNS = "next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until"
+_COLUMNS = ("next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until, "
+            "run_retry_after")
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM hosts WHERE host = ?"
-_WRITE = f"INSERT OR REPLACE INTO hosts (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_WRITE = f"INSERT OR REPLACE INTO hosts (host, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 def _state(row: Sequence[Any] | None) -> HostState | None:
     if row is None:
         return None
-    next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until = row
+    (next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until,
+     run_retry_after) = row
     return HostState(next_allowed=next_allowed, consec=consec, crawl_delay=crawl_delay,
                      ok_seen=bool(ok_seen), throttled_at=throttled_at, updated=updated,
-                     ratelimit_interval=ratelimit_interval, ratelimit_until=ratelimit_until)
+                     ratelimit_interval=ratelimit_interval, ratelimit_until=ratelimit_until,
+                     run_retry_after=run_retry_after)
 
 
-def _row(key: str, state: HostState) -> tuple[str, float, int, float, int, float, float, float, float]:
+def _row(key: str, state: HostState) -> tuple[str, float, int, float, int, float, float, float, float, float]:
     return (key, state.next_allowed, state.consec, state.crawl_delay, int(state.ok_seen),
-            state.throttled_at, state.updated, state.ratelimit_interval, state.ratelimit_until)
+            state.throttled_at, state.updated, state.ratelimit_interval, state.ratelimit_until,
+            state.run_retry_after)
 
 
 class SQLiteStore:
