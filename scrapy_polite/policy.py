@@ -421,20 +421,21 @@ class PacingPolicy:
                 # failure's cap is its own, the first throttle always steps).
                 takes = self.takes_step(eff, step_from, cap=self.max_failure_backoff if failure else None)
                 consec = step_from + 1 if takes else step_from
-            given = retry_after is not None and retry_after > 0
-            if retry_after is not None and given:
-                delay = retry_after
-                if delay > self.max_retry_after:
-                    delay, clamped = self.max_retry_after, True
+            honoured = 0.0  # the Retry-After honoured (seconds, capped); 0: none given
+            if retry_after is not None and retry_after > 0:
+                honoured = retry_after
+                if honoured > self.max_retry_after:
+                    honoured, clamped = self.max_retry_after, True
+                delay = honoured
             else:
                 delay = self.backoff(eff, step_from, cap=self.max_failure_backoff if failure else None)
             delay = max(delay, eff)
             # Retry-After sets the scale: the run's largest Retry-After, while every throttle of it carried one
             # (a run starts at consec 0; one throttle without a Retry-After ends the cap for the whole run).
             if old.consec == 0 and not stale:
-                run_retry_after = delay if given else 0.0
+                run_retry_after = honoured
             else:
-                run_retry_after = max(old.run_retry_after, delay) if given and old.run_retry_after > 0 else 0.0
+                run_retry_after = max(old.run_retry_after, honoured) if honoured and old.run_retry_after else 0.0
             if consec == 0:
                 run_retry_after = 0.0
             # A later hold already recorded (another process's booking, a robots delay) is never shortened.
