@@ -450,14 +450,34 @@ class PacingPolicy:
         else:
             # Sent before a recorded throttle: it says nothing about the host's mood since.
             consec = old.consec if stale else max(old.consec - 1, 0)
-            delay = eff if consec == 0 else self.backoff(eff, consec)
-            if consec > 0 and old.run_retry_after > 0:  # the server told us its window: never guess above it
-                delay = max(eff, min(delay, old.run_retry_after))
+            # One step off (none when stale), at most the run's largest Retry-After: the server told us the size
+            # of its window, and guessing above it only loses reach.
+            delay = self.success_delay(replace(old, consec=consec + 1), override)
             next_allowed = max(end + delay, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen,
                           run_retry_after=old.run_retry_after if consec > 0 else 0.0)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
                         counted=throttle and consec > old.consec, retry_after_clamped=clamped, ratelimit=quota)
+
+    def success_delay(self, state: HostState | None, override: float | None = None) -> float:
+        """The delay (seconds) the host's next success would leave, counted from its end: the backoff of one
+        step fewer, at most the run's largest Retry-After, never below ``eff`` (docs/spec.md §2). What the
+        progress line and ``scrapy polite hosts`` tell the user a backoff will become.
+
+        >>> PacingPolicy().success_delay(HostState(consec=9, run_retry_after=3.0))
+        3.0
+        >>> PacingPolicy().success_delay(HostState(consec=9))
+        256.0
+        """
+        old = state or HostState()
+        eff = self.effective_interval(old, override)
+        consec = max(old.consec - 1, 0)
+        if consec == 0:
+            return eff
+        delay = self.backoff(eff, consec)
+        if old.run_retry_after > 0:
+            delay = max(eff, min(delay, old.run_retry_after))
+        return delay
 
     def after_ratelimit(self, state: HostState | None, limits: RateLimits, *, end: float) -> RateLimitDecision:
         """The host's state after a response announced its quotas (docs/spec.md §2, "Announced quotas").
