@@ -46,6 +46,7 @@ from .pacer import default_store_uri
 from .policy import HostState, PacingPolicy, host_key, ip_key
 from .settings import PoliteConfig, SettingsError
 from .stores import Event, PaceStore, StoreCorrupt, StoreError, StoreOptions, open_store, sqlite_path
+from .summary import reset_command
 from .timeline import FORMATS, hosts_of, timeline_format, write_timeline
 
 __all__ = [
@@ -244,13 +245,28 @@ def _throttle_words(event: Event | None, state: HostState, now: float) -> str:
     return f"{cause}, {when}"
 
 
-def _host_json(key: str, state: HostState, now: float, throttle: Event | None) -> dict[str, Any]:
+def _after_success(state: HostState, policy: PacingPolicy) -> float | None:
+    """The delay (s) the host's next success leaves, while it has backoff steps (None without)."""
+    return policy.success_delay(state) if state.consec > 0 else None
+
+
+def _steps_words(state: HostState, policy: PacingPolicy) -> str:
+    """The ``backoff steps`` cell: the steps, and what the next success leaves (docs/spec.md §2: one step off, at
+    most the run's largest Retry-After): ``9 (3 s after a success)``."""
+    after = _after_success(state, policy)
+    return str(state.consec) if after is None else f"{state.consec} ({_duration(after)} after a success)"
+
+
+def _host_json(key: str, state: HostState, now: float, throttle: Event | None,
+               policy: PacingPolicy) -> dict[str, Any]:
     return {
         "host": key,
         "next_allowed": state.next_allowed or None,
         "next_allowed_at": _iso(state.next_allowed),
         "next_allowed_in": round(max(0.0, state.next_allowed - now), 3),
         "backoff_steps": state.consec,
+        "after_success": _after_success(state, policy),
+        "retry_after_scale": state.run_retry_after or None,
         "crawl_delay": state.crawl_delay or None,
         "2xx_seen": state.ok_seen,
         "updated": state.updated or None,
@@ -266,15 +282,16 @@ def _host_json(key: str, state: HostState, now: float, throttle: Event | None) -
     }
 
 
-def _host_cells(key: str, state: HostState, now: float, throttle: Event | None) -> tuple[str, ...]:
-    return (key, _due(state.next_allowed, now), str(state.consec),
+def _host_cells(key: str, state: HostState, now: float, throttle: Event | None,
+                policy: PacingPolicy) -> tuple[str, ...]:
+    return (key, _due(state.next_allowed, now), _steps_words(state, policy),
             f"{state.crawl_delay:g} s" if state.crawl_delay else "-", "yes" if state.ok_seen else "no",
             _relative(state.updated, now), _throttle_words(throttle, state, now))
 
 
 #: The row's fields ``show`` names in its own words (the host columns and the announced quota).
 _SHOWN_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "updated", "throttled_at",
-                 "ratelimit_interval", "ratelimit_until")
+                 "ratelimit_interval", "ratelimit_until", "run_retry_after")
 
 
 def _quota_cells(state: HostState, now: float) -> list[tuple[str, str]]:
@@ -335,15 +352,29 @@ class _Operator:
         throttles = self.last_throttles(hosts)
         if self.opts.json:
             self.dump({"store": self.store.uri, "now": self.now, "now_at": _iso(self.now), "address_rows": addresses,
-                       "hosts": [_host_json(k, s, self.now, throttles[k]) for k, s in hosts]})
+                       "hosts": [_host_json(k, s, self.now, throttles[k], self.policy) for k, s in hosts]})
             return EXIT_OK
         which = _count(len(hosts), "throttled host" if self.opts.throttled else "host")
         which += " (backoff steps > 0)" if self.opts.throttled else ""
         self.print(f"pace table {self.store.uri}: {which}, {_count(addresses, 'address row')}; "
                    f"now {_absolute(self.now)}")
         if hosts:
-            self.print(format_table([HOST_COLUMNS, *(_host_cells(k, s, self.now, throttles[k]) for k, s in hosts)]))
+            self.print(format_table([HOST_COLUMNS, *(_host_cells(k, s, self.now, throttles[k], self.policy)
+                                                     for k, s in hosts)]))
+        backing = [k for k, s in hosts if s.consec > 0]
+        if backing:
+            self.print(self.forgive_words(backing))
         return EXIT_OK
+
+    @property
+    def policy(self) -> PacingPolicy:
+        return self.config.policy
+
+    def forgive_words(self, hosts: list[str]) -> str:
+        """How to forgive hosts: the ``reset`` command line (its ``--store`` when one was given)."""
+        shown = hosts if len(hosts) <= 5 else [*hosts[:5], "..."]
+        return (f"to forgive a host (forget its backoff steps and hold; its Crawl-delay stays): "
+                f"{reset_command(shown, self.opts.store)}")
 
     def last_throttles(self, hosts: list[tuple[str, HostState]]) -> dict[str, Event | None]:
         """The ``backoff`` event of each host's last throttle: one query per host for a few, else one pass over
@@ -394,7 +425,7 @@ class _Operator:
         if self.opts.json:
             self.dump({
                 "store": self.store.uri, "now": self.now, "now_at": _iso(self.now), "host": key,
-                "row": None if state is None else _host_json(key, state, self.now, throttle),
+                "row": None if state is None else _host_json(key, state, self.now, throttle, self.policy),
                 "addresses": [{"address": k, "next_allowed": s.next_allowed or None,
                                "next_allowed_at": _iso(s.next_allowed),
                                "next_allowed_in": round(max(0.0, s.next_allowed - self.now), 3),
@@ -406,16 +437,21 @@ class _Operator:
         if state is None:
             self.print("  no row (its events are below)")
         else:
-            cells = _host_cells(key, state, self.now, throttle)
-            width = max(len(c) for c in HOST_COLUMNS[1:])
+            cells = _host_cells(key, state, self.now, throttle, self.policy)
+            width = max(len(c) for c in (*HOST_COLUMNS[1:], "Retry-After scale"))
             for column, cell in zip(HOST_COLUMNS[1:], cells[1:]):
                 self.print(f"  {column:<{width}}  {cell}")
             for label, cell in _quota_cells(state, self.now):
                 self.print(f"  {label:<{width}}  {cell}")
+            if state.consec > 0 and state.run_retry_after:
+                self.print(f"  {'Retry-After scale':<{width}}  {state.run_retry_after:g} s (the largest Retry-After of "
+                           "this run of throttles: no success leaves more)")
             extra = {f.name: getattr(state, f.name) for f in fields(state)
                      if f.name not in _SHOWN_FIELDS and getattr(state, f.name)}
             for name, value in extra.items():  # a field added to HostState later: shown by its name
                 self.print(f"  {name.replace('_', ' '):<{width}}  {value:g}")
+            if state.consec > 0:
+                self.print(f"  {self.forgive_words([key])}")
         if address is None:
             self.print("\naddress rows (the addresses it was booked on):")
             if address_rows:

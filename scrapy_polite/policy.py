@@ -86,6 +86,9 @@ class HostState:
         latency: seconds, the host's smoothed download latency (docs/spec.md §2, "Adaptive pacing"); 0 = none
             measured (recorded while ``POLITE_ADAPTIVE`` is on).
         strain: the host's strain steps (5xx answers and server-side failures not yet earned back), an int ≥ 0.
+        run_retry_after: seconds, the largest Retry-After of the current run of throttles while every
+            throttle of it carried one (docs/spec.md §2, "Retry-After sets the scale"): the delay a success
+            leaves is at most this. 0 = no run (``consec`` is 0), or a throttle of the run carried none.
     """
 
     next_allowed: float = 0.0
@@ -104,6 +107,7 @@ class HostState:
     booked: int = 0
     latency: float = 0.0
     strain: int = 0
+    run_retry_after: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -368,6 +372,28 @@ class PacingPolicy:
         limit = self.max_backoff if cap is None else cap
         return max(eff, min(eff * 2.0 ** min(consec, MAX_BACKOFF_EXPONENT), limit))
 
+    def takes_step(self, eff: float, consec: int, *, cap: float | None = None) -> bool:
+        """Whether a throttle at ``consec`` steps adds one (docs/spec.md §2, "No dead steps"): the first always
+        does (it marks the host as throttling us); a later one only while ``eff * 2**consec`` is below ``cap``
+        (``max_backoff`` by default) and the exponent below its own cap of 10. A step past either could only
+        be repaid at the cap, one success per capped delay, and would change no delay.
+
+        >>> PacingPolicy().takes_step(1.0, 8), PacingPolicy().takes_step(1.0, 9)
+        (True, False)
+        """
+        if consec <= 0:
+            return True
+        limit = self.max_backoff if cap is None else cap
+        return consec < MAX_BACKOFF_EXPONENT and eff * 2.0 ** consec < limit
+
+    def steps_cap(self, eff: float, *, cap: float | None = None) -> int:
+        """The most backoff steps a host can hold at interval ``eff`` (seconds): with the defaults (1 s,
+        300 s) 9, the step whose backoff is the cap (docs/spec.md §2, "No dead steps")."""
+        consec = 0
+        while self.takes_step(eff, consec, cap=cap):
+            consec += 1
+        return consec
+
     # -- after a response -------------------------------------------------------------------------
 
     def is_throttle(self, status: int, state: HostState | None) -> bool:
@@ -446,17 +472,27 @@ class PacingPolicy:
                 step_from = max(consec - 1, 0)
             else:
                 step_from = old.consec
-                consec = step_from + 1
-                if failure and step_from > 0 and \
-                        eff * 2.0 ** min(step_from, MAX_BACKOFF_EXPONENT) >= self.max_failure_backoff:
-                    consec = step_from  # a failure's backoff at its cap already: no further step
+                # No dead steps: a throttle whose backoff is at its cap already takes no further step (a
+                # failure's cap is its own, the first throttle always steps).
+                takes = self.takes_step(eff, step_from, cap=self.max_failure_backoff if failure else None)
+                consec = step_from + 1 if takes else step_from
+            honoured = 0.0  # the Retry-After honoured (seconds, capped); 0: none given
             if retry_after is not None and retry_after > 0:
-                delay = retry_after
-                if delay > self.max_retry_after:
-                    delay, clamped = self.max_retry_after, True
+                honoured = retry_after
+                if honoured > self.max_retry_after:
+                    honoured, clamped = self.max_retry_after, True
+                delay = honoured
             else:
                 delay = self.backoff(eff, step_from, cap=self.max_failure_backoff if failure else None)
             delay = max(delay, eff)
+            # Retry-After sets the scale: the run's largest Retry-After, while every throttle of it carried one
+            # (a run starts at consec 0; one throttle without a Retry-After ends the cap for the whole run).
+            if old.consec == 0 and not stale:
+                run_retry_after = honoured
+            else:
+                run_retry_after = max(old.run_retry_after, honoured) if honoured and old.run_retry_after else 0.0
+            if consec == 0:
+                run_retry_after = 0.0
             # A later hold already recorded (another process's booking, a robots delay) is never shortened.
             next_allowed = max(end + delay, old.next_allowed)
             # The step's moment is never before the request it answers for, nor before the row's last write
@@ -464,13 +500,17 @@ class PacingPolicy:
             # must not make the others' throttles look like a new moment (found by tests/test_properties.py).
             moment = max(end, old.updated, sent_at if sent_at is not None else end)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end,
-                          throttled_at=old.throttled_at if stale else moment, ok_seen=ok_seen)
+                          throttled_at=old.throttled_at if stale else moment, ok_seen=ok_seen,
+                          run_retry_after=run_retry_after)
         else:
             # Sent before a recorded throttle: it says nothing about the host's mood since.
             consec = old.consec if stale else max(old.consec - 1, 0)
-            delay = eff if consec == 0 else self.backoff(eff, consec)
+            # One step off (none when stale), at most the run's largest Retry-After: the server told us the size
+            # of its window, and guessing above it only loses reach.
+            delay = self.success_delay(replace(old, consec=consec + 1), override)
             next_allowed = max(end + delay, old.next_allowed)
-            new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen)
+            new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen,
+                          run_retry_after=old.run_retry_after if consec > 0 else 0.0)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
                         counted=throttle and consec > old.consec, retry_after_clamped=clamped, ratelimit=quota)
 
@@ -485,6 +525,26 @@ class PacingPolicy:
         if smoothed == old.latency and strain == old.strain:
             return old
         return replace(old, latency=smoothed, strain=strain)
+
+    def success_delay(self, state: HostState | None, override: float | None = None) -> float:
+        """The delay (seconds) the host's next success would leave, counted from its end: the backoff of one
+        step fewer, at most the run's largest Retry-After, never below ``eff`` (docs/spec.md §2). What the
+        progress line and ``scrapy polite hosts`` tell the user a backoff will become.
+
+        >>> PacingPolicy().success_delay(HostState(consec=9, run_retry_after=3.0))
+        3.0
+        >>> PacingPolicy().success_delay(HostState(consec=9))
+        256.0
+        """
+        old = state or HostState()
+        eff = self.effective_interval(old, override)
+        consec = max(old.consec - 1, 0)
+        if consec == 0:
+            return eff
+        delay = self.backoff(eff, consec)
+        if old.run_retry_after > 0:
+            delay = max(eff, min(delay, old.run_retry_after))
+        return delay
 
     def after_ratelimit(self, state: HostState | None, limits: RateLimits, *, end: float,
                         serial: int | None = None) -> RateLimitDecision:

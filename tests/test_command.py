@@ -118,8 +118,11 @@ def lines_of(table_text: str) -> list[list[str]]:
 def test_hosts_lists_every_host_sorted_by_when_it_is_due(table):
     result = table.run("hosts")
     assert result.code == EXIT_OK, result.err
-    header, *body = result.out.splitlines()
+    header, *body, forgive = result.out.splitlines()
     assert header.startswith(f"pace table {table.store.uri}: 3 hosts, 1 address row;")
+    # how to forgive the host with backoff steps, and only that one
+    assert forgive.startswith("to forgive a host (forget its backoff steps and hold; its Crawl-delay stays): "
+                              "scrapy polite reset busy.example")
     rows = lines_of("\n".join(body))
     assert tuple(rows[0]) == HOST_COLUMNS
     assert [r[0] for r in rows[1:]] == ["idle.example", "slow.example", "busy.example"]  # due now, in 5 s, in 250 s
@@ -127,16 +130,34 @@ def test_hosts_lists_every_host_sorted_by_when_it_is_due(table):
     assert idle[1] == "now" and idle[3] == "-" and idle[4] == "no" and re.fullmatch(r"\d+ d \d+ h ago", idle[5])
     assert re.fullmatch(r"in [45]\.\d s \(at \d\d:\d\d:\d\d\)", slow[1]) and slow[3] == "7 s" and slow[4] == "yes"
     assert re.fullmatch(r"in 4 m (9|10) s \(at \d\d:\d\d:\d\d\)", busy[1]), busy
-    assert busy[2] == "3" and busy[3] == "-" and busy[4] == "yes"
+    # the steps, and what the next success leaves: one step off (2 steps: 1 s × 2^2)
+    assert busy[2] == "3 (4.0 s after a success)" and busy[3] == "-" and busy[4] == "yes"
+    assert slow[2] == "0" and idle[2] == "0"  # negative control: no steps, nothing after a success
     assert re.fullmatch(r"429, Retry-After 250 s, 1\d\.\d s ago", busy[6]), busy
     assert slow[6] == "-" and idle[6] == "-"  # negative control: hosts that never throttled
+
+
+def test_hosts_and_show_say_what_a_retry_after_run_leaves_after_a_success(table):
+    """docs/spec.md §2, "Retry-After sets the scale": 9 steps built by 429s that all carried Retry-After 3 s —
+    the next success leaves 3 s, not the 256 s of 8 steps; ``show`` names the scale."""
+    state = HostState(next_allowed=table.now + 3, consec=9, ok_seen=True, throttled_at=table.now, updated=table.now,
+                      run_retry_after=3.0)
+    table.store.update("ra.example", lambda old, now: (state, None))
+    rows = {r[0]: r for r in lines_of(table.run("hosts").out.split("\n", 1)[1])}
+    assert rows["ra.example"][2] == "9 (3.0 s after a success)"
+    assert rows["busy.example"][2] == "3 (4.0 s after a success)"  # negative control: no Retry-After run
+    shown = table.run("show", "ra.example").out
+    assert re.search(r"^  Retry-After scale\s+3 s \(the largest Retry-After of this run", shown, re.M), shown
+    assert "Retry-After scale" not in table.run("show", "busy.example").out
+    data = {h["host"]: h for h in json.loads(table.run("hosts", "--json").out)["hosts"]}
+    assert (data["ra.example"]["after_success"], data["ra.example"]["retry_after_scale"]) == (3.0, 3.0)
 
 
 def test_hosts_throttled_only_lists_hosts_with_backoff_steps(table):
     result = table.run("hosts", "--throttled")
     assert result.code == EXIT_OK, result.err
     rows = lines_of(result.out.split("\n", 1)[1])
-    assert [r[0] for r in rows[1:]] == ["busy.example"]
+    assert [r[0] for r in rows[1:-1]] == ["busy.example"]
     assert "1 throttled host (backoff steps > 0)" in result.out
 
 
@@ -149,11 +170,13 @@ def test_hosts_json_has_the_columns_as_keys(table):
     assert list(hosts) == ["idle.example", "slow.example", "busy.example"]
     busy = hosts["busy.example"]
     assert set(busy) == {"host", "next_allowed", "next_allowed_at", "next_allowed_in", "backoff_steps", "crawl_delay",
-                         "2xx_seen", "updated", "updated_at", "ratelimit_interval", "ratelimit_until",
+                         "after_success", "retry_after_scale", "2xx_seen", "updated", "updated_at", "ratelimit_interval", "ratelimit_until",
                          "ratelimit_until_at", "last_throttle"}
     assert set(busy) >= {c.lower().replace(" ", "_").replace("-", "_") for c in HOST_COLUMNS}
     assert busy["next_allowed"] == pytest.approx(table.now + 250) and 240 < busy["next_allowed_in"] <= 250
     assert busy["backoff_steps"] == 3 and busy["crawl_delay"] is None and busy["2xx_seen"] is True
+    assert busy["after_success"] == 4.0 and busy["retry_after_scale"] is None
+    assert hosts["slow.example"]["after_success"] is None  # negative control: no steps
     assert busy["last_throttle"]["cause"] == "429" and busy["last_throttle"]["retry_after"] == 250.0
     assert busy["next_allowed_at"].startswith(time.strftime("%Y-", time.localtime(table.now + 250)))
     assert hosts["slow.example"]["crawl_delay"] == 7.0 and hosts["slow.example"]["last_throttle"] is None
@@ -197,8 +220,10 @@ def test_show_a_host_its_address_rows_and_its_recent_events(table):
     fields = dict(re.findall(r"^  (next allowed|backoff steps|Crawl-delay|2xx seen|updated|last throttle)\s{2,}(.*)$",
                              text, re.M))
     assert set(fields) == set(HOST_COLUMNS[1:])
-    assert fields["backoff steps"] == "3" and fields["2xx seen"] == "yes" and fields["Crawl-delay"] == "-"
-    assert fields["last throttle"].startswith("429, Retry-After 250 s")
+    assert fields["backoff steps"] == "3 (4.0 s after a success)" and fields["2xx seen"] == "yes"
+    assert fields["Crawl-delay"] == "-" and fields["last throttle"].startswith("429, Retry-After 250 s")
+    assert "  to forgive a host (forget its backoff steps and hold; its Crawl-delay stays): " \
+           "scrapy polite reset busy.example" in text
     addresses = text.split("address rows")[1].split("recent events")[0]
     assert "ip:192.0.2.7" in addresses
     events = text.split("recent events")[1]
@@ -433,7 +458,7 @@ def test_the_real_command_line(tmp_path):
 
     hosts = cli("hosts", "--store", uri, cwd=tmp_path)
     assert hosts.code == 0, hosts.err
-    assert [r[0] for r in lines_of(hosts.out.split("\n", 1)[1])] == ["host", "idle.example", "slow.example",
+    assert [r[0] for r in lines_of(hosts.out.split("\n", 1)[1])][:-1] == ["host", "idle.example", "slow.example",
                                                                      "busy.example"]
     as_json = cli("hosts", "--throttled", "--json", "--store", uri, cwd=tmp_path)
     assert as_json.code == 0 and [h["host"] for h in json.loads(as_json.out)["hosts"]] == ["busy.example"]

@@ -47,7 +47,8 @@ GATE_VECTORS = [
     pytest.param(1, 429, None, 0.0, False, 2.0, 2, True, id="429 consec1 -> base*2"),
     pytest.param(3, 429, None, 0.0, False, 8.0, 4, True, id="429 consec3 -> base*8"),
     pytest.param(0, 429, 120.0, 0.0, False, 120.0, 1, True, id="429 Retry-After 120 -> 120 s"),
-    pytest.param(20, 429, None, 0.0, False, 300.0, 21, True, id="429 consec20 -> capped 300 s"),
+    # SPEC §2 "No dead steps": the delay is the gate's (capped 300 s), and no step is added past the cap.
+    pytest.param(20, 429, None, 0.0, False, 300.0, 20, True, id="429 consec20 -> capped 300 s, no step past the cap"),
     pytest.param(0, 503, None, 0.0, False, 1.0, 1, True, id="503 also throttles: consec0 -> base*1"),
     pytest.param(0, 200, None, 5.0, False, 5.0, 0, False, id="crawl_delay 5 s on success"),
     pytest.param(0, 429, None, 5.0, False, 5.0, 1, True, id="crawl_delay 5 s on 429"),

@@ -110,6 +110,7 @@ _STATE_FIELDS: dict[str, str] = {
     "quota_left": "ql", "quota_reset": "qr", "quota_limit": "qq", "quota_window": "qw", "quota_serial": "qs",
     "booked": "b",
     "latency": "l", "strain": "s",
+    "run_retry_after": "m",
 }
 _STATE_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(HostState)}
 if set(_STATE_FIELDS) != set(_STATE_TYPES):  # pragma: no cover - a development error, caught by any test run

@@ -8,6 +8,7 @@ kept in ``PRAGMA user_version`` and older files are migrated on open, never disc
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import threading
@@ -37,7 +38,8 @@ T = TypeVar("T")
 #: (``ratelimit_interval``, ``ratelimit_until``); 4: what ``scrapy polite audit`` checks, in the event log
 #: (``interval``, ``ip_interval``, ``hold``, ``seq``; None in the events written before), and the quota booking
 #: (``quota_left``, ``quota_reset``, ``quota_limit``, ``quota_window``, ``quota_serial``, ``booked``),
-#: and adaptive pacing's ``latency`` and ``strain``.
+#: adaptive pacing's ``latency`` and ``strain``, and the largest Retry-After of a host's throttle run
+#: (``run_retry_after``).
 SCHEMA_VERSION = 4
 
 _SCHEMA_V1 = """
@@ -84,7 +86,8 @@ ALTER TABLE hosts ADD COLUMN ratelimit_until REAL NOT NULL DEFAULT 0;
 #: What ``scrapy polite audit`` checks (:class:`~scrapy_polite.stores.base.Event`): events written before have
 #: none (NULL). The quota booking (docs/spec.md §2, "Quota booking"): rows written before it know no quota (-1
 #: left). Adaptive pacing (docs/spec.md §2, "Adaptive pacing"): rows written before it have no latency
-#: measured (0).
+#: measured (0). The largest Retry-After of a host's throttle run (docs/spec.md §2): rows written before it have
+#: none (0: the backoff is not capped by a Retry-After, as before).
 _SCHEMA_V4 = """
 ALTER TABLE events ADD COLUMN interval REAL;
 ALTER TABLE events ADD COLUMN ip_interval REAL;
@@ -98,6 +101,7 @@ ALTER TABLE hosts ADD COLUMN quota_serial INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN booked INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN latency REAL NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN strain INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN run_retry_after REAL NOT NULL DEFAULT 0;
 """
 
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
@@ -108,30 +112,27 @@ _EVENT_COLUMNS = ("at, kind, host, url, status, delay, due, reason, retry_after,
 _EVENT_INSERT = f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES ({', '.join('?' * len(Event._fields))})"
 _EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
 
-_COLUMNS = ("next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until, "
-            "quota_left, quota_reset, quota_limit, quota_window, quota_serial, booked, latency, strain")
+#: The ``hosts`` columns after ``host``, one per :class:`HostState` field, in this order.
+_HOST_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "throttled_at", "updated", "ratelimit_interval",
+                "ratelimit_until", "quota_left", "quota_reset", "quota_limit", "quota_window", "quota_serial", "booked",
+                "latency", "strain", "run_retry_after")
+if set(_HOST_FIELDS) != {f.name for f in dataclasses.fields(HostState)}:  # pragma: no cover - a development error
+    raise AssertionError("every HostState field needs a column in _HOST_FIELDS (and a migration)")
+_COLUMNS = ", ".join(_HOST_FIELDS)
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM hosts WHERE host = ?"
-_WRITE = f"INSERT OR REPLACE INTO hosts (host, {_COLUMNS}) VALUES ({', '.join(['?'] * (_COLUMNS.count(',') + 2))})"
+_WRITE = f"INSERT OR REPLACE INTO hosts (host, {_COLUMNS}) VALUES ({', '.join(['?'] * (len(_HOST_FIELDS) + 1))})"
 
 
 def _state(row: Sequence[Any] | None) -> HostState | None:
     if row is None:
         return None
-    (next_allowed, consec, crawl_delay, ok_seen, throttled_at, updated, ratelimit_interval, ratelimit_until,
-     quota_left, quota_reset, quota_limit, quota_window, quota_serial, booked, latency, strain) = row
-    return HostState(next_allowed=next_allowed, consec=consec, crawl_delay=crawl_delay,
-                     ok_seen=bool(ok_seen), throttled_at=throttled_at, updated=updated,
-                     ratelimit_interval=ratelimit_interval, ratelimit_until=ratelimit_until,
-                     quota_left=quota_left, quota_reset=quota_reset, quota_limit=quota_limit,
-                     quota_window=quota_window, quota_serial=quota_serial, booked=booked,
-                     latency=latency, strain=strain)
+    fields = dict(zip(_HOST_FIELDS, row, strict=True))
+    fields["ok_seen"] = bool(fields["ok_seen"])
+    return HostState(**fields)
 
 
 def _row(key: str, state: HostState) -> tuple[Any, ...]:
-    return (key, state.next_allowed, state.consec, state.crawl_delay, int(state.ok_seen),
-            state.throttled_at, state.updated, state.ratelimit_interval, state.ratelimit_until,
-            state.quota_left, state.quota_reset, state.quota_limit, state.quota_window, state.quota_serial,
-            state.booked, state.latency, state.strain)
+    return (key, *(int(state.ok_seen) if name == "ok_seen" else getattr(state, name) for name in _HOST_FIELDS))
 
 
 class SQLiteStore:

@@ -1,0 +1,92 @@
+"""End-to-end: "No dead steps, and Retry-After sets the scale" (docs/spec.md §2, issue 19).
+
+The issue's server answers each URL ``429, Retry-After: 3`` three times, then 200 (16 pages, all defaults).
+Here every duration of that crawl is scaled by 1/10 (the rule is the same at any scale): host interval 0.1 s,
+IP interval 0.2 s, backoff cap 30 s, wait cap 6 s, ``Retry-After: 0.3`` (a decimal, which the add-on honours).
+Before the rule, the 48 throttles built 48 steps and the 200s that followed were a backoff cap apart.
+
+Judged on the server-side arrival log of one loopback host, with the default SQLite store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest_twisted
+
+from scrapy_polite.stores import SQLiteStore
+from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.server import Arrival, Reply, gaps, page, scripted, sequence
+
+#: Lower-bound tolerance (seconds): clock granularity only.
+TOL = 0.02
+
+INTERVAL = 0.1
+RETRY_AFTER = 0.3
+
+
+def scaled(tmp_path: Any, **overrides: Any) -> dict[str, Any]:
+    """The defaults of docs/spec.md §2 scaled by 1/10 (1 s → 0.1 s, 2 s → 0.2 s, 300 s → 30 s, 60 s → 6 s)."""
+    s = polite_settings(POLITE_HOST_INTERVAL=INTERVAL, POLITE_IP_INTERVAL=0.2, POLITE_MAX_BACKOFF=30.0,
+                        POLITE_MAX_WAIT=6.0, POLITE_STORE=f"sqlite:///{tmp_path}/pace.sqlite3")
+    s.update(overrides)
+    return s
+
+
+def timeline(srv: Any) -> list[Arrival]:
+    return sorted(srv.arrivals(), key=lambda a: (a.start, a.end))
+
+
+def describe(hits: list[Arrival]) -> str:
+    t0 = hits[0].start if hits else 0.0
+    return "; ".join(f"{a.path} {a.status} @+{a.start - t0:.3f}" for a in hits)
+
+
+@pytest_twisted.ensureDeferred
+async def test_three_429s_with_retry_after_per_url_leave_no_dead_steps(arrival_server, tmp_path):
+    srv = arrival_server("127.0.19.1")
+    srv.route("/*", sequence(*[Reply.throttle(429, str(RETRY_AFTER))] * 3, page()))
+    urls = [srv.url(f"/p{i}") for i in range(16)]
+    crawler = await run_crawl(ListSpider, scaled(tmp_path), urls=urls, timeout=90)
+    hits = timeline(srv)
+    assert sorted(f.url for f in crawler.spider.fetched if f.status == 200) == sorted(urls), describe(hits)
+    assert [a.status for a in hits].count(429) == 48 and len(hits) == 64, describe(hits)
+    assert not crawler.stats.get_value("polite/throttle/given_up")
+    # every 429 honoured: the next request came at least its Retry-After later
+    after_throttle = [g for a, g in zip(hits, gaps(hits)) if a.status == 429]
+    assert min(after_throttle) >= RETRY_AFTER - TOL, describe(hits)
+    # after the last 429, no gap longer than the largest Retry-After plus the interval
+    last = max(i for i, a in enumerate(hits) if a.status == 429)
+    tail = gaps(hits[last:])
+    assert tail and max(tail) <= RETRY_AFTER + INTERVAL, (max(tail), describe(hits))
+    # the run is over and forgotten: the row holds no step and no Retry-After
+    store = SQLiteStore(f"{tmp_path}/pace.sqlite3")
+    try:
+        row = store.get("127.0.19.1")
+    finally:
+        store.close()
+    assert row is not None and (row.consec, row.run_retry_after) == (0, 0.0)
+    # the whole crawl: about 64 × 0.3 s, where the dead steps cost 16 × 30 s
+    assert hits[-1].end - hits[0].start < 40.0
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_retry_after_the_backoff_still_doubles_to_the_cap_and_earns_back_one_step_a_success(
+        arrival_server, tmp_path):
+    """Negative control of the Retry-After cap (and the no-dead-steps cap measured): the host's first six
+    requests, whatever their URL, answer 429 without Retry-After, then 200. Cap 1.6 s = 0.1 × 2^4: the gaps
+    double 0.1, 0.2, 0.4, 0.8, 1.6, and stay at the cap (no fifth step: 0.1 × 2^4 is not below it); then each
+    success takes one step off: 0.8, 0.4, 0.2, then the interval. With a dead fifth and sixth step the first
+    success would leave 1.6 s, and the next one 1.6 s again."""
+    srv = arrival_server("127.0.19.2")
+    srv.route("/*", scripted(*[Reply.throttle(429)] * 6))
+    urls = [srv.url(f"/q{i}") for i in range(6)]
+    crawler = await run_crawl(ListSpider, scaled(tmp_path, POLITE_MAX_BACKOFF=1.6, POLITE_IP_INTERVAL=0),
+                              urls=urls, timeout=60)
+    hits = timeline(srv)
+    assert sorted(f.url for f in crawler.spider.fetched if f.status == 200) == sorted(urls), describe(hits)
+    assert [a.status for a in hits] == [429] * 6 + [200] * 6, describe(hits)
+    want = [0.1, 0.2, 0.4, 0.8, 1.6, 1.6, 0.8, 0.4, 0.2, 0.1, 0.1]
+    got = gaps(hits)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert w - TOL <= g <= w + 0.35, (i, round(g, 3), w, describe(hits))
