@@ -23,6 +23,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -50,16 +51,25 @@ def process_source() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-#: The next event number (:attr:`Event.seq <scrapy_polite.stores.Event.seq>`) of each ``(process id, store)``:
-#: every crawler of a process that writes to one store shares one sequence, so the numbers a source wrote to a
-#: store run 0, 1, 2, ... without a gap unless events were lost (a forked child starts its own).
-_SEQUENCES: dict[tuple[int, str], Iterator[int]] = {}
+#: The next event number (:attr:`Event.seq <scrapy_polite.stores.Event.seq>`) of each ``(process id, store URI,
+#: key prefix)``: every crawler of a process that writes to one shared table shares one sequence, so the numbers
+#: a source (``machine:pid``) wrote to a table run 0, 1, 2, ... without a gap unless events were lost (a forked
+#: child, a new pid, starts its own). A table of the process's own (``memory://``) numbers its events alone.
+_SEQUENCES: dict[tuple[int, str, str], Iterator[int]] = {}
+_OWN_SEQUENCES: weakref.WeakKeyDictionary[Any, Iterator[int]] = weakref.WeakKeyDictionary()
 _SEQUENCES_LOCK = threading.Lock()
 
 
 def _sequence(writer: object) -> Iterator[int]:
-    key = (os.getpid(), str(getattr(writer, "uri", id(writer))))
+    target = getattr(writer, "store", writer)  # an AsyncStore's backend
+    uri = getattr(target, "uri", None)
     with _SEQUENCES_LOCK:
+        if not isinstance(uri, str) or uri.startswith("memory:"):
+            try:
+                return _OWN_SEQUENCES.setdefault(target, itertools.count())
+            except TypeError:  # not weakly referenceable: this log's own numbers
+                return itertools.count()
+        key = (os.getpid(), uri, str(getattr(target, "prefix", "")))
         found = _SEQUENCES.get(key)
         if found is None:
             found = _SEQUENCES[key] = itertools.count()

@@ -7,13 +7,17 @@ from __future__ import annotations
 import io
 import json
 import sqlite3
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from twisted.internet.defer import succeed
 
 from scrapy_polite.commands import EXIT_BAD_LOG, EXIT_OK, EXIT_STORE, EXIT_VIOLATED, run_command
-from scrapy_polite.stores import Event, SQLiteStore, StoreOptions, open_store
+from scrapy_polite.events import EventLog
+from scrapy_polite.seams import ClockSync
+from scrapy_polite.stores import Event, MemoryStore, SQLiteStore, StoreOptions, open_store
 from tests.support.audit_log import T0, Log
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
 
@@ -215,3 +219,47 @@ def test_redis_logs_are_audited_and_a_garbled_entry_is_refused(redis_url):  # no
             client.delete(key)
         client.close()
         store.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The numbers the audit counts on (Event.seq)
+
+
+class _Writer:
+    def __init__(self, uri: str, prefix: str = "") -> None:
+        self.uri, self.prefix, self.events = uri, prefix, []
+
+    def append_events(self, events):
+        self.events.extend(events)
+        return succeed(None)
+
+
+class _Async:
+    """A backend behind an AsyncStore-like writer (``.store``), as the crawl's event log sees it."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.uri = store, store.uri
+
+    def append_events(self, events):
+        self.store.append_events(events)
+        return succeed(None)
+
+
+def _log(writer: Any) -> EventLog:
+    return EventLog(writer, ClockSync(lambda: T0), source="m:1")
+
+
+def test_crawlers_of_one_process_on_one_table_share_one_numbering():
+    uri = f"sqlite:///{uuid.uuid4().hex}.sqlite3"
+    one, two, other = _Writer(uri), _Writer(uri), _Writer(uri, prefix="other:")
+    logs = [_log(one), _log(two), _log(other), _log(_Writer(uri)), _log(_Async(MemoryStore())),
+            _log(_Async(MemoryStore()))]
+    for log in logs * 2:
+        log.refusal("a.example", None, "non_public")
+        log.flush()
+    assert [e.seq for e in one.events] == [0, 3] and [e.seq for e in two.events] == [1, 4]
+    assert [e.seq for e in other.events] == [0, 1]  # another prefix: another table
+    numbers = sorted(e.seq for w in (one, two, logs[3].writer) for e in w.events)
+    assert numbers == list(range(6))  # one source, one table: no gap, no repeat
+    for log in logs[4:]:  # a memory table numbers its own events
+        assert [e.seq for e in log.writer.store.events()] == [0, 1]
