@@ -44,6 +44,11 @@ holds the table.
 every script's keys are in one slot. A row expires ``POLITE_STORE_EXPIRE`` seconds after the later of its
 write and its ``next_allowed``.
 
+**The sharded layout** (the URL option ``layout=sharded``; ``layout=table``, the above, is the default): one hash
+tag per row, ``<prefix>{<key>}``, its records ``<prefix>{<key>}#done:<id>`` in its slot, so the rows spread over
+every slot of a cluster. An update whose rows span slots (a booking) locks and reads each slot's rows, decides,
+and writes each slot's rows, one pipelined round trip per phase (:class:`_ShardedUpdate`; docs/scale.md).
+
 **Outages.** A lost connection raises :class:`~scrapy_polite.stores.base.StoreUnavailable` (after one
 immediate reconnect attempt); the crawl waits and retries (:class:`~scrapy_polite.outage.StoreGuard`).
 """
