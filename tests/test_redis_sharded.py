@@ -23,7 +23,7 @@ from redis.crc import key_slot
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import StoreError, StoreOptions, StoreUnavailable, open_store
 from scrapy_polite.stores import redis as redis_module
-from scrapy_polite.stores.redis import RedisStore, split_layout
+from scrapy_polite.stores.redis import split_layout
 from tests.support.redis_cluster import flush_cluster_prefix, node_ports, redis_cluster_url  # noqa: F401
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
 from tests.test_redis_store import PROCESSES, ROOT, WORKER, bump, bump_both
@@ -283,3 +283,29 @@ def test_a_node_that_lost_its_scripts_gets_them_again(cluster, sharded):
         cluster.get_redis_connection(node).script_flush()
     assert sharded.update_many(keys, bump_both) == 1
     assert sharded.update("a.example", bump) == 2
+
+
+def test_a_write_after_its_lock_expired_never_overwrites_a_newer_row(redis_cluster_url, prefix, sharded):
+    """The lock lapsed (the process stalled past the lease) and another process wrote the row without waiting:
+    the late write is refused there (its versions changed), the other process's update survives."""
+    other = open_store(redis_cluster_url + "?layout=sharded", StoreOptions(prefix=prefix))
+    try:
+        keys = ["a.example", "ip:192.0.2.1"]
+        sharded.update_many(keys, bump_both)
+        names = [sharded._key(k) for k in keys]
+        last = [names[g[0]] for g in sharded.slot_groups(keys)][-1]
+        last_key = keys[names.index(last)]
+        real = sharded._run_scripts
+
+        def lapse_then_write(script, calls):
+            if script is sharded._shard_write:
+                sharded._client.hdel(last, "lk", "lx")  # the lease ended ...
+                other.update(last_key, bump)  # ... and another process wrote the row
+            return real(script, calls)
+
+        sharded._run_scripts = lapse_then_write
+        with pytest.raises(StoreError, match="slots only"):
+            sharded.update_many(keys, bump_both)
+        assert other.get(last_key).consec == 2  # 1 + the other's; not overwritten by the late write
+    finally:
+        other.close()

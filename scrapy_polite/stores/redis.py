@@ -44,6 +44,11 @@ holds the table.
 every script's keys are in one slot. A row expires ``POLITE_STORE_EXPIRE`` seconds after the later of its
 write and its ``next_allowed``.
 
+**The sharded layout** (the URL option ``layout=sharded``; ``layout=table``, the above, is the default): one hash
+tag per row, ``<prefix>{<key>}``, its records ``<prefix>{<key>}#done:<id>`` in its slot, so the rows spread over
+every slot of a cluster. An update whose rows span slots (a booking) locks and reads each slot's rows, decides,
+and writes each slot's rows, one pipelined round trip per phase (:class:`_ShardedUpdate`; docs/scale.md).
+
 **Outages.** A lost connection raises :class:`~scrapy_polite.stores.base.StoreUnavailable` (after one
 immediate reconnect attempt); the crawl waits and retries (:class:`~scrapy_polite.outage.StoreGuard`).
 """
@@ -202,13 +207,13 @@ return deleted
 #: The sharded layout (``?layout=sharded``): one hash tag per row, so a multi-row update may span slots.
 #: Writes an update's rows in one slot, once. KEYS[1..n]: the rows of the slot; KEYS[n+1]: the update's
 #: idempotence record in that slot. ARGV[1]: the attempt's number; ARGV[2]: the record's TTL (ms); ARGV[3]: the
-#: update's token; ARGV[4]: "w" (optimistic: every row must still have the version read, ARGV[5..n+4], and no
-#: live lock of another update) or "c" (commit of a locked update: every row must still carry this token's
-#: lock); ARGV[n+5]: the number f of state fields, their names, then f + 2 values per row to write as in
+#: update's token; ARGV[4]: "w" (optimistic) or "c" (the write of a locked update); ARGV[5..n+4]: the versions
+#: read. Every row must still have the version read and no live lock of another update (a row locked by this
+#: token since the read cannot have changed; the version check also covers a lock that was lost); ARGV[n+5]: the number f of state fields, their names, then f + 2 values per row to write as in
 #: _WRITE_IF_UNCHANGED. A row's new version is max(its version + 1, the server's clock in µs): it only grows,
 #: even across a delete. Every row of KEYS loses this token's lock (a lock-only row is deleted). Returns the
 #: record's value when it was there, the clock and the current rows when a version changed or a row is locked
-#: ("w"), 0 when the lock was lost ("c"), else 1.
+#: ("w"), 0 when a row changed or is locked by another update ("c"), else 1.
 _SHARD_WRITE = """
 local n = #KEYS - 1
 local done = redis.call('GET', KEYS[n + 1])
@@ -225,11 +230,11 @@ local versions = {}
 for i = 1, n do
   local row = redis.call('HMGET', KEYS[i], 'v', 'lk', 'lx')
   versions[i] = tonumber(row[1] or '0')
-  if ARGV[4] == 'c' then
-    if row[2] ~= ARGV[3] then
+  local foreign = row[2] and row[2] ~= ARGV[3] and tonumber(row[3] or '0') > now_ms
+  if (row[1] or '0') ~= ARGV[i + 4] or foreign then
+    if ARGV[4] == 'c' then
       return 0
     end
-  elseif (row[1] or '0') ~= ARGV[i + 4] or (row[2] and tonumber(row[3] or '0') > now_ms) then
     local out = {t[1], t[2]}
     for j = 1, n do
       out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', unpack(names))
@@ -1158,9 +1163,8 @@ class _ShardedUpdate(Generic[T]):
         locked = [group for group, reply in zip(self._groups, replies)
                   if not isinstance(reply, bytes) and int(reply[0]) == 1]
         done = [int(reply) for reply in replies if isinstance(reply, bytes)]
-        if done:  # an earlier attempt of this update was written in some slot: finish it
-            self._unlock(locked)
-            return self._finish(done[0])
+        if done:  # an earlier attempt of this update was written in some slot: finish it (its writes check
+            return self._finish(done[0])  # the versions it read, so a row written since is never overwritten)
         if len(locked) < len(self._groups):
             self._unlock(locked)
             return self._lost_race(reread=True)
