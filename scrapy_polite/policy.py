@@ -500,7 +500,7 @@ class PacingPolicy:
             if unit != REQUESTS:
                 continue
             left = max(limit.remaining - after, 0)
-            reset = limit.reset if limit.reset is not None and limit.reset > 0 else 0.0
+            reset = limit.reset if limit.reset is not None else -1.0  # -1: not said
             if left <= 0 and reset > 0:
                 hold = max(hold or 0.0, reset)
             if binding is None or (left, -reset) < (binding[0], -binding[1]):
@@ -520,7 +520,7 @@ class PacingPolicy:
                 reset, quota, clamped = self.max_retry_after, 0, True  # not the real reset: no refill there
             if serial is None and old.quota_left >= 0 and old.quota_reset > end:
                 left = min(left, old.quota_left)  # unknown order: never more than already counted
-            new = replace(new, quota_left=left, quota_reset=end + reset if reset > 0 else 0.0, quota_limit=quota,
+            new = replace(new, quota_left=left, quota_reset=end + reset if reset >= 0 else 0.0, quota_limit=quota,
                           quota_window=window, quota_serial=serial if serial is not None else old.quota_serial,
                           updated=end)
         if hold is not None:
@@ -538,7 +538,7 @@ class PacingPolicy:
           is one ``quota_window`` later (not known without a window); without a known limit the quota is
           unknown (``quota_left = -1``) until a response says again.
         * Nothing left: no booking before the reset (or, the reset unknown, before ``now + eff``, until a
-          response says more).
+          response says more, and for ``max_wait`` seconds after the row's last write at most).
         * Otherwise one is taken; taking the last holds the host until the reset (``ratelimit_until``,
           ``next_allowed``), so every later request, in any process, waits or is deferred.
 
@@ -569,6 +569,8 @@ class PacingPolicy:
                               quota_serial=new.booked)
             else:
                 new = replace(new, quota_left=-1, quota_reset=0.0)
+        if new.quota_left == 0 and new.quota_reset == 0 and now >= new.updated + self.max_wait:
+            new = replace(new, quota_left=-1)  # spent, its reset never said: not held for longer than max_wait
         if new.quota_left < 0:
             return replace(new, booked=new.booked + 1), None
         if new.quota_left == 0:
