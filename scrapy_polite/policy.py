@@ -345,20 +345,22 @@ class PacingPolicy:
 
     # -- the interval -------------------------------------------------------------------------------
 
-    def effective_interval(self, state: HostState | None, override: float | None = None) -> float:
+    def effective_interval(self, state: HostState | None, override: float | None = None, *,
+                           quota: bool = True) -> float:
         """``eff = max(host_interval, crawl_delay, ratelimit_interval, override)`` in seconds (docs/spec.md §2).
 
         A published Crawl-delay larger than an override always wins; an override can only slow us down
         below the base interval when it is larger than it. The interval of an announced quota counts only
-        while ``ratelimit_headers`` is on. With ``adaptive`` on, that ``eff`` is the floor of the host's
-        adaptive interval (:meth:`AdaptivePolicy.interval <scrapy_polite.adaptive.AdaptivePolicy.interval>`,
-        docs/spec.md §2 "Adaptive pacing"), which is returned instead: never below the floor.
+        while ``ratelimit_headers`` is on (and ``quota`` is true: False leaves it out). With ``adaptive`` on, that
+        ``eff`` is the floor of the host's adaptive interval (:meth:`AdaptivePolicy.interval
+        <scrapy_polite.adaptive.AdaptivePolicy.interval>`, docs/spec.md §2 "Adaptive pacing"), which is returned
+        instead: never below the floor.
         """
         eff = self.host_interval
         if state is not None:
             if state.crawl_delay > eff:
                 eff = state.crawl_delay
-            if self.ratelimit_headers and state.ratelimit_interval > eff:
+            if quota and self.ratelimit_headers and state.ratelimit_interval > eff:
                 eff = state.ratelimit_interval
         if override is not None and override > eff:
             eff = override
@@ -505,10 +507,16 @@ class PacingPolicy:
         else:
             # Sent before a recorded throttle: it says nothing about the host's mood since.
             consec = old.consec if stale else max(old.consec - 1, 0)
-            # One step off (none when stale), at most the run's largest Retry-After: the server told us the size
-            # of its window, and guessing above it only loses reach.
-            delay = self.success_delay(replace(old, consec=consec + 1), override)
-            next_allowed = max(end + delay, old.next_allowed)
+            if consec == 0:
+                # An announced quota counts the requests' arrivals: its w / q is kept from this request's start
+                # (the booking reserved it), the other intervals from the response's end (docs/spec.md §2).
+                next_allowed = max(end + self.effective_interval(old, override, quota=False),
+                                   (sent_at if sent_at is not None else end) + eff, old.next_allowed)
+            else:
+                # One step off (none when stale), at most the run's largest Retry-After: the server told us the
+                # size of its window, and guessing above it only loses reach.
+                delay = self.success_delay(replace(old, consec=consec + 1), override)
+                next_allowed = max(end + delay, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen,
                           run_retry_after=old.run_retry_after if consec > 0 else 0.0)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
@@ -590,7 +598,7 @@ class PacingPolicy:
             if unit != REQUESTS:
                 continue
             left = max(limit.remaining - after, 0)
-            reset = limit.reset if limit.reset is not None and limit.reset > 0 else 0.0
+            reset = limit.reset if limit.reset is not None else -1.0  # -1: not said
             if left <= 0 and reset > 0:
                 hold = max(hold or 0.0, reset)
             if binding is None or (left, -reset) < (binding[0], -binding[1]):
@@ -610,7 +618,7 @@ class PacingPolicy:
                 reset, quota, clamped = self.max_retry_after, 0, True  # not the real reset: no refill there
             if serial is None and old.quota_left >= 0 and old.quota_reset > end:
                 left = min(left, old.quota_left)  # unknown order: never more than already counted
-            new = replace(new, quota_left=left, quota_reset=end + reset if reset > 0 else 0.0, quota_limit=quota,
+            new = replace(new, quota_left=left, quota_reset=end + reset if reset >= 0 else 0.0, quota_limit=quota,
                           quota_window=window, quota_serial=serial if serial is not None else old.quota_serial,
                           updated=end)
         if hold is not None:
@@ -628,7 +636,7 @@ class PacingPolicy:
           is one ``quota_window`` later (not known without a window); without a known limit the quota is
           unknown (``quota_left = -1``) until a response says again.
         * Nothing left: no booking before the reset (or, the reset unknown, before ``now + eff``, until a
-          response says more).
+          response says more, and for ``max_wait`` seconds after the row's last write at most).
         * Otherwise one is taken; taking the last holds the host until the reset (``ratelimit_until``,
           ``next_allowed``), so every later request, in any process, waits or is deferred.
 
@@ -659,6 +667,8 @@ class PacingPolicy:
                               quota_serial=new.booked)
             else:
                 new = replace(new, quota_left=-1, quota_reset=0.0)
+        if new.quota_left == 0 and new.quota_reset == 0 and now >= new.updated + self.max_wait:
+            new = replace(new, quota_left=-1)  # spent, its reset never said: not held for longer than max_wait
         if new.quota_left < 0:
             return replace(new, booked=new.booked + 1), None
         if new.quota_left == 0:

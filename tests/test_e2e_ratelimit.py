@@ -11,10 +11,13 @@ can slow it down.
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet.defer import Deferred, DeferredList
 
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
@@ -123,3 +126,74 @@ async def test_malformed_fields_are_counted_and_ignored(arrival_server, tmp_path
     assert stat(crawler, "ratelimit/malformed") == 2 * PAGES
     assert not stat(crawler, "ratelimit/responses")
     assert min(start_gaps(hits)) < W / Q / 2  # not paced by the quota the fields tried to announce
+
+
+# ---------------------------------------------------------------------------------------------------
+# Requests in flight count against what remains: several crawlers on one table (docs/spec.md §2, "Quota booking")
+
+#: 16 pages at 5 per 2 s (whole seconds: the x-epoch form announces epoch seconds), by 8 crawlers at once.
+SHARED_PAGES, SHARED_Q, SHARED_W, CRAWLERS = 16, 5, 2.0, 8
+#: Each response takes this long, so requests of the other crawlers are booked while one is in flight.
+LATENCY = 0.1
+
+
+def slow(quota: Quota) -> Any:
+    """The quota's handler, each response delayed by :data:`LATENCY` (counted at arrival, like a server does)."""
+    handle = quota.handler()
+
+    def handler(info: Any, count: int) -> Any:
+        return replace(handle(info, count), delay=LATENCY)
+
+    return handler
+
+
+async def shared_crawl(arrival_server: Any, tmp_path: Any, address: str, quota: Quota,
+                       **overrides: Any) -> tuple[list[Any], Any]:
+    """:data:`CRAWLERS` crawls at once on one SQLite pace table, the pages dealt out among them."""
+    srv = arrival_server(address)
+    srv.route("/*", slow(quota))
+    urls = [srv.url(f"/p/{i}") for i in range(SHARED_PAGES)]
+    crawls = [run_crawl(ListSpider, settings(tmp_path, **overrides), urls=urls[k::CRAWLERS], timeout=90)
+              for k in range(CRAWLERS)]
+    crawlers = await DeferredList([Deferred.fromCoroutine(c) for c in crawls], fireOnOneErrback=True,
+                                  consumeErrors=True)
+    return [c for _, c in crawlers], srv
+
+
+@pytest.mark.parametrize("form, address", [
+    pytest.param("ietf", "127.0.6.21", id="RateLimit-Policy and RateLimit"),
+    pytest.param("draft", "127.0.6.22", id="RateLimit-Limit, -Remaining, -Reset"),
+    pytest.param("x-epoch", "127.0.6.23", id="X-RateLimit-* with an epoch reset"),
+])
+@pytest_twisted.ensureDeferred
+async def test_eight_crawlers_on_one_table_keep_the_quota_to_the_last_request(arrival_server, tmp_path, form, address):
+    """8 crawlers (one table, as 8 processes would share it) and a server answering in 0.1 s: requests booked
+    while others are in flight count against what their responses announce, the host's first answer comes before
+    its second request, and a spent quota holds every crawler until the reset. No 429, every page, makespan
+    ≤ 1.1 × 16 × w / q from the server's arrival log."""
+    quota = Quota(form=form, quota=SHARED_Q, window=SHARED_W)  # a token bucket for the forms with a window
+    crawlers, srv = await shared_crawl(arrival_server, tmp_path, address, quota)
+    hits = timeline(srv)
+    assert quota.refused == 0, [(round(a.start - hits[0].start, 3), a.status) for a in hits]
+    assert len(hits) == SHARED_PAGES
+    assert sorted(f.status for c in crawlers for f in c.spider.fetched) == [200] * SHARED_PAGES
+    makespan = hits[-1].end - hits[0].start
+    ideal = quota.ideal(SHARED_PAGES)
+    assert makespan <= 1.1 * ideal, f"{makespan:.2f} s for an ideal of {ideal:.2f} s ({makespan / ideal:.2f} ×)"
+    # Requests were in flight together (the case the count is for), and no window got more than the quota.
+    assert any(b.start < a.end for a, b in zip(hits, hits[1:])) or form != "x-epoch"
+    per_window = Counter(int(a.start // SHARED_W) for a in hits)
+    assert max(per_window.values()) <= SHARED_Q, per_window
+    store = open_store(settings(tmp_path)["POLITE_STORE"])
+    try:
+        row = store.get(srv.address)
+        assert row.booked == SHARED_PAGES and row.quota_limit == SHARED_Q  # the count lives in the shared row
+    finally:
+        store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_negative_control_eight_crawlers_ignoring_the_quota_are_refused(arrival_server, tmp_path):
+    quota = Quota(form="x-epoch", quota=SHARED_Q, window=SHARED_W, mode="window")
+    crawlers, srv = await shared_crawl(arrival_server, tmp_path, "127.0.6.24", quota, POLITE_RATELIMIT_HEADERS=False)
+    assert quota.refused > 0

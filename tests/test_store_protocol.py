@@ -44,8 +44,8 @@ from tests.support.stores import (  # noqa: F401  (fixtures)
 #: Every field away from its default, with awkward floats, to catch a lossy column.
 FULL = HostState(next_allowed=T0 + 0.123456789, consec=7, crawl_delay=2.5, ok_seen=True,
                  throttled_at=T0 - 1e-6, updated=T0 + 1 / 3, ratelimit_interval=0.6 + 1e-9,
-                 ratelimit_until=T0 + 12.000001, quota_left=3, quota_reset=T0 + 4.25, quota_limit=5,
-                 quota_window=4.000001, quota_serial=11, booked=17, latency=0.05 + 1e-9, strain=3,
+                 ratelimit_until=T0 + 12.000001, quota_left=3, quota_reset=T0 + 4.000001, quota_limit=5,
+                 quota_window=4.5, quota_serial=41, booked=2**40 + 3, latency=0.05 + 1e-9, strain=3,
                  run_retry_after=3.000000001)
 OTHER = HostState(next_allowed=T0 + 5, consec=1, updated=T0)
 
