@@ -1,0 +1,93 @@
+"""End-to-end adaptive pacing (docs/spec.md §2, "Adaptive pacing"; README "Adaptive pacing"): real Scrapy crawls
+with ``POLITE_ADAPTIVE`` against loopback :class:`~tests.support.server.ArrivalServer` hosts whose responses
+slow down and recover, judged on the server's arrival log, with the default SQLite pace table.
+
+Latencies are scaled down (20 ms → 400 ms → 20 ms, a floor of 0.1 s) so each test takes seconds.
+"""
+
+from __future__ import annotations
+
+import pytest_twisted
+
+from tests.support.crawl import ListSpider, run_crawl
+from tests.support.server import Reply, gaps, page, scripted
+from tests.test_e2e_pacing import SLACK, TOL, describe, read_row, settings, timeline
+
+FLOOR = 0.1
+FAST = 0.02
+SLOW = 0.4
+
+
+def adaptive(tmp_path, **overrides):
+    """The add-on with adaptive pacing, a 0.1 s floor and a factor of 2 (SQLite table in ``tmp_path``)."""
+    return settings(tmp_path, POLITE_HOST_INTERVAL=FLOOR, POLITE_ADAPTIVE=True, POLITE_ADAPTIVE_FACTOR=2.0,
+                    **overrides)
+
+
+def slow(path_text: str = "slow") -> Reply:
+    return Reply.html(f"<p>{path_text}</p>", delay=SLOW)
+
+
+def fast(path_text: str = "fast") -> Reply:
+    return Reply.html(f"<p>{path_text}</p>", delay=FAST)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_interval_rises_with_a_slowing_server_and_falls_back_never_below_the_floor(arrival_server,
+                                                                                            tmp_path):
+    """20 ms → 400 ms → 20 ms: the idle time the server sees after each response rises towards 2 × the smoothed
+    latency (capped by POLITE_ADAPTIVE_MAX = 0.6 s), then falls back to the floor."""
+    srv = arrival_server("127.0.1.80")
+    srv.route("/*", scripted(*[fast()] * 4, *[slow()] * 5, then=fast()))
+    urls = [srv.url(f"/p/{i}") for i in range(18)]
+    await run_crawl(ListSpider, adaptive(tmp_path, POLITE_ADAPTIVE_MAX=0.6), urls=urls, timeout=60)
+    hits = timeline(srv)
+    assert len(hits) == 18 and all(a.status == 200 for a in hits), describe(hits)
+    g = gaps(hits)
+    assert min(g) >= FLOOR - TOL, f"below the floor: {describe(hits)}"
+    assert max(g[:3]) <= FLOOR + 0.15, f"fast server, yet slowed: {describe(hits)}"
+    raised = max(g[4:11])
+    assert raised >= 0.45, f"the interval did not rise with the latency: {describe(hits)}"
+    assert raised <= 0.6 + SLACK, f"above POLITE_ADAPTIVE_MAX: {describe(hits)}"
+    assert min(g[-3:]) <= FLOOR + 0.1, f"the interval did not fall back: {describe(hits)}"
+    row = read_row(f"sqlite:///{tmp_path}/pace.sqlite3", "127.0.1.80")
+    assert row is not None and 0 < row.latency < SLOW / 2 and row.strain == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_second_crawl_on_the_table_starts_at_the_raised_interval(arrival_server, tmp_path):
+    """The smoothed latency is in the host's row: a later crawl (another process would read the same row) paces
+    the host at the raised interval from its first request, though the server is now fast."""
+    srv = arrival_server("127.0.1.81")
+    srv.route("/*", scripted(*[slow()] * 4, then=fast()))
+    await run_crawl(ListSpider, adaptive(tmp_path), urls=[srv.url(f"/a/{i}") for i in range(4)], timeout=60)
+    row = read_row(f"sqlite:///{tmp_path}/pace.sqlite3", "127.0.1.81")
+    assert row is not None and row.latency >= 0.3
+    srv.clear()
+    await run_crawl(ListSpider, adaptive(tmp_path), urls=[srv.url(f"/b/{i}") for i in range(3)], timeout=60)
+    hits = timeline(srv)
+    assert len(hits) == 3, describe(hits)
+    # After one 20 ms answer the smoothed latency is still >= 0.7 × 0.3 s: the next interval >= 0.42 s.
+    assert gaps(hits)[0] >= 0.4 - TOL, describe(hits)
+
+    # Negative control: a fresh table, the same fast server: the floor.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    srv.clear()
+    await run_crawl(ListSpider, adaptive(fresh), urls=[srv.url(f"/c/{i}") for i in range(3)], timeout=60)
+    hits = timeline(srv)
+    assert len(hits) == 3 and gaps(hits)[0] <= FLOOR + 0.15, describe(hits)
+
+
+@pytest_twisted.ensureDeferred
+async def test_retry_after_wins_over_a_shorter_adaptive_interval(arrival_server, tmp_path):
+    """Slow answers raise the interval to about 0.5 s; a 429 with Retry-After: 1.5 then holds the host 1.5 s."""
+    srv = arrival_server("127.0.1.82")
+    srv.route("/*", scripted(*[slow()] * 3, Reply.throttle(429, "1.5"), then=page()))
+    await run_crawl(ListSpider, adaptive(tmp_path), urls=[srv.url(f"/p/{i}") for i in range(5)], timeout=60)
+    hits = timeline(srv)
+    assert [a.status for a in hits] == [200, 200, 200, 429, 200, 200], describe(hits)
+    g = gaps(hits)
+    assert max(g[:3]) >= 0.4, f"the adaptive interval did not rise: {describe(hits)}"
+    assert g[3] >= 1.5 - TOL, f"Retry-After not honoured: {describe(hits)}"
+    assert g[3] <= 1.5 + SLACK, describe(hits)
