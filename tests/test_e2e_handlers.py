@@ -242,6 +242,27 @@ async def test_httpx_handler_is_checked_paced_and_persisted(arrival_server, tmp_
 
 
 @pytest_twisted.ensureDeferred
+async def test_httpx_rebinding_window_is_counted_and_its_response_dropped(arrival_server, tmp_path):
+    """The window a checked handler leaves, played for real: the add-on's lookup of ``localhost`` answers an
+    allowed address (an override), httpx's own lookup answers 127.0.0.1, outside POLITE_ALLOWED_NETWORKS.
+    The request reaches 127.0.0.1 (documented: not caught before it is sent), and its response is counted
+    and dropped; a host whose answers agree is untouched (negative control)."""
+    need("httpx")
+    internal = arrival_server("127.0.0.1")
+    fine = arrival_server("127.0.20.11")
+    settings = handler_settings(tmp_path, HTTPX, POLITE_ALLOWED_NETWORKS=["127.0.20.0/24"],
+                                POLITE_DNS_OVERRIDES={"localhost": ["127.0.20.10"]})
+    crawler = await run_crawl(ListSpider, settings, urls=[internal.url("/secret", host="localhost"),
+                                                          fine.url("/ok")], timeout=30)
+    assert [a.path for a in internal.arrivals()] == ["/secret"]  # the window: the request was sent
+    assert crawler.spider.statuses() == [200] and crawler.spider.fetched[0].url == fine.url("/ok")
+    assert [f.error for f in crawler.spider.failed] == ["IgnoreRequest"]
+    assert "127.0.0.1" in crawler.spider.failed[0].message and "127.0.20.10" in crawler.spider.failed[0].message
+    assert stat(crawler, "unpinned/address_changed") == 1
+    assert stat(crawler, "unpinned/refused_response") == 1
+
+
+@pytest_twisted.ensureDeferred
 async def test_negative_control_httpx_without_the_addon_is_not_spaced(arrival_server, tmp_path):
     """The same handler and hosts with POLITE_ENABLED = False: the spacing assertions above can fail."""
     need("httpx")
