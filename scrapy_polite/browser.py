@@ -66,6 +66,9 @@ class BrowserRequestGuard:
         self._inc = inc
 
     async def __call__(self, request: Any) -> bool:
+        """Whether to abort the browser's ``request`` (a Playwright ``Request``; only its ``url`` is read):
+        True when the address rules refuse its host (counted), else the project's own predicate's answer
+        (False without one). Never raises for a refused URL: a resolution failure aborts the request."""
         url = str(getattr(request, "url", ""))
         reason = await self._refusal(url)
         if reason is not None:
