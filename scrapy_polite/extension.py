@@ -42,7 +42,7 @@ from .resolver import PublicHostnameResolver
 from .robots import robots_delay
 from .seams import ResolverNotInstalled
 from .settings import SettingsError
-from .startup import refuse_to_start
+from .startup import leftover_settings_warning, refuse_to_start
 from .stores import SQLiteStore, StoreError
 from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
 
@@ -109,12 +109,9 @@ class PoliteExtension:
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext.spider_idle, signal=signals.spider_idle)
         ext._check_middleware_order(crawler)
-        if crawler.settings.getfloat("DOWNLOAD_DELAY") > 0 or crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
-            logger.warning(
-                "scrapy-polite: DOWNLOAD_DELAY=%s / AUTOTHROTTLE_ENABLED=%s still apply on top of scrapy-polite's "
-                "pacing (burst streams too). Remove them from settings.py (the startproject template sets "
-                "DOWNLOAD_DELAY = 1) unless you want both.", crawler.settings.get("DOWNLOAD_DELAY"),
-                crawler.settings.getbool("AUTOTHROTTLE_ENABLED"))
+        leftover = leftover_settings_warning(crawler.settings)
+        if leftover is not None:
+            logger.warning("%s", leftover)
         return ext
 
     @staticmethod
