@@ -220,6 +220,38 @@ def print_pace_table(label: str, rows: list[tuple[str, Any]] | None, uri: str) -
     print_table(table, indent="  ")
 
 
+def table_changes(start: list[tuple[str, Any]] | None, end: list[tuple[str, Any]] | None) -> list[str]:
+    """What this run changed in the persisted pace table, host by host, in the words of ``scrapy polite hosts``:
+    ``busy.pydoc.test: backoff steps 2 → 0, 2xx seen no → yes``; a row new in this run says ``new row``."""
+    if start is None or end is None:
+        return []
+    before = dict(start)
+    lines = []
+    for host, s in end:
+        if host.startswith("ip:"):
+            continue
+        old = before.get(host)
+        if old is None:
+            delay = f"{s.crawl_delay:g} s" if s.crawl_delay else "-"
+            lines.append(f"{host}: new row (backoff steps {s.consec}, Crawl-delay {delay}, "
+                         f"2xx seen {'yes' if s.ok_seen else 'no'})")
+            continue
+        changed = []
+        if old.consec != s.consec:
+            changed.append(f"backoff steps {old.consec} → {s.consec}")
+        if old.crawl_delay != s.crawl_delay:
+            changed.append(f"Crawl-delay {old.crawl_delay:g} s → {s.crawl_delay:g} s")
+        if old.ok_seen != s.ok_seen:
+            changed.append(f"2xx seen {'yes' if old.ok_seen else 'no'} → {'yes' if s.ok_seen else 'no'}")
+        if old.crawl_delay and old.crawl_delay == s.crawl_delay:
+            changed.append(f"Crawl-delay {s.crawl_delay:g} s kept from the table (honoured before robots.txt was "
+                           "read again)")
+        if old.consec and old.next_allowed > time.time() - 3600:
+            changed.append(f"started with {old.consec} backoff steps (its requests waited until due)")
+        lines.append(f"{host}: " + (", ".join(changed) if changed else "unchanged"))
+    return lines
+
+
 def print_table(rows: list[tuple[str, ...]], indent: str = "") -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -432,6 +464,14 @@ def main(argv: list[str] | None = None) -> int:
           f"POLITE_HOST_INTERVAL {host_interval:g} s, POLITE_IP_INTERVAL {ip_interval:g} s\n")
     print_results(results)
     print_pace_table("pace table at end", rows, uri)
+    changes = table_changes(start_rows, rows)
+    if changes and start_rows:
+        print("\nwhat this run changed in the pace table it started from:")
+        for line in changes:
+            print(f"  {line}")
+    elif changes:
+        print("\nthis run started from an empty pace table: every row above is new (run the demo again to start "
+              "from it)")
     if path:
         print(f"\npace table file: {path}")
     timeline = write_demo_timeline(uri, crawler, timeline_arg or default_timeline_path(path), since=started - 1)
@@ -449,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         data = {
             "elapsed": elapsed, "finish_reason": finish_reason, "store": uri, "pages": args.pages,
             "start_table": None if start_rows is None else {host: _state_dict(s) for host, s in start_rows},
+            "table_changes": table_changes(start_rows, rows),
             "hosts": results, "timeline": timeline,
         }
         with open(json_path, "w", encoding="utf-8") as f:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -41,7 +42,7 @@ from .resolver import PublicHostnameResolver
 from .robots import robots_delay
 from .seams import ResolverNotInstalled
 from .settings import SettingsError
-from .startup import refuse_to_start
+from .startup import leftover_settings_warning, refuse_to_start
 from .stores import SQLiteStore, StoreError
 from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
 
@@ -54,6 +55,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["PoliteExtension"]
+
+
+def crawl_can_touch(spider: Spider) -> Callable[[str], bool] | None:
+    """Which hosts a crawl can touch, from the spider's own words: the hosts of its ``start_urls`` and, with
+    ``allowed_domains`` (Scrapy's offsite rule: a domain and its subdomains), those domains; None when the
+    spider names neither (any host may be met: each is named when it is)."""
+    starts = {key for url in getattr(spider, "start_urls", None) or () if isinstance(url, str)
+              and (key := host_key(url)) is not None}
+    domains = [str(d).lower().strip(".") for d in getattr(spider, "allowed_domains", None) or () if d]
+    if not starts and not domains:
+        return None
+
+    def touches(host: str) -> bool:
+        if host in starts:
+            return True
+        if domains:  # offsite filtering on: nothing outside them
+            return any(host == d or host.endswith("." + d) for d in domains)
+        return False
+
+    return touches
 
 
 class PoliteExtension:
@@ -88,12 +109,9 @@ class PoliteExtension:
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext.spider_idle, signal=signals.spider_idle)
         ext._check_middleware_order(crawler)
-        if crawler.settings.getfloat("DOWNLOAD_DELAY") > 0 or crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
-            logger.warning(
-                "scrapy-polite: DOWNLOAD_DELAY=%s / AUTOTHROTTLE_ENABLED=%s still apply on top of scrapy-polite's "
-                "pacing (burst streams too). Remove them from settings.py (the startproject template sets "
-                "DOWNLOAD_DELAY = 1) unless you want both.", crawler.settings.get("DOWNLOAD_DELAY"),
-                crawler.settings.getbool("AUTOTHROTTLE_ENABLED"))
+        leftover = leftover_settings_warning(crawler.settings)
+        if leftover is not None:
+            logger.warning("%s", leftover)
         if pacer.policy.adaptive is not None and crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
             # Allowed by POLITE_ADAPTIVE_WITH_AUTOTHROTTLE (else the settings refused to start: docs/spec.md §2).
             logger.warning(
@@ -175,7 +193,7 @@ class PoliteExtension:
     async def spider_opened(self, spider: Spider) -> None:
         self._warn_wider_address_rules()
         self._spider_delay(spider)
-        await self._list_start_backoffs()
+        await self._list_start_backoffs(spider)
         interval = self.crawler.settings.getfloat("LOGSTATS_INTERVAL")
         if interval > 0:
             self._progress = task.LoopingCall(self.log_progress)
@@ -183,9 +201,18 @@ class PoliteExtension:
             self._progress.start(interval, now=False).addErrback(
                 lambda failure: logger.error("scrapy-polite: the progress line failed", exc_info=failure.value))
 
-    async def _list_start_backoffs(self) -> None:
+    def _store_option(self) -> str | None:
+        """The ``--store`` a ``scrapy polite`` command line needs to reach this crawl's table: None when the
+        project's settings name it (the command reads them too)."""
+        if (self.crawler.settings.getpriority("POLITE_STORE") or 0) >= SETTINGS_PRIORITIES["spider"]:
+            return self.pacer.store.uri
+        return None
+
+    async def _list_start_backoffs(self, spider: Spider) -> None:
         """List once, at INFO, the hosts that start in backoff from the persisted table (host, cause, due),
-        with the command that clears them. The table is read on a thread (it may be large, or remote)."""
+        with the command that clears them: at start the hosts this crawl can touch (:func:`crawl_can_touch`),
+        any other one when the crawl first meets it (a table shared by many crawls holds hosts this one never
+        touches). The table is read on a thread (it may be large, or remote)."""
         backend = self.pacer.store.store
 
         def scan() -> tuple[float, list[tuple[str, HostState]]]:
@@ -201,14 +228,28 @@ class PoliteExtension:
             logger.warning("scrapy-polite: could not list the hosts in backoff at start: %s", exc)
             return
         offset = self.pacer.clock() - store_now if self.pacer.sync.server_clock else 0.0
+        report = self.pacer.report
+        touchable = crawl_can_touch(spider)
+        now_listed = []
         for key, state in rows:
-            self.pacer.report.starts_in_backoff(key, state, offset=offset)
-        settings = self.crawler.settings
-        option = None
-        if (settings.getpriority("POLITE_STORE") or 0) >= SETTINGS_PRIORITIES["spider"]:
-            option = self.pacer.store.uri
-        line = format_start_backoffs(self.pacer.hosts, now=self.pacer.clock(), store_uri=self.pacer.store.uri,
-                                     store_option=option)
+            met = report.hosts.get(key)  # start requests may have met it while the table was read
+            listed = (touchable is not None and touchable(key)) or (met is not None and met.active)
+            report.starts_in_backoff(key, state, offset=offset, announce=not listed)
+            if listed:
+                now_listed.append(key)
+        report.on_first_touch = self._announce_backoff
+        line = format_start_backoffs({k: self.pacer.hosts[k] for k in now_listed}, now=self.pacer.clock(),
+                                     store_uri=self.pacer.store.uri, store_option=self._store_option())
+        if line is not None:
+            logger.info("%s", line)
+
+    def _announce_backoff(self, host: str) -> None:
+        """The crawl first meets a host that started in backoff and was not listed at start: name it."""
+        counters = self.pacer.hosts.get(host)
+        if counters is None:
+            return
+        line = format_start_backoffs({host: counters}, now=self.pacer.clock(), store_uri=self.pacer.store.uri,
+                                     store_option=self._store_option())
         if line is not None:
             logger.info("%s", line)
 
@@ -227,7 +268,8 @@ class PoliteExtension:
         downloader = getattr(engine, "downloader", None)
         idle = (scheduler is not None and not scheduler.has_pending_requests()
                 and not getattr(downloader, "active", None))
-        line = format_progress(self.pacer.report, self.held_hosts(), now=self.pacer.clock(), idle=idle)
+        line = format_progress(self.pacer.report, self.held_hosts(), now=self.pacer.clock(), idle=idle,
+                               store_option=self._store_option())
         if line is not None:
             logger.info("%s", line)
 

@@ -115,7 +115,7 @@ class HostCounters:
         refusals: requests refused, by reason (``non_public``);
         state: the host's row as last recorded by this process (None: not recorded yet);
         throttle_cause: what the last throttle was (``"429, Retry-After 30 s"``, ``"a TimeoutError"``,
-            ``"3 backoff steps from an earlier run"``), None before any;
+            ``"3 backoff steps already in the pace table"``), None before any;
         backoff_due: this process's epoch s at which the host's backoff ends (None: not backing off);
         backing_off: the windows of this crawl during which the host was in backoff.
     """
@@ -155,7 +155,7 @@ class HostCounters:
     @property
     def active(self) -> bool:
         """This crawl did something with the host: booked, held, deferred, refused or recorded a request of it
-        (a host only listed at start as in backoff from an earlier run is not active)."""
+        (a host only listed at start as in backoff from the pace table is not active)."""
         return bool(self.requests or self.waits or self.deferrals or self.throttles or self.statuses
                     or self.refusals or self.given_up)
 
@@ -187,6 +187,10 @@ class Report:
         #: The event log the glue units write to (:class:`~scrapy_polite.events.EventLog`; the pacer attaches
         #: the store's, off until then).
         self.events: EventLog = EventLog.off()
+        #: Hosts that start in backoff and are named only when this crawl first meets them, and what names them
+        #: (the extension's start-up line for one host).
+        self.unannounced: set[str] = set()
+        self.on_first_touch: Callable[[str], None] | None = None
 
     def counters(self, host: str) -> HostCounters:
         """The host's counters (created on first use)."""
@@ -202,6 +206,7 @@ class Report:
 
     def booked(self, host: str) -> None:
         """A paced request was booked on ``host``."""
+        self._touch(host)
         self.counters(host).requests += 1
         self.inc("requests")
 
@@ -209,6 +214,7 @@ class Report:
         """A request of ``host`` waits ``seconds`` in line, from now. It waits for the host's turn unless the
         host is backing us off now (a request that could not be deferred waits the backoff out: that time
         is in **backing off**, not in the turn waits)."""
+        self._touch(host)
         counters = self.counters(host)
         counters.waits += 1
         counters.wait_seconds += seconds
@@ -245,15 +251,28 @@ class Report:
         elif state.consec == 0:
             counters.backoff_due = None
 
-    def starts_in_backoff(self, host: str, state: HostState, *, offset: float = 0.0) -> None:
-        """The host starts the crawl in backoff, from the persisted table (an earlier run or another process)."""
+    def starts_in_backoff(self, host: str, state: HostState, *, offset: float = 0.0, announce: bool = False) -> None:
+        """The host starts the crawl in backoff, from the persisted table (recorded by an earlier run, or by
+        another process still running: the table does not say which, so neither do the words).
+
+        ``announce``: the host is to be named (:attr:`on_first_touch`) when this crawl first books, holds or
+        defers one of its requests, not at start (the crawl may never touch it)."""
         counters = self.counters(host)
         counters.state = state
         counters.backoff_due = state.next_allowed + offset
         if counters.throttle_cause is None:
             steps = "1 backoff step" if state.consec == 1 else f"{state.consec} backoff steps"
-            counters.throttle_cause = f"{steps} from an earlier run"
+            counters.throttle_cause = f"{steps} already in the pace table"
         counters.backing_off.add(self.started, counters.backoff_due)
+        if announce:
+            self.unannounced.add(host)
+
+    def _touch(self, host: str) -> None:
+        """This crawl meets ``host``: name it once if it started in backoff and was not named at start."""
+        if host in self.unannounced:
+            self.unannounced.discard(host)
+            if self.on_first_touch is not None:
+                self.on_first_touch(host)
 
     def gave_up(self, host: str, url: str) -> None:
         """A page of ``host`` was given up after throttles (``polite/throttle/given_up``)."""
@@ -273,6 +292,7 @@ class Report:
     def deferred(self, host: str, reason: str, url: str | None = None, due: float | None = None) -> None:
         """A request of ``host`` (``url``, when known) was deferred for ``reason`` until ``due`` (this process's
         epoch s; None: unknown, or when its line frees). Also an event of the event log."""
+        self._touch(host)
         self.events.deferral(host, url, reason, due)
         counters = self.counters(host)
         counters.deferrals += 1

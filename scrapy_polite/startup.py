@@ -22,7 +22,7 @@ from typing import Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
-__all__ = ["refuse_to_start", "where_set"]
+__all__ = ["leftover_settings_warning", "refuse_to_start", "where_set"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,50 @@ def where_set(settings: Any, name: str) -> str | None:
     if priority is None:
         return None
     return _SOURCES.get(priority) or (f"at priority {priority}" if priority else None)
+
+
+#: How to remove a setting, by where it was set.
+_REMOVE = {
+    SETTINGS_PRIORITIES["cmdline"]: "drop {items} from the command line",
+    SETTINGS_PRIORITIES["spider"]: "remove {names} from the spider's custom_settings",
+    SETTINGS_PRIORITIES["project"]: "remove {names} from settings.py (the startproject template sets "
+                                    "DOWNLOAD_DELAY = 1 and CONCURRENT_REQUESTS_PER_DOMAIN = 1)",
+}
+
+
+def leftover_settings_warning(settings: Any) -> str | None:
+    """The warning about Scrapy's own pacing settings still in force on top of the add-on's (docs/spec.md §5), or
+    None when none is: ``DOWNLOAD_DELAY`` > 0, ``AUTOTHROTTLE_ENABLED`` true, and ``CONCURRENT_REQUESTS_PER_DOMAIN``
+    set by the user (the project, the spider or ``-s``; its default, 8, is no leftover). Only the settings
+    actually in force are named, each with its value, and the fix says where each was set: ``-s NAME=VALUE`` on
+    the command line, the spider's ``custom_settings``, or ``settings.py``.
+
+    Args:
+        settings: the crawler's :class:`~scrapy.settings.Settings`.
+    """
+    found: list[tuple[str, str]] = []
+    if settings.getfloat("DOWNLOAD_DELAY") > 0:
+        found.append(("DOWNLOAD_DELAY", f"{settings.getfloat('DOWNLOAD_DELAY'):g}"))
+    if settings.getbool("AUTOTHROTTLE_ENABLED"):
+        found.append(("AUTOTHROTTLE_ENABLED", "True"))
+    if (settings.getpriority("CONCURRENT_REQUESTS_PER_DOMAIN") or 0) >= SETTINGS_PRIORITIES["project"]:
+        found.append(("CONCURRENT_REQUESTS_PER_DOMAIN", str(settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"))))
+    if not found:
+        return None
+    by_source: dict[int, list[tuple[str, str]]] = {}
+    for name, value in found:
+        by_source.setdefault(settings.getpriority(name) or 0, []).append((name, value))
+    fixes = []
+    for priority in sorted(by_source, reverse=True):
+        items = by_source[priority]
+        template = _REMOVE.get(priority, "unset {names} (set {where})")
+        fixes.append(template.format(items=" ".join(f"-s {n}={v}" for n, v in items),
+                                     names=", ".join(n for n, _ in items),
+                                     where=_SOURCES.get(priority, f"at priority {priority}")))
+    listed = ", ".join(f"{n}={v}" for n, v in found)
+    verb = "still applies" if len(found) == 1 else "still apply"
+    return (f"scrapy-polite: {listed} {verb} on top of scrapy-polite's pacing (burst streams too): "
+            f"{'; '.join(fixes)} unless you want both.")
 
 
 def refuse_to_start(exc: BaseException, settings: Any = None) -> BaseException:

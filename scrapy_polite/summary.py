@@ -66,7 +66,8 @@ def reset_command(hosts: Iterable[str], store_option: str | None = None) -> str:
 def format_start_backoffs(hosts: Mapping[str, HostCounters], *, now: float, store_uri: str,
                           store_option: str | None = None) -> str | None:
     """The start-up line: the hosts that start this crawl in backoff from the persisted table (host, cause,
-    due) and the command that clears them; None when there are none."""
+    due) and the command that clears them; None when there are none. The caller passes the hosts this crawl
+    can touch (the others are named when it first meets them, if ever)."""
     backing = sorted((c.backoff_due or 0.0, host, c) for host, c in hosts.items() if c.in_backoff(now))
     if not backing:
         return None
@@ -75,6 +76,22 @@ def format_start_backoffs(hosts: Mapping[str, HostCounters], *, now: float, stor
     count = "1 host starts" if len(backing) == 1 else f"{len(backing)} hosts start"
     return (f"scrapy-polite: {count} in backoff from the pace table {store_uri}: {listed}. Its requests are "
             f"deferred until due; to forget the backoff: {reset_command([h for _, h, _ in backing], store_option)}")
+
+
+def _backoff_words(c: HostCounters) -> str:
+    """Why a host is backing off, with its steps: ``429, Retry-After 3 s; 9 backoff steps`` (docs/spec.md §2:
+    the steps, not the last Retry-After, may be what sets the due moment)."""
+    cause = c.throttle_cause or "a throttle"
+    steps = c.state.consec if c.state is not None else 0
+    if steps and "backoff step" not in cause:
+        cause += f"; {_count(steps, 'backoff step')}"
+    return cause
+
+
+def _forgive(hosts: Iterable[str], store_option: str | None) -> str:
+    listed = sorted(hosts)
+    shown = listed if len(listed) <= 5 else [*listed[:5], "..."]
+    return f"; to forgive a host: {reset_command(shown, store_option)}"
 
 
 @dataclass(frozen=True)
@@ -91,34 +108,47 @@ class HeldHost:
     due: float
 
 
-def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idle: bool) -> str | None:
+def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idle: bool,
+                    store_option: str | None = None) -> str | None:
     """The progress line: requests held, hosts in backoff, the next host due and when; when ``idle`` (nothing
     else is being crawled) and everything held is due later, says that the crawl is only waiting, and on
-    what (host, cause, due). None when there is nothing to tell (nothing held, no host in backoff)."""
+    what (host, cause and backoff steps, due). A host in backoff is due at the later of its requests' due time
+    and its backoff's end (the real moment its next request can go). While hosts back off, the line ends with
+    the ``scrapy polite reset`` command that forgives them (``store_option``: its ``--store``). None when there
+    is nothing to tell (nothing held, no host in backoff)."""
     backing = {host: c for host, c in report.hosts.items() if c.in_backoff(now)}
     total = sum(h.count for h in held)
     if not total and not backing:
         return None
-    waiting = sorted((h for h in held if h.due != float("inf")), key=lambda h: h.due)
+
+    def due_of(h: HeldHost) -> float:
+        c = backing.get(h.host)
+        return max(h.due, c.backoff_due or 0.0) if c is not None else h.due
+
+    waiting = sorted((h for h in held if h.due != float("inf")), key=due_of)
+    forgive = _forgive(backing, store_option) if backing else ""
     if idle and waiting and all(h.due > now for h in held):
         parts = []
         for h in waiting:
             c = report.hosts.get(h.host)
             if c is not None and c.in_backoff(now):
-                why = f"backing off after {c.throttle_cause or 'a throttle'}"
+                why = f"backing off after {_backoff_words(c)}"
             elif c is not None and c.state is not None and c.state.crawl_delay:
                 why = f"Crawl-delay {c.state.crawl_delay:g} s"
             else:
                 why = "its turn"
-            parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(h.due, now)}")
-        return "scrapy-polite: only waiting on backoffs and delays: " + "; ".join(parts)
+            parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(due_of(h), now)}")
+        return "scrapy-polite: only waiting on backoffs and delays: " + "; ".join(parts) + forgive
     line = f"scrapy-polite: {_count(total, 'request')} held, {_count(len(backing), 'host')} in backoff"
     if waiting:
-        line += f"; next due: {waiting[0].host} {format_due(waiting[0].due, now)}"
+        first = waiting[0]
+        line += f"; next due: {first.host} {format_due(due_of(first), now)}"
+        if first.host in backing:
+            line += f" ({_backoff_words(backing[first.host])})"
     elif backing:
         host, c = min(backing.items(), key=lambda item: item[1].backoff_due or 0.0)
-        line += f"; next due: {host} {format_due(c.backoff_due or now, now)}"
-    return line
+        line += f"; next due: {host} {format_due(c.backoff_due or now, now)} ({_backoff_words(c)})"
+    return line + forgive
 
 
 def _count(n: int, word: str) -> str:
@@ -142,7 +172,7 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
     """The closing summary: a totals line, then one row per host this crawl touched (:data:`COLUMNS`; a host
-    only listed at start as in backoff from an earlier run is left out) and the pages given up.
+    only listed at start as in backoff from the pace table is left out) and the pages given up.
 
     The totals never add per-host times into a figure longer than the crawl: "backing off" and "turn
     waits" are the time during which *some* host was backing off / *some* request waited in line.
@@ -152,7 +182,7 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
         now: the crawl's end, epoch seconds (this process's clock).
         no_host: requests refused because their URL has no host (``polite/refused/no_host``).
     """
-    # A host this crawl never touched (only listed at start as in backoff from an earlier run) is not in it.
+    # A host this crawl never touched (only listed at start as in backoff from the pace table) is not in it.
     hosts = {host: c for host, c in report.hosts.items() if c.active}
     elapsed = max(0.0, now - report.started)
     given_up = sum(c.given_up for c in hosts.values())

@@ -227,7 +227,7 @@ def test_a_contract_request_still_deferred_fails_the_check_and_passes_after_a_re
     assert code == 1, out
     assert "ERROR: [deferred] parse (errback)" in out, out
     assert "ContractRequestDeferred" in out and "was still deferred when the check ended" in out, out
-    assert "127.0.0.23 is backing off after 3 backoff steps from an earlier run, due in" in out, out
+    assert "127.0.0.23 is backing off after 3 backoff steps already in the pace table, due in" in out, out
     assert "scrapy polite reset 127.0.0.23" in out, out
     assert "OK" not in out.splitlines()[-1]
     assert servers["d"].arrivals() == []

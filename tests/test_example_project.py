@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,22 @@ def test_the_demo_writes_a_timeline_of_every_host(runs):
     document = Path(path).read_text(encoding="utf-8")
     assert set(re.findall(r'<g class="row" data-host="([^"]*)"', document)) == set(HOSTS)
     assert 'class="win retry-after"' in document  # the throttling host's Retry-After windows
+
+
+def test_second_run_shows_what_it_changed_in_the_table_it_started_from(runs):
+    """Issue 19: the second run says what the persisted table changed, host by host; the first, which started
+    from an empty table, does not pretend to (negative control)."""
+    out1, _, out2, data2 = runs
+    assert "what this run changed in the pace table it started from:" not in out1
+    assert "this run started from an empty pace table" in out1
+    changes = _section(out2, "what this run changed in the pace table it started from:")
+    for host in HOSTS:
+        assert any(line.strip().startswith(f"{host}: ") for line in changes.splitlines()), (host, changes)
+    strict = next(line for line in data2["table_changes"] if line.startswith("strict.pydoc.test: "))
+    assert f"Crawl-delay {ROBOTS_CRAWL_DELAY:g} s kept from the table" in strict, strict
+
+
+def test_the_example_project_leaves_retry_times_alone():
+    """README: "Leave RETRY_TIMES alone" — the example's settings follow it."""
+    source = (PROJECT / "polite_demo" / "settings.py").read_text()
+    assert not re.search(r"^\s*RETRY_TIMES\s*=", source, re.M), "example_project sets RETRY_TIMES"

@@ -28,9 +28,8 @@ POLITE_ALLOWED_NETWORKS = ["127.0.0.0/8"]
 DOWNLOAD_DELAY = 0
 AUTOTHROTTLE_ENABLED = False
 
-# A throttled page (429) is retried; scrapy-polite holds the retry until the host's Retry-After has passed.
-# The demo's throttling host refuses up to 4 requests in a row, so allow a few more retries than the default 2.
-RETRY_TIMES = 5
+# RETRY_TIMES is left alone (README): scrapy-polite retries a throttled page (429) itself, once the host's
+# Retry-After has passed, up to POLITE_THROTTLE_RETRIES (10) times, without using Scrapy's RETRY_TIMES.
 
 TELNETCONSOLE_ENABLED = False
 REMOTE_CONTROL_ENABLED = False

@@ -1,0 +1,115 @@
+"""What the crawl says at start (issue 19, "Smaller things seen on the way"):
+
+* the leftover-settings warning names only Scrapy pacing settings actually in force, with the fix for where
+  each was set (``-s`` on the command line, the spider's ``custom_settings``, ``settings.py``), and includes
+  ``CONCURRENT_REQUESTS_PER_DOMAIN``;
+* the "starts in backoff" line names only hosts this crawl can touch at start, any other one when the crawl
+  first meets it (never a host it never touches), and does not call the table's writer "an earlier run".
+"""
+
+from __future__ import annotations
+
+from scrapy import Spider
+from scrapy.settings import Settings
+
+from scrapy_polite.extension import crawl_can_touch
+from scrapy_polite.policy import HostState
+from scrapy_polite.reporting import Report
+from scrapy_polite.startup import leftover_settings_warning
+from scrapy_polite.summary import format_start_backoffs
+
+T0 = 1_800_000_000.0
+
+
+def settings(project=None, cmdline=None, spider=None) -> Settings:
+    s = Settings()
+    s.setdict(project or {}, priority="project")
+    s.setdict(spider or {}, priority="spider")
+    s.setdict(cmdline or {}, priority="cmdline")
+    return s
+
+
+# --------------------------------------------------------------------------------------------------
+# Leftover settings
+
+
+def test_nothing_in_force_means_no_warning():
+    assert leftover_settings_warning(settings()) is None
+    # negative controls: explicitly off is not a leftover, nor is a zero delay
+    assert leftover_settings_warning(settings({"AUTOTHROTTLE_ENABLED": False, "DOWNLOAD_DELAY": 0})) is None
+
+
+def test_only_the_settings_in_force_are_named():
+    text = leftover_settings_warning(settings({"DOWNLOAD_DELAY": 1, "AUTOTHROTTLE_ENABLED": False}))
+    assert text is not None
+    assert text.startswith("scrapy-polite: DOWNLOAD_DELAY=1 still applies on top of scrapy-polite's pacing")
+    assert "AUTOTHROTTLE" not in text  # the issue: "AUTOTHROTTLE_ENABLED=False still apply"
+    assert "remove DOWNLOAD_DELAY from settings.py" in text
+
+
+def test_the_startproject_template_lines_are_all_named():
+    text = leftover_settings_warning(settings({"DOWNLOAD_DELAY": 1, "CONCURRENT_REQUESTS_PER_DOMAIN": 1}))
+    assert text is not None
+    assert "DOWNLOAD_DELAY=1, CONCURRENT_REQUESTS_PER_DOMAIN=1 still apply" in text
+    assert "remove DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN from settings.py" in text
+
+
+def test_a_command_line_setting_is_to_be_dropped_from_the_command_line():
+    text = leftover_settings_warning(settings(cmdline={"DOWNLOAD_DELAY": "2.5"}))
+    assert text is not None
+    assert "drop -s DOWNLOAD_DELAY=2.5 from the command line" in text
+    assert "settings.py" not in text  # the issue: "remove them from settings.py" for a -s setting
+
+
+def test_each_setting_gets_the_fix_for_where_it_was_set():
+    text = leftover_settings_warning(settings({"DOWNLOAD_DELAY": 1}, cmdline={"AUTOTHROTTLE_ENABLED": "1"},
+                                              spider={"CONCURRENT_REQUESTS_PER_DOMAIN": 2}))
+    assert text is not None
+    assert "drop -s AUTOTHROTTLE_ENABLED=True from the command line" in text
+    assert "remove CONCURRENT_REQUESTS_PER_DOMAIN from the spider's custom_settings" in text
+    assert "remove DOWNLOAD_DELAY from settings.py" in text
+
+
+def test_concurrent_requests_per_domain_at_its_default_is_no_leftover():
+    assert leftover_settings_warning(Settings()) is None  # Scrapy's default 8, priority "default"
+
+
+# --------------------------------------------------------------------------------------------------
+# Hosts that start in backoff
+
+
+class Plain(Spider):
+    name = "plain"
+
+
+def test_which_hosts_a_crawl_can_touch():
+    assert crawl_can_touch(Plain()) is None  # names no host: any may be met
+    starts = crawl_can_touch(Plain(start_urls=["http://A.example/x"]))
+    assert starts is not None and starts("a.example") and not starts("b.example")
+    offsite = crawl_can_touch(Plain(allowed_domains=["example.org"], start_urls=["http://a.example/"]))
+    assert offsite is not None
+    assert offsite("example.org") and offsite("www.example.org") and offsite("a.example")
+    assert not offsite("badexample.org") and not offsite("other.net")  # negative controls
+
+
+def test_a_host_not_listed_at_start_is_named_when_first_met_and_never_otherwise():
+    clock = [T0]
+    report = Report(None, lambda: clock[0])
+    named: list[str] = []
+    report.on_first_touch = named.append
+    for host in ("met.example", "never.example"):
+        report.starts_in_backoff(host, HostState(next_allowed=T0 + 60, consec=2, updated=T0 - 1), announce=True)
+    report.deferred("met.example", "throttled", "http://met.example/", T0 + 60)
+    report.deferred("met.example", "throttled", "http://met.example/2", T0 + 60)
+    report.booked("other.example")
+    assert named == ["met.example"]  # once, and never the host the crawl does not touch
+
+
+def test_the_start_line_does_not_call_the_tables_writer_an_earlier_run():
+    report = Report(None, lambda: T0)
+    report.starts_in_backoff("a.example", HostState(next_allowed=T0 + 30, consec=3, updated=T0 - 1))
+    line = format_start_backoffs(report.hosts, now=T0, store_uri="sqlite:///x")
+    assert line is not None
+    assert "a.example (3 backoff steps already in the pace table) due in 30.0 s" in line
+    assert "earlier run" not in line
+    assert line.endswith("to forget the backoff: scrapy polite reset a.example")
