@@ -294,9 +294,17 @@ class PoliteScheduler:
 
     def hold(self, request: Request, host: str, due: float | None) -> None:
         """Keep ``request`` out of the downloader until ``due`` (epoch seconds; None: until its host's
-        line is free). The middleware then returns it to the engine, whose ``enqueue_request`` we skip."""
+        line is free). The middleware then returns it to the engine, whose ``enqueue_request`` we skip.
+
+        With the shared frontier, a request deferred until a moment goes back to Redis (any worker takes it
+        when its host is due); one deferred for a line stays here, leased."""
         self._rehold.add(request)
         self._owned.discard(request)
+        frontier = self.frontier
+        if frontier is not None and due is not None and frontier.owns(request):
+            if frontier.hold(request, host, due - self.clock()):
+                self.pacer.held(request, host)  # gives up its claim and lines
+                return
         self._held.push(host, request, None if due is None else self.pacer.sync.to_store(due))  # persisted: store time
         if due is None and not self.pacer.host_parkable(host):
             due = self.clock()  # nothing holds the host back any more: it may go now (docs/spec.md §5)

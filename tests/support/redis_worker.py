@@ -10,7 +10,8 @@ Usage::
 README's "Running many crawlers" shows), ``ready_dir`` and ``barrier`` (``[label, delay]`` pairs: this
 worker starts reading its start URLs once each ``<label>.ready`` file has existed for ``delay`` seconds, so
 that workers started together start together, or one a known time after another), ``fetched`` (a file each parsed page is appended to, ``<status> <url>``, one
-``write`` per page to a file opened with ``O_APPEND``, so a killed worker's pages are known) and ``out``
+``write`` per page to a file opened with ``O_APPEND``, with the page's ``meta['feed']`` and its throttle
+retries, so a killed worker's pages are known) and ``out``
 (the stats and ``finish_reason`` as JSON, written when the crawl ends).
 """
 
@@ -57,7 +58,8 @@ def spider_class(config: dict[str, Any]) -> type[Any]:
     fd = os.open(config["fetched"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def record(self: Any, response: Any) -> None:
-        os.write(fd, f"{response.status} {response.url}\n".encode())
+        os.write(fd, f"{response.status} {response.url} {response.meta.get('feed', '-')} "
+                     f"{response.meta.get('polite_throttle_retries', 0)}\n".encode())
 
     attrs: dict[str, Any] = {"name": config["name"], "parse": record, "parse_start_url": record}
     if base is RedisCrawlSpider:
