@@ -237,7 +237,7 @@ class PoliteScheduler:
         if host is not None:
             self.pacer.released(request, host)  # it claims its host until it is booked or leaves
         elif self.crawler.stats is not None:  # as scrapy-redis's next_request counts it
-            self.crawler.stats.inc_value("scheduler/dequeued/redis", spider=self.crawler.spider)
+            self.crawler.stats.inc_value("scheduler/dequeued/redis")
         return request
 
     def ended(self, request: Request) -> None:
