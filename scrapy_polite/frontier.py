@@ -217,10 +217,14 @@ class RedisFrontier:
         key: ``POLITE_FRONTIER_KEY`` with ``%(spider)s`` filled in.
         lease_time: ``POLITE_LEASE_TIME``, seconds a lease lasts without renewal.
         inc: ``inc(stat_key, count)``, adds to ``polite/<stat_key>``.
+        in_thread: ``in_thread(fn, *args, **kwargs) -> Deferred`` runs a blocking call off the reactor
+            (default Twisted's ``deferToThread``; tests inject a synchronous one).
     """
 
     def __init__(self, server: Any, queue: Any, spider: Spider, key: str, lease_time: float,
-                 inc: Callable[[str, float], None]) -> None:
+                 inc: Callable[[str, float], None],
+                 in_thread: Callable[..., Deferred[Any]] = threads.deferToThread) -> None:
+        self._in_thread = in_thread
         self.server = server
         self.queue = queue
         self.spider = spider
@@ -369,7 +373,7 @@ class RedisFrontier:
 
     def renew_soon(self) -> Deferred[FrontierState]:
         """:meth:`renew` on a thread."""
-        d: Deferred[FrontierState] = threads.deferToThread(self.renew)
+        d: Deferred[FrontierState] = self._in_thread(self.renew)
         return d
 
     def hosts(self) -> list[tuple[str, int, float]]:
@@ -387,7 +391,7 @@ class RedisFrontier:
         return f"Waiting in the shared frontier {self.key}: " + ("; ".join(parts) if parts else "nothing")
 
     def _background(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        d = threads.deferToThread(fn, *args, **kwargs)
+        d = self._in_thread(fn, *args, **kwargs)
         self._pending.add(d)
 
         def done(result: Any) -> Any:

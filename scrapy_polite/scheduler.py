@@ -301,10 +301,10 @@ class PoliteScheduler:
         self._rehold.add(request)
         self._owned.discard(request)
         frontier = self.frontier
-        if frontier is not None and due is not None and frontier.owns(request):
-            if frontier.hold(request, host, due - self.clock()):
-                self.pacer.held(request, host)  # gives up its claim and lines
-                return
+        if (frontier is not None and due is not None and frontier.owns(request)
+                and frontier.hold(request, host, due - self.clock())):
+            self.pacer.held(request, host)  # gives up its claim and lines
+            return
         self._held.push(host, request, None if due is None else self.pacer.sync.to_store(due))  # persisted: store time
         if due is None and not self.pacer.host_parkable(host):
             due = self.clock()  # nothing holds the host back any more: it may go now (docs/spec.md §5)
