@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FrontierState", "RedisFrontier", "LEASE_META", "is_shared_scheduler", "queue_mode"]
+__all__ = ["FrontierState", "RedisFrontier", "LEASE_META", "is_shared_scheduler", "queue_mode", "waiting_in_redis"]
 
 #: The request meta key of the lease id a worker holds the request under.
 LEASE_META = "polite_lease"
@@ -421,6 +421,32 @@ class RedisFrontier:
         keys = [self._due_key, self._count_key, self._returned_key, self._workers_key]
         keys += [f"{self._held_prefix}{host}" for host, _, _ in self.hosts()]
         self.server.delete(*keys)
+
+
+def waiting_in_redis(server: Any, key_template: str, limit: int = 1000
+                     ) -> list[tuple[str, int, list[tuple[str, int, float]]]]:
+    """What waits in every shared frontier of a Redis server (``scrapy polite hosts``), without a crawl.
+
+    Args:
+        server: a ``redis.Redis`` client (scrapy-redis's ``REDIS_URL``).
+        key_template: ``POLITE_FRONTIER_KEY`` (``%(spider)s`` matches any spider).
+        limit: the most hosts listed per frontier.
+
+    Returns:
+        ``(frontier key, returned requests, [(host, held requests, seconds until due), …])`` per frontier,
+        sorted by key; each frontier's hosts soonest due first.
+
+    Raises:
+        redis.RedisError: the server cannot be reached.
+    """
+    pattern = key_template % {"spider": "*"} + ":due"
+    found = []
+    for raw in sorted(_text(k) for k in server.scan_iter(match=pattern, count=1000)):
+        key = raw[: -len(":due")]
+        rows = server.register_script(_HOSTS)(keys=[raw], args=[f"{key}:held:"])
+        hosts = [(_text(rows[i]), int(rows[i + 1]), float(_text(rows[i + 2]))) for i in range(0, len(rows), 3)]
+        found.append((key, int(server.llen(f"{key}:returned")), hosts[:limit]))
+    return found
 
 
 def _text(value: Any) -> str:

@@ -5,6 +5,7 @@ due, skip blocked hosts, return a dead worker's leases, end leases, give back at
 
 from __future__ import annotations
 
+import io
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +15,7 @@ from scrapy import Request
 from scrapy.core.scheduler import Scheduler
 from twisted.internet import defer
 
+from scrapy_polite.commands import run_command
 from scrapy_polite.frontier import LEASE_META, RedisFrontier, is_shared_scheduler, queue_mode
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
 
@@ -128,3 +130,24 @@ def test_close_gives_back_what_a_worker_leases(redis_url):
     state = farm.worker().renew()
     assert state.returned == 1 and state.others_leased == 0
     assert "1 returned requests" in farm.worker().describe()
+
+
+def test_scrapy_polite_hosts_lists_what_waits_in_redis_per_host(redis_url):
+    farm = Farm(redis_url)
+    farm.queue.push(Request("http://a.test/1"))
+    farm.queue.push(Request("http://a.test/2"))
+    worker = farm.worker()
+    for _ in range(2):
+        request, _ = worker.take(set())
+        worker.hold(request, "a.test", 30.0)
+    out, err = io.StringIO(), io.StringIO()
+    settings = {"SCHEDULER": "scrapy_redis.scheduler.Scheduler", "REDIS_URL": redis_url,
+                "POLITE_FRONTIER_KEY": f"{farm.spider.name}:polite"}
+    assert run_command(["hosts", "--store", "memory://"], settings, out=out, err=err) == 0, err.getvalue()
+    text = out.getvalue()
+    assert f"shared frontier {farm.spider.name}:polite: 2 requests held in Redis, 0 returned" in text, text
+    assert "a.test" in text and ("30 s" in text or "29 s" in text), text
+    # Negative control: without scrapy-redis's scheduler in the settings, nothing of it is listed.
+    out = io.StringIO()
+    assert run_command(["hosts", "--store", "memory://"], {"REDIS_URL": redis_url}, out=out, err=err) == 0
+    assert "shared frontier" not in out.getvalue()
