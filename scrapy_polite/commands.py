@@ -27,6 +27,7 @@ Registered through the ``scrapy.commands`` entry point of the package.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -42,6 +43,7 @@ from scrapy.exceptions import UsageError
 
 from .audit import LogError, audit, format_report, report_json
 from .events import clock_time, describe, process_source
+from .frontier import waiting_in_redis
 from .pacer import default_store_uri
 from .policy import HostState, PacingPolicy, host_key, ip_key
 from .settings import PoliteConfig, SettingsError
@@ -702,6 +704,29 @@ def add_verb_options(parser: argparse.ArgumentParser) -> None:
                             "tooltips); default: by the -o name's ending, else html")
 
 
+def print_shared_frontier(settings: Any, config: PoliteConfig, out: IO[str], err: IO[str]) -> None:
+    """With scrapy-redis's scheduler in the settings (``SCHEDULER`` or ``POLITE_SCHEDULER_BASE``) and the
+    shared frontier on, list what waits in Redis per host (docs/spec.md §5, "The shared frontier"); a Redis
+    that cannot be reached is reported on ``err`` (the pace table's listing stands)."""
+    names = {str(settings.get("SCHEDULER") or ""), str(config.scheduler_base)}
+    if not config.shared_frontier or not any(n.startswith("scrapy_redis.") for n in names):
+        return
+    try:
+        connection = importlib.import_module("scrapy_redis.connection")  # the optional extra
+        server = connection.from_settings(settings)
+        frontiers = waiting_in_redis(server, config.frontier_key)
+    except Exception as exc:  # ImportError without the extra, a RedisError: the listing above stands
+        print(f"shared frontier: cannot be read ({exc})", file=err)
+        return
+    for key, returned, hosts in frontiers:
+        held = sum(count for _, count, _ in hosts)
+        print(f"shared frontier {key}: {_count(held, 'request')} held in Redis, {returned} returned", file=out)
+        if hosts:
+            print(format_table([("host", "held", "due in"),
+                                *((host, str(count), f"{max(0.0, due):.0f} s") for host, count, due in hosts)]),
+                  file=out)
+
+
 def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO[str], err: IO[str],
             store: PaceStore | None = None) -> int:
     """Run one verb; its exit status (see the module).
@@ -743,7 +768,10 @@ def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO
             store = _open(opts, config)
         try:
             operator = _Operator(store, config, opts, out, err)
-            return int(getattr(operator, verb.replace("-", "_"))(rest))
+            status = int(getattr(operator, verb.replace("-", "_"))(rest))
+            if verb == "hosts" and not opts.json:
+                print_shared_frontier(settings, config, out, err)
+            return status
         finally:
             if owned:
                 store.close()

@@ -168,6 +168,12 @@ class PoliteExtension:
             return
         self.pacer.reconcile(force=True)
         if not scheduler.held_count():
+            # A shared frontier (scrapy-redis): stay open while Redis holds something this worker may take
+            # within its idle window (MAX_IDLE_TIME_BEFORE_CLOSE, else POLITE_MAX_IDLE_WAIT), or other
+            # workers lease requests that would come back if they died (docs/spec.md §5).
+            wait = scheduler.shared_wait()
+            if wait is not None and wait <= self._idle_window():
+                raise DontCloseSpider
             return
         scheduler.unpark()
         earliest = scheduler.earliest_due()
@@ -182,6 +188,11 @@ class PoliteExtension:
                         self.pacer.config.max_idle_wait, scheduler.describe())
             raise CloseSpider("polite_deferred")
         raise DontCloseSpider
+
+    def _idle_window(self) -> float:
+        """scrapy-redis's ``MAX_IDLE_TIME_BEFORE_CLOSE`` when set (> 0), else ``POLITE_MAX_IDLE_WAIT`` (s)."""
+        idle = self.crawler.settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
+        return idle if idle > 0 else self.pacer.config.max_idle_wait
 
     def response_received_robots(self, response: Response, request: Request, spider: Spider | None = None) -> None:
         """Note robots.txt statuses: only a 2xx or 4xx robots.txt may change a host's recorded delay."""

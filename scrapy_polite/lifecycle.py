@@ -83,11 +83,17 @@ class Lifecycle:
         wake: ``wake(host)``, called when something that held the host back is gone (the scheduler then
             hands out the host's next held request as soon as it is due); None until a scheduler attaches.
         inc: ``inc(stat_key, count)``, adds ``count`` to ``polite/<stat_key>``.
+        ended: ``ended(request)``, called when a request leaves the process's pacing (``finished`` or
+            ``dropped``); None until a scheduler attaches.
     """
 
     def __init__(self, wake: Callable[[str], None] | None = None,
-                 inc: Callable[[str, float], None] | None = None) -> None:
+                 inc: Callable[[str, float], None] | None = None,
+                 ended: Callable[[Any], None] | None = None) -> None:
         self.wake = wake
+        #: ``ended(request)``, called once when a request leaves (finished or dropped): the home of held
+        #: requests ends its lease (:class:`~scrapy_polite.frontier.RedisFrontier`); None: nothing to tell.
+        self.ended = ended
         self._inc = inc
         self._lines: dict[str, Line] = {}
         self._claims: dict[str, Any] = {}  # host → its released request on its way to the booking
@@ -141,6 +147,13 @@ class Lifecycle:
         if self.blocked(host):
             return True
         return any(host in hosts and self.busy(key) for key, hosts in self._waiting_hosts.items())
+
+    def blocked_hosts(self) -> set[str]:
+        """Every host whose next held request must wait (:meth:`blocked`): its line is taken or its claim
+        is out. Bounded by the lines and claims in use."""
+        hosts = {key for key, line in self._lines.items() if line.holder is not None and not key.startswith("ip:")}
+        hosts.update(self._claims)
+        return hosts
 
     def lines_kept(self) -> int:
         """How many lines are kept (taken, or with requests waiting for them): bounded by the lines in use."""
@@ -268,6 +281,8 @@ class Lifecycle:
             self._free(request, host, address_key)
         if self._stages.get(request) not in ENDED:
             self._stages[request] = Stage.DROPPED if dropped else Stage.FINISHED
+            if self.ended is not None:
+                self.ended(request)
 
     # -- the backstop ----------------------------------------------------------------------------------
 

@@ -141,6 +141,7 @@ class Pacer:
     def scheduler(self, scheduler: HoldingScheduler | None) -> None:
         self.booker.scheduler = scheduler
         self.lifecycle.wake = scheduler.wake if scheduler is not None else None
+        self.lifecycle.ended = scheduler.ended if scheduler is not None else None
 
     @property
     def spider_delay(self) -> float | None:
@@ -227,6 +228,10 @@ class Pacer:
     def host_blocked(self, host: str) -> bool:
         """See :meth:`Lifecycle.blocked <scrapy_polite.lifecycle.Lifecycle.blocked>`."""
         return self.lifecycle.blocked(host)
+
+    def blocked_hosts(self) -> set[str]:
+        """See :meth:`Lifecycle.blocked_hosts <scrapy_polite.lifecycle.Lifecycle.blocked_hosts>`."""
+        return self.lifecycle.blocked_hosts()
 
     def host_parkable(self, host: str) -> bool:
         """See :meth:`Lifecycle.parkable <scrapy_polite.lifecycle.Lifecycle.parkable>`."""

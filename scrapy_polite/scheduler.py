@@ -14,6 +14,19 @@ request the downloader middleware defers is handed back to it and **held** by ho
   ``JOBDIR/polite_held`` as it is held, so a crawl that stops, or is killed, holds them again on resume at
   their due time; without ``JOBDIR`` the requests still held at close are reported (count and hosts) and
   counted (``polite/deferred/not_crawled``).
+
+With a **shared** scheduler (scrapy-redis's, detected by :func:`~scrapy_polite.frontier.is_shared_scheduler`;
+``POLITE_SHARED_FRONTIER``) the scheduler decides a held request's home differently (docs/spec.md §5, "The
+shared frontier"):
+
+* a worker never takes more than it can send: it takes from the shared queue only while the requests in
+  its downloader plus those it holds for its lines are fewer than ``CONCURRENT_REQUESTS``, so N workers
+  share the queue as they do without the add-on;
+* every request it takes is leased in Redis (:class:`~scrapy_polite.frontier.RedisFrontier`) until its
+  response, final error or drop; a request deferred until a moment (throttle, Crawl-delay) goes back to
+  Redis, held by host until due, for any worker to take; one deferred only for a line of this worker stays
+  here, still leased;
+* at close, whatever it still leases is given back to Redis for the other workers.
 """
 
 from __future__ import annotations
@@ -29,9 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.request import request_from_dict
+from twisted.internet import task, threads
 
 from ._compat import wake_engine
 from .contracts import fail_held_contract_requests
+from .frontier import FrontierState, RedisFrontier, is_shared_scheduler
 from .held import HELD_DIR, HeldRequests
 from .pacer import Pacer, get_pacer
 from .reactor import call_later, installed_reactor
@@ -73,6 +88,11 @@ class PoliteScheduler:
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
         self._timer: Any = None
         self._closing = False
+        #: The shared frontier (scrapy-redis's scheduler), set at open; None: held requests live here.
+        self.frontier: RedisFrontier | None = None
+        self._beat: task.LoopingCall | None = None
+        self._beating = False
+        self._cap = crawler.settings.getint("CONCURRENT_REQUESTS")
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -90,12 +110,55 @@ class PoliteScheduler:
     def open(self, spider: Spider) -> Any:
         self.pacer.scheduler = self
         self._load()
-        return self.inner.open(spider) if hasattr(self.inner, "open") else None
+        result = self.inner.open(spider) if hasattr(self.inner, "open") else None
+        config = self.pacer.config
+        if is_shared_scheduler(self.inner) and config.shared_frontier:
+            self.frontier = RedisFrontier(self.inner.server, self.inner.queue, spider,
+                                          config.frontier_key % {"spider": spider.name}, config.lease_time,
+                                          self.pacer.inc)
+            self.frontier.renew()  # registers this worker, returns the leases of dead ones
+            self._beat = task.LoopingCall(self._heartbeat)
+            self._beat.clock = installed_reactor()
+            self._beat.start(min(1.0, config.lease_time / 3), now=False)
+            logger.info("scrapy-polite: shared frontier %s (scrapy-redis): held and in-flight requests live in "
+                        "Redis, leased for %g s", self.frontier.key, config.lease_time)
+        return result
 
     def close(self, reason: str) -> Any:
         self._closing = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
+        if self._beat is not None and self._beat.running:
+            self._beat.stop()
+        frontier = self.frontier
+        if frontier is not None:
+            d = frontier.settle()
+            d.addCallback(lambda _: threads.deferToThread(self._close_shared, frontier))
+            d.addErrback(lambda failure: logger.error("scrapy-polite: could not give back the requests leased in "
+                                                      "the shared frontier %s: %s", frontier.key, failure.value))
+            d.addBoth(lambda _: self._close_local(reason))
+            return d
+        return self._close_local(reason)
+
+    def _close_shared(self, frontier: RedisFrontier) -> None:
+        """Give back every request this worker leases, held ones included (they are in Redis: not lost),
+        and log what waits in the shared frontier (thread)."""
+        local = len(self._held)
+        returned = frontier.release()
+        self._held.close()
+        self._held = HeldRequests(self.crawler, max_in_memory=0, jobdir=None)
+        self._due.clear()
+        stats = self.crawler.stats
+        if returned and stats is not None:
+            stats.set_value("polite/frontier/returned_at_close", returned)
+        if returned:
+            logger.info("scrapy-polite: %d requests this worker had taken (%d held for its lines) were given back "
+                        "to the shared frontier %s for the other workers", returned, local, frontier.key)
+        logger.info("scrapy-polite: %s", frontier.describe())
+        if not getattr(self.inner, "persist", True):  # SCHEDULER_PERSIST = False: scrapy-redis flushes too
+            frontier.clear()
+
+    def _close_local(self, reason: str) -> Any:
         try:
             self._save_or_report()
         except Exception:
@@ -139,11 +202,86 @@ class PoliteScheduler:
         self.pacer.reconcile()  # the backstop for a request that left by a path no middleware saw
         request = self._next_due()
         if request is None:
-            request = self.inner.next_request()
+            request = self._take_shared() if self.frontier is not None else self.inner.next_request()
             if request is None:
                 return None
         self._owned.add(request)
         return request
+
+    def in_hand(self) -> int:
+        """The requests this worker has taken and not sent: those in its downloader (Scrapy's
+        ``Downloader.active``, waits in line included) and those it holds for its lines."""
+        engine = getattr(self.crawler, "engine", None)
+        active = getattr(getattr(engine, "downloader", None), "active", None)
+        return (len(active) if active is not None else 0) + len(self._held)
+
+    def _take_shared(self) -> Request | None:
+        """The next request from the shared frontier (returned, due held, then scrapy-redis's queue), leased;
+        None while this worker has ``CONCURRENT_REQUESTS`` in hand (docs/spec.md §5: a worker never takes
+        more than it can send)."""
+        frontier = self.frontier
+        assert frontier is not None
+        if 0 < self._cap <= self.in_hand():
+            self.pacer.inc("frontier/full")
+            return None
+        skip = self.pacer.blocked_hosts() | {host for host, _ in self._held.items()}
+        found = frontier.take(skip, queue=frontier.mode != "none")
+        if found is None:
+            if frontier.mode != "none":
+                return None
+            request: Request | None = self.inner.next_request()  # a queue class of its own: pop, then lease
+            if request is not None:
+                frontier.lease(request)
+            return request
+        request, host = found
+        if host is not None:
+            self.pacer.released(request, host)  # it claims its host until it is booked or leaves
+        elif self.crawler.stats is not None:  # as scrapy-redis's next_request counts it
+            self.crawler.stats.inc_value("scheduler/dequeued/redis")
+        return request
+
+    def ended(self, request: Request) -> None:
+        """``request`` left the process's pacing: its lease in the shared frontier ends (called by
+        :class:`~scrapy_polite.lifecycle.Lifecycle`)."""
+        if self.frontier is not None:
+            self.frontier.end(request)
+
+    def shared_wait(self) -> float | None:
+        """Seconds until the shared frontier holds something this worker may take (0: now; the leases of
+        other live workers count as due when they would expire), None without one or when it is empty.
+        Reads Redis (blocking, one round trip, as scrapy-redis's own idle check does)."""
+        if self.frontier is None:
+            return None
+        state = self.frontier.renew()
+        self._wake_if_due(state)
+        wait = state.takeable_in
+        if state.others_leased:
+            wait = min(wait, self.frontier.lease_time) if wait is not None else self.frontier.lease_time
+        return wait
+
+    def _heartbeat(self) -> None:
+        """Renew this worker's leases and return dead workers' (on a thread); poke the engine when something
+        in the shared frontier is due."""
+        if self._beating or self.frontier is None:
+            return
+        self._beating = True
+        d = self.frontier.renew_soon()
+
+        def done(result: Any) -> None:
+            self._beating = False
+            if isinstance(result, FrontierState):
+                self._wake_if_due(result)
+
+        def failed(failure: Any) -> None:
+            self._beating = False
+            logger.warning("scrapy-polite: could not renew this worker's leases in the shared frontier: %s",
+                           failure.value)
+
+        d.addCallbacks(done, failed)
+
+    def _wake_if_due(self, state: FrontierState) -> None:
+        if not self._closing and state.takeable_in == 0.0:
+            wake_engine(self.crawler)
 
     def __len__(self) -> int:
         return len(self.inner) + len(self._held)
@@ -156,9 +294,17 @@ class PoliteScheduler:
 
     def hold(self, request: Request, host: str, due: float | None) -> None:
         """Keep ``request`` out of the downloader until ``due`` (epoch seconds; None: until its host's
-        line is free). The middleware then returns it to the engine, whose ``enqueue_request`` we skip."""
+        line is free). The middleware then returns it to the engine, whose ``enqueue_request`` we skip.
+
+        With the shared frontier, a request deferred until a moment goes back to Redis (any worker takes it
+        when its host is due); one deferred for a line stays here, leased."""
         self._rehold.add(request)
         self._owned.discard(request)
+        frontier = self.frontier
+        if (frontier is not None and due is not None and frontier.owns(request)
+                and frontier.hold(request, host, due - self.clock())):
+            self.pacer.held(request, host)  # gives up its claim and lines
+            return
         self._held.push(host, request, None if due is None else self.pacer.sync.to_store(due))  # persisted: store time
         if due is None and not self.pacer.host_parkable(host):
             due = self.clock()  # nothing holds the host back any more: it may go now (docs/spec.md §5)

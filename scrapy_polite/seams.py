@@ -69,6 +69,16 @@ class HoldingScheduler(Protocol):
         """The host's line was freed: its held requests may go as soon as the host is due."""
         ...
 
+    def ended(self, request: Request) -> None:
+        """``request`` left the process's pacing (finished or dropped): its home forgets it (a lease in the
+        shared frontier ends)."""
+        ...
+
+    def shared_wait(self) -> float | None:
+        """Seconds until the shared frontier (docs/spec.md §5) has something this worker may take (0: now),
+        None without a shared frontier or when nothing waits in it."""
+        ...
+
     def held_count(self) -> int:
         """How many requests are held."""
         ...

@@ -79,6 +79,9 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_EVENT_LOG_SIZE": 100_000,  # the most events one table keeps; the oldest are deleted first
     "POLITE_HOST_DELAYS": {},
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
+    "POLITE_SHARED_FRONTIER": True,  # with scrapy-redis's scheduler, held and in-flight requests live in Redis
+    "POLITE_FRONTIER_KEY": "%(spider)s:polite",  # the shared frontier's keys, beside scrapy-redis's queue
+    "POLITE_LEASE_TIME": 60.0,  # seconds a worker's leases last without renewal (renewed every second, or a third of it)
     "POLITE_ALLOW_PRIVATE": False,
     "POLITE_ALLOWED_NETWORKS": [],
     "POLITE_CHECKED_HANDLERS": [],  # download handlers accepted with the weaker "checked" address rule (README)
@@ -519,6 +522,18 @@ def _autothrottle(settings: Any) -> bool:
         return raw in ("True", "true")
 
 
+def _frontier_key(settings: Any) -> str:
+    raw = _raw(settings, "POLITE_FRONTIER_KEY")
+    try:
+        ok = isinstance(raw, str) and bool(raw % {"spider": "s"}) and raw.isprintable() and " " not in raw
+    except (KeyError, ValueError, TypeError):
+        ok = False
+    if not ok:
+        raise SettingsError(f"POLITE_FRONTIER_KEY must be a Redis key prefix without spaces, where %(spider)s stands "
+                            f"for the spider's name, such as '%(spider)s:polite', got {raw!r}")
+    return str(raw)
+
+
 def _scheduler_base(settings: Any) -> str | type[Any]:
     raw = _raw(settings, "POLITE_SCHEDULER_BASE")
     if isinstance(raw, type) or (isinstance(raw, str) and raw.strip()):
@@ -569,6 +584,10 @@ class PoliteConfig:
         store_prefix: ``POLITE_STORE_PREFIX``, the key prefix of the table in a shared server (Redis).
         event_log: ``POLITE_EVENT_LOG``, keep the event log beside the pace table.
         event_log_size: ``POLITE_EVENT_LOG_SIZE``, the most events the table's log keeps (an int >= 1).
+        shared_frontier: ``POLITE_SHARED_FRONTIER``, keep held and in-flight requests in Redis with
+            scrapy-redis's scheduler (docs/spec.md §5, "The shared frontier").
+        frontier_key: ``POLITE_FRONTIER_KEY``, the shared frontier's key prefix (``%(spider)s``: the name).
+        lease_time: ``POLITE_LEASE_TIME``, seconds a worker's leases last without renewal (> 0).
         store_timeout: ``POLITE_STORE_TIMEOUT``, seconds a server store may stay unreachable mid-crawl
             before the spider closes with reason ``polite_store_error`` (> 0).
         host_delays: ``POLITE_HOST_DELAYS`` with normalised host keys, seconds.
@@ -594,6 +613,9 @@ class PoliteConfig:
     event_log: bool = DEFAULTS["POLITE_EVENT_LOG"]
     event_log_size: int = DEFAULTS["POLITE_EVENT_LOG_SIZE"]
     checked_handlers: tuple[str, ...] = ()
+    shared_frontier: bool = DEFAULTS["POLITE_SHARED_FRONTIER"]
+    frontier_key: str = DEFAULTS["POLITE_FRONTIER_KEY"]
+    lease_time: float = DEFAULTS["POLITE_LEASE_TIME"]
 
     @property
     def address_filter(self) -> AddressFilter:
@@ -636,6 +658,10 @@ class PoliteConfig:
         if store_timeout <= 0:
             raise SettingsError(f"POLITE_STORE_TIMEOUT must be > 0 seconds (how long the crawl waits for an "
                                 f"unreachable pace table), got {_raw(settings, 'POLITE_STORE_TIMEOUT')!r}")
+        lease_time = _seconds(settings, "POLITE_LEASE_TIME")
+        if lease_time <= 0:
+            raise SettingsError(f"POLITE_LEASE_TIME must be > 0 seconds (how long a worker's leases last without "
+                                f"renewal, e.g. 60), got {_raw(settings, 'POLITE_LEASE_TIME')!r}")
         return cls(
             policy=PacingPolicy(host_interval=host_interval, max_backoff=max_backoff, max_wait=max_wait,
                                 max_retry_after=max_retry_after, throttle_statuses=statuses,
@@ -657,6 +683,9 @@ class PoliteConfig:
             event_log=_bool(settings, "POLITE_EVENT_LOG"),
             event_log_size=_event_log_size(settings),
             checked_handlers=checked_handlers(settings),
+            shared_frontier=_bool(settings, "POLITE_SHARED_FRONTIER"),
+            frontier_key=_frontier_key(settings),
+            lease_time=lease_time,
         )
 
 

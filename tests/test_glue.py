@@ -115,6 +115,12 @@ class FakeScheduler:
     def wake(self, host: str) -> None:
         self.wakes.append(host)
 
+    def ended(self, request: Any) -> None:
+        pass
+
+    def shared_wait(self) -> float | None:
+        return None
+
     def held_count(self) -> int:
         return len(self.holds)
 

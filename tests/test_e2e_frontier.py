@@ -1,0 +1,410 @@
+"""The shared frontier: scrapy-redis workers lose nothing (docs/spec.md §5, "The shared frontier"; README
+"Running many crawlers"; issue 18).
+
+Real scrapy-redis workers (``tests/support/redis_worker.py``, one process each: ``RedisSpider`` or
+``RedisCrawlSpider``, scrapy-redis's scheduler and dupefilter, the add-on with a ``redis://`` pace table)
+crawl loopback servers through one real ``redis-server``; workers are stopped with SIGINT (graceful) or
+SIGKILL (a crashed pod). The checks read the **server-side** arrival log:
+
+* work sharing: two workers share the pages as plain scrapy-redis's workers do (within ± 20 %), each page
+  fetched exactly once; negative control: without the shared frontier one worker takes nearly everything;
+* a graceful stop gives its unsent requests back to Redis and the other worker fetches every one;
+* the worker that received a throttle is killed while its host's requests wait, a replacement is started:
+  every page fetched, spacing per host and per address across all workers, nothing inside the Retry-After
+  window, every worker closes on its own;
+* a worker killed with requests in flight: they come back when its lease expires and another worker
+  fetches them (``polite/lease/expired``);
+* scrapy-redis's FIFO, LIFO and priority queues, start URLs as a list, a set and a sorted set, a JSON feed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
+from tests.support.server import Arrival, Reply, RequestInfo, page
+
+redis = pytest.importorskip("redis")
+pytest.importorskip("scrapy_redis")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: Seconds of slack for the arrival log: across processes a request is spaced from the *booking* of the one
+#: before, and on a loaded 2-core machine (two Scrapy workers, Redis, the servers) the moment a booked
+#: request reaches the server lags its booking by tens of milliseconds (up to 74 ms measured).
+TOL = 0.08
+INTERVAL = 0.2
+ADDRESSES = ["127.0.18.1", "127.0.18.2", "127.0.18.3"]
+
+
+class Worker:
+    """One worker process (``python -m tests.support.redis_worker``)."""
+
+    def __init__(self, tmp_path: Any, label: str, name: str, settings: dict[str, Any], barrier: list[str],
+                 kind: str = "RedisSpider") -> None:
+        self.label = label
+        self.out = tmp_path / f"{label}.json"
+        self.log = tmp_path / f"{label}.log"
+        self.fetched_path = tmp_path / f"{label}.fetched"
+        ready = tmp_path / "ready"
+        ready.mkdir(exist_ok=True)
+        config = tmp_path / f"{label}-config.json"
+        config.write_text(json.dumps({"name": name, "worker": label, "kind": kind, "settings": settings,
+                                      "ready_dir": str(ready), "barrier": barrier,
+                                      "fetched": str(self.fetched_path), "out": str(self.out)}))
+        self._log = open(self.log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.redis_worker", str(config)], cwd=ROOT,
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+
+    def stats(self, timeout: float = 90.0) -> dict[str, Any]:
+        """Wait for the worker to close on its own; its stats."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"{self.label} did not close in {timeout} s:\n{self.text()[-4000:]}") from None
+        finally:
+            self._log.close()
+        assert self.proc.returncode == 0, self.text()[-4000:]
+        return json.loads(self.out.read_text())  # type: ignore[no-any-return]
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def killed(self) -> None:
+        """SIGKILL, as a crashed pod; wait until it is gone."""
+        self.signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+    def text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def fetched(self) -> list[str]:
+        """The URLs this worker's spider parsed (``<status> <url>``)."""
+        return self.fetched_path.read_text().split("\n")[:-1] if self.fetched_path.exists() else []
+
+
+def farm_settings(redis_url: str, prefix: str, **overrides: Any) -> dict[str, Any]:
+    s: dict[str, Any] = {
+        "POLITE_STORE": redis_url,
+        "POLITE_STORE_PREFIX": prefix,
+        "REDIS_URL": redis_url,
+        "POLITE_HOST_INTERVAL": INTERVAL,
+        "POLITE_IP_INTERVAL": 0,
+    }
+    s.update(overrides)
+    return s
+
+
+def push_start_urls(url: str, name: str, urls: list[str], how: str = "list") -> None:
+    """Feed ``<name>:start_urls`` as scrapy-redis reads it: a list (default), a set, a sorted set; ``json``:
+    a list of JSON objects ``{"url": …, "meta": …}``."""
+    client = redis.Redis.from_url(url)
+    key = f"{name}:start_urls"
+    if how == "set":
+        client.sadd(key, *urls)
+    elif how == "zset":
+        client.zadd(key, {u: len(urls) - i for i, u in enumerate(urls)})
+    elif how == "json":
+        client.rpush(key, *[json.dumps({"url": u, "meta": {"feed": "json"}}) for u in urls])
+    else:
+        client.rpush(key, *urls)
+    client.close()
+
+
+def push_requests(url: str, name: str, urls: list[str]) -> None:
+    """Put ``urls`` into scrapy-redis's shared request queue (``<name>:requests``, its default priority
+    queue), as a crawl that follows links leaves them: the whole frontier is in Redis from the start."""
+    from types import SimpleNamespace
+
+    from scrapy import Request
+    from scrapy_redis.queue import PriorityQueue
+
+    client = redis.Redis.from_url(url)
+    queue = PriorityQueue(server=client, spider=SimpleNamespace(name=name), key="%(spider)s:requests")
+    for u in urls:
+        queue.push(Request(u))
+    client.close()
+
+
+def arrivals(servers: list[Any]) -> list[Arrival]:
+    return [a for srv in servers for a in srv.arrivals() if a.path != "/robots.txt"]
+
+
+def violations(hits: list[Arrival], interval: float) -> list[str]:
+    """Consecutive starts closer than ``interval``: across processes a booking spaces a host's requests from
+    the previous booking (docs/spec.md §3; within one process its line also waits for the response)."""
+    ordered = sorted(hits, key=lambda a: a.start)
+    return [f"{a.path} started {a.start:.3f}, {b.path} started {b.start:.3f} ({b.start - a.start:.3f} s < {interval} s)"
+            for a, b in zip(ordered, ordered[1:]) if b.start - a.start < interval - TOL]
+
+
+def by_worker(servers: list[Any]) -> Counter[str]:
+    """Pages answered 200, per worker (its User-Agent, recorded by the servers' handlers)."""
+    return Counter(agent for srv in servers for agent, status, _ in srv.agents if status == 200)
+
+
+def start_servers(arrival_server: Any, handler: Any = None, count: int = len(ADDRESSES)) -> list[Any]:
+    """One server per address (the first ``count``); each records ``(User-Agent, status, path)`` per request
+    in ``srv.agents``."""
+    servers = []
+    for address in ADDRESSES[:count]:
+        srv = arrival_server(address)
+        srv.agents = []
+        lock = threading.Lock()
+
+        def reply(info: RequestInfo, count: int, srv: Any = srv, lock: threading.Lock = lock) -> Reply:
+            answer = handler(info, count) if handler is not None else page(info.path)
+            with lock:
+                srv.agents.append((info.headers.get("user-agent", ""), answer.status, info.path))
+            return answer
+
+        srv.route("/*", reply)
+        servers.append(srv)
+    return servers
+
+
+def page_urls(servers: list[Any], pages: int) -> list[str]:
+    return [srv.url(f"/p/{i}") for i in range(pages) for srv in servers]
+
+
+def farm_name() -> str:
+    """A spider name no other test uses (its Redis keys are its own)."""
+    return unique_prefix("farm").replace(":", "-").strip("-")
+
+
+def run_farm(tmp_path: Any, redis_url: str, urls: list[str], settings: dict[str, Any], workers: int = 2,
+             kind: str = "RedisSpider", how: str = "queue", stagger: float = 0.0
+             ) -> tuple[list[Worker], list[dict[str, Any]]]:
+    """Feed ``urls`` (``how``: ``queue``, the shared request queue; else start URLs, :func:`push_start_urls`),
+    start ``workers`` workers (together, or each ``stagger`` s after the previous) and wait for them."""
+    name = farm_name()
+    if how == "queue":
+        push_requests(redis_url, name, urls)
+    else:
+        push_start_urls(redis_url, name, urls, how)
+    labels = [f"w{i}-{name[-6:]}" for i in range(workers)]
+    # Worker i starts once every worker has been ready for i × stagger seconds.
+    farm = [Worker(tmp_path, label, name, settings, [[other, stagger * i] for other in labels], kind)
+            for i, label in enumerate(labels)]
+    return farm, [w.stats() for w in farm]
+
+
+# --------------------------------------------------------------------------------------------------
+# Work sharing
+
+
+def test_two_workers_share_the_pages_as_plain_scrapy_redis_does(redis_url, arrival_server, tmp_path):
+    """Plain scrapy-redis (each worker pacing alone with DOWNLOAD_DELAY) and the add-on split one crawl of 3
+    hosts × 20 pages alike; with a second worker started 1 s late, it still gets a fair share, which it does
+    not without the shared frontier (the first worker took the whole queue into its memory)."""
+    pages = 20
+    total = pages * len(ADDRESSES)
+    plain = farm_settings(redis_url, "", ADDONS={}, DOWNLOAD_DELAY=INTERVAL, CONCURRENT_REQUESTS_PER_DOMAIN=1,
+                          RANDOMIZE_DOWNLOAD_DELAY=False)
+    shares: dict[str, float] = {}
+    for run, settings, stagger in (("plain", plain, 0.0),
+                                   ("polite", farm_settings(redis_url, unique_prefix("share")), 0.0),
+                                   ("polite_late", farm_settings(redis_url, unique_prefix("share")), 1.0),
+                                   ("no_frontier_late", farm_settings(redis_url, unique_prefix("share"),
+                                                                      POLITE_SHARED_FRONTIER=False), 1.0)):
+        servers = start_servers(arrival_server)
+        (tmp_path / run).mkdir()
+        farm, stats = run_farm(tmp_path / run, redis_url, page_urls(servers, pages), settings, stagger=stagger)
+        counts = by_worker(servers)
+        assert sum(counts.values()) == total, (run, counts)
+        shares[run] = counts[farm[1].label] / total  # the second worker's share
+        if run.startswith("polite"):
+            hits = arrivals(servers)
+            # A healthy farm, no kill: each page fetched exactly once, spaced across the workers.
+            assert Counter((a.server_address, a.path) for a in hits).most_common(1)[0][1] == 1
+            for srv in servers:
+                problems = violations(srv.arrivals(), INTERVAL)
+                who = {p: a for a, _, p in srv.agents}
+                assert not problems, (problems, [who.get(p.split()[0]) for p in problems],
+                                      [who.get(p.split()[3].rstrip(",")) for p in problems])
+            assert all(s["finish_reason"] == "finished" for s in stats), stats
+            assert not any(s.get("polite/lease/expired") for s in stats)
+    # Each worker's share is within ± 20 % of plain scrapy-redis's split of the same crawl.
+    for mine, theirs in ((shares["polite"], shares["plain"]), (1 - shares["polite"], 1 - shares["plain"])):
+        assert abs(mine - theirs) <= 0.2 * theirs, shares
+    # A worker started late still shares the work; negative control: without the shared frontier it does not.
+    assert shares["polite_late"] >= 0.3, shares
+    assert shares["no_frontier_late"] < 0.5 * shares["polite_late"], shares
+
+
+# --------------------------------------------------------------------------------------------------
+# Stops and kills
+
+
+def start_throttled_servers(arrival_server: Any, throttles: int, retry_after: float
+                            ) -> tuple[list[Any], threading.Event, dict[str, Any]]:
+    """Two servers; the first answers its first ``throttles`` requests 429 + Retry-After. The Event is set at
+    the first 429, and ``seen['agent']`` names the worker that received it."""
+    seen: dict[str, Any] = {"n": 0}
+    first = threading.Event()
+    lock = threading.Lock()
+
+    def handler(info: RequestInfo, count: int) -> Reply:
+        if info.server_address != ADDRESSES[0]:
+            return page(info.path)
+        with lock:
+            seen["n"] += 1
+            n = seen["n"]
+        if n <= throttles:
+            if n == 1:
+                seen["agent"] = info.headers.get("user-agent", "")
+                first.set()
+            return Reply.throttle(429, str(retry_after))
+        return page(info.path)
+
+    return start_servers(arrival_server, handler, count=2), first, seen
+
+
+def outside_retry_after(hits: list[Arrival], retry_after: float) -> list[str]:
+    """Requests to the throttled host that started inside a Retry-After window."""
+    ordered = sorted(hits, key=lambda a: a.start)
+    problems = []
+    for a in ordered:
+        if a.status == 429:
+            problems += [f"{b.path} at {b.start:.3f}, {b.start - a.end:.3f} s after a 429"
+                         for b in ordered if a.end < b.start < a.end + retry_after - TOL]
+    return problems
+
+
+def fetched_pages(servers: list[Any]) -> set[tuple[str, str]]:
+    return {(a.server_address, a.path) for a in arrivals(servers) if a.status == 200}
+
+
+def test_the_worker_holding_a_throttled_host_is_killed_and_nothing_is_lost(redis_url, arrival_server, tmp_path):
+    retry_after, pages = 2.0, 12
+    servers, first, seen = start_throttled_servers(arrival_server, 2, retry_after)
+    name = farm_name()
+    push_requests(redis_url, name, page_urls(servers, pages))
+    settings = farm_settings(redis_url, unique_prefix("kill"))
+    a, b = (Worker(tmp_path, label, name, settings, [["ka", 0.0], ["kb", 0.0]]) for label in ("ka", "kb"))
+    assert first.wait(60), a.text()[-3000:] + b.text()[-3000:]
+    time.sleep(1.0)  # it holds the throttled host's requests (deferred until Retry-After), and its lines
+    victim, survivor = (a, b) if seen["agent"] == "ka" else (b, a)
+    victim.killed()
+    replacement = Worker(tmp_path, "kc", name, settings, [["kc", 0.0]])
+    stats = [survivor.stats(), replacement.stats()]  # both close on their own
+    assert all(s["finish_reason"] == "finished" for s in stats), stats
+    hits = arrivals(servers)
+    # Every page fetched (200) at least once.
+    assert fetched_pages(servers) == {(srv.address, f"/p/{i}") for srv in servers for i in range(pages)}
+    # Per-host spacing across all three workers (one address per host: the per-IP spacing too); nothing
+    # inside a Retry-After window.
+    for srv in servers:
+        problems = violations(srv.arrivals(), INTERVAL)
+        assert not problems, problems
+    throttled = [h for h in hits if h.server_address == ADDRESSES[0]]
+    assert not outside_retry_after(throttled, retry_after), outside_retry_after(throttled, retry_after)
+    assert sum(1 for h in throttled if h.status == 429) == 2
+    # The victim's leases came back (the requests it had taken and not finished).
+    assert sum(s.get("polite/lease/expired", 0) for s in stats) >= 1, stats
+
+
+def test_requests_in_flight_with_a_killed_worker_come_back_when_its_lease_expires(redis_url, arrival_server,
+                                                                                   tmp_path):
+    slow = 2.0
+    in_flight: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    three = threading.Event()
+
+    def handler(info: RequestInfo, count: int) -> Reply:
+        with lock:
+            in_flight.append((info.headers.get("user-agent", ""), info.path))
+            if sum(1 for agent, _ in in_flight if agent == "fa") == 3:
+                three.set()
+        return Reply.html("<p>slow</p>", delay=slow)
+
+    servers = start_servers(arrival_server, handler)
+    name = farm_name()
+    urls = page_urls(servers, 2)
+    push_requests(redis_url, name, urls)
+    settings = farm_settings(redis_url, unique_prefix("lease"))
+    victim = Worker(tmp_path, "fa", name, settings, [["fa", 0.0]])
+    assert three.wait(60), victim.text()[-3000:]
+    victim.killed()  # three requests in flight (one per host), three more taken and held for its lines
+    killed_at = time.time()
+    other = Worker(tmp_path, "fb", name, settings, [["fb", 0.0]])
+    stats = other.stats()
+    assert stats["finish_reason"] == "finished"
+    assert stats["polite/lease/expired"] == len(urls), stats
+    refetched = [(a.server_address, a.path) for a in arrivals(servers)]
+    # Every page fetched by the other worker, each once; the three in flight were sent twice (once by the
+    # killed worker, whose responses never arrived).
+    assert sorted(refetched) == sorted((srv.address, f"/p/{i}") for srv in servers for i in range(2))
+    assert sum(1 for agent, _ in in_flight if agent == "fa") == 3
+    assert sum(1 for agent, _ in in_flight if agent == "fb") == len(urls)
+    # Not before the lease had expired.
+    assert min(a.start for a in arrivals(servers)) >= killed_at + 0.5
+
+
+def test_a_graceful_stop_gives_its_requests_back_and_the_other_worker_fetches_them(redis_url, arrival_server,
+                                                                                    tmp_path):
+    retry_after, pages = 2.0, 10
+    servers, first, seen = start_throttled_servers(arrival_server, 1, retry_after)
+    name = farm_name()
+    push_requests(redis_url, name, page_urls(servers, pages))
+    settings = farm_settings(redis_url, unique_prefix("stop"))
+    a, b = (Worker(tmp_path, label, name, settings, [["ga", 0.0], ["gb", 0.0]]) for label in ("ga", "gb"))
+    assert first.wait(60), a.text()[-3000:] + b.text()[-3000:]
+    time.sleep(0.5)
+    stopped, other = (a, b) if seen["agent"] == "ga" else (b, a)
+    stopped.signal(signal.SIGINT)  # Ctrl-C: Scrapy's graceful stop
+    stopped_stats, other_stats = stopped.stats(), other.stats()
+    assert stopped_stats["finish_reason"] == "shutdown", stopped_stats
+    assert "polite/deferred/not_crawled" not in stopped_stats
+    log = stopped.text()
+    assert "Waiting in the shared frontier" in log, log[-3000:]
+    assert other_stats["finish_reason"] == "finished"
+    # Every page fetched, the ones the stopped worker had not sent by the other worker.
+    assert fetched_pages(servers) == {(srv.address, f"/p/{i}") for srv in servers for i in range(pages)}
+    fetched_by_stopped = {line.split()[1] for line in stopped.fetched()}
+    fetched_by_other = {line.split()[1] for line in other.fetched()}
+    assert fetched_by_stopped | fetched_by_other == {srv.url(f"/p/{i}") for srv in servers for i in range(pages)}
+    assert len(fetched_by_other) > len(fetched_by_stopped)
+
+
+# --------------------------------------------------------------------------------------------------
+# What scrapy-redis users run
+
+
+@pytest.mark.parametrize("queue, kind, how", [
+    ("scrapy_redis.queue.FifoQueue", "RedisSpider", "list"),
+    ("scrapy_redis.queue.LifoQueue", "RedisCrawlSpider", "set"),
+    ("scrapy_redis.queue.PriorityQueue", "RedisSpider", "zset"),
+    ("scrapy_redis.queue.PriorityQueue", "RedisSpider", "json"),
+])
+def test_queue_classes_spiders_and_start_url_feeds(queue, kind, how, redis_url, arrival_server, tmp_path):
+    """One worker, two hosts × 4 pages as start URLs; the first host's first answer is a 429, so its pages go
+    through the shared frontier's held list and come back (meta and throttle retries kept)."""
+    servers, _, _ = start_throttled_servers(arrival_server, 1, 1.0)
+    urls = page_urls(servers, 4)
+    farm, stats = run_farm(tmp_path, redis_url, urls, farm_settings(redis_url, unique_prefix("q"),
+                                                                     SCHEDULER_QUEUE_CLASS=queue,
+                                                                     REDIS_START_URLS_AS_SET=how == "set",
+                                                                     REDIS_START_URLS_AS_ZSET=how == "zset"),
+                           workers=1, kind=kind, how=how)
+    assert stats[0]["finish_reason"] == "finished", stats
+    assert stats[0]["polite/frontier/held"] >= 1, stats
+    lines = [line.split() for line in farm[0].fetched()]
+    assert sorted(url for status, url, _, _ in lines) == sorted(urls)  # each page once, all 200
+    assert {status for status, _, _, _ in lines} == {"200"}
+    assert sum(int(retries) for _, _, _, retries in lines) == 1  # the throttled page kept its retry count
+    if how == "json":
+        assert {feed for _, _, feed, _ in lines} == {"json"}  # the feed's meta survived the hold in Redis
