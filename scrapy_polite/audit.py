@@ -198,10 +198,11 @@ def _number(event: Event, name: str, *, required: bool = False, minimum: float |
         if required:
             raise LogError(f"{_where(event)} has no {name}: the log is corrupt")
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-            (minimum is not None and value < minimum):
-        raise LogError(f"{_where(event)} has {name} = {value!r}, not a number of seconds"
-                       f"{' >= 0' if minimum is not None else ''}: the log is corrupt")
+    kind = type(value)
+    if (kind is float or kind is int) and math.isfinite(value) and (minimum is None or value >= minimum):
+        return  # a bool is not a number of seconds: its type is bool, not int
+    raise LogError(f"{_where(event)} has {name} = {value!r}, not a number of seconds"
+                   f"{' >= 0' if minimum is not None else ''}: the log is corrupt")
 
 
 def _validate(event: Event) -> None:
@@ -504,7 +505,8 @@ def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str 
     return AuditReport(
         events=len(ordered), sources=sorted({e.source for e in ordered if e.source}),
         first=ordered[0].at if ordered else 0.0, last=ordered[-1].at if ordered else 0.0,
-        hosts=[hosts[h].summary for h in sorted(hosts) if hosts[h].summary.requests or hosts[h].summary.throttles],
+        hosts=[hosts[h].summary for h in sorted(hosts)
+               if hosts[h].summary.requests or hosts[h].summary.throttles or hosts[h].summary.refused],
         addresses=[addresses[a].summary for a in sorted(addresses)], violations=violations, notes=notes)
 
 

@@ -18,10 +18,12 @@ class Log:
     def __init__(self, source: str = "m:1") -> None:
         self.source = source
         self.events: list[Event] = []
+        self.numbered = 0  # the events of ``source`` so far
 
     def add(self, at: float, kind: str, host: str = "a.example", **fields: Any) -> Event:
-        numbered = sum(1 for e in self.events if e.source == self.source)
-        event = Event(T0 + at, kind, host, **{"source": self.source, "seq": numbered, **fields})
+        event = Event(T0 + at, kind, host, **{"source": self.source, "seq": self.numbered, **fields})
+        if event.source == self.source:
+            self.numbered += 1
         self.events.append(event)
         return event
 
