@@ -171,10 +171,13 @@ def run_four(tmp_path: Any, arrival_server: Any, store: str, prefix: str, skew: 
     return all_arrivals(servers), results
 
 
-@pytest.mark.parametrize("table", ["redis", "redis_cluster"])
+@pytest.mark.parametrize("table", ["redis", "redis_cluster", "redis_cluster_sharded"])
 def test_four_processes_share_one_budget_per_host_and_address(table, request, arrival_server, tmp_path):
-    # One Redis server, or a Redis Cluster of three nodes (redis+cluster://): the same guarantees.
+    # One Redis server, or a Redis Cluster of three nodes (redis+cluster://), or the cluster with the sharded
+    # layout (every row in its own slot, a booking over two: docs/scale.md): the same guarantees.
     store = request.getfixturevalue("redis_url" if table == "redis" else "redis_cluster_url")
+    if table == "redis_cluster_sharded":
+        store += "?layout=sharded"
     prefix = unique_prefix("e2e")
     hits, results = run_four(tmp_path, arrival_server, store, prefix, skew=30.0)
     assert len({(a.host, a.path) for a in hits}) == PROCESSES * PAGES * len(HOSTS), describe(hits)  # every page

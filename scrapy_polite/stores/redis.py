@@ -209,11 +209,11 @@ return deleted
 #: idempotence record in that slot. ARGV[1]: the attempt's number; ARGV[2]: the record's TTL (ms); ARGV[3]: the
 #: update's token; ARGV[4]: "w" (optimistic) or "c" (the write of a locked update); ARGV[5..n+4]: the versions
 #: read. Every row must still have the version read and no live lock of another update (a row locked by this
-#: token since the read cannot have changed; the version check also covers a lock that was lost); ARGV[n+5]: the number f of state fields, their names, then f + 2 values per row to write as in
-#: _WRITE_IF_UNCHANGED. A row's new version is max(its version + 1, the server's clock in µs): it only grows,
-#: even across a delete. Every row of KEYS loses this token's lock (a lock-only row is deleted). Returns the
-#: record's value when it was there, the clock and the current rows when a version changed or a row is locked
-#: ("w"), 0 when a row changed or is locked by another update ("c"), else 1.
+#: token since the read cannot have changed; the version check also covers a lock that was lost). ARGV[n+5]:
+#: the number f of state fields, their names, then f + 2 values per row to write as in _WRITE_IF_UNCHANGED.
+#: A row's new version is max(its version + 1, the server's clock in µs): it only grows, even across a delete.
+#: Every row of KEYS loses its lock (a lock-only row is deleted). Returns the record's value when it was there,
+#: the clock and the current rows when a version changed or a row is locked ("w"), 0 then ("c"), else 1.
 _SHARD_WRITE = """
 local n = #KEYS - 1
 local done = redis.call('GET', KEYS[n + 1])
@@ -505,7 +505,8 @@ class RedisStore:
             ``unix:///path/to/socket?db=N`` (redis-py's URL forms) for one server;
             ``redis+cluster://[[user]:password@]host:port[,host:port…][?options]`` or ``rediss+cluster://…``
             for a Redis Cluster (the nodes listed are where the client first learns the cluster's layout;
-            one reachable is enough; database 0 only).
+            one reachable is enough; database 0 only). Any of them takes the option ``layout=table`` (the
+            default: one hash tag for the table) or ``layout=sharded`` (one per row; docs/scale.md).
         options: ``prefix`` (``POLITE_STORE_PREFIX``), ``timeout`` (``POLITE_STORE_TIMEOUT``, seconds; one
             call waits at most ``min(timeout, 5)`` seconds for the server; an idempotence record is kept
             ``timeout`` + :data:`DONE_MARGIN` seconds) and ``expire`` (``POLITE_STORE_EXPIRE``, seconds).
@@ -514,7 +515,9 @@ class RedisStore:
     Raises:
         StoreError: the server cannot be reached, refuses the credentials, or is not a usable Redis (at
             construction: the crawl must not start) — also a cluster node named by ``redis://`` or a single
-            server named by ``redis+cluster://``. The message names the URI (password hidden) and the fix.
+            server named by ``redis+cluster://``; an unknown ``layout``, or ``layout=sharded`` with a prefix that
+            has a hash tag or holds a ``layout=table`` table. The message names the URI (password hidden) and
+            the fix.
     """
 
     #: The table's clock is the server's (``TIME``): the pacer converts its due times to this process's clock.
