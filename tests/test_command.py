@@ -150,7 +150,7 @@ def test_hosts_json_has_the_columns_as_keys(table):
     busy = hosts["busy.example"]
     assert set(busy) == {"host", "next_allowed", "next_allowed_at", "next_allowed_in", "backoff_steps", "crawl_delay",
                          "2xx_seen", "updated", "updated_at", "ratelimit_interval", "ratelimit_until",
-                         "ratelimit_until_at", "last_throttle"}
+                         "ratelimit_until_at", "latency", "strain", "last_throttle"}
     assert set(busy) >= {c.lower().replace(" ", "_").replace("-", "_") for c in HOST_COLUMNS}
     assert busy["next_allowed"] == pytest.approx(table.now + 250) and 240 < busy["next_allowed_in"] <= 250
     assert busy["backoff_steps"] == 3 and busy["crawl_delay"] is None and busy["2xx_seen"] is True
