@@ -12,7 +12,7 @@ front of a saturated backend). ``--pages`` URLs are crawled per crawl, in the sa
 rounds, two ways, each from a fresh start (a fresh pace table, AutoThrottle's fresh per-process state):
 
 * ``Scrapy + AutoThrottle``: ``AUTOTHROTTLE_ENABLED = True`` (target concurrency 1.0, its default), no add-on;
-* ``polite + POLITE_ADAPTIVE``: the add-on with ``POLITE_ADAPTIVE = True`` (factor 2.0, its default).
+* ``polite + POLITE_ADAPTIVE``: the add-on with ``POLITE_ADAPTIVE = True`` (``--factor``: 2.0, its default).
 
 Both get the same floor (``DOWNLOAD_DELAY`` = AutoThrottle's smallest delay and its start delay =
 ``POLITE_HOST_INTERVAL`` = ``--floor``) and Scrapy's ``RetryMiddleware`` (``RETRY_TIMES = 2``, which retries a
@@ -73,13 +73,13 @@ class Load:
         return Reply.html(f"<p>{info.path}</p>", delay=BASE * (1.0 + (rate / KNEE) ** 2))
 
 
-def modes(tmp: str, floor: float, round_no: int) -> list[tuple[str, dict]]:
+def modes(tmp: str, floor: float, round_no: int, factor: float) -> list[tuple[str, dict]]:
     common = {"RETRY_ENABLED": True, "LOG_LEVEL": "WARNING", "CONCURRENT_REQUESTS": 16}
     return [
         ("Scrapy + AutoThrottle", {**common, "AUTOTHROTTLE_ENABLED": True, "DOWNLOAD_DELAY": floor,
                                    "AUTOTHROTTLE_START_DELAY": floor}),
         ("polite + POLITE_ADAPTIVE", {**common, **polite_settings(
-            POLITE_HOST_INTERVAL=floor, POLITE_IP_INTERVAL=0, POLITE_ADAPTIVE=True,
+            POLITE_HOST_INTERVAL=floor, POLITE_IP_INTERVAL=0, POLITE_ADAPTIVE=True, POLITE_ADAPTIVE_FACTOR=factor,
             POLITE_ALLOWED_NETWORKS=["127.0.0.0/8"], POLITE_STORE=f"sqlite:///{tmp}/round{round_no}.sqlite3")}),
     ]
 
@@ -119,10 +119,10 @@ async def main(args: argparse.Namespace) -> None:
             warm.stop()
         print(f"adaptive-pacing benchmark: {args.pages} pages of one host, latency {BASE * 1000:.0f} ms × "
               f"(1 + (rate / {KNEE:g}/s)²), 504 beyond {args.capacity:g} requests/s; floor {args.floor:g} s; "
-              f"{args.rounds} alternating rounds, medians")
+              f"POLITE_ADAPTIVE_FACTOR {args.factor:g}; {args.rounds} alternating rounds, medians")
         results: dict[str, list[dict[str, float]]] = {}
         for r in range(args.rounds):
-            order = modes(tmp, args.floor, r)
+            order = modes(tmp, args.floor, r, args.factor)
             if r % 2:
                 order.reverse()
             for name, settings in order:
@@ -154,5 +154,6 @@ if __name__ == "__main__":
     parser.add_argument("--floor", type=float, default=0.02, help="both pacers' smallest interval, s (0.02)")
     parser.add_argument("--capacity", type=float, default=CAPACITY,
                         help=f"requests per second beyond which the server answers 504 ({CAPACITY:g})")
+    parser.add_argument("--factor", type=float, default=2.0, help="POLITE_ADAPTIVE_FACTOR (its default, 2.0)")
     parser.add_argument("--timeout", type=float, default=300.0)
     task.react(lambda _reactor: defer.ensureDeferred(main(parser.parse_args())))

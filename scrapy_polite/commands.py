@@ -276,6 +276,8 @@ def _host_json(key: str, state: HostState, now: float, throttle: Event | None,
         "ratelimit_interval": state.ratelimit_interval or None,
         "ratelimit_until": state.ratelimit_until or None,
         "ratelimit_until_at": _iso(state.ratelimit_until),
+        "latency": state.latency or None,
+        "strain": state.strain,
         "last_throttle": None if not state.throttled_at else {
             "at": state.throttled_at, "at_iso": _iso(state.throttled_at),
             "cause": throttle.reason if throttle is not None else None,

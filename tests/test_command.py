@@ -170,8 +170,9 @@ def test_hosts_json_has_the_columns_as_keys(table):
     assert list(hosts) == ["idle.example", "slow.example", "busy.example"]
     busy = hosts["busy.example"]
     assert set(busy) == {"host", "next_allowed", "next_allowed_at", "next_allowed_in", "backoff_steps", "crawl_delay",
-                         "after_success", "retry_after_scale", "2xx_seen", "updated", "updated_at", "ratelimit_interval", "ratelimit_until",
-                         "ratelimit_until_at", "last_throttle"}
+                         "after_success", "retry_after_scale", "2xx_seen", "updated", "updated_at",
+                         "ratelimit_interval", "ratelimit_until", "ratelimit_until_at", "latency", "strain",
+                         "last_throttle"}
     assert set(busy) >= {c.lower().replace(" ", "_").replace("-", "_") for c in HOST_COLUMNS}
     assert busy["next_allowed"] == pytest.approx(table.now + 250) and 240 < busy["next_allowed_in"] <= 250
     assert busy["backoff_steps"] == 3 and busy["crawl_delay"] is None and busy["2xx_seen"] is True

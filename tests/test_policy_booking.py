@@ -43,6 +43,7 @@ def test_book_a_free_host_now_on_the_first_address():
     assert b == Booking(booked=True, host=HostState(next_allowed=T0 + 1.0, updated=T0, booked=1), start=T0,
                         host_free=T0, address=A, writes={"": HostState(next_allowed=T0 + 1.0, updated=T0, booked=1),
                                            A: HostState(next_allowed=T0 + 2.0, updated=T0)})
+    assert b.interval == 1.0
 
 
 def test_book_ties_go_to_the_first_address_of_the_mapping():
