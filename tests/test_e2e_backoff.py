@@ -58,6 +58,8 @@ async def test_three_429s_with_retry_after_per_url_leave_no_dead_steps(arrival_s
     # after the last 429, no gap longer than the largest Retry-After plus the interval
     last = max(i for i, a in enumerate(hits) if a.status == 429)
     tail = gaps(hits[last:])
+    print(f"dead-steps case: {len(hits)} requests in {hits[-1].end - hits[0].start:.1f} s; after the last 429 "
+          f"{len(tail)} gaps, largest {max(tail):.3f} s (bound {RETRY_AFTER + INTERVAL:g} s)")
     assert tail and max(tail) <= RETRY_AFTER + INTERVAL, (max(tail), describe(hits))
     # the run is over and forgotten: the row holds no step and no Retry-After
     store = SQLiteStore(f"{tmp_path}/pace.sqlite3")
