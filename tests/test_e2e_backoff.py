@@ -92,3 +92,39 @@ async def test_without_retry_after_the_backoff_still_doubles_to_the_cap_and_earn
     got = gaps(hits)
     for i, (g, w) in enumerate(zip(got, want)):
         assert w - TOL <= g <= w + 0.35, (i, round(g, 3), w, describe(hits))
+
+
+def expected_gaps(statuses: list[int], *, interval: float, cap: float) -> list[float]:
+    """The delay after each response, written out from docs/spec.md §2 (not computed with the module under
+    test): a throttle without Retry-After waits ``interval × 2^steps`` (capped) and adds a step while that is
+    below the cap (the first always); a success takes one off and waits the backoff of the steps left."""
+    steps, out = 0, []
+    for status in statuses:
+        if status == 429:
+            out.append(min(interval * 2 ** steps, cap))
+            if steps == 0 or interval * 2 ** steps < cap:
+                steps += 1
+        else:
+            steps = max(steps - 1, 0)
+            out.append(interval if steps == 0 else min(interval * 2 ** steps, cap))
+    return out
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_same_server_without_retry_after_backs_off_to_the_cap_and_recovers_a_step_a_success(
+        arrival_server, tmp_path):
+    """The issue's server (each URL 429 three times, then 200) without Retry-After, two pages: whatever order
+    the URLs go in, every gap is the exponential backoff of the steps at that moment, capped at 1.6 s, with no
+    step past the cap, and each success takes one step off."""
+    srv = arrival_server("127.0.19.3")
+    srv.route("/*", sequence(*[Reply.throttle(429)] * 3, page()))
+    urls = [srv.url(f"/r{i}") for i in range(2)]
+    crawler = await run_crawl(ListSpider, scaled(tmp_path, POLITE_MAX_BACKOFF=1.6, POLITE_IP_INTERVAL=0),
+                              urls=urls, timeout=60)
+    hits = timeline(srv)
+    assert sorted(f.url for f in crawler.spider.fetched if f.status == 200) == sorted(urls), describe(hits)
+    statuses = [a.status for a in hits]
+    assert statuses.count(429) == 6 and statuses.count(200) == 2, describe(hits)
+    want = expected_gaps(statuses, interval=INTERVAL, cap=1.6)
+    for i, (g, w) in enumerate(zip(gaps(hits), want)):
+        assert w - TOL <= g <= w + 0.35, (i, round(g, 3), w, describe(hits))
