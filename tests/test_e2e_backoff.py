@@ -20,6 +20,10 @@ from tests.support.server import Arrival, Reply, gaps, page, scripted, sequence
 
 #: Lower-bound tolerance (seconds): clock granularity only.
 TOL = 0.02
+#: Upper-bound slack (seconds) for the reactor's timers and the scheduler's wake-up on a loaded 2-core machine
+#: (measured: up to 0.13 s late). At the issue's scale (Retry-After 3 s, interval 1 s) it is noise; here it is
+#: what a real-time test needs on top of the rule's bound. A dead step would cost 25.6 s here, not 0.1 s.
+TIMER_SLACK = 0.25
 
 INTERVAL = 0.1
 RETRY_AFTER = 0.3
@@ -60,7 +64,8 @@ async def test_three_429s_with_retry_after_per_url_leave_no_dead_steps(arrival_s
     tail = gaps(hits[last:])
     print(f"dead-steps case: {len(hits)} requests in {hits[-1].end - hits[0].start:.1f} s; after the last 429 "
           f"{len(tail)} gaps, largest {max(tail):.3f} s (bound {RETRY_AFTER + INTERVAL:g} s)")
-    assert tail and max(tail) <= RETRY_AFTER + INTERVAL, (max(tail), describe(hits))
+    assert tail and max(tail) <= RETRY_AFTER + INTERVAL + TIMER_SLACK, (max(tail), describe(hits))
+    assert sorted(tail)[len(tail) // 2] <= RETRY_AFTER + INTERVAL, (tail, describe(hits))  # the usual gap: the rule's
     # the run is over and forgotten: the row holds no step and no Retry-After
     store = SQLiteStore(f"{tmp_path}/pace.sqlite3")
     try:
