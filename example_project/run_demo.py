@@ -246,8 +246,8 @@ def table_changes(start: list[tuple[str, Any]] | None, end: list[tuple[str, Any]
         if old.crawl_delay and old.crawl_delay == s.crawl_delay:
             changed.append(f"Crawl-delay {s.crawl_delay:g} s kept from the table (honoured before robots.txt was "
                            "read again)")
-        if old.consec and old.next_allowed > time.time() - 3600:
-            changed.append(f"started with {old.consec} backoff steps (its requests waited until due)")
+        if old.consec and old.consec == s.consec:
+            changed.append(f"still {s.consec} backoff steps")
         lines.append(f"{host}: " + (", ".join(changed) if changed else "unchanged"))
     return lines
 

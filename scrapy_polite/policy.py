@@ -9,8 +9,10 @@ Everything that decides *how long* a host must be left alone lives here:
   :meth:`~PacingPolicy.should_defer`, :meth:`~PacingPolicy.reset`;
   :meth:`~PacingPolicy.defer_verdict`, :meth:`~PacingPolicy.book` (the booking step over a host's
   addresses), :meth:`~PacingPolicy.finish_address`, :meth:`~PacingPolicy.robots_delay_update`;
-  :meth:`~PacingPolicy.after_ratelimit` (announced quotas, parsed by :mod:`scrapy_polite.ratelimit`) and
-  :meth:`~PacingPolicy.retry_throttled` (the package's own retries of throttled responses);
+  :meth:`~PacingPolicy.after_ratelimit` (announced quotas, parsed by :mod:`scrapy_polite.ratelimit`),
+  :meth:`~PacingPolicy.retry_throttled` (the package's own retries of throttled responses), and
+  :meth:`~PacingPolicy.takes_step` / :meth:`~PacingPolicy.success_delay` (no dead steps, and Retry-After sets
+  the scale);
 * :class:`HostState` — one host's row of the pace table, an immutable value;
 * :func:`ip_key` — the pace-table key of an address's row.
 

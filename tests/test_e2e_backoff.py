@@ -20,6 +20,10 @@ from tests.support.server import Arrival, Reply, gaps, page, scripted, sequence
 
 #: Lower-bound tolerance (seconds): clock granularity only.
 TOL = 0.02
+#: Upper-bound slack (seconds) for the reactor's timers and the scheduler's wake-up on a loaded 2-core machine
+#: (measured: up to 0.13 s late). At the issue's scale (Retry-After 3 s, interval 1 s) it is noise; here it is
+#: what a real-time test needs on top of the rule's bound. A dead step would cost 25.6 s here, not 0.1 s.
+TIMER_SLACK = 0.25
 
 INTERVAL = 0.1
 RETRY_AFTER = 0.3
@@ -58,7 +62,10 @@ async def test_three_429s_with_retry_after_per_url_leave_no_dead_steps(arrival_s
     # after the last 429, no gap longer than the largest Retry-After plus the interval
     last = max(i for i, a in enumerate(hits) if a.status == 429)
     tail = gaps(hits[last:])
-    assert tail and max(tail) <= RETRY_AFTER + INTERVAL, (max(tail), describe(hits))
+    print(f"dead-steps case: {len(hits)} requests in {hits[-1].end - hits[0].start:.1f} s; after the last 429 "
+          f"{len(tail)} gaps, largest {max(tail):.3f} s (bound {RETRY_AFTER + INTERVAL:g} s)")
+    assert tail and max(tail) <= RETRY_AFTER + INTERVAL + TIMER_SLACK, (max(tail), describe(hits))
+    assert sorted(tail)[len(tail) // 2] <= RETRY_AFTER + INTERVAL, (tail, describe(hits))  # the usual gap: the rule's
     # the run is over and forgotten: the row holds no step and no Retry-After
     store = SQLiteStore(f"{tmp_path}/pace.sqlite3")
     try:
@@ -89,4 +96,40 @@ async def test_without_retry_after_the_backoff_still_doubles_to_the_cap_and_earn
     want = [0.1, 0.2, 0.4, 0.8, 1.6, 1.6, 0.8, 0.4, 0.2, 0.1, 0.1]
     got = gaps(hits)
     for i, (g, w) in enumerate(zip(got, want)):
+        assert w - TOL <= g <= w + 0.35, (i, round(g, 3), w, describe(hits))
+
+
+def expected_gaps(statuses: list[int], *, interval: float, cap: float) -> list[float]:
+    """The delay after each response, written out from docs/spec.md §2 (not computed with the module under
+    test): a throttle without Retry-After waits ``interval × 2^steps`` (capped) and adds a step while that is
+    below the cap (the first always); a success takes one off and waits the backoff of the steps left."""
+    steps, out = 0, []
+    for status in statuses:
+        if status == 429:
+            out.append(min(interval * 2 ** steps, cap))
+            if steps == 0 or interval * 2 ** steps < cap:
+                steps += 1
+        else:
+            steps = max(steps - 1, 0)
+            out.append(interval if steps == 0 else min(interval * 2 ** steps, cap))
+    return out
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_same_server_without_retry_after_backs_off_to_the_cap_and_recovers_a_step_a_success(
+        arrival_server, tmp_path):
+    """The issue's server (each URL 429 three times, then 200) without Retry-After, two pages: whatever order
+    the URLs go in, every gap is the exponential backoff of the steps at that moment, capped at 1.6 s, with no
+    step past the cap, and each success takes one step off."""
+    srv = arrival_server("127.0.19.3")
+    srv.route("/*", sequence(*[Reply.throttle(429)] * 3, page()))
+    urls = [srv.url(f"/r{i}") for i in range(2)]
+    crawler = await run_crawl(ListSpider, scaled(tmp_path, POLITE_MAX_BACKOFF=1.6, POLITE_IP_INTERVAL=0),
+                              urls=urls, timeout=60)
+    hits = timeline(srv)
+    assert sorted(f.url for f in crawler.spider.fetched if f.status == 200) == sorted(urls), describe(hits)
+    statuses = [a.status for a in hits]
+    assert statuses.count(429) == 6 and statuses.count(200) == 2, describe(hits)
+    want = expected_gaps(statuses, interval=INTERVAL, cap=1.6)
+    for i, (g, w) in enumerate(zip(gaps(hits), want)):
         assert w - TOL <= g <= w + 0.35, (i, round(g, 3), w, describe(hits))

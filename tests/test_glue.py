@@ -654,7 +654,8 @@ def test_a_429_with_retry_after_sets_next_allowed_to_end_plus_retry_after():
     g.clock.advance(0.5)
     decision = respond(g, ra, status=429, **{"Retry-After": "5"})
     assert decision.throttle and decision.counted
-    assert g.row("a.example") == HostState(next_allowed=T0 + 5.5, consec=1, throttled_at=T0 + 0.5, updated=T0 + 0.5)
+    assert g.row("a.example") == HostState(next_allowed=T0 + 5.5, consec=1, throttled_at=T0 + 0.5, updated=T0 + 0.5,
+                                           run_retry_after=5.0)  # the run's Retry-After (docs/spec.md §2)
     assert g.row("ip:192.0.2.1") == HostState(next_allowed=T0 + 2.5, updated=T0 + 0.5)
     assert (g.stat("throttles/429"), g.stat("backoff_steps"), g.stat("retry_after/honoured")) == (1, 1, 1)
     c = g.report.counters("a.example")
