@@ -14,8 +14,8 @@ With scrapy-redis's scheduler (``scrapy_redis.scheduler.Scheduler``, wrapped by
   returned list — is **leased**, not popped: it is moved into the worker's lease hash in the same atomic
   step (one Lua script). The response, a final error or a drop ends the lease; a deferral moves the
   request from the lease into a held list (one script). A live worker renews its deadline every
-  second (every ``POLITE_LEASE_TIME / 3`` if shorter); any worker that finds a deadline passed (a dead worker) moves that
-  worker's leased requests to ``<key>:returned`` (counted in ``polite/lease/expired``), which every
+  second (every ``POLITE_LEASE_TIME / 3`` if shorter); any worker that finds a deadline passed (a dead
+  worker) moves that worker's leased requests to ``<key>:returned`` (counted in ``polite/lease/expired``), which every
   worker takes from first;
 * ``<key>:count``: how many requests the held lists hold.
 

@@ -50,6 +50,7 @@ from .frontier import FrontierState, RedisFrontier, is_shared_scheduler
 from .held import HELD_DIR, HeldRequests
 from .pacer import Pacer, get_pacer
 from .reactor import call_later, installed_reactor
+from .seams import SharedFrontier
 from .settings import SettingsError
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class PoliteScheduler:
         self._timer: Any = None
         self._closing = False
         #: The shared frontier (scrapy-redis's scheduler), set at open; None: held requests live here.
-        self.frontier: RedisFrontier | None = None
+        self.frontier: SharedFrontier | None = None
         self._beat: task.LoopingCall | None = None
         self._beating = False
         self._cap = crawler.settings.getint("CONCURRENT_REQUESTS")
@@ -140,7 +141,7 @@ class PoliteScheduler:
             return d
         return self._close_local(reason)
 
-    def _close_shared(self, frontier: RedisFrontier) -> None:
+    def _close_shared(self, frontier: SharedFrontier) -> None:
         """Give back every request this worker leases, held ones included (they are in Redis: not lost),
         and log what waits in the shared frontier (thread)."""
         local = len(self._held)

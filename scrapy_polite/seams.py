@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from scrapy import Request
+    from twisted.internet.defer import Deferred
 
-__all__ = ["Go", "Defer", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "ClockSync"]
+    from .frontier import FrontierState
+
+__all__ = ["Go", "Defer", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "SharedFrontier", "ClockSync"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,62 @@ class HoldingScheduler(Protocol):
 
     def has_pending_requests(self) -> bool:
         """The wrapped scheduler has requests that are not held."""
+        ...
+
+
+class SharedFrontier(Protocol):
+    """The home of held and in-flight requests shared by every worker of a crawl (docs/spec.md §5, "The
+    shared frontier"; :class:`~scrapy_polite.frontier.RedisFrontier` with scrapy-redis). The scheduler
+    chooses it at open; nothing else needs to know where a held request lives."""
+
+    key: str
+    lease_time: float
+    mode: str
+
+    def take(self, skip: set[str], *, queue: bool = True) -> tuple[Request, str | None] | None:
+        """One request, leased to this worker: returned first, then of a due held host not in ``skip``,
+        then (``queue``) the shared queue's head; ``(request, host of a held one or None)``, or None."""
+        ...
+
+    def lease(self, request: Request) -> None:
+        """Lease a request the shared scheduler's own pop returned."""
+        ...
+
+    def owns(self, request: Request) -> bool:
+        """``request`` is leased to this worker."""
+        ...
+
+    def hold(self, request: Request, host: str, delay: float) -> bool:
+        """Move ``request`` from its lease to its host's held requests, due in ``delay`` s; False when it
+        cannot be written (it stays in this process, leased)."""
+        ...
+
+    def end(self, request: Request) -> None:
+        """``request`` left (response, final error, drop): its lease ends."""
+        ...
+
+    def renew(self, *, alive: bool = True) -> FrontierState:
+        """Renew this worker's leases, return dead workers' ones, read what waits (blocking)."""
+        ...
+
+    def renew_soon(self) -> Deferred[FrontierState]:
+        """:meth:`renew` off the reactor."""
+        ...
+
+    def settle(self) -> Deferred[Any]:
+        """Fires when every write started so far is done."""
+        ...
+
+    def release(self) -> int:
+        """Give back everything this worker leases (blocking); how many."""
+        ...
+
+    def describe(self) -> str:
+        """What waits in the frontier, per host, for the log (blocking)."""
+        ...
+
+    def clear(self) -> None:
+        """Delete the frontier (the shared queue is flushed too)."""
         ...
 
 

@@ -81,7 +81,7 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
     "POLITE_SHARED_FRONTIER": True,  # with scrapy-redis's scheduler, held and in-flight requests live in Redis
     "POLITE_FRONTIER_KEY": "%(spider)s:polite",  # the shared frontier's keys, beside scrapy-redis's queue
-    "POLITE_LEASE_TIME": 60.0,  # seconds a worker's leases last without renewal (renewed every second, or a third of it)
+    "POLITE_LEASE_TIME": 60.0,  # seconds a worker's leases last without renewal (renewed every second)
     "POLITE_ALLOW_PRIVATE": False,
     "POLITE_ALLOWED_NETWORKS": [],
     "POLITE_CHECKED_HANDLERS": [],  # download handlers accepted with the weaker "checked" address rule (README)

@@ -237,6 +237,7 @@ def test_two_workers_share_the_pages_as_plain_scrapy_redis_does(redis_url, arriv
                                       [who.get(p.split()[3].rstrip(",")) for p in problems])
             assert all(s["finish_reason"] == "finished" for s in stats), stats
             assert not any(s.get("polite/lease/expired") for s in stats)
+    print("second worker's share:", {run: round(share, 3) for run, share in shares.items()})
     # Each worker's share is within ± 20 % of plain scrapy-redis's split of the same crawl.
     for mine, theirs in ((shares["polite"], shares["plain"]), (1 - shares["polite"], 1 - shares["plain"])):
         assert abs(mine - theirs) <= 0.2 * theirs, shares

@@ -212,6 +212,11 @@ INVALID = [
     ("POLITE_EVENT_LOG_SIZE", 0, "got 0"),
     ("POLITE_EVENT_LOG_SIZE", "lots"),
     ("POLITE_SCHEDULER_BASE", ""),
+    ("POLITE_SHARED_FRONTIER", "yes"),
+    ("POLITE_FRONTIER_KEY", "with spaces:%(spider)s", "%(spider)s"),
+    ("POLITE_FRONTIER_KEY", "%(name)s:polite"),
+    ("POLITE_LEASE_TIME", 0, "> 0"),
+    ("POLITE_LEASE_TIME", "a minute"),
     ("POLITE_THROTTLE_STATUSES", "[]", "is empty"),
     ("POLITE_THROTTLE_STATUSES", "429,slow"),
     ("POLITE_THROTTLE_STATUSES", "[429.5]"),
@@ -283,6 +288,7 @@ VALID = {
     "POLITE_STORE": "memory://", "POLITE_STORE_PREFIX": "crawl1:", "POLITE_STORE_TIMEOUT": "5",
     "POLITE_EVENT_LOG": "false", "POLITE_EVENT_LOG_SIZE": "10",
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
+    "POLITE_SHARED_FRONTIER": "false", "POLITE_FRONTIER_KEY": "%(spider)s:held", "POLITE_LEASE_TIME": "2",
     "POLITE_THROTTLE_STATUSES": "429", "POLITE_HOST_DELAYS": '{"api.example.com": 0}',
     "POLITE_ALLOWED_NETWORKS": '["10.0.0.0/8"]', "POLITE_DNS_OVERRIDES": '{"a.test": "127.0.0.1"}',
     "POLITE_DNS_NAMESERVERS": "127.0.0.1:5353", "POLITE_DNS_TIMEOUT": "0.1", "POLITE_DNS_MIN_TTL": 0,
@@ -302,6 +308,7 @@ def test_valid_values_are_the_negative_control():
         assert config.store_prefix == "crawl1:" and config.store_timeout == 5.0
         assert config.event_log is False and config.event_log_size == 10
         assert config.max_held_in_memory == 0
+        assert (config.shared_frontier, config.frontier_key, config.lease_time) == (False, "%(spider)s:held", 2.0)
         assert config.policy.max_failure_backoff == 5.0 and config.policy.throttle_retries == 3
         assert config.policy.ratelimit_headers is False
         assert config.policy.adaptive is not None
