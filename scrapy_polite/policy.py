@@ -327,19 +327,18 @@ class PacingPolicy:
 
     # -- the interval -------------------------------------------------------------------------------
 
-    def effective_interval(self, state: HostState | None, override: float | None = None, *,
-                           quota: bool = True) -> float:
+    def effective_interval(self, state: HostState | None, override: float | None = None) -> float:
         """``eff = max(host_interval, crawl_delay, ratelimit_interval, override)`` in seconds (docs/spec.md §2).
 
         A published Crawl-delay larger than an override always wins; an override can only slow us down
         below the base interval when it is larger than it. The interval of an announced quota counts only
-        while ``ratelimit_headers`` is on (and ``quota`` is true: False leaves it out).
+        while ``ratelimit_headers`` is on.
         """
         eff = self.host_interval
         if state is not None:
             if state.crawl_delay > eff:
                 eff = state.crawl_delay
-            if quota and self.ratelimit_headers and state.ratelimit_interval > eff:
+            if self.ratelimit_headers and state.ratelimit_interval > eff:
                 eff = state.ratelimit_interval
         if override is not None and override > eff:
             eff = override
@@ -445,13 +444,8 @@ class PacingPolicy:
         else:
             # Sent before a recorded throttle: it says nothing about the host's mood since.
             consec = old.consec if stale else max(old.consec - 1, 0)
-            if consec == 0:
-                # An announced quota counts the requests' arrivals: its w / q is kept from this request's start
-                # (the booking reserved it), the other intervals from the response's end (docs/spec.md §2).
-                next_allowed = max(end + self.effective_interval(old, override, quota=False),
-                                   (sent_at if sent_at is not None else end) + eff, old.next_allowed)
-            else:
-                next_allowed = max(end + self.backoff(eff, consec), old.next_allowed)
+            delay = eff if consec == 0 else self.backoff(eff, consec)
+            next_allowed = max(end + delay, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
                         counted=throttle and consec > old.consec, retry_after_clamped=clamped, ratelimit=quota)
