@@ -486,18 +486,19 @@ class PacingPolicy:
         for policy in limits.policies:
             if policy.unit == REQUESTS and policy.window is not None and policy.quota > 0:
                 interval = max(interval or 0.0, policy.window / policy.quota)
-        after = max(old.booked - serial, 0) if serial is not None else 0
+        # Only the answer to a request booked after the one last counted says something newer (None: not known).
+        counted = serial is None or serial > old.quota_serial
+        after = max(old.booked - serial, 0) if serial is not None and counted else 0
         hold = None
         binding: tuple[int, float, int, float] | None = None  # (left, reset, quota, window)
         for limit in limits.limits:
             quota, window, unit = _policy_of(limits, limit.name)
-            if unit != REQUESTS:
-                continue
-            left = max(limit.remaining - after, 0)
+            requests = unit == REQUESTS
+            left = max(limit.remaining - after, 0) if requests else limit.remaining
             reset = limit.reset if limit.reset is not None else -1.0  # -1: not said
             if left <= 0 and reset > 0:
                 hold = max(hold or 0.0, reset)
-            if binding is None or (left, -reset) < (binding[0], -binding[1]):
+            if requests and (binding is None or (left, -reset) < (binding[0], -binding[1])):
                 binding = (left, reset, quota, window)
         clamped = False
         if interval is not None and interval > self.max_retry_after:
@@ -508,7 +509,7 @@ class PacingPolicy:
         changed = interval is not None and interval != old.ratelimit_interval
         if interval is not None and changed:
             new = replace(new, ratelimit_interval=interval, updated=end)
-        if binding is not None and (serial is None or serial > old.quota_serial):
+        if binding is not None and counted:
             left, reset, quota, window = binding
             if reset > self.max_retry_after:
                 reset, quota, clamped = self.max_retry_after, 0, True  # not the real reset: no refill there
