@@ -5,6 +5,11 @@ Each rate-limit header form: the crawl receives **no** 429 and finishes within 1
 time (``n × w / q``). The negative controls: the same server crawled with ``POLITE_RATELIMIT_HEADERS = False``
 is refused; a quota announced but not enforced still paces the crawl; malformed fields are counted and ignored.
 
+Several crawlers on one SQLite table (as several processes would share it), each quota style, a server that
+answers slowly enough for requests to be in flight together: no 429, every page, makespan ≤ 1.1 × ideal, no more
+than ``q`` arrivals in any fixed (or, for a token bucket, sliding) window; the count is in the shared row.
+Negative control: the same crawlers ignoring the headers are refused.
+
 The crawl's own pacing is made fast (``POLITE_HOST_INTERVAL = 0.02``, no per-IP pacing), so only the quota
 can slow it down.
 """
