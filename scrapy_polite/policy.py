@@ -50,6 +50,10 @@ __all__ = [
 #: Seconds between two tries of a booking that waits for a host's first answer (docs/spec.md §2, "Quota
 #: booking"): one round trip to the server is the usual wait.
 FIRST_ANSWER_POLL = 0.05
+#: The longest (s) a host's second booking waits for its first answer (at most ``max_wait``): a first request
+#: that ends without an answer the table hears of (refused by a later middleware, a crawl stopped while it was
+#: in flight) delays the host's next request this long at most.
+FIRST_ANSWER_TIMEOUT = 10.0
 
 #: The exponent of a backoff is capped here (``2**10`` = 1024 × the interval), as in the reference.
 MAX_BACKOFF_EXPONENT = 10
@@ -539,7 +543,8 @@ class PacingPolicy:
 
         * **The first answer**: a host booked once that has not answered yet (``quota_serial`` 0) takes no
           second booking, in any process, until it answers (its quota is known only then) or for
-          ``max_wait`` seconds at most; the others try again every :data:`FIRST_ANSWER_POLL` seconds.
+          :data:`FIRST_ANSWER_TIMEOUT` (at most ``max_wait``) seconds; the others try again every
+          :data:`FIRST_ANSWER_POLL` seconds.
 
         ``booked`` (the serial) grows by one with every booking, quota or not (while ``ratelimit_headers``
         is on).
@@ -551,7 +556,8 @@ class PacingPolicy:
         new = state
         if not self.ratelimit_headers:
             return new, None
-        if new.booked > 0 and new.quota_serial == 0 and now < new.updated + self.max_wait:
+        first_answer_by = new.updated + min(self.max_wait, FIRST_ANSWER_TIMEOUT)
+        if new.booked > 0 and new.quota_serial == 0 and now < first_answer_by:
             return new, now + FIRST_ANSWER_POLL  # the host has not answered yet: its quota is not known
         if new.quota_reset > 0 and now >= new.quota_reset:
             if new.quota_limit > 0:

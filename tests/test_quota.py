@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scrapy_polite.policy import FIRST_ANSWER_POLL, HostState, PacingPolicy
+from scrapy_polite.policy import FIRST_ANSWER_POLL, FIRST_ANSWER_TIMEOUT, HostState, PacingPolicy
 from scrapy_polite.ratelimit import QuotaPolicy, RateLimits, ServiceLimit, parse_rate_limits
 
 T0 = 1_800_000_000.0
@@ -138,10 +138,12 @@ def test_spent_with_its_reset_unknown_waits_for_an_answer_not_for_ever():
     assert POLICY.after_response(state, status=200, end=T0 + 1, serial=2).state.quota_left == 0
 
 
-def test_the_first_answer_waits_at_most_max_wait():
+def test_the_first_answer_waits_at_most_its_timeout():
     state = HostState(booked=1, updated=T0, next_allowed=T0)
-    assert book(state, T0 + 59.9)[0] is False
-    assert book(state, T0 + 60.0)[0] is True  # the first request never answered: the next one goes
+    assert book(state, T0 + FIRST_ANSWER_TIMEOUT - 0.01)[0] is False
+    assert book(state, T0 + FIRST_ANSWER_TIMEOUT)[0] is True  # the first request never answered: the next goes
+    short = PacingPolicy(host_interval=0.001, max_wait=2.0)  # and never longer than max_wait
+    assert book(state, T0 + 1.99, short)[0] is False and book(state, T0 + 2.0, short)[0] is True
     # Rows that never counted a booking (written before the quota booking, or with the headers off) do not wait.
     assert book(HostState(updated=T0), T0 + 1)[0] is True
     off = PacingPolicy(host_interval=0.0, ratelimit_headers=False)
