@@ -53,6 +53,10 @@ __all__ = [
 #: Seconds between two tries of a booking that waits for a host's first answer (docs/spec.md §2, "Quota
 #: booking"): one round trip to the server is the usual wait.
 FIRST_ANSWER_POLL = 0.05
+#: The longest (s) a host's second booking waits for its first answer (at most ``max_wait``): a first request
+#: that ends without an answer the table hears of (refused by a later middleware, a crawl stopped while it was
+#: in flight) delays the host's next request this long at most.
+FIRST_ANSWER_TIMEOUT = 10.0
 
 #: The exponent of a backoff is capped here (``2**10`` = 1024 × the interval), as in the reference.
 MAX_BACKOFF_EXPONENT = 10
@@ -347,22 +351,20 @@ class PacingPolicy:
 
     # -- the interval -------------------------------------------------------------------------------
 
-    def effective_interval(self, state: HostState | None, override: float | None = None, *,
-                           quota: bool = True) -> float:
+    def effective_interval(self, state: HostState | None, override: float | None = None) -> float:
         """``eff = max(host_interval, crawl_delay, ratelimit_interval, override)`` in seconds (docs/spec.md §2).
 
         A published Crawl-delay larger than an override always wins; an override can only slow us down
         below the base interval when it is larger than it. The interval of an announced quota counts only
-        while ``ratelimit_headers`` is on (and ``quota`` is true: False leaves it out). With ``adaptive`` on, that
-        ``eff`` is the floor of the host's adaptive interval (:meth:`AdaptivePolicy.interval
-        <scrapy_polite.adaptive.AdaptivePolicy.interval>`, docs/spec.md §2 "Adaptive pacing"), which is returned
-        instead: never below the floor.
+        while ``ratelimit_headers`` is on. With ``adaptive`` on, that ``eff`` is the floor of the host's adaptive
+        interval (:meth:`AdaptivePolicy.interval <scrapy_polite.adaptive.AdaptivePolicy.interval>`, docs/spec.md
+        §2 "Adaptive pacing"), which is returned instead: never below the floor.
         """
         eff = self.host_interval
         if state is not None:
             if state.crawl_delay > eff:
                 eff = state.crawl_delay
-            if quota and self.ratelimit_headers and state.ratelimit_interval > eff:
+            if self.ratelimit_headers and state.ratelimit_interval > eff:
                 eff = state.ratelimit_interval
         if override is not None and override > eff:
             eff = override
@@ -509,16 +511,10 @@ class PacingPolicy:
         else:
             # Sent before a recorded throttle: it says nothing about the host's mood since.
             consec = old.consec if stale else max(old.consec - 1, 0)
-            if consec == 0:
-                # An announced quota counts the requests' arrivals: its w / q is kept from this request's start
-                # (the booking reserved it), the other intervals from the response's end (docs/spec.md §2).
-                next_allowed = max(end + self.effective_interval(old, override, quota=False),
-                                   (sent_at if sent_at is not None else end) + eff, old.next_allowed)
-            else:
-                # One step off (none when stale), at most the run's largest Retry-After: the server told us the
-                # size of its window, and guessing above it only loses reach.
-                delay = self.success_delay(replace(old, consec=consec + 1), override)
-                next_allowed = max(end + delay, old.next_allowed)
+            # One step off (none when stale), at most the run's largest Retry-After: the server told us the size
+            # of its window, and guessing above it only loses reach.
+            delay = eff if consec == 0 else self.success_delay(replace(old, consec=consec + 1), override)
+            next_allowed = max(end + delay, old.next_allowed)
             new = replace(old, consec=consec, next_allowed=next_allowed, updated=end, ok_seen=ok_seen,
                           run_retry_after=old.run_retry_after if consec > 0 else 0.0)
         return Decision(state=new, delay=new.next_allowed - end, throttle=throttle,
@@ -592,18 +588,19 @@ class PacingPolicy:
         for policy in limits.policies:
             if policy.unit == REQUESTS and policy.window is not None and policy.quota > 0:
                 interval = max(interval or 0.0, policy.window / policy.quota)
-        after = max(old.booked - serial, 0) if serial is not None else 0
+        # Only the answer to a request booked after the one last counted says something newer (None: not known).
+        counted = serial is None or serial > old.quota_serial
+        after = max(old.booked - serial, 0) if serial is not None and counted else 0
         hold = None
         binding: tuple[int, float, int, float] | None = None  # (left, reset, quota, window)
         for limit in limits.limits:
             quota, window, unit = _policy_of(limits, limit.name)
-            if unit != REQUESTS:
-                continue
-            left = max(limit.remaining - after, 0)
+            requests = unit == REQUESTS
+            left = max(limit.remaining - after, 0) if requests else limit.remaining
             reset = limit.reset if limit.reset is not None else -1.0  # -1: not said
             if left <= 0 and reset > 0:
                 hold = max(hold or 0.0, reset)
-            if binding is None or (left, -reset) < (binding[0], -binding[1]):
+            if requests and (binding is None or (left, -reset) < (binding[0], -binding[1])):
                 binding = (left, reset, quota, window)
         clamped = False
         if interval is not None and interval > self.max_retry_after:
@@ -614,7 +611,7 @@ class PacingPolicy:
         changed = interval is not None and interval != old.ratelimit_interval
         if interval is not None and changed:
             new = replace(new, ratelimit_interval=interval, updated=end)
-        if binding is not None and (serial is None or serial > old.quota_serial):
+        if binding is not None and counted:
             left, reset, quota, window = binding
             if reset > self.max_retry_after:
                 reset, quota, clamped = self.max_retry_after, 0, True  # not the real reset: no refill there
@@ -644,7 +641,8 @@ class PacingPolicy:
 
         * **The first answer**: a host booked once that has not answered yet (``quota_serial`` 0) takes no
           second booking, in any process, until it answers (its quota is known only then) or for
-          ``max_wait`` seconds at most; the others try again every :data:`FIRST_ANSWER_POLL` seconds.
+          :data:`FIRST_ANSWER_TIMEOUT` (at most ``max_wait``) seconds; the others try again every
+          :data:`FIRST_ANSWER_POLL` seconds.
 
         ``booked`` (the serial) grows by one with every booking, quota or not (while ``ratelimit_headers``
         is on).
@@ -656,7 +654,8 @@ class PacingPolicy:
         new = state
         if not self.ratelimit_headers:
             return new, None
-        if new.booked > 0 and new.quota_serial == 0 and now < new.updated + self.max_wait:
+        first_answer_by = new.updated + min(self.max_wait, FIRST_ANSWER_TIMEOUT)
+        if new.booked > 0 and new.quota_serial == 0 and now < first_answer_by:
             return new, now + FIRST_ANSWER_POLL  # the host has not answered yet: its quota is not known
         if new.quota_reset > 0 and now >= new.quota_reset:
             if new.quota_limit > 0:

@@ -4,7 +4,7 @@ scheduler's protocol, and the clock offset between this process and the pace tab
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class Go:
 
     sent_at: float
     address: str | None = None
-    serial: int | None = None
+    serial: int | None = field(default=None, compare=False)  # bookkeeping: two Go's differ by when and where
 
 
 @dataclass(frozen=True)

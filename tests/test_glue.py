@@ -412,7 +412,7 @@ def test_a_free_host_goes_now_on_the_lowest_free_address():
     g = glue(addresses={"a.example": [A1, A2], "b.example": [A1, A2], "c.example": [A1, A2]})
     ra = request("http://a.example/")
     assert book(g, ra) == Go(sent_at=T0, address=A1)
-    assert g.row("a.example") == HostState(next_allowed=T0 + 1, updated=T0)
+    assert g.row("a.example") == HostState(next_allowed=T0 + 1, updated=T0, booked=1)
     assert g.row("ip:192.0.2.1") == HostState(next_allowed=T0 + 2, updated=T0)
     assert g.lines.holds("a.example", ra) and g.lines.holds("ip:192.0.2.1", ra)
     assert not g.lines.busy("ip:192.0.2.2")
@@ -456,7 +456,7 @@ def test_a_second_request_of_a_busy_host_defers_with_reason_line():
     assert (g.stat("deferrals"), g.stat("deferrals/line")) == (1, 1)
     assert g.report.counters("a.example").deferral_reasons == Counter({"line": 1})
     assert g.lines.holds("a.example", r1)  # the holder keeps its line
-    assert g.row("a.example") == HostState(next_allowed=T0 + 1, updated=T0)  # nothing booked for r2
+    assert g.row("a.example") == HostState(next_allowed=T0 + 1, updated=T0, booked=1)  # nothing booked for r2
     # Negative control: another host is not in that line.
     assert book(g, request("http://b.example/")) == Go(sent_at=T0, address=None)
 
@@ -655,7 +655,7 @@ def test_a_429_with_retry_after_sets_next_allowed_to_end_plus_retry_after():
     decision = respond(g, ra, status=429, **{"Retry-After": "5"})
     assert decision.throttle and decision.counted
     assert g.row("a.example") == HostState(next_allowed=T0 + 5.5, consec=1, throttled_at=T0 + 0.5, updated=T0 + 0.5,
-                                           run_retry_after=5.0)  # the run's Retry-After (docs/spec.md §2)
+                                           booked=1, quota_serial=1, run_retry_after=5.0)  # the run's Retry-After (docs/spec.md §2)
     assert g.row("ip:192.0.2.1") == HostState(next_allowed=T0 + 2.5, updated=T0 + 0.5)
     assert (g.stat("throttles/429"), g.stat("backoff_steps"), g.stat("retry_after/honoured")) == (1, 1, 1)
     c = g.report.counters("a.example")
@@ -664,7 +664,8 @@ def test_a_429_with_retry_after_sets_next_allowed_to_end_plus_retry_after():
     rb = request("http://b.example/")
     book(g, rb)
     assert not respond(g, rb, status=200).throttle
-    assert g.row("b.example") == HostState(next_allowed=T0 + 1.5, ok_seen=True, updated=T0 + 0.5)
+    assert g.row("b.example") == HostState(next_allowed=T0 + 1.5, ok_seen=True, updated=T0 + 0.5, booked=1,
+                                           quota_serial=1)
     assert g.report.counters("b.example").throttles == 0 and g.stat("throttles/200") is None
     assert g.stat("backoff_steps") == 1
 
@@ -710,7 +711,8 @@ def test_a_connection_refused_is_a_throttle():
     book(g, r)
     d = g.recorder.record_failure(r, txerror.ConnectionRefusedError())
     assert d is not None and d.called and d.result.throttle
-    assert g.row("a.example") == HostState(next_allowed=T0 + 1, consec=1, throttled_at=T0, updated=T0)
+    assert g.row("a.example") == HostState(next_allowed=T0 + 1, consec=1, throttled_at=T0, updated=T0, booked=1,
+                                             quota_serial=1)
     assert g.row("ip:192.0.2.1").next_allowed == T0 + 2
     assert (g.stat("throttles/failure"), g.stat("backoff_steps")) == (1, 1)
     assert g.report.counters("a.example").statuses == Counter({"ConnectionRefusedError": 1})
@@ -724,7 +726,7 @@ def test_a_dns_failure_is_not_a_throttle(exc):
     r = request("http://a.example/")
     book(g, r)
     assert g.recorder.record_failure(r, exc) is None
-    assert g.row("a.example") == HostState(next_allowed=T0 + 1, updated=T0)  # as booked: untouched
+    assert g.row("a.example") == HostState(next_allowed=T0 + 1, updated=T0, booked=1)  # as booked: untouched
     assert g.stat("throttles/failure") is None and "a.example" not in g.recorder.throttle_marks
     assert g.report.counters("a.example").statuses == Counter()
 
@@ -767,7 +769,8 @@ async def test_finish_awaits_the_record_then_frees_the_line_and_wakes_the_schedu
     assert book(g, request("http://a.example/2")) == Defer(due=None, reason="line")
     g.astore.open()
     await finishing
-    assert d.called and g.row("a.example") == HostState(next_allowed=T0 + 1.25, ok_seen=True, updated=T0 + 0.25)
+    assert d.called and g.row("a.example") == HostState(next_allowed=T0 + 1.25, ok_seen=True, updated=T0 + 0.25,
+                                                        booked=1, quota_serial=1)
     assert not g.lines.busy("a.example") and not g.lines.busy("ip:192.0.2.1")
     assert g.scheduler.wakes == ["a.example"]
     assert g.resolution.pins[("a.example", A1)] == 0  # unpinned

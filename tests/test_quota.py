@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scrapy_polite.policy import FIRST_ANSWER_POLL, HostState, PacingPolicy
+from scrapy_polite.policy import FIRST_ANSWER_POLL, FIRST_ANSWER_TIMEOUT, HostState, PacingPolicy
 from scrapy_polite.ratelimit import QuotaPolicy, RateLimits, ServiceLimit, parse_rate_limits
 
 T0 = 1_800_000_000.0
@@ -72,8 +72,12 @@ def test_requests_booked_while_one_is_in_flight_count_against_what_its_response_
     # Negative control: the response read alone (serial unknown) would leave no more than already counted.
     alone = answered(replace(state, quota_left=5), end=T0 + 0.5, serial=None, limits=announce(3, 9.55))
     assert alone.quota_left == 3  # 3 is what it says; the serial is what subtracts the 2 in flight
-    # A response to an earlier request (serial 1 again, late) says nothing newer: not counted.
-    assert answered(state, end=T0 + 0.6, serial=1, limits=announce(4, 9.0)).quota_left == 1
+    # A response to an earlier request (serial 1 again, late) says nothing newer: not counted, and what it says
+    # is not read less the requests booked since (that would hold the host on old news).
+    late = answered(state, end=T0 + 0.6, serial=1, limits=announce(1, 9.0))
+    assert late.quota_left == 1 and late.ratelimit_until == 0.0
+    # ... but a late 0 still holds, as any spent quota does.
+    assert answered(state, end=T0 + 0.6, serial=1, limits=announce(0, 9.0)).ratelimit_until == T0 + 9.6
 
 
 def test_taking_the_last_one_holds_the_host_until_the_reset_for_everyone():
@@ -134,10 +138,12 @@ def test_spent_with_its_reset_unknown_waits_for_an_answer_not_for_ever():
     assert POLICY.after_response(state, status=200, end=T0 + 1, serial=2).state.quota_left == 0
 
 
-def test_the_first_answer_waits_at_most_max_wait():
+def test_the_first_answer_waits_at_most_its_timeout():
     state = HostState(booked=1, updated=T0, next_allowed=T0)
-    assert book(state, T0 + 59.9)[0] is False
-    assert book(state, T0 + 60.0)[0] is True  # the first request never answered: the next one goes
+    assert book(state, T0 + FIRST_ANSWER_TIMEOUT - 0.01)[0] is False
+    assert book(state, T0 + FIRST_ANSWER_TIMEOUT)[0] is True  # the first request never answered: the next goes
+    short = PacingPolicy(host_interval=0.001, max_wait=2.0)  # and never longer than max_wait
+    assert book(state, T0 + 1.99, short)[0] is False and book(state, T0 + 2.0, short)[0] is True
     # Rows that never counted a booking (written before the quota booking, or with the headers off) do not wait.
     assert book(HostState(updated=T0), T0 + 1)[0] is True
     off = PacingPolicy(host_interval=0.0, ratelimit_headers=False)
@@ -164,9 +170,10 @@ def test_the_binding_limit_is_the_one_with_the_least_left():
     state = answered(HostState(booked=1), end=T0, serial=1, limits=limits)
     assert (state.quota_left, state.quota_reset, state.quota_limit, state.quota_window) == (3, T0 + 500, 1000,
                                                                                          86400.0)
-    # A limit in other units than requests is not a count of requests.
+    # A limit in other units than requests is not a count of requests (its 0 still holds the host).
     bytes_ = RateLimits(policies=(QuotaPolicy(10, 60.0, unit="content-bytes"),), limits=(ServiceLimit(0, 30.0),))
-    assert answered(HostState(booked=1), end=T0, serial=1, limits=bytes_).quota_left == -1
+    spent = answered(HostState(booked=1), end=T0, serial=1, limits=bytes_)
+    assert spent.quota_left == -1 and spent.ratelimit_until == T0 + 30
 
 
 def test_reset_forgets_what_is_left_and_keeps_the_serials():
