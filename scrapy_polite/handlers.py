@@ -180,6 +180,11 @@ class UnpinnedRequests:
         scheme = url.split(":", 1)[0].lower()
         return self._checked.get(scheme)
 
+    def resolves_itself(self, request: Request) -> bool:
+        """Whether ``request``'s handler resolves its host itself (checked): then every address of the
+        host's answer must be allowed, not only the booked one (docs/spec.md §4.1)."""
+        return self.mode_of(request.url) is not None
+
     def sent(self, request: Request) -> None:
         """Count ``request`` (booked on ``meta['polite_ip']``) as sent through a checked handler, if it is."""
         mode = self.mode_of(request.url)

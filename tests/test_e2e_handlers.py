@@ -28,6 +28,8 @@ from scrapy_polite.addon import Addon, UnsafeHandlerError
 from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.browser import BrowserRequestGuard
 from scrapy_polite.handlers import CHECKED, PINNED, handler_modes
+from scrapy_polite.reactor import await_deferred
+from scrapy_polite.resolver import MixedAnswer, PublicHostnameResolver
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, Reply, gaps, page, sequence
@@ -188,6 +190,50 @@ async def test_the_browser_guard_aborts_non_public_and_invalid_hosts():
         assert not await guard(_BrowserRequest(url)), url  # negative controls: allowed and public go
     assert await guard(_BrowserRequest("http://93.184.215.14/a.png")), "the project's predicate is asked too"
     assert len(aborted) == 5  # the project's own aborts are not ours to count
+
+
+def mixed_resolver():
+    """The add-on's resolver with one name answering a public and a private address, one only public."""
+    from twisted.internet import reactor
+
+    return PublicHostnameResolver(reactor, overrides={"mixed.test": ["93.184.215.14", "10.0.0.1"],
+                                                      "public.test": ["93.184.215.14"]})
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_mixed_answer_is_refused_whole_for_a_handler_that_resolves_itself():
+    resolver = mixed_resolver()
+    with pytest.raises(MixedAnswer, match="10.0.0.1"):
+        await await_deferred(resolver.resolve_whole("mixed.test"))
+    assert await await_deferred(resolver.resolve_whole("public.test")) == ["93.184.215.14"]
+    # Negative control: a pinned handler connects to the booked address, so the private one is only dropped.
+    assert await await_deferred(resolver.resolve("mixed.test")) == ["93.184.215.14"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_browser_guard_aborts_a_name_with_a_mixed_answer():
+    aborted: list[str] = []
+    guard = BrowserRequestGuard()
+    resolver = mixed_resolver()
+    guard.bind(address_filter=AddressFilter(), resolver=lambda: resolver, inc=aborted.append)
+    assert await guard(_BrowserRequest("http://mixed.test/"))
+    assert not await guard(_BrowserRequest("http://public.test/"))  # negative control
+    assert aborted == ["unpinned/browser_aborted"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_checked_handler_refuses_a_host_with_a_mixed_answer(arrival_server, tmp_path):
+    """httpx resolves ``localhost`` itself; the add-on's answer for it mixes an allowed address with one outside
+    POLITE_ALLOWED_NETWORKS: the request is refused before it is sent; a host given by address goes."""
+    need("httpx")
+    srv = arrival_server("127.0.20.14")
+    settings = handler_settings(tmp_path, HTTPX, POLITE_ALLOWED_NETWORKS=["127.0.20.0/24"],
+                                POLITE_DNS_OVERRIDES={"localhost": ["127.0.20.14", "127.0.0.1"]})
+    crawler = await run_crawl(ListSpider, settings, urls=[srv.url("/mixed", host="localhost"), srv.url("/ok")],
+                              timeout=30)
+    assert [a.path for a in srv.arrivals()] == ["/ok"]
+    assert [f.error for f in crawler.spider.failed] == ["MixedAnswer"], crawler.spider.failed
+    assert stat(crawler, "unpinned/httpx") == 1
 
 
 # ---------------------------------------------------------------------------------------------------
