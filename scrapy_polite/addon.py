@@ -27,11 +27,11 @@ from .handlers import (
     HANDLER_FAMILIES,
     PINNED,
     PINNED_HTTP11_HANDLER,
-    PLAYWRIGHT_HANDLER,
     SchemeMode,
     UnsafeHandlerError,
     component_path,
     handler_modes,
+    is_playwright_handler,
     log_modes,
 )
 from .resolver import PublicHostnameResolver
@@ -115,7 +115,7 @@ class Addon:
             raise refuse_to_start(exc, settings) from None
         for scheme, mode in modes.items():
             settings["DOWNLOAD_HANDLERS"][scheme] = mode.handler
-        if any(mode.handler == PLAYWRIGHT_HANDLER for mode in modes.values()):
+        if any(is_playwright_handler(mode.handler) for mode in modes.values()):
             _install_browser_guard(settings)
         log_modes(modes)
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)

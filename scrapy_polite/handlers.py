@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scrapy.utils.misc import load_object
+
 from .settings import checked_handlers
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ __all__ = [
     "UnsafeHandlerError",
     "component_path",
     "handler_modes",
+    "is_playwright_handler",
     "log_modes",
 ]
 
@@ -105,6 +108,20 @@ def component_path(component: object) -> str:
     if isinstance(component, str):
         return component
     return f"{getattr(component, '__module__', '?')}.{getattr(component, '__qualname__', component)}"
+
+
+def is_playwright_handler(handler: object) -> bool:
+    """Whether ``handler`` (an import path or a class) is scrapy-playwright's handler or a subclass of it, so
+    that the browser's own requests need the guard (docs/spec.md §4.1). False when scrapy-playwright is not
+    installed or ``handler`` cannot be loaded (Scrapy then reports it)."""
+    if component_path(handler) == PLAYWRIGHT_HANDLER:
+        return True
+    try:
+        base = load_object(PLAYWRIGHT_HANDLER)
+        cls = load_object(handler) if isinstance(handler, str) else handler
+    except (ImportError, NameError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and isinstance(base, type) and issubclass(cls, base)
 
 
 def handler_modes(settings: Any) -> dict[str, SchemeMode]:

@@ -44,6 +44,13 @@ CHROMIUM = os.environ.get("POLITE_TEST_CHROMIUM", "/usr/bin/chromium")
 TOL = 0.02
 
 
+if importlib.util.find_spec("scrapy_playwright") is not None:
+    from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
+
+    class OwnPlaywrightHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[misc]
+        """A project's own subclass of scrapy-playwright's handler."""
+
+
 def need(module: str) -> None:
     """Skip the test without ``module`` (fail it in CI, where the test extra installs it)."""
     if importlib.util.find_spec(module) is None:
@@ -164,6 +171,18 @@ def test_the_playwright_guard_is_installed_and_keeps_the_projects_predicate():
     Addon().update_settings(settings)
     guard = settings["PLAYWRIGHT_ABORT_REQUEST"]
     assert isinstance(guard, BrowserRequestGuard) and guard._then == mine
+
+
+def test_the_playwright_guard_is_installed_for_a_subclass_of_its_handler():
+    need("scrapy_playwright")
+    own = f"{__name__}.OwnPlaywrightHandler"
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": own}, "POLITE_CHECKED_HANDLERS": [own]})
+    Addon().update_settings(settings)
+    assert isinstance(settings["PLAYWRIGHT_ABORT_REQUEST"], BrowserRequestGuard)
+    # Negative control: another checked handler gets no guard.
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": HTTPX}})
+    Addon().update_settings(settings)
+    assert settings.get("PLAYWRIGHT_ABORT_REQUEST") is None
 
 
 def no_names():
