@@ -16,7 +16,9 @@ rule, by what the handler lets the add-on control:
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,6 +47,7 @@ __all__ = [
     "handler_modes",
     "is_playwright_handler",
     "log_modes",
+    "same_address",
 ]
 
 logger = logging.getLogger(__name__)
@@ -189,6 +192,9 @@ class UnpinnedRequests:
         self._checked = {scheme: mode for scheme, mode in modes.items() if mode.mode == CHECKED}
         self._address_filter = address_filter
         self._inc = inc
+        # The verdict on each request's latest response: asked before it is recorded (the extension) and
+        # again when it is passed on (the middleware), counted once.
+        self._verdicts: weakref.WeakKeyDictionary[Request, tuple[int, str | None]] = weakref.WeakKeyDictionary()
 
     def mode_of(self, url: str) -> SchemeMode | None:
         """The checked mode that downloads ``url``, or None (pinned, or a scheme without a network host)."""
@@ -209,19 +215,47 @@ class UnpinnedRequests:
             self._inc(f"unpinned/{mode.label}")
 
     def refusal(self, request: Request, response: Response) -> str | None:
-        """Why ``response`` must not be passed on, or None. A checked handler that reports the address it
-        connected to (``response.ip_address``: httpx, aiohttp, scrapy-playwright) is checked after the fact:
-        another address than the booked one is counted (``polite/unpinned/address_changed``), a non-public
-        one too (``polite/unpinned/refused_response``) and refused here."""
+        """Why ``response`` must not be passed on, nor recorded on the request's host, or None. A checked
+        handler that reports the address it connected to (``response.ip_address``: httpx, aiohttp,
+        scrapy-playwright) is checked after the fact: another address than the booked one (compared as IP
+        addresses: ``::ffff:a.b.c.d`` is ``a.b.c.d``) is counted (``polite/unpinned/address_changed``), a
+        non-public one too (``polite/unpinned/refused_response``) and refused here. Asked again about the
+        same response, it answers the same without counting again."""
         if self.mode_of(request.url) is None:
             return None
+        seen = self._verdicts.get(request)
+        if seen is not None and seen[0] == id(response):
+            return seen[1]
+        reason = self._refusal(request, response)
+        self._verdicts[request] = (id(response), reason)
+        return reason
+
+    def _refusal(self, request: Request, response: Response) -> str | None:
         address = getattr(response, "ip_address", None)
         booked = request.meta.get("polite_ip")
-        if address is None or booked is None or str(address) == str(booked):
+        if address is None or booked is None or same_address(address, booked):
             return None
         self._inc("unpinned/address_changed")
         if self._address_filter.allows(address):
             return None
         self._inc("unpinned/refused_response")
+        address = _ip(address)  # ::ffff:a.b.c.d named as a.b.c.d
         return (f"the handler connected to {address}, not the booked {booked}, and {address} is not an allowed "
                 "address (the host's DNS answer changed between the check and the handler's own lookup)")
+
+
+def same_address(a: object, b: object) -> bool:
+    """Whether ``a`` and ``b`` (IP address objects or texts) are one address: compared by :mod:`ipaddress`,
+    an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``, RFC 4291 §2.5.5.2) as its IPv4 address; text that is
+    not an address is compared as text."""
+    return _ip(a) == _ip(b)
+
+
+def _ip(value: object) -> object:
+    try:
+        ip = ipaddress.ip_address(str(value).strip("[]"))
+    except ValueError:
+        return str(value)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip

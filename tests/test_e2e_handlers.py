@@ -13,6 +13,7 @@ extra) and the browser test ``/usr/bin/chromium``: missing, the test is skipped 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import logging
 import os
 import shutil
@@ -27,7 +28,7 @@ from scrapy_polite import addon as addon_module
 from scrapy_polite.addon import Addon, UnsafeHandlerError
 from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.browser import BrowserRequestGuard
-from scrapy_polite.handlers import CHECKED, PINNED, handler_modes
+from scrapy_polite.handlers import CHECKED, PINNED, UnpinnedRequests, handler_modes
 from scrapy_polite.reactor import await_deferred
 from scrapy_polite.resolver import MixedAnswer, PublicHostnameResolver
 from scrapy_polite.stores import open_store
@@ -314,6 +315,7 @@ async def test_httpx_rebinding_window_is_counted_and_its_response_dropped(arriva
     and dropped; a host whose answers agree is untouched (negative control)."""
     need("httpx")
     internal = arrival_server("127.0.0.1")
+    internal.route("/secret", Reply.throttle(429, "60"))  # the internal server's 429 must not throttle localhost
     fine = arrival_server("127.0.20.11")
     settings = handler_settings(tmp_path, HTTPX, POLITE_ALLOWED_NETWORKS=["127.0.20.0/24"],
                                 POLITE_DNS_OVERRIDES={"localhost": ["127.0.20.10"]})
@@ -325,6 +327,34 @@ async def test_httpx_rebinding_window_is_counted_and_its_response_dropped(arriva
     assert "127.0.0.1" in crawler.spider.failed[0].message and "127.0.20.10" in crawler.spider.failed[0].message
     assert stat(crawler, "unpinned/address_changed") == 1
     assert stat(crawler, "unpinned/refused_response") == 1
+    # Refused before it was recorded: the 429 of 127.0.0.1 is not the booked host's.
+    assert stat(crawler, "throttles/429") is None and stat(crawler, "retry_after/honoured") is None
+    store = open_store(f"sqlite:///{tmp_path}/pace.sqlite3")
+    try:
+        row = store.get("localhost")
+    finally:
+        store.close()
+    assert row is None or not row.throttled_at, row
+
+
+class _Response:
+    def __init__(self, ip_address):
+        self.ip_address = ip_address
+
+
+def test_a_reported_address_is_compared_as_an_address():
+    counted: list[str] = []
+    modes = handler_modes(Settings({"DOWNLOAD_HANDLERS": {"http": HTTPX, "https": HTTPX}}))
+    unpinned = UnpinnedRequests(modes, AddressFilter(allowed_networks=["127.0.20.0/24"]), counted.append)
+    request = scrapy.Request("http://a.test/", meta={"polite_ip": "127.0.20.10"})
+    for same in ("127.0.20.10", "::ffff:127.0.20.10"):
+        assert unpinned.refusal(request, _Response(ipaddress.ip_address(same))) is None, same
+    assert counted == []
+    # Negative control: a mapped *other* address is another address, and not an allowed one.
+    response = _Response(ipaddress.ip_address("::ffff:127.0.0.1"))
+    assert "127.0.0.1" in (unpinned.refusal(request, response) or "")
+    assert unpinned.refusal(request, response) is not None  # asked again: the same verdict, counted once
+    assert counted == ["unpinned/address_changed", "unpinned/refused_response"]
 
 
 @pytest_twisted.ensureDeferred
