@@ -250,6 +250,8 @@ class PoliteExtension:
                 # (a 429) says nothing of the booked host: a failure, which never throttles it.
                 self.pacer.record_failure(request, IgnoreRequest(refusal))
                 return
+            if self.pacer.unpinned.foreign_response(request, response):
+                return  # the browser followed a redirect to another host: not the booked host's status
             self.pacer.record_response(request, response)
         finally:  # as when they were two handlers: one failing never skips the other
             self.response_received_robots(response, request)

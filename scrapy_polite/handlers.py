@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import load_object
 
+from .policy import host_key
 from .settings import checked_handlers
 
 if TYPE_CHECKING:
@@ -213,6 +214,20 @@ class UnpinnedRequests:
         mode = self.mode_of(request.url)
         if mode is not None:
             self._inc(f"unpinned/{mode.label}")
+
+    def foreign_response(self, request: Request, response: Response) -> bool:
+        """Whether ``response`` comes from another host than the booked one (``meta['polite_host']``): a
+        checked handler that follows redirects itself (scrapy-playwright's browser does) answers with the
+        last hop's response. Counted (``polite/unpinned/redirected``); its status and headers are not the
+        booked host's, so they are not recorded on it (docs/spec.md §4.1)."""
+        if self.mode_of(request.url) is None:
+            return False
+        booked = request.meta.get("polite_host")
+        url = getattr(response, "url", None)
+        if booked is None or not url or host_key(url) == booked:
+            return False
+        self._inc("unpinned/redirected")
+        return True
 
     def refusal(self, request: Request, response: Response) -> str | None:
         """Why ``response`` must not be passed on, nor recorded on the request's host, or None. A checked

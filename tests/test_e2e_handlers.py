@@ -407,6 +407,31 @@ async def test_playwright_pages_are_checked_paced_and_persisted(arrival_server, 
     assert time.time() - t0 < 30
 
 
+@pytest_twisted.ensureDeferred
+async def test_playwright_redirect_to_another_host_is_not_recorded_on_the_booked_host(arrival_server, tmp_path):
+    """The browser follows a redirect itself: a.test's /r sends it to b.test, whose 429 is not a.test's (nor
+    recorded on b.test, which was not booked); a.test's own page is recorded (negative control)."""
+    need_chromium()
+    a = arrival_server("127.0.20.15")
+    b = arrival_server("127.0.20.16")
+    a.route("/r", Reply.redirect(f"http://b.test:{b.port}/x"))
+    b.route("/x", Reply.throttle(429, "60"))
+    names = {"a.test": ["127.0.20.15"], "b.test": ["127.0.20.16"]}
+    crawler = await run_crawl(ListSpider, playwright_settings(tmp_path, names),
+                              urls=[f"http://a.test:{a.port}/r", f"http://a.test:{a.port}/ok"],
+                              meta={"playwright": True}, timeout=60)
+    assert [p.path for p in pages(b)] == ["/x"], "the browser did not follow the redirect"
+    assert stat(crawler, "unpinned/redirected") == 1
+    assert stat(crawler, "throttles/429") is None and stat(crawler, "retry_after/honoured") is None
+    assert sorted(crawler.spider.statuses()) == [200, 429], crawler.spider.failed
+    store = open_store(f"sqlite:///{tmp_path}/pace.sqlite3")
+    try:
+        row = store.get("a.test")
+    finally:
+        store.close()
+    assert row is not None and row.ok_seen and not row.throttled_at, row
+
+
 CANARY_PAGE = """<html><body><p>page</p>
 <img src="http://canary.test:{port}/by-name.png">
 <script>fetch("http://127.0.20.9:{port}/by-address").catch(() => {{}});</script>
