@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import load_object
 
+from ._compat import HAS_H2
 from .policy import host_key
 from .settings import checked_handlers
 
@@ -137,7 +138,8 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
     ``POLITE_ALLOW_PRIVATE`` is set (every address is allowed then: the handler is counted as checked).
 
     Raises:
-        UnsafeHandlerError: naming the scheme, the handler and the fixes.
+        UnsafeHandlerError: naming the scheme, the handler and the fixes; also for Scrapy's HTTP/2 handler
+            without the h2 package (``pip install scrapy-polite[http2]``).
         SettingsError: a malformed ``POLITE_CHECKED_HANDLERS``.
     """
     handlers = settings.getdict("DOWNLOAD_HANDLERS")
@@ -147,6 +149,11 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
         configured = handlers.get(scheme)
         path = PINNED_HTTP11_HANDLER if configured is None else component_path(configured)
         family = HANDLER_FAMILIES.get(path)
+        if family is not None and family.replacement == PINNED_H2_HANDLER and not HAS_H2:
+            raise UnsafeHandlerError(
+                f"DOWNLOAD_HANDLERS[{scheme!r}] = {path!r} is Scrapy's HTTP/2 handler, which needs the h2 package, "
+                "not installed: pip install scrapy-polite[http2] (or remove that DOWNLOAD_HANDLERS entry to use "
+                "HTTP/1.1)")
         if family is not None:
             modes[scheme] = SchemeMode(scheme, family.mode, family.replacement or path, family.label)
         elif path in accepted or settings.getbool("POLITE_ALLOW_PRIVATE"):

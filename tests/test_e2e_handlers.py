@@ -144,6 +144,19 @@ def test_the_addon_installs_the_pinned_h2_handler_and_keeps_checked_ones():
     assert settings.getdict("DOWNLOAD_HANDLERS")["https"] == HTTPX  # checked: the user's own handler runs
 
 
+def test_http2_without_h2_refuses_to_start_with_one_error_line(monkeypatch, caplog):
+    from scrapy_polite import handlers as handlers_module
+
+    caplog.set_level(logging.ERROR)
+    monkeypatch.setattr(handlers_module, "HAS_H2", False)
+    with pytest.raises(UnsafeHandlerError, match=r"pip install scrapy-polite\[http2\]"):
+        Addon().update_settings(Settings({"DOWNLOAD_HANDLERS": {"https": H2}}))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "scrapy-polite[http2]" in errors[0], errors
+    # Negative control: without an HTTP/2 entry the crawl starts (HTTP/1.1 needs no h2).
+    Addon().update_settings(Settings())
+
+
 def test_the_startup_line_names_each_schemes_mode(caplog):
     caplog.set_level(logging.INFO, logger="scrapy_polite.handlers")
     Addon().update_settings(Settings({"DOWNLOAD_HANDLERS": {"https": HTTPX}}))
