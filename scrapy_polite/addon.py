@@ -114,8 +114,8 @@ class Addon:
         except (SettingsError, UnsafeHandlerError) as exc:
             raise refuse_to_start(exc, settings) from None
         for scheme, mode in modes.items():
-            settings["DOWNLOAD_HANDLERS"][scheme] = mode.handler
-        if any(is_playwright_handler(mode.handler) for mode in modes.values()):
+            settings["DOWNLOAD_HANDLERS"][scheme] = mode.component  # a checked handler's class stays a class
+        if any(is_playwright_handler(mode.component) for mode in modes.values()):
             _install_browser_guard(settings)
         log_modes(modes)
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)

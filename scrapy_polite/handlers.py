@@ -100,12 +100,19 @@ class SchemeMode:
         mode: :data:`PINNED` or :data:`CHECKED`.
         handler: the import path of the handler that will run (ours for a pinned scheme).
         label: the handler's short name, for stats (``polite/unpinned/<label>``) and the log.
+        component: what ``DOWNLOAD_HANDLERS[scheme]`` is set to: our handler's path for a pinned scheme,
+            the configured entry itself (a path or a class object) for a checked one.
     """
 
     scheme: str
     mode: str
     handler: str
     label: str
+    component: Any = None
+
+    def __post_init__(self) -> None:
+        if self.component is None:
+            object.__setattr__(self, "component", self.handler)
 
 
 def component_path(component: object) -> str:
@@ -155,9 +162,10 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
                 "not installed: pip install scrapy-polite[http2] (or remove that DOWNLOAD_HANDLERS entry to use "
                 "HTTP/1.1)")
         if family is not None:
-            modes[scheme] = SchemeMode(scheme, family.mode, family.replacement or path, family.label)
+            modes[scheme] = SchemeMode(scheme, family.mode, family.replacement or path, family.label,
+                                       family.replacement or configured or path)
         elif path in accepted or settings.getbool("POLITE_ALLOW_PRIVATE"):
-            modes[scheme] = SchemeMode(scheme, CHECKED, path, path.rsplit(".", 1)[-1].lower())
+            modes[scheme] = SchemeMode(scheme, CHECKED, path, path.rsplit(".", 1)[-1].lower(), configured)
         else:
             raise UnsafeHandlerError(
                 f"scrapy-polite does not know DOWNLOAD_HANDLERS[{scheme!r}] = {path!r}: that handler may resolve "

@@ -157,6 +157,23 @@ def test_http2_without_h2_refuses_to_start_with_one_error_line(monkeypatch, capl
     Addon().update_settings(Settings())
 
 
+def test_a_checked_handler_given_as_a_class_is_written_back_as_that_class():
+    need("httpx")
+    from scrapy.core.downloader.handlers._httpx import HttpxDownloadHandler
+
+    settings = Settings({"DOWNLOAD_HANDLERS": {"http": HttpxDownloadHandler, "https": HTTPX}})
+    Addon().update_settings(settings)
+    handlers = settings.getdict("DOWNLOAD_HANDLERS")
+    assert handlers["http"] is HttpxDownloadHandler
+    assert handlers["https"] == HTTPX  # negative control: a path stays a path
+    # A pinned handler given as a class is replaced by ours (its path).
+    from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
+
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": HTTP11DownloadHandler}})
+    Addon().update_settings(settings)
+    assert settings.getdict("DOWNLOAD_HANDLERS")["https"] == addon_module.HANDLER
+
+
 def test_the_startup_line_names_each_schemes_mode(caplog):
     caplog.set_level(logging.INFO, logger="scrapy_polite.handlers")
     Addon().update_settings(Settings({"DOWNLOAD_HANDLERS": {"https": HTTPX}}))
