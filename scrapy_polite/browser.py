@@ -9,8 +9,11 @@ every one of them (and about the page request itself) before the browser sends i
 * is a non-public address, or a name with any non-public address in its answer (the browser resolves the
   name itself and may connect to any of them: docs/spec.md §4.1), or that does not resolve,
 
-each counted in ``polite/unpinned/browser_aborted``. A page then cannot make the browser fetch
-``169.254.169.254``. The browser resolves names itself, so, as for every *checked* handler, a DNS answer that
+each counted in ``polite/unpinned/browser_aborted``. A page's direct request for ``169.254.169.254`` is
+then aborted; but Playwright asks the predicate only about the first URL of a redirect chain (an allowed URL
+redirecting to an internal address reaches it), and popups (``window.open``), WebSockets and service workers
+are not intercepted (the add-on blocks service workers in ``PLAYWRIGHT_CONTEXTS``): README, "Known limits of
+the browser guard". The browser resolves names itself, so, as for every *checked* handler, a DNS answer that
 changes between the check and the browser's own lookup is not caught.
 
 The guard needs no import of Playwright: it reads only the request's ``url``.
