@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import time
+from urllib.parse import urlsplit
 
 import pytest
 import pytest_twisted
@@ -34,6 +35,7 @@ from scrapy_polite.resolver import MixedAnswer, PublicHostnameResolver
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, Reply, gaps, page, sequence
+from tests.test_e2e_addresses import RecordingSpider
 
 H2 = "scrapy.core.downloader.handlers.http2.H2DownloadHandler"
 HTTPX = "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler"
@@ -196,12 +198,28 @@ def test_an_unknown_handler_is_refused_unless_accepted_as_checked():
                                           "POLITE_CHECKED_HANDLERS": [own]}))
 
 
-def test_the_playwright_guard_is_installed_and_keeps_the_projects_predicate():
-    mine = "myproject.abort.no_images"
-    settings = Settings({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT}, "PLAYWRIGHT_ABORT_REQUEST": mine})
+ASKED: list[str] = []
+
+
+def project_abort(request) -> bool:
+    """A project's own PLAYWRIGHT_ABORT_REQUEST: abort images."""
+    ASKED.append(request.url)
+    return request.url.endswith(".png")
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_playwright_guard_is_installed_and_keeps_the_projects_predicate():
+    ASKED.clear()
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT},
+                         "PLAYWRIGHT_ABORT_REQUEST": f"{__name__}.project_abort"})
     Addon().update_settings(settings)
     guard = settings["PLAYWRIGHT_ABORT_REQUEST"]
-    assert isinstance(guard, BrowserRequestGuard) and guard._then == mine
+    assert isinstance(guard, BrowserRequestGuard)
+    guard.bind(address_filter=AddressFilter(), resolver=no_names, inc=lambda _key: None)
+    assert await guard(_BrowserRequest("http://93.184.215.14/a.png")), "the project's predicate was not asked"
+    assert not await guard(_BrowserRequest("http://93.184.215.14/a.html"))
+    assert await guard(_BrowserRequest("http://10.0.0.1/b.html"))  # ours refuses it: the project's is not asked
+    assert ASKED == ["http://93.184.215.14/a.png", "http://93.184.215.14/a.html"]
 
 
 def test_service_workers_are_blocked_in_the_contexts_unless_the_project_chose():
@@ -316,18 +334,26 @@ async def test_http2_handler_is_pinned_paced_and_persisted(tmp_path):
 
     with H2ArrivalServer(["127.0.20.1", "127.0.20.2"]) as srv:
         srv.route("/c/0", sequence(Reply.throttle(429, "2"), page()))
-        names = {"a.test": ["127.0.20.1"], "b.test": ["127.0.20.1"], "c.test": ["127.0.20.2"]}
+        # d.test has both addresses: with a per-IP interval its requests are booked on either one, so an
+        # arrival on its booked address tells pinning apart from the handler's own choice.
+        names = {"a.test": ["127.0.20.1"], "b.test": ["127.0.20.1"], "c.test": ["127.0.20.2"],
+                 "d.test": ["127.0.20.1", "127.0.20.2"]}
         urls = [srv.url(f"/{name[0]}/{i}", host=name) for i in range(3) for name in names]
-        crawler = await run_crawl(ListSpider, handler_settings(tmp_path, H2, POLITE_DNS_OVERRIDES=names),
+        crawler = await run_crawl(RecordingSpider, handler_settings(tmp_path, H2, POLITE_DNS_OVERRIDES=names),
                                   urls=urls, timeout=40)
         arrivals = srv.arrivals()
-        assert sorted(crawler.spider.statuses()) == [200] * 9, crawler.spider.failed
+        assert sorted(crawler.spider.statuses()) == [200] * 12, crawler.spider.failed
         assert set(srv.http_versions) == {"2"}, "not HTTP/2"
-        # Pinned: each host reached on its booked address, over connections kept per address.
-        assert {(a.host, a.server_address) for a in arrivals} == {
-            (name, addresses[0]) for name, addresses in names.items()}
-        assert_paced([a for a in arrivals if a.host != "c.test"], [a for a in arrivals if a.host == "c.test"],
-                     "/c/0", 2.0)
+        # Pinned: every arrival is on the address its request was booked on (meta['polite_ip']), over
+        # connections kept per address; d.test was booked on both.
+        served = {(a.host, a.path): a.server_address for a in arrivals if a.status == 200}
+        booked = {(urlsplit(url).hostname, urlsplit(url).path): ip for url, ip, _peer in crawler.spider.booked}
+        assert served == booked
+        assert {ip for (host, _path), ip in booked.items() if host == "d.test"} == {"127.0.20.1", "127.0.20.2"}
+        assert {(a.host, a.server_address) for a in arrivals if a.host != "d.test"} == {
+            (name, addresses[0]) for name, addresses in names.items() if name != "d.test"}
+        assert_paced([a for a in arrivals if a.host in ("a.test", "b.test")],
+                     [a for a in arrivals if a.host == "c.test"], "/c/0", 2.0)
         assert_persisted(tmp_path, "c.test")
         assert stat(crawler, "retry_after/honoured") == 1
         assert not any(k.startswith("polite/unpinned/") for k in crawler.stats.get_stats()), "HTTP/2 is pinned"
