@@ -208,9 +208,9 @@ class UnpinnedRequests:
         self._checked = {scheme: mode for scheme, mode in modes.items() if mode.mode == CHECKED}
         self._address_filter = address_filter
         self._inc = inc
-        # The verdict on each request's latest response: asked before it is recorded (the extension) and
+        # The verdict on each response (weakly held): asked before it is recorded (the extension) and
         # again when it is passed on (the middleware), counted once.
-        self._verdicts: weakref.WeakKeyDictionary[Request, tuple[int, str | None]] = weakref.WeakKeyDictionary()
+        self._verdicts: weakref.WeakKeyDictionary[Response, str | None] = weakref.WeakKeyDictionary()
 
     def mode_of(self, url: str) -> SchemeMode | None:
         """The checked mode that downloads ``url``, or None (pinned, or a scheme without a network host)."""
@@ -253,11 +253,9 @@ class UnpinnedRequests:
         same response, it answers the same without counting again."""
         if self.mode_of(request.url) is None:
             return None
-        seen = self._verdicts.get(request)
-        if seen is not None and seen[0] == id(response):
-            return seen[1]
-        reason = self._refusal(request, response)
-        self._verdicts[request] = (id(response), reason)
+        if response in self._verdicts:
+            return self._verdicts[response]
+        reason = self._verdicts[response] = self._refusal(request, response)
         return reason
 
     def _refusal(self, request: Request, response: Response) -> str | None:
