@@ -27,11 +27,11 @@ from .handlers import (
     HANDLER_FAMILIES,
     PINNED,
     PINNED_HTTP11_HANDLER,
-    PLAYWRIGHT_HANDLER,
     SchemeMode,
     UnsafeHandlerError,
     component_path,
     handler_modes,
+    is_playwright_handler,
     log_modes,
 )
 from .resolver import PublicHostnameResolver
@@ -55,6 +55,7 @@ HANDLER = PINNED_HTTP11_HANDLER
 REPLACEABLE_HANDLERS = {path for path, family in HANDLER_FAMILIES.items() if family.mode == PINNED}
 #: The setting through which scrapy-playwright asks whether to abort a browser request.
 PLAYWRIGHT_ABORT = "PLAYWRIGHT_ABORT_REQUEST"
+PLAYWRIGHT_CONTEXTS = "PLAYWRIGHT_CONTEXTS"
 MIDDLEWARE_PRIORITY = 950
 EARLY_MIDDLEWARE = "scrapy_polite.middleware.PoliteEarlyDeferMiddleware"
 EARLY_MIDDLEWARE_PRIORITY = 50
@@ -114,8 +115,8 @@ class Addon:
         except (SettingsError, UnsafeHandlerError) as exc:
             raise refuse_to_start(exc, settings) from None
         for scheme, mode in modes.items():
-            settings["DOWNLOAD_HANDLERS"][scheme] = mode.handler
-        if any(mode.handler == PLAYWRIGHT_HANDLER for mode in modes.values()):
+            settings["DOWNLOAD_HANDLERS"][scheme] = mode.component  # a checked handler's class stays a class
+        if any(is_playwright_handler(mode.component) for mode in modes.values()):
             _install_browser_guard(settings)
         log_modes(modes)
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)
@@ -150,7 +151,9 @@ def _check_handlers(settings: Settings) -> dict[str, SchemeMode]:
 def _install_browser_guard(settings: Settings) -> None:
     """Set scrapy-playwright's ``PLAYWRIGHT_ABORT_REQUEST`` to a fresh
     :class:`~scrapy_polite.browser.BrowserRequestGuard` (bound to the crawl when its pacer starts), unless
-    the project set its own predicate: then the project's is asked after ours (docs/spec.md §4.1)."""
+    the project set its own predicate: then the project's is asked after ours (docs/spec.md §4.1). Also blocks
+    service workers in the browser contexts the settings configure (:func:`_block_service_workers`)."""
+    _block_service_workers(settings)
     current = settings.get(PLAYWRIGHT_ABORT)
     if isinstance(current, BrowserRequestGuard):
         return
@@ -220,3 +223,16 @@ def _last_priority(settings: Settings) -> int:
     others = [v for k, v in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items()
               if v is not None and component_name(k) not in (MIDDLEWARE, EARLY_MIDDLEWARE)]
     return max([MIDDLEWARE_PRIORITY] + [int(v) + 1 for v in others])
+
+
+def _block_service_workers(settings: Settings) -> None:
+    """Set ``service_workers="block"`` in each browser context of scrapy-playwright's ``PLAYWRIGHT_CONTEXTS``
+    that does not choose it itself (a service worker's requests are not seen by ``PLAYWRIGHT_ABORT_REQUEST``;
+    docs/spec.md §4.1). Without ``PLAYWRIGHT_CONTEXTS``, the ``default`` context is declared with only that
+    option. Contexts made from a request's ``playwright_context_kwargs`` are the project's own: not changed."""
+    configured = settings.getdict(PLAYWRIGHT_CONTEXTS)
+    contexts = {name: dict(kwargs or {}) for name, kwargs in configured.items()} or {"default": {}}
+    for kwargs in contexts.values():
+        kwargs.setdefault("service_workers", "block")
+    settings.set(PLAYWRIGHT_CONTEXTS, contexts,
+                 priority=max(settings.getpriority(PLAYWRIGHT_CONTEXTS) or 0, SETTINGS_PRIORITIES["addon"]))

@@ -6,11 +6,14 @@ every one of them (and about the page request itself) before the browser sends i
 :class:`BrowserRequestGuard` there, which aborts every browser request whose host
 
 * the URL Standard refuses (docs/spec.md §1), or
-* is a non-public address, or a name whose every address is non-public (docs/spec.md §4), or that does not
-  resolve,
+* is a non-public address, or a name with any non-public address in its answer (the browser resolves the
+  name itself and may connect to any of them: docs/spec.md §4.1), or that does not resolve,
 
-each counted in ``polite/unpinned/browser_aborted``. A page then cannot make the browser fetch
-``169.254.169.254``. The browser resolves names itself, so, as for every *checked* handler, a DNS answer that
+each counted in ``polite/unpinned/browser_aborted``. A page's direct request for ``169.254.169.254`` is
+then aborted; but Playwright asks the predicate only about the first URL of a redirect chain (an allowed URL
+redirecting to an internal address reaches it), and popups (``window.open``), WebSockets and service workers
+are not intercepted (the add-on blocks service workers in ``PLAYWRIGHT_CONTEXTS``): README, "Known limits of
+the browser guard". The browser resolves names itself, so, as for every *checked* handler, a DNS answer that
 changes between the check and the browser's own lookup is not caught.
 
 The guard needs no import of Playwright: it reads only the request's ``url``.
@@ -101,10 +104,12 @@ class BrowserRequestGuard:
         if host.ip is not None:
             return None if address_filter.allows(host.ip) else f"{host.key} is not a public address"
         try:
-            addresses = await await_deferred(resolver().resolve(host.key))
-        except Exception as exc:  # BlockedHost, a DNS failure, ResolverNotInstalled: the browser may not go
-            return f"{host.key} was not resolved to an allowed address ({exc})"
-        kept, dropped = address_filter.split(addresses)
-        if not kept:
-            return f"{host.key} resolves only to non-public addresses ({', '.join(dropped)})"
+            # The browser resolves the name itself and may connect to any address of the answer: every one
+            # must be allowed (docs/spec.md §4.1), by the process's rules and the crawl's.
+            addresses = await await_deferred(resolver().resolve_whole(host.key))
+        except Exception as exc:  # BlockedHost, MixedAnswer, a DNS failure, ResolverNotInstalled: it may not go
+            return f"{host.key} was not resolved to allowed addresses only ({exc})"
+        _kept, dropped = address_filter.split(addresses)
+        if dropped:
+            return f"{host.key} resolves to non-public addresses ({', '.join(dropped)})"
         return None

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.exceptions import CloseSpider, DontCloseSpider, NotConfigured
+from scrapy.exceptions import CloseSpider, DontCloseSpider, IgnoreRequest, NotConfigured
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.reactor import is_reactor_installed
 from twisted.internet import task, threads
@@ -303,6 +303,14 @@ class PoliteExtension:
         """Record the response in the pace table, and note a robots.txt response's status (one handler of
         the signal: each handler costs a dispatch on every response)."""
         try:
+            refusal = self.pacer.unpinned.refusal(request, response)
+            if refusal is not None:
+                # docs/spec.md §4.1: a checked handler reached a non-public address; that server's status
+                # (a 429) says nothing of the booked host: a failure, which never throttles it.
+                self.pacer.record_failure(request, IgnoreRequest(refusal))
+                return
+            if self.pacer.unpinned.foreign_response(request, response):
+                return  # the browser followed a redirect to another host: not the booked host's status
             self.pacer.record_response(request, response)
         finally:  # as when they were two handlers: one failing never skips the other
             self.response_received_robots(response, request)

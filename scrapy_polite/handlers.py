@@ -16,11 +16,17 @@ rule, by what the handler lets the add-on control:
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scrapy.utils.misc import load_object
+
+from ._compat import HAS_H2
+from .policy import host_key
 from .settings import checked_handlers
 
 if TYPE_CHECKING:
@@ -41,7 +47,9 @@ __all__ = [
     "UnsafeHandlerError",
     "component_path",
     "handler_modes",
+    "is_playwright_handler",
     "log_modes",
+    "same_address",
 ]
 
 logger = logging.getLogger(__name__)
@@ -92,12 +100,19 @@ class SchemeMode:
         mode: :data:`PINNED` or :data:`CHECKED`.
         handler: the import path of the handler that will run (ours for a pinned scheme).
         label: the handler's short name, for stats (``polite/unpinned/<label>``) and the log.
+        component: what ``DOWNLOAD_HANDLERS[scheme]`` is set to: our handler's path for a pinned scheme,
+            the configured entry itself (a path or a class object) for a checked one.
     """
 
     scheme: str
     mode: str
     handler: str
     label: str
+    component: Any = None
+
+    def __post_init__(self) -> None:
+        if self.component is None:
+            object.__setattr__(self, "component", self.handler)
 
 
 def component_path(component: object) -> str:
@@ -105,6 +120,20 @@ def component_path(component: object) -> str:
     if isinstance(component, str):
         return component
     return f"{getattr(component, '__module__', '?')}.{getattr(component, '__qualname__', component)}"
+
+
+def is_playwright_handler(handler: object) -> bool:
+    """Whether ``handler`` (an import path or a class) is scrapy-playwright's handler or a subclass of it, so
+    that the browser's own requests need the guard (docs/spec.md §4.1). False when scrapy-playwright is not
+    installed or ``handler`` cannot be loaded (Scrapy then reports it)."""
+    if component_path(handler) == PLAYWRIGHT_HANDLER:
+        return True
+    try:
+        base = load_object(PLAYWRIGHT_HANDLER)
+        cls = load_object(handler) if isinstance(handler, str) else handler
+    except (ImportError, NameError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and isinstance(base, type) and issubclass(cls, base)
 
 
 def handler_modes(settings: Any) -> dict[str, SchemeMode]:
@@ -116,7 +145,8 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
     ``POLITE_ALLOW_PRIVATE`` is set (every address is allowed then: the handler is counted as checked).
 
     Raises:
-        UnsafeHandlerError: naming the scheme, the handler and the fixes.
+        UnsafeHandlerError: naming the scheme, the handler and the fixes; also for Scrapy's HTTP/2 handler
+            without the h2 package (``pip install scrapy-polite[http2]``).
         SettingsError: a malformed ``POLITE_CHECKED_HANDLERS``.
     """
     handlers = settings.getdict("DOWNLOAD_HANDLERS")
@@ -126,10 +156,16 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
         configured = handlers.get(scheme)
         path = PINNED_HTTP11_HANDLER if configured is None else component_path(configured)
         family = HANDLER_FAMILIES.get(path)
+        if family is not None and family.replacement == PINNED_H2_HANDLER and not HAS_H2:
+            raise UnsafeHandlerError(
+                f"DOWNLOAD_HANDLERS[{scheme!r}] = {path!r} is Scrapy's HTTP/2 handler, which needs the h2 package, "
+                "not installed: pip install scrapy-polite[http2] (or remove that DOWNLOAD_HANDLERS entry to use "
+                "HTTP/1.1)")
         if family is not None:
-            modes[scheme] = SchemeMode(scheme, family.mode, family.replacement or path, family.label)
+            modes[scheme] = SchemeMode(scheme, family.mode, family.replacement or path, family.label,
+                                       family.replacement or configured or path)
         elif path in accepted or settings.getbool("POLITE_ALLOW_PRIVATE"):
-            modes[scheme] = SchemeMode(scheme, CHECKED, path, path.rsplit(".", 1)[-1].lower())
+            modes[scheme] = SchemeMode(scheme, CHECKED, path, path.rsplit(".", 1)[-1].lower(), configured)
         else:
             raise UnsafeHandlerError(
                 f"scrapy-polite does not know DOWNLOAD_HANDLERS[{scheme!r}] = {path!r}: that handler may resolve "
@@ -172,6 +208,9 @@ class UnpinnedRequests:
         self._checked = {scheme: mode for scheme, mode in modes.items() if mode.mode == CHECKED}
         self._address_filter = address_filter
         self._inc = inc
+        # The verdict on each response (weakly held): asked before it is recorded (the extension) and
+        # again when it is passed on (the middleware), counted once.
+        self._verdicts: weakref.WeakKeyDictionary[Response, str | None] = weakref.WeakKeyDictionary()
 
     def mode_of(self, url: str) -> SchemeMode | None:
         """The checked mode that downloads ``url``, or None (pinned, or a scheme without a network host)."""
@@ -180,26 +219,71 @@ class UnpinnedRequests:
         scheme = url.split(":", 1)[0].lower()
         return self._checked.get(scheme)
 
+    def resolves_itself(self, request: Request) -> bool:
+        """Whether ``request``'s handler resolves its host itself (checked): then every address of the
+        host's answer must be allowed, not only the booked one (docs/spec.md §4.1)."""
+        return self.mode_of(request.url) is not None
+
     def sent(self, request: Request) -> None:
         """Count ``request`` (booked on ``meta['polite_ip']``) as sent through a checked handler, if it is."""
         mode = self.mode_of(request.url)
         if mode is not None:
             self._inc(f"unpinned/{mode.label}")
 
+    def foreign_response(self, request: Request, response: Response) -> bool:
+        """Whether ``response`` comes from another host than the booked one (``meta['polite_host']``): a
+        checked handler that follows redirects itself (scrapy-playwright's browser does) answers with the
+        last hop's response. Counted (``polite/unpinned/redirected``); its status and headers are not the
+        booked host's, so they are not recorded on it (docs/spec.md §4.1)."""
+        if self.mode_of(request.url) is None:
+            return False
+        booked = request.meta.get("polite_host")
+        url = getattr(response, "url", None)
+        if booked is None or not url or host_key(url) == booked:
+            return False
+        self._inc("unpinned/redirected")
+        return True
+
     def refusal(self, request: Request, response: Response) -> str | None:
-        """Why ``response`` must not be passed on, or None. A checked handler that reports the address it
-        connected to (``response.ip_address``: httpx, aiohttp, scrapy-playwright) is checked after the fact:
-        another address than the booked one is counted (``polite/unpinned/address_changed``), a non-public
-        one too (``polite/unpinned/refused_response``) and refused here."""
+        """Why ``response`` must not be passed on, nor recorded on the request's host, or None. A checked
+        handler that reports the address it connected to (``response.ip_address``: httpx, aiohttp,
+        scrapy-playwright) is checked after the fact: another address than the booked one (compared as IP
+        addresses: ``::ffff:a.b.c.d`` is ``a.b.c.d``) is counted (``polite/unpinned/address_changed``), a
+        non-public one too (``polite/unpinned/refused_response``) and refused here. Asked again about the
+        same response, it answers the same without counting again."""
         if self.mode_of(request.url) is None:
             return None
+        if response in self._verdicts:
+            return self._verdicts[response]
+        reason = self._verdicts[response] = self._refusal(request, response)
+        return reason
+
+    def _refusal(self, request: Request, response: Response) -> str | None:
         address = getattr(response, "ip_address", None)
         booked = request.meta.get("polite_ip")
-        if address is None or booked is None or str(address) == str(booked):
+        if address is None or booked is None or same_address(address, booked):
             return None
         self._inc("unpinned/address_changed")
         if self._address_filter.allows(address):
             return None
         self._inc("unpinned/refused_response")
+        address = _ip(address)  # ::ffff:a.b.c.d named as a.b.c.d
         return (f"the handler connected to {address}, not the booked {booked}, and {address} is not an allowed "
                 "address (the host's DNS answer changed between the check and the handler's own lookup)")
+
+
+def same_address(a: object, b: object) -> bool:
+    """Whether ``a`` and ``b`` (IP address objects or texts) are one address: compared by :mod:`ipaddress`,
+    an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``, RFC 4291 §2.5.5.2) as its IPv4 address; text that is
+    not an address is compared as text."""
+    return _ip(a) == _ip(b)
+
+
+def _ip(value: object) -> object:
+    try:
+        ip = ipaddress.ip_address(str(value).strip("[]"))
+    except ValueError:
+        return str(value)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip

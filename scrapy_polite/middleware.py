@@ -140,9 +140,11 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             # without a download, and its host's next request may go (docs/spec.md §5).
             pacer.drop(request)
             return response
-        decision = await pacer.finish(request)
+        # docs/spec.md §4.1: a checked handler reached a non-public address (asked first by the extension,
+        # which recorded it as a failure instead of the response).
         refusal = pacer.unpinned.refusal(request, response)
-        if refusal is not None:  # docs/spec.md §4.1: a checked handler reached a non-public address
+        decision = await pacer.finish(request)
+        if refusal is not None:
             raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")
         # A throttle is not a failure (docs/spec.md §2): the same request goes back to be held until its host
         # is due, instead of reaching RetryMiddleware or the spider, while its retry budget lasts.

@@ -125,6 +125,7 @@ class Pacer:
         self.retries = ThrottleRetries(config.policy, self.report, self.sync, self.booker.can_defer)
         #: The requests of a *checked* download handler (docs/spec.md §4.1).
         self.unpinned = UnpinnedRequests(_modes(crawler), config.address_filter, self.report.inc)
+        self.resolution.resolves_itself = self.unpinned.resolves_itself
         browser_guard = crawler.settings.get("PLAYWRIGHT_ABORT_REQUEST")
         if isinstance(browser_guard, BrowserRequestGuard):
             browser_guard.bind(address_filter=config.address_filter, resolver=self.get_resolver,

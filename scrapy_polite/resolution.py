@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .addresses import AddressFilter
 from .reactor import await_deferred, installed_reactor
 from .reporting import Report
-from .resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound, PublicHostnameResolver
+from .resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound, MixedAnswer, PublicHostnameResolver
 from .seams import ResolverNotInstalled
 
 if TYPE_CHECKING:
@@ -42,6 +42,9 @@ class Resolution:
         self._resolver: PublicHostnameResolver | None = None
         self._warned_proxy = False
         self._blocked_logged: set[str] = set()
+        #: Whether a request's handler resolves its host itself (a *checked* handler): then every address of
+        #: the answer must be allowed (docs/spec.md §4.1). Set by the pacer from the handler modes.
+        self.resolves_itself: Callable[[Request], bool] = lambda _request: False
 
     def resolver(self) -> PublicHostnameResolver:
         """The process's :class:`~scrapy_polite.resolver.PublicHostnameResolver` (``TWISTED_DNS_RESOLVER``).
@@ -75,8 +78,13 @@ class Resolution:
         """The public addresses the request may connect to (sorted, IPv4 first), or None when an HTTP
         proxy resolves the target (pacing by host still applies, pinning cannot).
 
+        For a request whose handler resolves the host itself (:attr:`resolves_itself`), the whole answer
+        must be allowed: one non-public address refuses the host (:class:`MixedAnswer`), since the handler
+        could connect to it (docs/spec.md §4.1).
+
         Raises:
-            BlockedHost: (an ``IgnoreRequest``) every address of the host is non-public.
+            BlockedHost: (an ``IgnoreRequest``) every address of the host is non-public; its subclass
+                :class:`MixedAnswer`: some are, and the request's handler resolves the host itself.
             DNSLookupError: the host cannot be resolved (NXDOMAIN, SERVFAIL, timeout).
             ResolverNotInstalled: see :meth:`resolver`.
         """
@@ -90,12 +98,18 @@ class Resolution:
                 self.report.inc("proxy_unpinned")
             return None
         resolver = self.resolver()
+        whole = self.resolves_itself(request)
         try:
-            addresses = await await_deferred(resolver.resolve(host))
+            if whole:
+                addresses = await await_deferred(resolver.resolve_whole(host))
+            else:
+                addresses = await await_deferred(resolver.resolve(host))
             # The resolver is per process; a spider's own (narrower) address rules apply on top of it.
             kept, dropped = self.address_filter.split(addresses)
             if not kept:
                 raise BlockedHost(host, dropped)
+            if whole and dropped:
+                raise MixedAnswer(host, kept, dropped)
             return kept
         except BlockedHost as exc:
             self.report.refused(host, "non_public", request.url)

@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "PublicHostnameResolver",
     "BlockedHost",
+    "MixedAnswer",
     "HostNotFound",
     "DNSServerFailure",
     "DNSTimeout",
@@ -73,6 +74,20 @@ class BlockedHost(IgnoreRequest):
         super().__init__(
             f"scrapy-polite refuses {host}: it resolves only to non-public addresses "
             f"({', '.join(self.dropped) or 'none'}); allow them with POLITE_ALLOWED_NETWORKS if this is intended")
+
+
+class MixedAnswer(BlockedHost):
+    """Some addresses of the host are non-public, for a request whose handler resolves the host itself
+    (a *checked* handler, the browser): it might connect to a dropped one, so the host is refused
+    (docs/spec.md §4.1). ``host``, ``kept`` and ``dropped`` (lists of str) say which."""
+
+    def __init__(self, host: str, kept: Sequence[str], dropped: Sequence[str]) -> None:
+        super().__init__(host, dropped)
+        self.kept = list(kept)
+        self.args = (
+            f"scrapy-polite refuses {host}: its answer mixes allowed addresses ({', '.join(self.kept)}) with "
+            f"non-public ones ({', '.join(self.dropped)}), and the download handler resolves the host itself, "
+            "so it could connect to a non-public one; allow them with POLITE_ALLOWED_NETWORKS if this is intended",)
 
 
 class HostNotFound(DNSLookupError):
@@ -265,6 +280,23 @@ class PublicHostnameResolver:
             return kept
 
         return d.addCallback(check)
+
+    def resolve_whole(self, host: str) -> defer.Deferred[list[str]]:
+        """The addresses of ``host`` when *every* address of its answer may be contacted (sorted; IPv4
+        first): for a handler that resolves the host itself and may connect to any of them (docs/spec.md
+        §4.1).
+
+        Fails with :class:`BlockedHost` when every address is non-public, :class:`MixedAnswer` when some
+        are, or with a ``DNSLookupError`` subclass."""
+
+        def check(addresses: tuple[str, ...]) -> list[str]:
+            kept, dropped = self.filter.split(addresses)
+            if dropped:
+                self.counts["blocked"] += 1
+                raise MixedAnswer(_canonical(host), kept, dropped) if kept else BlockedHost(_canonical(host), dropped)
+            return kept
+
+        return self.lookup(host).addCallback(check)
 
     def _query(self, host: str) -> tuple[tuple[str, ...], float]:
         """On a thread: A and AAAA with dnspython; (addresses, ttl)."""
