@@ -24,6 +24,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 
 from .browser import BrowserRequestGuard
 from .handlers import (
+    CHECKED,
     HANDLER_FAMILIES,
     PINNED,
     PINNED_HTTP11_HANDLER,
@@ -116,7 +117,9 @@ class Addon:
             raise refuse_to_start(exc, settings) from None
         for scheme, mode in modes.items():
             settings["DOWNLOAD_HANDLERS"][scheme] = mode.component  # a checked handler's class stays a class
-        if any(is_playwright_handler(mode.component) for mode in modes.values()):
+        # Only a checked scheme can run scrapy-playwright; a pinned one never loads it (importing Playwright
+        # costs a crawl's start-up a second).
+        if any(mode.mode == CHECKED and is_playwright_handler(mode.component) for mode in modes.values()):
             _install_browser_guard(settings)
         log_modes(modes)
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)
