@@ -45,7 +45,9 @@ async def test_the_interval_rises_with_a_slowing_server_and_falls_back_never_bel
     assert len(hits) == 18 and all(a.status == 200 for a in hits), describe(hits)
     g = gaps(hits)
     assert min(g) >= FLOOR - TOL, f"below the floor: {describe(hits)}"
-    assert max(g[:3]) <= FLOOR + 0.15, f"fast server, yet slowed: {describe(hits)}"
+    # The median of the first three gaps: one timer late on a loaded machine is not a slowdown (a raised
+    # interval lengthens all three).
+    assert sorted(g[:3])[1] <= FLOOR + 0.15, f"fast server, yet slowed: {describe(hits)}"
     raised = max(g[4:11])
     assert raised >= 0.45, f"the interval did not rise with the latency: {describe(hits)}"
     assert raised <= 0.6 + SLACK, f"above POLITE_ADAPTIVE_MAX: {describe(hits)}"
