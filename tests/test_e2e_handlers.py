@@ -530,9 +530,12 @@ async def test_playwright_page_cannot_make_the_browser_fetch_an_internal_address
     assert [a.path for a in pages(site)] == ["/", "/ok.js"]  # negative control: allowed sub-requests go
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (README, docs/spec.md §4.1): Playwright asks page.route, "
-                   "so PLAYWRIGHT_ABORT_REQUEST, only about the first URL of a redirect chain: a fetch of an "
-                   "allowed URL that redirects to an internal address reaches it")
+# Not strict: Playwright routes the hops of a redirect chain unreliably (current Playwright never did here;
+# 1.40, the extra's floor, did in some runs and not in others), so the gap is documented as open, and this test
+# shows it whenever it is there.
+@pytest.mark.xfail(strict=False, reason="known limit (README, docs/spec.md §4.1): Playwright does not reliably "
+                   "ask page.route, so PLAYWRIGHT_ABORT_REQUEST, about the hops of a redirect chain: a fetch of an "
+                   "allowed URL that redirects to an internal address can reach it")
 @pytest_twisted.ensureDeferred
 async def test_playwright_page_redirected_fetch_cannot_reach_an_internal_address(arrival_server, tmp_path):
     need_chromium()
