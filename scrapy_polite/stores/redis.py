@@ -126,6 +126,60 @@ if set(_STATE_FIELDS) != set(_STATE_TYPES):  # pragma: no cover - a development 
 #: versions also hold a field ``w``, their write token, which is no longer read.)
 _FIELDS = ("v", *_STATE_FIELDS.values())
 
+#: Lua shared by the scripts below (each fragment is pasted into a script's text, so one script still runs
+#: atomically). The update's idempotence record is the last of KEYS in every script that writes: when it is
+#: there, the update was applied, nothing is done and its value (the attempt's number) is returned.
+_LUA_RETURN_IF_DONE = """
+local done = redis.call('GET', KEYS[#KEYS])
+if done then
+  return done
+end
+"""
+
+#: A lost race (``n`` rows in KEYS, the clock ``t``, the state fields ``names``): returns the clock and every
+#: row's version and fields, on which the caller decides again.
+_LUA_RETURN_CURRENT_ROWS = """
+local out = {t[1], t[2]}
+for j = 1, n do
+  out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', unpack(names))
+end
+return out
+"""
+
+#: Writes the rows of ARGV from index ``i`` on, ``f`` + 2 values per row: its index in KEYS, its expiry (Unix
+#: ms, "0": none) and its ``f`` field values (``names``), with the version ``row_version(index)`` (each script
+#: defines it).
+_LUA_WRITE_ROWS = """
+while i <= #ARGV do
+  local index = tonumber(ARGV[i])
+  local key = KEYS[index]
+  local pairs = {'v', row_version(index)}
+  for k = 1, f do
+    pairs[#pairs + 1] = names[k]
+    pairs[#pairs + 1] = ARGV[i + 1 + k]
+  end
+  redis.call('HSET', key, unpack(pairs))
+  if ARGV[i + 1] == '0' then
+    redis.call('PERSIST', key)
+  else
+    redis.call('PEXPIREAT', key, ARGV[i + 1])
+  end
+  i = i + 2 + f
+end
+"""
+
+#: ``release(key)``: drops the lock of a row (``sharded``); a lock-only row (no version: the row did not exist
+#: when it was locked) is deleted.
+_LUA_RELEASE = """
+local function release(key)
+  if redis.call('HEXISTS', key, 'v') == 1 then
+    redis.call('HDEL', key, 'lk', 'lx')
+  else
+    redis.call('DEL', key)
+  end
+end
+"""
+
 #: Reads the clock and rows, atomically. KEYS[1..n]: the rows; KEYS[n+1]: the update's idempotence record when
 #: ARGV[1] is "1" (its value is returned, or false), else any key of the table's slot (routing on a cluster).
 #: ARGV[2..]: the hash fields. Returns {seconds, microseconds, record or false, fields of each row...}.
@@ -152,12 +206,8 @@ return out
 #: none) and its f field values. Returns the record's value (a string) when it was there (nothing written),
 #: the clock and the current rows when a version changed (nothing written), else the new version (a number).
 #: Generic: no pacing rule here, and no field name either.
-_WRITE_IF_UNCHANGED = """
+_WRITE_IF_UNCHANGED = _LUA_RETURN_IF_DONE + """
 local n = #KEYS - 2
-local done = redis.call('GET', KEYS[n + 2])
-if done then
-  return done
-end
 local f = tonumber(ARGV[n + 3])
 local names = {}
 for k = 1, f do names[k] = ARGV[n + 3 + k] end
@@ -165,30 +215,15 @@ for i = 1, n do
   local v = redis.call('HGET', KEYS[i], 'v')
   if (v or '0') ~= ARGV[i + 2] then
     local t = redis.call('TIME')
-    local out = {t[1], t[2]}
-    for j = 1, n do
-      out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', unpack(names))
-    end
-    return out
+""" + _LUA_RETURN_CURRENT_ROWS + """
   end
 end
 local version = redis.call('INCR', KEYS[n + 1])
-local i = n + 4 + f
-while i <= #ARGV do
-  local key = KEYS[tonumber(ARGV[i])]
-  local pairs = {'v', version}
-  for k = 1, f do
-    pairs[#pairs + 1] = names[k]
-    pairs[#pairs + 1] = ARGV[i + 1 + k]
-  end
-  redis.call('HSET', key, unpack(pairs))
-  if ARGV[i + 1] == '0' then
-    redis.call('PERSIST', key)
-  else
-    redis.call('PEXPIREAT', key, ARGV[i + 1])
-  end
-  i = i + 2 + f
+local function row_version(index)
+  return version
 end
+local i = n + 4 + f
+""" + _LUA_WRITE_ROWS + """
 redis.call('SET', KEYS[n + 2], ARGV[1], 'PX', ARGV[2])
 return version
 """
@@ -214,12 +249,8 @@ return deleted
 #: A row's new version is max(its version + 1, the server's clock in µs): it only grows, even across a delete.
 #: Every row of KEYS loses its lock (a lock-only row is deleted). Returns the record's value when it was there,
 #: the clock and the current rows when a version changed or a row is locked ("w"), 0 then ("c"), else 1.
-_SHARD_WRITE = """
+_SHARD_WRITE = _LUA_RETURN_IF_DONE + _LUA_RELEASE + """
 local n = #KEYS - 1
-local done = redis.call('GET', KEYS[n + 1])
-if done then
-  return done
-end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
@@ -235,38 +266,17 @@ for i = 1, n do
     if ARGV[4] == 'c' then
       return 0
     end
-    local out = {t[1], t[2]}
-    for j = 1, n do
-      out[#out + 1] = redis.call('HMGET', KEYS[j], 'v', unpack(names))
-    end
-    return out
+""" + _LUA_RETURN_CURRENT_ROWS + """
   end
+end
+local function row_version(index)
+  return string.format('%d', math.max(versions[index] + 1, now_us))
 end
 local i = n + 6 + f
-while i <= #ARGV do
-  local index = tonumber(ARGV[i])
-  local key = KEYS[index]
-  local pairs = {'v', string.format('%d', math.max(versions[index] + 1, now_us))}
-  for k = 1, f do
-    pairs[#pairs + 1] = names[k]
-    pairs[#pairs + 1] = ARGV[i + 1 + k]
-  end
-  redis.call('HSET', key, unpack(pairs))
-  if ARGV[i + 1] == '0' then
-    redis.call('PERSIST', key)
-  else
-    redis.call('PEXPIREAT', key, ARGV[i + 1])
-  end
-  i = i + 2 + f
-end
+""" + _LUA_WRITE_ROWS + """
 for j = 1, n do
-  local lock = redis.call('HGET', KEYS[j], 'lk')
-  if lock then
-    if redis.call('HEXISTS', KEYS[j], 'v') == 1 then
-      redis.call('HDEL', KEYS[j], 'lk', 'lx')
-    else
-      redis.call('DEL', KEYS[j])
-    end
+  if redis.call('HGET', KEYS[j], 'lk') then
+    release(KEYS[j])
   end
 end
 redis.call('SET', KEYS[n + 1], ARGV[1], 'PX', ARGV[2])
@@ -279,12 +289,8 @@ return 1
 #: locked); {0, seconds, µs} when a row holds a live lock of another update (nothing locked); else every row
 #: is locked by this token until the lease ends (a lock-only row is created for an absent one, expiring with
 #: its lease) and {1, seconds, µs, fields of each row...}.
-_SHARD_LOCK = """
+_SHARD_LOCK = _LUA_RETURN_IF_DONE + """
 local n = #KEYS - 1
-local done = redis.call('GET', KEYS[n + 1])
-if done then
-  return done
-end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
@@ -309,14 +315,10 @@ return out
 """
 
 #: Releases this token's locks on the rows of KEYS (ARGV[1]: the token); a lock-only row is deleted.
-_SHARD_UNLOCK = """
+_SHARD_UNLOCK = _LUA_RELEASE + """
 for i = 1, #KEYS do
   if redis.call('HGET', KEYS[i], 'lk') == ARGV[1] then
-    if redis.call('HEXISTS', KEYS[i], 'v') == 1 then
-      redis.call('HDEL', KEYS[i], 'lk', 'lx')
-    else
-      redis.call('DEL', KEYS[i])
-    end
+    release(KEYS[i])
   end
 end
 return 1
@@ -921,14 +923,34 @@ def _finish(steps: UpdateSteps[T]) -> T:
             time.sleep(out.delay)
 
 
-class _Update(Generic[T]):
-    """One optimistic read-modify-write of a :class:`RedisStore`, step by step (:class:`UpdateSteps`).
+#: The write arguments that name the state fields: their number, then their hash field names.
+_FIELD_ARGS = (len(_STATE_FIELDS), *_STATE_FIELDS.values())
+
+
+def _rows_args(store: RedisStore, keys: Sequence[str], new: dict[str, HostState], now: float) -> list[Any]:
+    """The write arguments of the rows of ``new`` among ``keys``: for each, its position in ``keys`` (from 1),
+    its expiry (:meth:`RedisStore._expiry_ms`) and its field values."""
+    out: list[Any] = []
+    for position, key in enumerate(keys, start=1):
+        state = new.get(key)
+        if state is not None:
+            out.extend((position, store._expiry_ms(state, now), *_encode(state)))
+    return out
+
+
+class _Steps(Generic[T]):
+    """What every update of a :class:`RedisStore` shares, step by step (:class:`UpdateSteps`): its identity and
+    pending record, the decision on the rows read, the optimistic read-then-write of one slot, and the wait
+    after a lost race.
 
     ``identity`` (the caller's update function) and ``keys`` name one logical update: when a write of it was
     sent but its connection was lost (applied or not, nobody knows), the next update with the same function
     on the same keys takes over its id (so its record) and the results of its attempts: it first reads the
     record with the rows, and returns the result of the attempt that was applied when there is one.
     """
+
+    #: On an outage, keep the update's id for its retry even when nothing was sent yet (its locks carry it).
+    _keep_token = False
 
     def __init__(self, store: RedisStore, keys: list[str], fn: ManyUpdateFn[T], identity: Any) -> None:
         self._store = store
@@ -939,8 +961,6 @@ class _Update(Generic[T]):
         #: An earlier call of this update may have been applied: look for its record before anything else.
         self._check = pending is not None
         self._pending = pending or _Pending(uuid.uuid4().hex)
-        self._record = store._done + self._pending.token
-        self._names = [*map(store._key, keys), store._counter, self._record]
         self._rows: list[_Row] | None = None
         self._now = 0.0
         self._now_at = 0.0  # time.monotonic() when the server's clock read self._now
@@ -951,41 +971,54 @@ class _Update(Generic[T]):
         try:
             return self._step()
         except StoreUnavailable:
-            if self._pending.results:  # a write may be in flight: its retry must find it
+            if self._keep_token or self._pending.results:  # a write may be in flight: its retry must find it
                 self._store._remember(self._name, self._pending)
             raise
+
+    def _step(self) -> T | Again:
+        raise NotImplementedError
 
     def _applied(self, attempt: bytes) -> T:
         """The result of the attempt whose write the record names."""
         return self._pending.results[int(attempt)]  # type: ignore[no-any-return]
 
-    def _step(self) -> T | Again:
-        store, keys = self._store, self._keys
+    def _record_ttl_ms(self) -> int:
+        return max(1, int(self._store.done_ttl * 1000))
+
+    def _decide(self, rows: list[_Row]) -> tuple[dict[str, HostState], T, float]:
+        """The update function on ``rows``: the new rows, the result and the ``now`` it ran with.
+
+        Raises:
+            ValueError: the function wrote a row it did not read.
+        """
+        # The server's clock as read, moved on by the time since (this process's monotonic clock): a step that
+        # waited in the pool's queue after a lost race must not book at a moment already past.
+        now = self._now + max(0.0, time.monotonic() - self._now_at)
+        new, result = self._fn({key: row.state for key, row in zip(self._keys, rows)}, now)
+        stray = set(new).difference(self._keys)
+        if stray:
+            raise ValueError(f"update function wrote {sorted(stray)!r}, which it did not read")
+        return new, result, now
+
+    def _optimistic_step(self, record: str,
+                         write: Callable[[int, list[_Row], dict[str, HostState], float], Any]) -> T | Again:
+        """One step of an update whose rows are in one slot: read the rows (and ``record``, when an earlier
+        attempt may have been applied), decide, and ``write(attempt, rows, new, now)`` if the rows still have
+        the versions read (the script's reply: the record's value, the current rows, or success)."""
         if self._rows is None:
             check = self._check or bool(self._pending.results)  # an earlier attempt may have been applied
-            rows, self._now, found = store._read(keys, self._record if check else None)
+            rows, self._now, found = self._store._read(self._keys, record if check else None)
             self._now_at = time.monotonic()
             if found is not None:
                 return self._applied(found)
             self._rows = rows
-        # The server's clock as read, moved on by the time since (this process's monotonic clock): a step that
-        # waited in the pool's queue after a lost race must not book at a moment already past.
-        rows, now = self._rows, self._now + max(0.0, time.monotonic() - self._now_at)
-        new, result = self._fn({key: row.state for key, row in zip(keys, rows)}, now)
-        stray = set(new).difference(keys)
-        if stray:
-            raise ValueError(f"update function wrote {sorted(stray)!r}, which it did not read")
+        rows = self._rows
+        new, result, now = self._decide(rows)
         if not new and not self._pending.results:
             return result  # nothing to write, and no earlier write of this update to fence off
         attempt = len(self._pending.results)
         self._pending.results[attempt] = result
-        args: list[Any] = [attempt, max(1, int(store.done_ttl * 1000)), *(row.version for row in rows),
-                           len(_STATE_FIELDS), *_STATE_FIELDS.values()]
-        for index, key in enumerate(keys, start=1):
-            state = new.get(key)
-            if state is not None:
-                args.extend((index, store._expiry_ms(state, now), *_encode(state)))
-        reply = store._run("write", partial(store._write, keys=self._names, args=args))
+        reply = write(attempt, rows, new, now)
         if isinstance(reply, bytes):  # the record was there: an earlier attempt (or its resend) was applied
             return self._applied(reply)
         if not isinstance(reply, list):
@@ -993,10 +1026,19 @@ class _Update(Generic[T]):
         self._now = int(reply[0]) + int(reply[1]) / 1e6
         self._now_at = time.monotonic()
         self._rows = [_row(values) for values in reply[2:]]
+        return self._lost_race(reread=False)
+
+    def _lost_race(self, reread: bool) -> Again:
+        """The wait after a lost race: none after the first (unless ``reread``: the rows must be read again),
+        then a random moment, doubling, and the rows are read again.
+
+        Raises:
+            StoreBusy: :data:`MAX_ATTEMPTS` lost races, or :data:`MAX_BUSY_SECONDS` of them.
+        """
         self._lost += 1
         if self._lost >= MAX_ATTEMPTS:
             raise self._busy()
-        if self._lost < 2:
+        if self._lost < 2 and not reread:
             return Again(0.0)
         # Lost twice in a row: step aside a random moment, so that writers of one row stop colliding, then
         # read the rows again (those of the reply are stale by then: writing on them would surely lose).
@@ -1011,6 +1053,24 @@ class _Update(Generic[T]):
                          f"({', '.join(self._keys)}) changed under every one of its attempts (at most "
                          f"{MAX_ATTEMPTS}, {MAX_BUSY_SECONDS:g} s). Fix: fewer processes on these hosts, or a less "
                          "loaded Redis.")
+
+
+class _Update(_Steps[T]):
+    """One optimistic read-modify-write of a ``table`` layout (one slot), step by step (:class:`_Steps`)."""
+
+    def __init__(self, store: RedisStore, keys: list[str], fn: ManyUpdateFn[T], identity: Any) -> None:
+        super().__init__(store, keys, fn, identity)
+        self._record = store._done + self._pending.token
+        self._names = [*map(store._key, keys), store._counter, self._record]
+
+    def _step(self) -> T | Again:
+        return self._optimistic_step(self._record, self._write)
+
+    def _write(self, attempt: int, rows: list[_Row], new: dict[str, HostState], now: float) -> Any:
+        store = self._store
+        args: list[Any] = [attempt, self._record_ttl_ms(), *(row.version for row in rows), *_FIELD_ARGS,
+                           *_rows_args(store, self._keys, new, now)]
+        return store._run("write", partial(store._write, keys=self._names, args=args))
 
 
 def _text(value: Any) -> str:
@@ -1039,7 +1099,7 @@ class _Group:
     record: str
 
 
-class _ShardedUpdate(Generic[T]):
+class _ShardedUpdate(_Steps[T]):
     """One update of a ``sharded`` table (docs/scale.md), step by step (:class:`UpdateSteps`).
 
     Rows in one slot (a single-row update, or rows whose tags share a slot, or any update on a single server):
@@ -1055,97 +1115,36 @@ class _ShardedUpdate(Generic[T]):
     reply was lost finds each slot's record, as in :class:`_Update`.
     """
 
+    _keep_token = True  # its retry reuses the token: records and locks
+
     def __init__(self, store: RedisStore, keys: list[str], fn: ManyUpdateFn[T], identity: Any) -> None:
-        self._store = store
-        self._keys = keys
-        self._fn = fn
-        self._name = (identity, tuple(keys))
-        pending = store._take_pending(self._name)
-        self._check = pending is not None
-        self._pending = pending or _Pending(uuid.uuid4().hex)
+        super().__init__(store, keys, fn, identity)
         token = self._pending.token
         names = [store._key(key) for key in keys]
         self._groups = [_Group(g, [names[i] for i in g], store._record_of(names[g[0]], token))
                         for g in store.slot_groups(keys)]
-        self._rows: list[_Row] | None = None
-        self._now = 0.0
-        self._now_at = 0.0
-        self._lost = 0
-        self._busy_until: float | None = None
         #: Attempt → the write arguments of each group (a resend after a lost reply writes the same rows).
         self._writes: dict[int, list[list[Any]]] = self._pending.writes
 
-    def step(self) -> T | Again:
-        try:
-            return self._step() if len(self._groups) == 1 else self._locked_step()
-        except StoreUnavailable:
-            self._store._remember(self._name, self._pending)  # its retry reuses the token: records and locks
-            raise
-
-    def _applied(self, attempt: bytes) -> T:
-        return self._pending.results[int(attempt)]  # type: ignore[no-any-return]
-
-    def _decide(self, rows: list[_Row]) -> tuple[dict[str, HostState], T, float]:
-        now = self._now + max(0.0, time.monotonic() - self._now_at)
-        new, result = self._fn({key: row.state for key, row in zip(self._keys, rows)}, now)
-        stray = set(new).difference(self._keys)
-        if stray:
-            raise ValueError(f"update function wrote {sorted(stray)!r}, which it did not read")
-        return new, result, now
+    def _step(self) -> T | Again:
+        return self._one_slot_step() if len(self._groups) == 1 else self._locked_step()
 
     def _args(self, group: _Group, attempt: int, mode: str, rows: list[_Row], new: dict[str, HostState],
               now: float) -> list[Any]:
-        store = self._store
-        args: list[Any] = [attempt, max(1, int(store.done_ttl * 1000)), self._pending.token, mode,
-                           *(rows[i].version for i in group.indices), len(_STATE_FIELDS), *_STATE_FIELDS.values()]
-        for position, index in enumerate(group.indices, start=1):
-            state = new.get(self._keys[index])
-            if state is not None:
-                args.extend((position, store._expiry_ms(state, now), *_encode(state)))
-        return args
+        return [attempt, self._record_ttl_ms(), self._pending.token, mode,
+                *(rows[i].version for i in group.indices), *_FIELD_ARGS,
+                *_rows_args(self._store, [self._keys[i] for i in group.indices], new, now)]
 
     def _write(self, group: _Group, args: list[Any]) -> Any:
         store = self._store
         return store._run("write", partial(store._shard_write, keys=[*group.names, group.record], args=args))
 
-    def _lost_race(self, reread: bool) -> Again:
-        self._lost += 1
-        if self._lost >= MAX_ATTEMPTS:
-            raise self._busy()
-        if self._lost < 2 and not reread:
-            return Again(0.0)
-        self._busy_until = self._busy_until or time.monotonic() + MAX_BUSY_SECONDS
-        if time.monotonic() > self._busy_until:
-            raise self._busy()
-        self._rows = None
-        return Again(random.uniform(0.0, min(0.02, 0.0001 * 2 ** (self._lost - 1))))
-
     # -- one slot: optimistic ---------------------------------------------------------------------------
 
-    def _step(self) -> T | Again:
-        store, group = self._store, self._groups[0]
-        if self._rows is None:
-            check = self._check or bool(self._pending.results)
-            rows, self._now, found = store._read(self._keys, group.record if check else None)
-            self._now_at = time.monotonic()
-            if found is not None:
-                return self._applied(found)
-            self._rows = rows
-        rows = self._rows
-        new, result, now = self._decide(rows)
-        if not new and not self._pending.results:
-            return result
-        attempt = len(self._pending.results)
-        self._pending.results[attempt] = result
-        reply = self._write(group, self._args(group, attempt, "w", rows, new, now))
-        if isinstance(reply, bytes):
-            return self._applied(reply)
-        if not isinstance(reply, list):
-            return result
-        self._now = int(reply[0]) + int(reply[1]) / 1e6
-        self._now_at = time.monotonic()
-        self._rows = [_row(values) for values in reply[2:]]
-        return self._lost_race(reread=False)
+    def _one_slot_step(self) -> T | Again:
+        group = self._groups[0]
+        return self._optimistic_step(group.record, lambda attempt, rows, new, now: self._write(
+            group, self._args(group, attempt, "w", rows, new, now)))
 
     # -- several slots: lock, decide, write -------------------------------------------------------------
 
@@ -1211,9 +1210,3 @@ class _ShardedUpdate(Generic[T]):
                              f"({LOCK_LEASE:g} s) and another update took a lock. Nothing was sent on it. Fix: a "
                              "less loaded machine or Redis.")
         return self._applied(str(attempt).encode())
-
-    def _busy(self) -> StoreBusy:
-        return StoreBusy(f"scrapy-polite could not write its pace table {self._store.uri}: {len(self._keys)} rows "
-                         f"({', '.join(self._keys)}) changed under every one of its attempts (at most "
-                         f"{MAX_ATTEMPTS}, {MAX_BUSY_SECONDS:g} s). Fix: fewer processes on these hosts, or a less "
-                         "loaded Redis.")
