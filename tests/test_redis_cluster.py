@@ -9,8 +9,6 @@ URL refused at start, the resend of a lost reply, and processes sharing a table 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from dataclasses import replace
 
@@ -24,16 +22,13 @@ from scrapy_polite.stores import Event, StoreError, StoreOptions, StoreUnavailab
 from scrapy_polite.stores.redis import RedisStore, _cluster_nodes, redact_uri
 from tests.support.redis_cluster import node_ports, redis_cluster_url  # noqa: F401
 from tests.support.redis_server import free_port, redis_url, unique_prefix  # noqa: F401
-from tests.test_redis_store import PROCESSES, WORKER, LoseReplies, bump
-
-
-@pytest.fixture
-def cluster(redis_cluster_url):
-    """A cluster client (for the checks), on the session's cluster."""
-    host, port = node_ports(redis_cluster_url)[0]
-    client = RedisCluster(host=host, port=port)
-    yield client
-    client.close()
+from tests.support.redis_updates import (  # noqa: F401
+    bump,
+    check_a_retry_after_unavailable_is_applied_once,
+    cluster,
+    expected_counts,
+    run_booking_processes,
+)
 
 
 def tagged_prefix(cluster, node):
@@ -140,19 +135,7 @@ def test_a_lost_reply_on_the_cluster_is_not_applied_twice(redis_cluster_url, pre
     s = open_store(redis_cluster_url, StoreOptions(prefix=prefixes[1]))
     other = open_store(redis_cluster_url, StoreOptions(prefix=prefixes[1]))
     try:
-        s.update("a.example", bump)
-        s._write = LoseReplies(s._write, times=2)
-
-        def once(old, now):
-            return bump(old, now)
-
-        with pytest.raises(StoreUnavailable):
-            s.update("a.example", once)  # applied, but we could not know
-        other.update("a.example", bump)  # another writer overwrites the row meanwhile
-        assert s.update("a.example", once) == 1  # the retry returns the first result
-        assert other.get("a.example").consec == 3  # 1 + the lost one + the other writer's: no double
-        # Negative control: another update is applied.
-        assert s.update("a.example", bump) == 3
+        check_a_retry_after_unavailable_is_applied_once(s, other)
     finally:
         s.close()
         other.close()
@@ -193,28 +176,8 @@ def test_one_reachable_node_of_the_url_is_enough(redis_cluster_url, prefixes):
 
 
 def test_processes_sharing_a_table_on_the_cluster_lose_no_update(redis_cluster_url, prefixes, tmp_path):
-    from tests.test_redis_store import ROOT
-
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(root=ROOT))
-    go = tmp_path / "go"
-    updates = 300
-    workers = [subprocess.Popen([sys.executable, str(script), redis_cluster_url, prefixes[0], str(go), str(updates)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-               for _ in range(PROCESSES)]
-    time.sleep(1.0)
-    go.write_text("go")
-    for worker in workers:
-        _, err = worker.communicate(timeout=300)
-        assert worker.returncode == 0, err.decode(errors="replace")
-    s = open_store(redis_cluster_url, StoreOptions(prefix=prefixes[0]))
-    try:
-        counts = {key: state.consec for key, state in s.items()}
-    finally:
-        s.close()
-    total = PROCESSES * updates
-    assert counts == {**{f"h{i}.example": total // 5 for i in range(5)},
-                      "ip:192.0.2.0": total // 2, "ip:192.0.2.1": total // 2}
+    counts, _ = run_booking_processes(redis_cluster_url, prefixes[0], tmp_path, 300)
+    assert counts == expected_counts(300)
 
 
 def test_a_stopped_cluster_is_unavailable_then_back():

@@ -11,13 +11,10 @@ rows for the lease only; the resend of a lost reply applied once; a write half d
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from dataclasses import replace
 
 import pytest
-from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from scrapy_polite.policy import HostState
@@ -26,15 +23,7 @@ from scrapy_polite.stores import redis as redis_module
 from scrapy_polite.stores.redis import split_layout
 from tests.support.redis_cluster import flush_cluster_prefix, node_ports, redis_cluster_url  # noqa: F401
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
-from tests.test_redis_store import PROCESSES, ROOT, WORKER, bump, bump_both
-
-
-@pytest.fixture
-def cluster(redis_cluster_url):
-    host, port = node_ports(redis_cluster_url)[0]
-    client = RedisCluster(host=host, port=port)
-    yield client
-    client.close()
+from tests.support.redis_updates import bump, bump_both, cluster, expected_counts, run_booking_processes  # noqa: F401
 
 
 @pytest.fixture
@@ -150,29 +139,9 @@ def test_the_slot_groups_of_a_booking_follow_its_rows_slots(redis_cluster_url, s
 
 
 def test_processes_booking_over_two_slots_lose_no_update(redis_cluster_url, prefix, tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(root=ROOT))
-    go = tmp_path / "go"
-    updates = 200
-    url = redis_cluster_url + "?layout=sharded"
-    workers = [subprocess.Popen([sys.executable, str(script), url, prefix, str(go), str(updates)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-               for _ in range(PROCESSES)]
-    time.sleep(1.0)
-    go.write_text("go")
-    for worker in workers:
-        _, err = worker.communicate(timeout=300)
-        assert worker.returncode == 0, err.decode(errors="replace")
-    s = open_store(url, StoreOptions(prefix=prefix))
-    try:
-        counts = {key: state.consec for key, state in s.items()}
-        slots = {key_slot(s._key(k).encode()) for k in counts}
-    finally:
-        s.close()
-    total = PROCESSES * updates
-    assert len(slots) > 1  # the rows really were in several slots
-    assert counts == {**{f"h{i}.example": total // 5 for i in range(5)},
-                      "ip:192.0.2.0": total // 2, "ip:192.0.2.1": total // 2}
+    counts, names = run_booking_processes(redis_cluster_url + "?layout=sharded", prefix, tmp_path, 200)
+    assert len({key_slot(name.encode()) for name in names}) > 1  # the rows really were in several slots
+    assert counts == expected_counts(200)
 
 
 def test_a_host_whose_addresses_change_keeps_one_row(sharded):

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -47,8 +45,15 @@ from scrapy_polite.stores import redis as redis_module
 from scrapy_polite.stores.redis import RedisStore, redact_uri
 from tests.support.redis_proxy import LossyProxy
 from tests.support.redis_server import RedisServer, free_port, redis_url, unique_prefix  # noqa: F401
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.redis_updates import (
+    ROOT,
+    LoseReplies,
+    bump,
+    bump_both,
+    check_a_retry_after_unavailable_is_applied_once,
+    expected_counts,
+    run_booking_processes,
+)
 
 
 @pytest.fixture
@@ -71,15 +76,20 @@ def store(redis_url, prefix):
 
 
 @pytest.fixture
+def writers(redis_url, prefix):
+    """Two stores on the same table: this process and another writer."""
+    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    yield first, second
+    first.close()
+    second.close()
+
+
+@pytest.fixture
 def raw(redis_url):
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
-
-
-def bump(old: HostState | None, now: float) -> tuple[HostState, int]:
-    old = old or HostState()
-    return replace(old, consec=old.consec + 1, updated=now), old.consec
 
 
 def put(store, key, state):
@@ -251,9 +261,8 @@ def test_now_and_every_update_use_the_server_clock(store, raw, monkeypatch):
 # Optimistic writes
 
 
-def test_a_lost_race_reruns_fn_on_the_winner_row(redis_url, prefix):
-    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
-    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+def test_a_lost_race_reruns_fn_on_the_winner_row(writers):
+    first, second = writers
     calls = []
 
     def racing(old, now):
@@ -262,25 +271,20 @@ def test_a_lost_race_reruns_fn_on_the_winner_row(redis_url, prefix):
             second.update("a.example", bump)
         return bump(old, now)
 
-    try:
-        first.update("a.example", racing)
-        assert calls == [None, 1]  # ran again, on the row the other process wrote
-        assert first.get("a.example").consec == 2  # neither update lost
-        # Negative control: without a race fn runs once.
-        calls.clear()
-        first.update("a.example", lambda old, now: (calls.append(old.consec), bump(old, now))[1])
-        assert calls == [2]
-    finally:
-        first.close()
-        second.close()
+    first.update("a.example", racing)
+    assert calls == [None, 1]  # ran again, on the row the other process wrote
+    assert first.get("a.example").consec == 2  # neither update lost
+    # Negative control: without a race fn runs once.
+    calls.clear()
+    first.update("a.example", lambda old, now: (calls.append(old.consec), bump(old, now))[1])
+    assert calls == [2]
 
 
-def test_a_step_that_waited_after_a_lost_race_books_at_the_moment_it_runs(redis_url, prefix):
+def test_a_step_that_waited_after_a_lost_race_books_at_the_moment_it_runs(writers):
     """After a lost race the next step writes on the rows the race returned, with the server's clock of that
     reply moved on by the time the step waited (in the pool's queue): a booking made late must not reserve a
     moment already past, or the next process's booking would come less than the interval after the send."""
-    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
-    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    first, second = writers
     seen = []
 
     def racing(old, now):
@@ -289,25 +293,20 @@ def test_a_step_that_waited_after_a_lost_race_books_at_the_moment_it_runs(redis_
             second.update("a.example", bump)
         return bump(old, now)
 
-    try:
-        steps = first.update_steps("a.example", racing)
-        assert steps.step() == Again(0.0)  # lost; the next step at once (it has the current rows)
-        time.sleep(0.3)  # ... but it waits its turn on a busy pool
-        before = first.now()
-        assert steps.step() == 1
-        # Booked when it ran, not 0.3 s before. The estimate is the reply's server clock moved on by this
-        # process's clock since the reply arrived, so it trails the server by the reply's trip (CI saw 0.1 ms):
-        # a few milliseconds of slack, far below the 0.3 s the old code lost.
-        assert seen[1] - seen[0] >= 0.3 and seen[1] >= before - 0.005
-        assert seen[1] - before < 0.3  # negative control: moved on by the wait, not more
-    finally:
-        first.close()
-        second.close()
+    steps = first.update_steps("a.example", racing)
+    assert steps.step() == Again(0.0)  # lost; the next step at once (it has the current rows)
+    time.sleep(0.3)  # ... but it waits its turn on a busy pool
+    before = first.now()
+    assert steps.step() == 1
+    # Booked when it ran, not 0.3 s before. The estimate is the reply's server clock moved on by this
+    # process's clock since the reply arrived, so it trails the server by the reply's trip (CI saw 0.1 ms):
+    # a few milliseconds of slack, far below the 0.3 s the old code lost.
+    assert seen[1] - seen[0] >= 0.3 and seen[1] >= before - 0.005
+    assert seen[1] - before < 0.3  # negative control: moved on by the wait, not more
 
 
-def test_every_row_read_is_checked_not_only_the_ones_written(redis_url, prefix):
-    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
-    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+def test_every_row_read_is_checked_not_only_the_ones_written(writers):
+    first, second = writers
     calls = []
 
     def book(states, now):
@@ -316,46 +315,22 @@ def test_every_row_read_is_checked_not_only_the_ones_written(redis_url, prefix):
             second.update("ip:192.0.2.1", bump)
         return {"a.example": HostState(consec=len(calls), updated=now)}, None
 
-    try:
-        first.update_many(["a.example", "ip:192.0.2.1"], book)
-        assert len(calls) == 2 and calls[1]["ip:192.0.2.1"].consec == 1
-        assert first.get("a.example").consec == 2
-    finally:
-        first.close()
-        second.close()
+    first.update_many(["a.example", "ip:192.0.2.1"], book)
+    assert len(calls) == 2 and calls[1]["ip:192.0.2.1"].consec == 1
+    assert first.get("a.example").consec == 2
 
 
-def test_a_write_lost_too_often_is_store_busy(redis_url, prefix, monkeypatch):
+def test_a_write_lost_too_often_is_store_busy(writers, monkeypatch):
     monkeypatch.setattr(redis_module, "MAX_ATTEMPTS", 3)
-    first = RedisStore(redis_url, StoreOptions(prefix=prefix))
-    second = RedisStore(redis_url, StoreOptions(prefix=prefix))
+    first, second = writers
 
     def always_racing(old, now):
         second.update("a.example", bump)
         return bump(old, now)
 
-    try:
-        with pytest.raises(StoreBusy, match="a.example"):
-            first.update("a.example", always_racing)
-        assert first.get("a.example").consec == 3  # only the other writer's updates
-    finally:
-        first.close()
-        second.close()
-
-
-class LoseReplies:
-    """Wraps the write script: runs it, then loses the reply (the connection dropped) ``times`` times."""
-
-    def __init__(self, script, times):
-        self.script, self.times, self.sent = script, times, 0
-
-    def __call__(self, *args, **kwargs):
-        self.sent += 1
-        result = self.script(*args, **kwargs)
-        if self.times:
-            self.times -= 1
-            raise redis.ConnectionError("Connection lost (simulated) after the write was applied")
-        return result
+    with pytest.raises(StoreBusy, match="a.example"):
+        first.update("a.example", always_racing)
+    assert first.get("a.example").consec == 3  # only the other writer's updates
 
 
 def test_a_write_whose_reply_was_lost_is_not_applied_twice(store):
@@ -367,35 +342,13 @@ def test_a_write_whose_reply_was_lost_is_not_applied_twice(store):
 
 
 def test_the_retry_of_an_update_that_raised_unavailable_is_not_applied_twice(store):
-    store.update("a.example", bump)
-    store._write = LoseReplies(store._write, times=2)
-
-    def once(old, now):
-        return bump(old, now)
-
-    with pytest.raises(StoreUnavailable):
-        store.update("a.example", once)  # applied, but we could not know
-    assert store.get("a.example").consec == 2
-    assert store.update("a.example", once) == 1  # the retry (same fn) returns the first result
-    assert store.get("a.example").consec == 2
-    # Negative control: another update function is another update.
-    assert store.update("a.example", bump) == 2
-    assert store.get("a.example").consec == 3
+    check_a_retry_after_unavailable_is_applied_once(store)
 
 
 def _port_of(url):
     from urllib.parse import urlsplit
 
     return urlsplit(url).port
-
-
-def bump_both(states, now):
-    """A booking's shape: the host's and the address's rows in one update; the result is the host's old count."""
-    host, ip = sorted(states)
-    old = states[host] or HostState()
-    return ({host: replace(old, consec=old.consec + 1, updated=now),
-             ip: replace(states[ip] or HostState(), consec=(states[ip] or HostState()).consec + 1, updated=now)},
-            old.consec)
 
 
 WRITE_SHA = hashlib.sha1(redis_module._WRITE_IF_UNCHANGED.encode()).hexdigest().encode()
@@ -608,57 +561,12 @@ def test_which_errors_are_an_outage_to_wait_out(error, transient):
 # --------------------------------------------------------------------------------------------------
 # Eight processes, the same rows, no update lost
 
-WORKER = textwrap.dedent("""
-    import os, sys, time
-    from dataclasses import replace
-    sys.path.insert(0, {root!r})
-    from scrapy_polite.policy import HostState
-    from scrapy_polite.stores import StoreOptions
-    from scrapy_polite.stores.redis import RedisStore
-
-    url, prefix, go, updates = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    store = RedisStore(url, StoreOptions(prefix=prefix))
-    deadline = time.monotonic() + 60
-    while not os.path.exists(go):  # start together, for the most contention
-        if time.monotonic() > deadline:
-            sys.exit("never told to go")
-        time.sleep(0.001)
-
-    def bump(state):
-        state = state or HostState()
-        return replace(state, consec=state.consec + 1)
-
-    for i in range(updates):
-        host, ip = "h%d.example" % (i % 5), "ip:192.0.2.%d" % (i % 2)
-        # Host and address rows in one transaction, as a booking does.
-        store.update_many([host, ip], lambda states, now: ({{host: bump(states[host]), ip: bump(states[ip])}}, None))
-    store.close()
-""")
-
-PROCESSES = 8
 UPDATES = 1000
 
 
 def test_eight_processes_lose_no_update(redis_url, prefix, tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(root=ROOT))
-    go = tmp_path / "go"
-    workers = [subprocess.Popen([sys.executable, str(script), redis_url, prefix, str(go), str(UPDATES)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-               for _ in range(PROCESSES)]
-    time.sleep(1.0)  # let them all connect
-    go.write_text("go")
-    for worker in workers:
-        out, err = worker.communicate(timeout=300)
-        assert worker.returncode == 0, err.decode(errors="replace")
-    s = RedisStore(redis_url, StoreOptions(prefix=prefix))
-    try:
-        counts = {key: state.consec for key, state in s.items()}
-    finally:
-        s.close()
-    total = PROCESSES * UPDATES
-    assert counts == {**{f"h{i}.example": total // 5 for i in range(5)},
-                      "ip:192.0.2.0": total // 2, "ip:192.0.2.1": total // 2}
+    counts, _ = run_booking_processes(redis_url, prefix, tmp_path, UPDATES)
+    assert counts == expected_counts(UPDATES)
 
 
 # --------------------------------------------------------------------------------------------------
