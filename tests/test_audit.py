@@ -11,7 +11,7 @@ import pytest
 from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.audit import VIOLATION_KINDS, LogError, audit, format_report, report_json
 from scrapy_polite.stores import Event
-from tests.support.audit_log import T0, Log
+from tests.support.audit_log import T0, Log, throttled
 
 LOOPBACK = AddressFilter(allowed_networks=["127.0.0.0/8"]).allows
 
@@ -96,9 +96,7 @@ def test_hosts_are_paced_apart_and_waits_and_deferrals_are_not_requests():
 
 
 def test_a_request_inside_a_retry_after_hold_is_named_with_the_throttle():
-    log = Log()
-    log.book(0.0)
-    throttle = log.respond(0.2, status=429, due=5.2, retry_after=5.0, reason="throttle", steps=1)
+    log, throttle = throttled(5.0)  # held until 5.2
     inside = log.book(3.0)
     violation = only(run(log), "retry_after")
     assert (violation.first, violation.second) == (throttle, inside)
@@ -107,9 +105,7 @@ def test_a_request_inside_a_retry_after_hold_is_named_with_the_throttle():
 
 
 def test_a_request_at_the_end_of_the_retry_after_hold_passes_and_shows_how_long_it_was_honoured():
-    log = Log()
-    log.book(0.0)
-    log.respond(0.2, status=429, due=5.2, retry_after=5.0, reason="throttle", steps=1)
+    log, _ = throttled(5.0)  # held until 5.2
     log.book(5.2)
     report = run(log)
     assert report.ok
@@ -142,9 +138,7 @@ def test_a_request_inside_a_backoff_without_retry_after_is_a_backoff_violation()
 
 
 def test_an_operator_reset_ends_the_holds():
-    log = Log()
-    log.book(0.0)
-    log.respond(0.2, status=429, due=300.2, retry_after=300.0, reason="throttle", steps=1)
+    log, _ = throttled(300.0)
     log.add(1.0, "operator", reason="reset", source="op:9", seq=None)
     log.book(1.5)
     assert run(log).ok
@@ -239,7 +233,7 @@ def test_a_burst_skips_the_interval_but_not_a_throttle():
     log.book(1.0)
     report = run(log)
     assert report.ok and report.hosts[0].bursts == 1 and report.hosts[0].requests == 3
-    log.respond(1.2, status=429, due=11.2, retry_after=10.0, reason="throttle", steps=1)
+    log.throttle(1.2, 10.0)
     log.add(2.0, "booking", url="http://a.example/c", address="127.0.0.2", reason="burst")
     assert only(run(log), "retry_after").second.reason == "burst"
 
@@ -314,9 +308,7 @@ def test_an_older_log_is_read_from_its_due_times_and_says_what_it_cannot_check()
 
 
 def test_the_report_in_words_and_in_json():
-    log = Log()
-    log.book(0.0)
-    log.respond(0.2, status=429, due=2.2, retry_after=2.0, reason="throttle", steps=1)
+    log, _ = throttled(2.0)
     log.book(1.0)
     report = run(log)
     lines = format_report(report, store="sqlite:///x")

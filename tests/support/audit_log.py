@@ -7,7 +7,7 @@ from typing import Any
 
 from scrapy_polite.stores import Event
 
-__all__ = ["Log", "T0"]
+__all__ = ["Log", "T0", "throttled"]
 
 T0 = 1_800_000_000.0
 
@@ -37,3 +37,17 @@ class Log:
     def respond(self, at: float, host: str = "a.example", *, status: int = 200, due: float, **fields: Any) -> Event:
         return self.add(at, "response", host, url=f"http://{host}/r", status=status, delay=due - at, due=T0 + due,
                         **fields)
+
+    def throttle(self, at: float, retry_after: float, host: str = "a.example", **fields: Any) -> Event:
+        """A 429 response at ``at`` with ``Retry-After: retry_after`` (seconds), which holds the host until
+        ``at + retry_after`` (its first backoff step)."""
+        return self.respond(at, host, status=429, due=at + retry_after, retry_after=retry_after, reason="throttle",
+                            steps=1, **fields)
+
+
+def throttled(retry_after: float) -> tuple[Log, Event]:
+    """A log whose first request (at 0) is answered 429 with ``Retry-After: retry_after`` at 0.2 s; the log and
+    the throttle."""
+    log = Log()
+    log.book(0.0)
+    return log, log.throttle(0.2, retry_after)
