@@ -141,46 +141,28 @@ async def test_ttl_is_honoured(dns_server):
     assert srv.lookups("ttl.test") == 2, "after the TTL the name must be looked up again"
 
 
+@pytest.mark.parametrize("records, min_ttl, lifetime, why", [
+    pytest.param([("8.8.8.8", 600), ("2606:4700::1111", 100)], 0, 100, "the smaller of the A and AAAA TTLs",
+                 id="a-and-aaaa-the-smaller"),
+    pytest.param([("8.8.8.8", 0)], 60, 60, "a TTL 0 answer must be cached for POLITE_DNS_MIN_TTL",
+                 id="zero-cached-for-min-ttl"),
+    pytest.param([("8.8.8.8", 86400)], 60, 3600, "a TTL 86400 answer must expire after POLITE_DNS_MAX_TTL",
+                 id="long-capped-at-max-ttl"),
+])
 @pytest_twisted.ensureDeferred
-async def test_ttl_of_a_and_aaaa_is_the_smaller(dns_server):
-    srv = dns_server({"two.test": [("8.8.8.8", 600), ("2606:4700::1111", 100)]})
+async def test_an_answer_is_cached_for_its_ttl_within_the_bounds(dns_server, records, min_ttl, lifetime, why):
+    """The answer is kept ``lifetime`` seconds (POLITE_DNS_MAX_TTL 3600): one second before, no query; one
+    second after, a new one."""
+    srv = dns_server({"name.test": records})
     clock = Clock()
-    resolver = make_resolver(srv, clock, min_ttl=0, max_ttl=3600)
-    assert await resolver.resolve("two.test") == ["8.8.8.8", "2606:4700::1111"]
-    clock.advance(99)
-    await resolver.resolve("two.test")
-    assert srv.lookups("two.test") == 1
+    resolver = make_resolver(srv, clock, min_ttl=min_ttl, max_ttl=3600)
+    assert await resolver.resolve("name.test") == [address for address, _ in records]
+    clock.advance(lifetime - 1)
+    await resolver.resolve("name.test")
+    assert srv.lookups("name.test") == 1, why
     clock.advance(2)
-    await resolver.resolve("two.test")
-    assert srv.lookups("two.test") == 2
-
-
-@pytest_twisted.ensureDeferred
-async def test_ttl_zero_is_cached_for_min_ttl(dns_server):
-    srv = dns_server({"zero.test": [("8.8.8.8", 0)]})
-    clock = Clock()
-    resolver = make_resolver(srv, clock, min_ttl=60, max_ttl=3600)
-    await resolver.resolve("zero.test")
-    clock.advance(59)
-    await resolver.resolve("zero.test")
-    assert srv.lookups("zero.test") == 1, "a TTL 0 answer must be cached for POLITE_DNS_MIN_TTL"
-    clock.advance(2)
-    await resolver.resolve("zero.test")
-    assert srv.lookups("zero.test") == 2
-
-
-@pytest_twisted.ensureDeferred
-async def test_long_ttl_is_capped_at_max_ttl(dns_server):
-    srv = dns_server({"day.test": [("8.8.8.8", 86400)]})
-    clock = Clock()
-    resolver = make_resolver(srv, clock, min_ttl=60, max_ttl=3600)
-    await resolver.resolve("day.test")
-    clock.advance(3599)
-    await resolver.resolve("day.test")
-    assert srv.lookups("day.test") == 1
-    clock.advance(2)
-    await resolver.resolve("day.test")
-    assert srv.lookups("day.test") == 2, "a TTL 86400 answer must expire after POLITE_DNS_MAX_TTL"
+    await resolver.resolve("name.test")
+    assert srv.lookups("name.test") == 2, why
 
 
 @pytest_twisted.ensureDeferred
