@@ -294,7 +294,8 @@ def test_show_errors(table):
                  ["show", "busy.example", "--throttled"], ["show", "busy.example", "--events", "-1"]):
         result = table.run(*argv)
         assert result.code == EXIT_USAGE, (argv, result)
-        assert result.err.startswith("scrapy polite: error:")
+        usage, error = result.err.splitlines()  # argparse's convention: the verb's usage line, then the error
+        assert usage.startswith("usage: scrapy polite show ") and error.startswith("scrapy polite show: error: ")
 
 
 # --------------------------------------------------------------------------------------------------
