@@ -34,6 +34,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from datetime import datetime
 from typing import IO, Any, ClassVar, NoReturn
@@ -215,9 +216,37 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise UsageError(f"crawl-delay SECONDS must be a number of seconds >= 0, got {text!r} (--clear removes "
-                         "the delay)", print_help=False)
+        raise UsageError(f"expected a number of seconds >= 0, got {text!r} (--clear removes the delay)",
+                         print_help=False)
     return value
+
+
+def _count_arg(text: str) -> int:
+    """``--events N``: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def _checked(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse ``type`` that checks a value with ``check`` before any store is opened (its
+    :class:`UsageError` is the usage error) and keeps the text as given."""
+    def checked(text: str) -> str:
+        try:
+            check(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+    return checked
+
+
+def _since_form(text: str) -> float:
+    """``--since``'s form, checked against the present (its moment is computed on the store's clock)."""
+    return parse_since(text, time.time())
 
 
 # -- the rows --------------------------------------------------------------------------------------------------
@@ -395,8 +424,6 @@ class _Operator:
         key = _key(self.opts.target)
         state = self.store.get(key)
         limit = self.opts.events if self.opts.events is not None else 20
-        if limit < 0:
-            raise UsageError(f"--events must be >= 0, got {limit}", print_help=False)
         if key.startswith("ip:"):  # an address row: the bookings made on it (of any host)
             address = key[3:]
             recent = self.store.events(limit=max(2000, 50 * limit))
@@ -499,8 +526,6 @@ class _Operator:
 
     def crawl_delay(self) -> int:
         clear = bool(self.opts.clear)
-        if clear == (self.opts.seconds is not None):
-            raise UsageError(_CRAWL_DELAY_ARGS, print_help=False)
         key = _key(self.opts.target)
         value = 0.0 if clear else _seconds(self.opts.seconds)
 
@@ -652,13 +677,13 @@ VERB_HELP = {
 #: The verb options: their flags and their argparse keywords.
 _OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "throttled": (("--throttled",), {"action": "store_true", "help": "only hosts with backoff steps > 0"}),
-    "events": (("--events",), {"type": int, "metavar": "N", "default": None,
+    "events": (("--events",), {"type": _count_arg, "metavar": "N", "default": None,
                                "help": "the latest N events (default 20; 0: none)"}),
     "clear": (("--clear",), {"action": "store_true", "help": "remove the host's Crawl-delay (instead of SECONDS)"}),
-    "since": (("--since",), {"metavar": "WHEN", "default": None,
+    "since": (("--since",), {"metavar": "WHEN", "default": None, "type": _checked(_since_form),
                              "help": "from WHEN: a duration back from now (90s, 15m, 2h, 1d), @EPOCH seconds, or a "
                                      "local date and time (2026-05-01T12:00, 12:00); default: the whole log"}),
-    "host": (("--host",), {"metavar": "HOST", "action": "append", "default": None,
+    "host": (("--host",), {"metavar": "HOST", "action": "append", "default": None, "type": _checked(_key),
                            "help": "only this host (repeatable)"}),
     "output": (("-o", "--output"), {"metavar": "PATH", "default": None,
                                     "help": "the file to write, .svg or .html (default timeline.html, or "
@@ -679,11 +704,12 @@ _HOST_OR_URL = "a host (busy.example), any URL of it, or an address row (ip:192.
 
 #: Each verb's positional arguments: (dest, argparse keywords).
 _POSITIONALS: dict[str, tuple[tuple[str, dict[str, Any]], ...]] = {
-    "show": (("target", {"metavar": "HOST_OR_URL", "help": _HOST_OR_URL}),),
-    "reset": (("targets", {"metavar": "HOST_OR_URL", "nargs": "+", "help": _HOST_OR_URL + "; several may be "
-                                                                            "given"}),),
-    "crawl-delay": (("target", {"metavar": "HOST", "help": "a host, or any URL of it"}),
-                    ("seconds", {"metavar": "SECONDS", "nargs": "?", "help": "the Crawl-delay, seconds >= 0"})),
+    "show": (("target", {"metavar": "HOST_OR_URL", "type": _checked(_key), "help": _HOST_OR_URL}),),
+    "reset": (("targets", {"metavar": "HOST_OR_URL", "nargs": "+", "type": _checked(_key),
+                           "help": _HOST_OR_URL + "; several may be given"}),),
+    "crawl-delay": (("target", {"metavar": "HOST", "type": _checked(_key), "help": "a host, or any URL of it"}),
+                    ("seconds", {"metavar": "SECONDS", "nargs": "?", "type": _checked(_seconds),
+                                 "help": "the Crawl-delay, seconds >= 0"})),
 }
 
 _CRAWL_DELAY_ARGS = "crawl-delay takes HOST SECONDS, or HOST --clear"
@@ -809,7 +835,9 @@ class VerbParsers:
             setattr(namespace, name, False)
         namespace, extras = parser.parse_known_intermixed_args(args[1:], namespace)
         if extras:
-            parser.error(_unrecognized(first, extras))
+            parser.error(_unrecognized(first, extras, namespace))
+        if first == "crawl-delay" and namespace.clear == (namespace.seconds is not None):
+            parser.error(_CRAWL_DELAY_ARGS)
         return namespace
 
 
@@ -818,9 +846,15 @@ def _owners(flag: str) -> list[str]:
     return [verb for verb, names in _VERB_OPTIONS.items() if any(flag in _OPTIONS[n][0] for n in names)]
 
 
-def _unrecognized(verb: str, extras: list[str]) -> str:
+def _unrecognized(verb: str, extras: list[str], namespace: argparse.Namespace) -> str:
     """The usage error for what ``verb``'s parser left: an option of another verb, an unknown option, or an
-    argument without a place."""
+    argument without a place (``-inf``, which argparse takes for an option, as ``crawl-delay``'s SECONDS)."""
+    numbers = [a for a in extras if _number(a)]
+    if verb == "crawl-delay" and numbers and namespace.seconds is None and not namespace.clear:
+        try:
+            _seconds(numbers[0])
+        except UsageError as exc:
+            return f"argument SECONDS: {exc}"
     options = [a for a in extras if a.startswith("-") and a != "-" and not _number(a)]
     if options:
         flag = options[0].split("=", 1)[0]
@@ -846,7 +880,7 @@ class Command(ScrapyCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return f"[--store URI] VERB [ARGUMENTS]  (VERB: {', '.join(VERBS)}; scrapy polite VERB --help)"
+        return "[options] VERB [ARGUMENTS]  (`scrapy polite --help` lists the verbs)"
 
     def short_desc(self) -> str:
         return "Look at and steer scrapy-polite's pace table and event log"
