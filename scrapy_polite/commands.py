@@ -2,13 +2,17 @@
 
 Usage (inside a Scrapy project, or with ``--store URI`` / ``-s POLITE_STORE=...``; every store URI works)::
 
-    scrapy polite hosts [--throttled] [--json]      # every host, sorted by when it is due
-    scrapy polite show HOST_OR_URL [--events N] [--json]   # one host, its address rows, its recent events
-    scrapy polite reset HOST_OR_URL [...]           # forget a host's backoff (README says what is kept)
-    scrapy polite crawl-delay HOST SECONDS          # set the host's Crawl-delay; --clear removes it
-    scrapy polite expire                            # remove rows idle longer than POLITE_STORE_EXPIRE
-    scrapy polite timeline [--since WHEN] [--host HOST ...] [-o timeline.html|timeline.svg] [--format svg|html]
-    scrapy polite audit [--since WHEN] [--json]     # check the event log against every pacing rule
+    scrapy polite hosts [--throttled] [--json]
+    scrapy polite show HOST_OR_URL [--events N] [--json]
+    scrapy polite reset HOST_OR_URL... [--json]
+    scrapy polite crawl-delay HOST SECONDS|--clear [--json]
+    scrapy polite expire [--json]
+    scrapy polite timeline [--since WHEN] [--host HOST]... [-o PATH] [--format svg|html] [--json]
+    scrapy polite audit [--since WHEN] [--json]
+    scrapy polite --help                 # the verbs, one line each (:data:`VERB_HELP`); VERB --help: its own
+
+Each verb is an argparse sub-command (:class:`VerbParsers`); Scrapy's parser takes ``--store`` and Scrapy's
+global options (``-s NAME=VALUE``...) before or after the verb (:func:`add_global_options`).
 
 Exit status: :data:`EXIT_OK` 0 done; :data:`EXIT_NO_HOST` 1 no such host (or no events to draw);
 :data:`EXIT_USAGE` 2 usage (an unknown verb or option, a bad value, an invalid setting); :data:`EXIT_STORE` 3
@@ -731,9 +735,21 @@ _EXIT_WORDS = ("exit status: 0 done, 1 no such host (or no events to draw), 2 us
                "4 the timeline could not be written; audit: 0 every rule kept, 1 a rule broken, 2 the log\n"
                "cannot be audited (truncated, incomplete, corrupt, empty), 3 the store is unusable.")
 
-_GLOBAL_WORDS = ("Before or after the verb: --store URI (" + _STORE_HELP.split(" (", 1)[1] + "\n"
-                 "and Scrapy's global options (-s NAME=VALUE or --set NAME=VALUE, -L LEVEL, --logfile FILE,\n"
-                 "--nolog, --profile FILE, --pidfile FILE, --pdb).")
+#: Each verb's exit statuses, in its ``--help``.
+_VERB_EXITS = {
+    "hosts": "0 done, 2 usage, 3 the store is unusable",
+    "show": "0 done, 1 no such host, 2 usage, 3 the store is unusable",
+    "reset": "0 done, 1 a host is not in the table (the others are reset), 2 usage, 3 the store is unusable",
+    "crawl-delay": "0 done, 1 no such host (--clear), 2 usage, 3 the store is unusable",
+    "expire": "0 done, 2 usage, 3 the store is unusable",
+    "timeline": "0 done, 1 no events to draw, 2 usage, 3 the store is unusable, 4 the file could not be written",
+    "audit": "0 every rule kept, 1 a rule broken, 2 the log cannot be audited (truncated, incomplete, corrupt,\n"
+             "empty) or a usage error, 3 the store is unusable",
+}
+
+_GLOBAL_WORDS = ("Before or after the verb: --store URI (the pace table; default: POLITE_STORE, or the project's\n"
+                 ".scrapy/polite.sqlite3) and Scrapy's global options (-s NAME=VALUE or --set NAME=VALUE,\n"
+                 "-L LEVEL, --logfile FILE, --nolog, --profile FILE, --pidfile FILE, --pdb).")
 
 
 class _Usage(Exception):
@@ -798,9 +814,10 @@ class VerbParsers:
                                              parser_class=_Parser, help=argparse.SUPPRESS)
         self.verbs: dict[str, _Parser] = {}
         for verb in VERBS:
-            parser = subparsers.add_parser(verb, help=VERB_HELP[verb], description=VERB_HELP[verb] + ".",
+            words = VERB_HELP[verb]
+            parser = subparsers.add_parser(verb, help=words, description=f"{words[0].upper()}{words[1:]}.",
                                            formatter_class=argparse.RawDescriptionHelpFormatter,
-                                           epilog=f"{_GLOBAL_WORDS}\n\n{_EXIT_WORDS}", out=out)
+                                           epilog=f"{_GLOBAL_WORDS}\n\nexit status: {_VERB_EXITS[verb]}.", out=out)
             for dest, keywords in _POSITIONALS.get(verb, ()):
                 parser.add_argument(dest, **keywords)
             for name in _VERB_OPTIONS[verb]:
