@@ -2,13 +2,17 @@
 
 Usage (inside a Scrapy project, or with ``--store URI`` / ``-s POLITE_STORE=...``; every store URI works)::
 
-    scrapy polite hosts [--throttled] [--json]      # every host, sorted by when it is due
-    scrapy polite show HOST_OR_URL [--events N] [--json]   # one host, its address rows, its recent events
-    scrapy polite reset HOST_OR_URL [...]           # forget a host's backoff (README says what is kept)
-    scrapy polite crawl-delay HOST SECONDS          # set the host's Crawl-delay; --clear removes it
-    scrapy polite expire                            # remove rows idle longer than POLITE_STORE_EXPIRE
-    scrapy polite timeline [--since WHEN] [--host HOST ...] [-o timeline.html|timeline.svg] [--format svg|html]
-    scrapy polite audit [--since WHEN] [--json]     # check the event log against every pacing rule
+    scrapy polite hosts [--throttled] [--json]
+    scrapy polite show HOST_OR_URL [--events N] [--json]
+    scrapy polite reset HOST_OR_URL... [--json]
+    scrapy polite crawl-delay HOST SECONDS|--clear [--json]
+    scrapy polite expire [--json]
+    scrapy polite timeline [--since WHEN] [--host HOST]... [-o PATH] [--format svg|html] [--json]
+    scrapy polite audit [--since WHEN] [--json]
+    scrapy polite --help                 # the verbs, one line each (:data:`VERB_HELP`); VERB --help: its own
+
+Each verb is an argparse sub-command (:class:`VerbParsers`); Scrapy's parser takes ``--store`` and Scrapy's
+global options (``-s NAME=VALUE``...) before or after the verb (:func:`add_global_options`).
 
 Exit status: :data:`EXIT_OK` 0 done; :data:`EXIT_NO_HOST` 1 no such host (or no events to draw);
 :data:`EXIT_USAGE` 2 usage (an unknown verb or option, a bad value, an invalid setting); :data:`EXIT_STORE` 3
@@ -34,12 +38,14 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from datetime import datetime
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, NoReturn
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
+from scrapy.settings import BaseSettings, Settings
 
 from .audit import LogError, audit, format_report, report_json
 from .events import clock_time, describe, process_source
@@ -62,6 +68,9 @@ __all__ = [
     "EXIT_VIOLATED",
     "HOST_COLUMNS",
     "VERBS",
+    "VERB_HELP",
+    "VerbParsers",
+    "add_global_options",
     "format_table",
     "parse_since",
     "run_command",
@@ -87,13 +96,6 @@ ADDRESS_COLUMNS = ("address", "next allowed", "updated")
 
 #: The columns of an event line of ``show``.
 EVENT_COLUMNS = ("at", "event", "what", "url")
-
-#: Which options each verb takes (the others are a usage error with it).
-_VERB_OPTIONS = {"hosts": {"throttled", "json"}, "show": {"json", "events"}, "reset": {"json"},
-                 "crawl-delay": {"json", "clear"}, "expire": {"json"},
-                 "timeline": {"json", "since", "host", "output", "format"}, "audit": {"json", "since"}}
-_OPTION_NAMES = {"throttled": "--throttled", "json": "--json", "events": "--events", "clear": "--clear",
-                 "since": "--since", "host": "--host", "output": "-o/--output", "format": "--format"}
 
 
 class _NoSuchHost(Exception):
@@ -218,9 +220,37 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise UsageError(f"crawl-delay SECONDS must be a number of seconds >= 0, got {text!r} (--clear removes "
-                         "the delay)", print_help=False)
+        raise UsageError(f"expected a number of seconds >= 0, got {text!r} (--clear removes the delay)",
+                         print_help=False)
     return value
+
+
+def _count_arg(text: str) -> int:
+    """``--events N``: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def _checked(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse ``type`` that checks a value with ``check`` before any store is opened (its
+    :class:`UsageError` is the usage error) and keeps the text as given."""
+    def checked(text: str) -> str:
+        try:
+            check(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+    return checked
+
+
+def _since_form(text: str) -> float:
+    """``--since``'s form, checked against the present (its moment is computed on the store's clock)."""
+    return parse_since(text, time.time())
 
 
 # -- the rows --------------------------------------------------------------------------------------------------
@@ -343,10 +373,7 @@ class _Operator:
 
     # -- hosts ----------------------------------------------------------------------------------------------
 
-    def hosts(self, args: list[str]) -> int:
-        if args:
-            raise UsageError(f"hosts takes no HOST (got {' '.join(args)}); `scrapy polite show HOST` shows one",
-                             print_help=False)
+    def hosts(self) -> int:
         rows = list(self.store.items())
         addresses = sum(1 for k, _ in rows if k.startswith("ip:"))
         hosts = [(k, s) for k, s in rows if not k.startswith("ip:")]
@@ -397,14 +424,10 @@ class _Operator:
 
     # -- show -----------------------------------------------------------------------------------------------
 
-    def show(self, args: list[str]) -> int:
-        if len(args) != 1:
-            raise UsageError("show takes one HOST_OR_URL (`scrapy polite hosts` lists them all)", print_help=False)
-        key = _key(args[0])
+    def show(self) -> int:
+        key = _key(self.opts.target)
         state = self.store.get(key)
         limit = self.opts.events if self.opts.events is not None else 20
-        if limit < 0:
-            raise UsageError(f"--events must be >= 0, got {limit}", print_help=False)
         if key.startswith("ip:"):  # an address row: the bookings made on it (of any host)
             address = key[3:]
             recent = self.store.events(limit=max(2000, 50 * limit))
@@ -474,10 +497,8 @@ class _Operator:
 
     # -- reset ----------------------------------------------------------------------------------------------
 
-    def reset(self, args: list[str]) -> int:
-        if not args:
-            raise UsageError("reset needs a HOST_OR_URL", print_help=False)
-        keys = [_key(a) for a in args]
+    def reset(self) -> int:
+        keys = [_key(a) for a in self.opts.targets]
         status = EXIT_OK
         results = []
         for key in keys:
@@ -507,12 +528,10 @@ class _Operator:
 
     # -- crawl-delay ----------------------------------------------------------------------------------------
 
-    def crawl_delay(self, args: list[str]) -> int:
+    def crawl_delay(self) -> int:
         clear = bool(self.opts.clear)
-        if len(args) != (1 if clear else 2):
-            raise UsageError("crawl-delay takes HOST SECONDS, or HOST --clear", print_help=False)
-        key = _key(args[0])
-        value = 0.0 if clear else _seconds(args[1])
+        key = _key(self.opts.target)
+        value = 0.0 if clear else _seconds(self.opts.seconds)
 
         def fn(state: HostState | None, now: float) -> tuple[HostState | None, tuple[bool, float]]:
             if state is None and clear:
@@ -535,9 +554,7 @@ class _Operator:
 
     # -- expire ---------------------------------------------------------------------------------------------
 
-    def expire(self, args: list[str]) -> int:
-        if args:
-            raise UsageError("expire takes no argument", print_help=False)
+    def expire(self) -> int:
         removed = self.store.expire(self.now - self.config.store_expire)
         if self.opts.json:
             self.dump({"store": self.store.uri, "expired": removed, "idle_longer_than": self.config.store_expire})
@@ -548,10 +565,7 @@ class _Operator:
 
     # -- timeline -------------------------------------------------------------------------------------------
 
-    def timeline(self, args: list[str]) -> int:
-        if args:
-            raise UsageError(f"timeline takes no positional argument (got {' '.join(args)}); use --host HOST",
-                             print_help=False)
+    def timeline(self) -> int:
         output = _timeline_output(self.opts)
         since = parse_since(self.opts.since, self.now) if self.opts.since else None
         wanted = [_key(h) for h in (self.opts.host or [])]
@@ -586,10 +600,8 @@ class _Operator:
 
     # -- audit ----------------------------------------------------------------------------------------------
 
-    def audit(self, args: list[str]) -> int:
+    def audit(self) -> int:
         """Check the event log against the pacing rules (:mod:`scrapy_polite.audit`; docs/spec.md §8)."""
-        if args:
-            raise UsageError(f"audit takes no positional argument (got {' '.join(args)})", print_help=False)
         since = parse_since(self.opts.since, self.now) if self.opts.since else None
         uri = self.store.uri
         try:
@@ -653,7 +665,230 @@ def _field_words(name: str, value: Any, now: float) -> str:
     return f"{name.replace('_', ' ')} {value}"
 
 
-# -- the command -----------------------------------------------------------------------------------------------
+# -- the command line: argparse sub-commands ---------------------------------------------------------------------
+
+#: Each verb's line in ``scrapy polite --help`` (README's command section says the same, word for word).
+VERB_HELP = {
+    "hosts": "every host, sorted by when it is due",
+    "show": "one host, its address rows, its recent events",
+    "reset": "forget a host's backoff (its Crawl-delay, address rows and events are kept)",
+    "crawl-delay": "set the host's Crawl-delay; --clear removes it",
+    "expire": "remove rows idle longer than POLITE_STORE_EXPIRE",
+    "timeline": "draw the event log: a standalone SVG, or an HTML page around it",
+    "audit": "check the event log against every pacing rule",
+}
+
+#: The verb options: their flags and their argparse keywords.
+_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "throttled": (("--throttled",), {"action": "store_true", "help": "only hosts with backoff steps > 0"}),
+    "events": (("--events",), {"type": _count_arg, "metavar": "N", "default": None,
+                               "help": "the latest N events (default 20; 0: none)"}),
+    "clear": (("--clear",), {"action": "store_true", "help": "remove the host's Crawl-delay (instead of SECONDS)"}),
+    "since": (("--since",), {"metavar": "WHEN", "default": None, "type": _checked(_since_form),
+                             "help": "from WHEN: a duration back from now (90s, 15m, 2h, 1d), @EPOCH seconds, or a "
+                                     "local date and time (2026-05-01T12:00, 12:00); default: the whole log"}),
+    "host": (("--host",), {"metavar": "HOST", "action": "append", "default": None, "type": _checked(_key),
+                           "help": "only this host (repeatable)"}),
+    "output": (("-o", "--output"), {"metavar": "PATH", "default": None,
+                                    "help": "the file to write, .svg or .html (default timeline.html, or "
+                                            "timeline.svg with --format svg)"}),
+    "format": (("--format",), {"choices": FORMATS, "default": None,
+                               "help": "svg (a standalone image) or html (the picture, a table per host and "
+                                       "tooltips); default: by the -o name's ending, else html"}),
+    "json": (("--json",), {"action": "store_true",
+                           "help": "print JSON (keys: the column names lower-cased, underscored)"}),
+}
+
+#: Which options each verb takes (any other is a usage error with it).
+_VERB_OPTIONS = {"hosts": ("throttled", "json"), "show": ("events", "json"), "reset": ("json",),
+                 "crawl-delay": ("clear", "json"), "expire": ("json",),
+                 "timeline": ("since", "host", "output", "format", "json"), "audit": ("since", "json")}
+
+_HOST_OR_URL = "a host (busy.example), any URL of it, or an address row (ip:192.0.2.7)"
+
+#: Each verb's positional arguments: (dest, argparse keywords).
+_POSITIONALS: dict[str, tuple[tuple[str, dict[str, Any]], ...]] = {
+    "show": (("target", {"metavar": "HOST_OR_URL", "type": _checked(_key), "help": _HOST_OR_URL}),),
+    "reset": (("targets", {"metavar": "HOST_OR_URL", "nargs": "+", "type": _checked(_key),
+                           "help": _HOST_OR_URL + "; several may be given"}),),
+    "crawl-delay": (("target", {"metavar": "HOST", "type": _checked(_key), "help": "a host, or any URL of it"}),
+                    ("seconds", {"metavar": "SECONDS", "nargs": "?", "type": _checked(_seconds),
+                                 "help": "the Crawl-delay, seconds >= 0"})),
+}
+
+_CRAWL_DELAY_ARGS = "crawl-delay takes HOST SECONDS, or HOST --clear"
+
+#: What a verb says of a positional argument it has no place for (``{got}``: the arguments).
+_STRAY = {
+    "hosts": "hosts takes no HOST (got {got}); `scrapy polite show HOST` shows one",
+    "show": "show takes one HOST_OR_URL (got {got} too); `scrapy polite hosts` lists them all",
+    "reset": "reset takes HOST_OR_URL arguments only (got {got})",
+    "crawl-delay": _CRAWL_DELAY_ARGS + " (got {got} too)",
+    "expire": "expire takes no argument (got {got})",
+    "timeline": "timeline takes no positional argument (got {got}); use --host HOST",
+    "audit": "audit takes no positional argument (got {got})",
+}
+
+_STORE_HELP = "the pace table (default: POLITE_STORE, or the project's .scrapy/polite.sqlite3)"
+
+_EXIT_WORDS = ("exit status: 0 done, 1 no such host (or no events to draw), 2 usage, 3 the store is unusable,\n"
+               "4 the timeline could not be written; audit: 0 every rule kept, 1 a rule broken, 2 the log\n"
+               "cannot be audited (truncated, incomplete, corrupt, empty), 3 the store is unusable.")
+
+#: Each verb's exit statuses, in its ``--help``.
+_VERB_EXITS = {
+    "hosts": "0 done, 2 usage, 3 the store is unusable",
+    "show": "0 done, 1 no such host, 2 usage, 3 the store is unusable",
+    "reset": "0 done, 1 a host is not in the table (the others are reset), 2 usage, 3 the store is unusable",
+    "crawl-delay": "0 done, 1 no such host (--clear), 2 usage, 3 the store is unusable",
+    "expire": "0 done, 2 usage, 3 the store is unusable",
+    "timeline": "0 done, 1 no events to draw, 2 usage, 3 the store is unusable, 4 the file could not be written",
+    "audit": "0 every rule kept, 1 a rule broken, 2 the log cannot be audited (truncated, incomplete, corrupt,\n"
+             "empty) or a usage error, 3 the store is unusable",
+}
+
+_GLOBAL_WORDS = ("Before or after the verb: --store URI (the pace table; default: POLITE_STORE, or the project's\n"
+                 ".scrapy/polite.sqlite3) and Scrapy's global options (-s NAME=VALUE or --set NAME=VALUE,\n"
+                 "-L LEVEL, --logfile FILE, --nolog, --profile FILE, --pidfile FILE, --pdb).")
+
+
+class _Usage(Exception):
+    """A usage error found by ``parser`` (exit 2): printed as argparse does, the parser's usage line first."""
+
+    def __init__(self, message: str, parser: argparse.ArgumentParser) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Exit(Exception):
+    """argparse is done (``--help`` printed): the command's exit status."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser that raises :class:`_Usage` / :class:`_Exit` instead of ending the process (the
+    command also runs in-process, :func:`run_command`) and prints its help to the command's output."""
+
+    def __init__(self, *args: Any, out: IO[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.out = out
+
+    def print_help(self, file: Any = None) -> None:  # typeshed: SupportsWrite[str] | None
+        super().print_help(file or self.out)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise _Exit(status)
+
+    def error(self, message: str) -> NoReturn:
+        raise _Usage(message, self)
+
+
+class VerbParsers:
+    """``scrapy polite``'s verbs as argparse sub-commands: one parser per verb, with its own arguments and
+    ``--help``, under a top-level parser whose help lists them (one line each, :data:`VERB_HELP`).
+
+    Scrapy's own parser (``scrapy.cmdline``: :meth:`Command.add_options`, ``parse_known_args``) takes
+    ``--store`` and Scrapy's global options wherever they are, before or after the verb; what it leaves (the
+    verb and its arguments) is parsed here, strictly: an unknown verb, an unknown option, an option of another
+    verb or an argument without a place is a usage error (exit 2).
+    """
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        width = max(map(len, VERBS))
+        listing = "\n".join(f"  {verb:<{width}}  {VERB_HELP[verb]}" for verb in VERBS)
+        self.top = _Parser(
+            prog="scrapy polite", out=out, formatter_class=argparse.RawDescriptionHelpFormatter,
+            usage="scrapy polite [-h] [--store URI] [-s NAME=VALUE] VERB [ARGUMENTS]",
+            description=f"Look at and steer scrapy-polite's pace table and event log.\n\nverbs:\n{listing}\n\n"
+                        "`scrapy polite VERB --help` shows a verb's arguments.",
+            epilog=f"Scrapy's other global options work too (-L LEVEL, --logfile FILE, --nolog, --profile FILE,\n"
+                   f"--pidfile FILE, --pdb).\n\n{_EXIT_WORDS}")
+        shown = self.top.add_argument_group("global options (before or after the verb)")
+        shown.add_argument("--store", metavar="URI", default=argparse.SUPPRESS, help=_STORE_HELP)
+        shown.add_argument("-s", "--set", metavar="NAME=VALUE", default=argparse.SUPPRESS,
+                           help="set a Scrapy setting (repeatable), e.g. -s POLITE_STORE_PREFIX=crawl1:")
+        subparsers = self.top.add_subparsers(title="verbs", dest="verb", metavar="VERB", prog="scrapy polite",
+                                             parser_class=_Parser, help=argparse.SUPPRESS)
+        self.verbs: dict[str, _Parser] = {}
+        for verb in VERBS:
+            words = VERB_HELP[verb]
+            parser = subparsers.add_parser(verb, help=words, description=f"{words[0].upper()}{words[1:]}.",
+                                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                                           epilog=f"{_GLOBAL_WORDS}\n\nexit status: {_VERB_EXITS[verb]}.", out=out)
+            for dest, keywords in _POSITIONALS.get(verb, ()):
+                parser.add_argument(dest, **keywords)
+            for name in _VERB_OPTIONS[verb]:
+                flags, keywords = _OPTIONS[name]
+                parser.add_argument(*flags, dest=name, **keywords)
+            self.verbs[verb] = parser
+
+    def parse(self, args: list[str]) -> argparse.Namespace:
+        """The verb (``verb``) and its arguments, every option's default set (``None`` or ``False``).
+
+        Raises:
+            _Usage: a usage error (its parser names the verb).
+            _Exit: ``--help`` was printed.
+        """
+        first = args[0] if args else None
+        if first in ("-h", "--help"):
+            self.top.print_help()
+            raise _Exit(EXIT_OK)
+        if first is None or first not in VERBS:
+            expected = f"expected a verb: {', '.join(VERBS)}"
+            if first is not None and first.startswith("-"):
+                flag = first.split("=", 1)[0]
+                owners = _owners(flag)
+                if owners:
+                    self.top.error(f"{flag} is an option of {', '.join(owners)}: it goes after the verb "
+                                   f"(scrapy polite {owners[0]} {flag})")
+                self.top.error(f"unknown option {flag}; {expected}")
+            self.top.error(expected + ("" if first is None else f" (got {first!r})"))
+        parser = self.verbs[first]
+        namespace = argparse.Namespace(verb=first, **{name: None for name in _OPTIONS})
+        for name in ("throttled", "clear", "json"):
+            setattr(namespace, name, False)
+        namespace, extras = parser.parse_known_intermixed_args(args[1:], namespace)
+        if extras:
+            parser.error(_unrecognized(first, extras, namespace))
+        if first == "crawl-delay" and namespace.clear == (namespace.seconds is not None):
+            parser.error(_CRAWL_DELAY_ARGS)
+        return namespace
+
+
+def _owners(flag: str) -> list[str]:
+    """The verbs that take the option ``flag``."""
+    return [verb for verb, names in _VERB_OPTIONS.items() if any(flag in _OPTIONS[n][0] for n in names)]
+
+
+def _unrecognized(verb: str, extras: list[str], namespace: argparse.Namespace) -> str:
+    """The usage error for what ``verb``'s parser left: an option of another verb, an unknown option, or an
+    argument without a place (``-inf``, which argparse takes for an option, as ``crawl-delay``'s SECONDS)."""
+    numbers = [a for a in extras if _number(a)]
+    if verb == "crawl-delay" and numbers and namespace.seconds is None and not namespace.clear:
+        try:
+            _seconds(numbers[0])
+        except UsageError as exc:
+            return f"argument SECONDS: {exc}"
+    options = [a for a in extras if a.startswith("-") and a != "-" and not _number(a)]
+    if options:
+        flag = options[0].split("=", 1)[0]
+        owners = _owners(flag)
+        if owners:
+            return f"{flag} does not apply to `{verb}` (it is an option of {', '.join(owners)})"
+        return f"unrecognized arguments: {' '.join(options)}"
+    return _STRAY[verb].format(got=" ".join(extras))
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
 
 class Command(ScrapyCommand):
     """``scrapy polite hosts|show|reset|crawl-delay|expire|timeline|audit`` on the project's pace table."""
@@ -662,9 +897,7 @@ class Command(ScrapyCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return ("hosts [--throttled] [--json] | show HOST_OR_URL [--events N] [--json] | reset HOST_OR_URL [...] | "
-                "crawl-delay HOST SECONDS|--clear | expire | "
-                "timeline [--since WHEN] [--host HOST] [-o PATH] [--format svg|html] | audit [--since WHEN] [--json]")
+        return "[options] VERB [ARGUMENTS]  (`scrapy polite --help` lists the verbs)"
 
     def short_desc(self) -> str:
         return "Look at and steer scrapy-polite's pace table and event log"
@@ -677,33 +910,22 @@ class Command(ScrapyCommand):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
-        add_verb_options(parser)
+        add_global_options(parser)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
         self.exitcode = execute(args, opts, self.settings, out=sys.stdout, err=sys.stderr)
 
 
-def add_verb_options(parser: argparse.ArgumentParser) -> None:
-    """The options of every verb (each verb accepts only its own, see the module)."""
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    """The options of Scrapy's parser for ``scrapy polite`` (beside Scrapy's global ones): ``--store``, and a
+    ``-h/--help`` that defers to the verb parsers (:class:`VerbParsers`: the verbs, or one verb's arguments).
+    Scrapy's parser takes them before or after the verb; it is built with ``conflict_handler="resolve"``, so
+    this ``--help`` replaces its own (the same in Scrapy 2.18 and later: scrapy/cmdline.py)."""
     group = parser.add_argument_group("scrapy polite")
-    group.add_argument("--store", metavar="URI", default=None,
-                       help="the pace table (default: POLITE_STORE, or the project's .scrapy/polite.sqlite3)")
-    group.add_argument("--json", action="store_true", help="print JSON (keys: the column names, underscored)")
-    group.add_argument("--throttled", action="store_true", help="hosts: only hosts with backoff steps > 0")
-    group.add_argument("--events", type=int, metavar="N", default=None, help="show: the latest N events (20)")
-    group.add_argument("--clear", action="store_true", help="crawl-delay: remove the host's Crawl-delay")
-    group.add_argument("--since", metavar="WHEN", default=None,
-                       help="timeline, audit: from WHEN: 15m, 2h, 1d, @EPOCH or 2026-05-01T12:00 (default: the whole "
-                            "log)")
-    group.add_argument("--host", metavar="HOST", action="append", default=None,
-                       help="timeline: only this host (repeatable)")
-    group.add_argument("-o", "--output", metavar="PATH", default=None,
-                       help="timeline: the file to write, .html or .svg (default timeline.html, or timeline.svg "
-                            "with --format svg)")
-    group.add_argument("--format", metavar="FORMAT", choices=FORMATS, default=None,
-                       help="timeline: svg (a standalone image) or html (the picture, a table per host and "
-                            "tooltips); default: by the -o name's ending, else html")
+    group.add_argument("--store", metavar="URI", default=None, help=_STORE_HELP)
+    group.add_argument("-h", "--help", action="store_true", dest="verb_help", default=False,
+                       help="the verbs (or, after a verb, its arguments), and exit")
 
 
 def print_shared_frontier(settings: Any, config: PoliteConfig, out: IO[str], err: IO[str]) -> None:
@@ -729,32 +951,51 @@ def print_shared_frontier(settings: Any, config: PoliteConfig, out: IO[str], err
                   file=out)
 
 
+def _print_usage_error(parser: argparse.ArgumentParser, message: str, err: IO[str]) -> None:
+    """A usage error as argparse prints one: the parser's usage line, then ``PROG: error: MESSAGE``."""
+    parser.print_usage(err)
+    print(f"{parser.prog}: error: {message}", file=err)
+
+
 def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO[str], err: IO[str],
             store: PaceStore | None = None) -> int:
-    """Run one verb; its exit status (see the module).
+    """Run one verb; its exit status (see the module). A usage error (an unknown verb or option, an option of
+    another verb, a bad value, an invalid setting) is printed on ``err`` with the verb's usage line, as argparse
+    does, and gives :data:`EXIT_USAGE`; ``--help`` prints on ``out`` and gives :data:`EXIT_OK`.
 
     Args:
-        args: the verb and its arguments.
-        opts: the parsed options (:func:`add_verb_options`).
+        args: the verb and its arguments (what Scrapy's parser left, :func:`add_global_options`).
+        opts: the options Scrapy's parser took (``store``, ``verb_help``).
         settings: the Scrapy settings (``POLITE_*``).
         out, err: where results and problems are written.
         store: an open store to use instead of opening ``--store`` / ``POLITE_STORE`` (tests, a ``memory://``
             table of this process); it is not closed.
+    """
+    parsers = VerbParsers(out)
+    if getattr(opts, "verb_help", False):
+        args = [*args, "--help"]
+    try:
+        verb_opts = parsers.parse(args)
+    except _Exit as done:
+        return done.status
+    except _Usage as exc:
+        _print_usage_error(exc.parser, str(exc), err)
+        return EXIT_USAGE
+    verb_opts.store = getattr(opts, "store", None)
+    try:
+        return _run(verb_opts, settings, out=out, err=err, store=store)
+    except UsageError as exc:
+        _print_usage_error(parsers.verbs[verb_opts.verb], str(exc), err)
+        return EXIT_USAGE
+
+
+def _run(opts: argparse.Namespace, settings: Any, *, out: IO[str], err: IO[str], store: PaceStore | None) -> int:
+    """Run the parsed verb ``opts.verb`` (see :func:`execute`).
 
     Raises:
-        UsageError: an unknown verb or option, a bad value or an invalid setting (exit 2).
+        UsageError: a bad value or an invalid setting (exit 2).
     """
-    unknown = [a for a in args if a.startswith("--") or (a.startswith("-") and len(a) > 1 and not _number(a))]
-    if unknown:
-        raise UsageError(f"unknown option {unknown[0]}", print_help=False)
-    if not args or args[0] not in VERBS:
-        got = f" (got {args[0]!r})" if args else ""
-        raise UsageError(f"expected a verb: {', '.join(VERBS)}{got}")
-    verb, rest = args[0], args[1:]
-    for name, flag in _OPTION_NAMES.items():
-        value = getattr(opts, name, None)
-        if value not in (None, False, []) and name not in _VERB_OPTIONS[verb]:
-            raise UsageError(f"{flag} does not apply to `{verb}`", print_help=False)
+    verb = str(opts.verb)
     if verb == "timeline":
         try:
             timeline_format(_timeline_output(opts), opts.format)  # a format we don't draw: before the store
@@ -770,7 +1011,7 @@ def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO
             store = _open(opts, config)
         try:
             operator = _Operator(store, config, opts, out, err)
-            status = int(getattr(operator, verb.replace("-", "_"))(rest))
+            status = int(getattr(operator, verb.replace("-", "_"))())
             if verb == "hosts" and not opts.json:
                 print_shared_frontier(settings, config, out, err)
             return status
@@ -796,14 +1037,6 @@ def _timeline_output(opts: argparse.Namespace) -> str:
     return str(opts.output or ("timeline.svg" if opts.format == "svg" else "timeline.html"))
 
 
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _open(opts: argparse.Namespace, config: PoliteConfig) -> PaceStore:
     uri = opts.store or config.store_uri or default_store_uri()
     path = sqlite_path(uri)
@@ -816,25 +1049,33 @@ def _open(opts: argparse.Namespace, config: PoliteConfig) -> PaceStore:
 
 def run_command(argv: list[str], settings: Any = None, *, store: PaceStore | None = None,
                 out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    """``scrapy polite ARGV...`` in this process, parsed as Scrapy parses it; its exit status (usage errors
-    print the message and give 2, as ``scrapy`` does).
+    """``scrapy polite ARGV...`` in this process, parsed as Scrapy parses it (``scrapy.cmdline``: the command's
+    ``default_settings``, :meth:`Command.add_options` on a parser with ``conflict_handler="resolve"``,
+    ``parse_known_args``, ``process_options`` for ``-s``), then the verb (:func:`execute`); its exit status.
 
     Args:
         argv: the arguments after ``scrapy polite``.
-        settings: Scrapy settings or a mapping (default: none, the ``POLITE_*`` defaults).
+        settings: Scrapy settings or a mapping (default: none, the ``POLITE_*`` defaults); not changed (``-s``
+            applies to a copy).
         store: an open store to use (e.g. a ``memory://`` table of this process); not closed.
         out, err: default ``sys.stdout`` / ``sys.stderr``.
     """
-    from scrapy.settings import Settings  # noqa: PLC0415  (only for this in-process entry point)
-
     out = out or sys.stdout
     err = err or sys.stderr
-    parser = argparse.ArgumentParser(prog="scrapy polite", add_help=False)
-    add_verb_options(parser)
-    opts, args = parser.parse_known_args(argv)
-    base = settings if isinstance(settings, Settings) else Settings(settings or {})
+    base = Settings(settings.copy_to_dict() if isinstance(settings, BaseSettings) else (settings or {}))
+    command = Command()
+    base.setdict(command.default_settings, priority="command")
+    command.settings = base
+    parser = _Parser(prog="scrapy polite", usage=f"scrapy polite {command.syntax()}", add_help=False,
+                     conflict_handler="resolve")
+    command.add_options(parser)
     try:
-        return execute(args, opts, base, out=out, err=err, store=store)
-    except UsageError as exc:
-        print(f"scrapy polite: error: {exc}", file=err)
+        opts, args = parser.parse_known_args(argv)
+        command.process_options(args, opts)
+    except _Usage as exc:
+        _print_usage_error(parser, str(exc), err)
         return EXIT_USAGE
+    except UsageError as exc:  # an invalid -s
+        _print_usage_error(parser, str(exc), err)
+        return EXIT_USAGE
+    return execute(args, opts, base, out=out, err=err, store=store)

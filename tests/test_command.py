@@ -20,8 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from scrapy.settings import Settings
 
-from scrapy_polite.commands import EXIT_NO_HOST, EXIT_OK, EXIT_STORE, EXIT_USAGE, HOST_COLUMNS, parse_since, run_command
+from scrapy_polite.commands import (
+    EXIT_NO_HOST,
+    EXIT_OK,
+    EXIT_STORE,
+    EXIT_USAGE,
+    HOST_COLUMNS,
+    VERB_HELP,
+    VERBS,
+    parse_since,
+    run_command,
+)
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import Event, MemoryStore, SQLiteStore, open_store
 
@@ -294,7 +305,8 @@ def test_show_errors(table):
                  ["show", "busy.example", "--throttled"], ["show", "busy.example", "--events", "-1"]):
         result = table.run(*argv)
         assert result.code == EXIT_USAGE, (argv, result)
-        assert result.err.startswith("scrapy polite: error:")
+        usage, error = result.err.splitlines()  # argparse's convention: the verb's usage line, then the error
+        assert usage.startswith("usage: scrapy polite show ") and error.startswith("scrapy polite show: error: ")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -492,3 +504,156 @@ def test_the_real_command_line(tmp_path):
         assert store.get("idle.example") is None
     finally:
         store.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The verbs are argparse sub-commands: their help, their usage errors, the global options on either side
+
+
+def verb_lines(text: str) -> dict[str, str]:
+    """The verb lines of ``scrapy polite --help`` (``  VERB  words``)."""
+    return {m[1]: m[2] for m in re.finditer(r"^  ([a-z-]+) {2,}(\S.*)$", text, re.M) if m[1] in VERBS}
+
+
+def readme_verb_lines() -> dict[str, str]:
+    """The verbs and their comments in README's command block (``scrapy polite VERB ...  # words``)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## The operator command\n\n```sh\n", 1)[1].split("```", 1)[0]
+    return {m[1]: m[2] for m in re.finditer(r"^scrapy polite ([a-z-]+) .*?  # (.*)$", block, re.M) if m[1] in VERBS}
+
+
+def test_help_lists_every_verb_in_the_readme_words(tmp_path):
+    missing = f"sqlite:///{tmp_path}/missing.sqlite3"
+    for argv in (["--help"], ["-h"], ["--store", missing, "--help"], ["-s", "POLITE_ENABLED=1", "-h"]):
+        out, err = io.StringIO(), io.StringIO()
+        assert run_command(argv, out=out, err=err) == EXIT_OK, (argv, err.getvalue())
+        text = out.getvalue()
+        assert text.startswith("usage: scrapy polite ") and err.getvalue() == ""
+        assert verb_lines(text) == VERB_HELP, text  # every verb, one line each, in VERB_HELP's words
+        assert "--store URI" in text and "-s NAME=VALUE" in text and "exit status:" in text
+    assert list(VERB_HELP) == list(VERBS)
+    assert readme_verb_lines() == VERB_HELP  # README's command section says the same, word for word
+    assert not (tmp_path / "missing.sqlite3").exists()  # help opens no store
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_each_verb_has_its_own_help(verb, tmp_path):
+    missing = f"sqlite:///{tmp_path}/missing.sqlite3"
+    texts = []
+    for argv in ([verb, "--help"], [verb, "-h", "--store", missing], ["--help", verb], ["-s", "A=1", verb, "-h"]):
+        out, err = io.StringIO(), io.StringIO()
+        assert run_command(argv, out=out, err=err) == EXIT_OK, (argv, err.getvalue())
+        texts.append(out.getvalue())
+    assert len(set(texts)) == 1  # -h before or after the verb: the same help
+    text = texts[0]
+    assert text.startswith(f"usage: scrapy polite {verb} [-h]"), text
+    assert VERB_HELP[verb][1:] in text.split("\n\n")[1]
+    flags = set(re.findall(r"(?<![\w-])--[a-z-]+", text.split("\n\n", 1)[1].split("Before or after")[0]))
+    own = {"--help", *(f for f in ("--json", "--throttled", "--events", "--clear", "--since", "--host", "--output",
+                                   "--format") if f in text.split("\n\n")[0].replace("-o PATH", "--output"))}
+    assert flags == own, (verb, flags)  # its own options, none of another verb's
+    assert "--store URI" in text and "exit status: " in text
+    assert not (tmp_path / "missing.sqlite3").exists()
+
+
+USAGE_ERRORS = [
+    ([], "scrapy polite", "expected a verb: hosts, show, reset, crawl-delay, expire, timeline, audit"),
+    (["frobnicate"], "scrapy polite", "expected a verb: hosts, show, reset, crawl-delay, expire, timeline, audit "
+                                      "(got 'frobnicate')"),
+    (["--json", "hosts"], "scrapy polite", "--json is an option of hosts, show, reset, crawl-delay, expire, "
+                                           "timeline, audit: it goes after the verb (scrapy polite hosts --json)"),
+    (["--bogus", "hosts"], "scrapy polite", "unknown option --bogus; expected a verb"),
+    (["hosts", "--bogus"], "scrapy polite hosts", "unrecognized arguments: --bogus"),
+    (["hosts", "--clear"], "scrapy polite hosts", "--clear does not apply to `hosts` (it is an option of crawl-delay)"),
+    (["expire", "--since", "1h"], "scrapy polite expire", "--since does not apply to `expire` (it is an option of "
+                                                          "timeline, audit)"),
+    (["hosts", "busy.example"], "scrapy polite hosts", "hosts takes no HOST (got busy.example)"),
+    (["show"], "scrapy polite show", "the following arguments are required: HOST_OR_URL"),
+    (["show", "a.example", "b.example"], "scrapy polite show", "show takes one HOST_OR_URL (got b.example too)"),
+    (["show", "http:///nohost"], "scrapy polite show", "argument HOST_OR_URL: 'http:///nohost' is not a host name"),
+    (["show", "a.example", "--events", "-1"], "scrapy polite show", "argument --events: expected a whole number >= 0"),
+    (["reset"], "scrapy polite reset", "the following arguments are required: HOST_OR_URL"),
+    (["crawl-delay", "a.example"], "scrapy polite crawl-delay", "crawl-delay takes HOST SECONDS, or HOST --clear"),
+    (["crawl-delay", "a.example", "3", "--clear"], "scrapy polite crawl-delay", "crawl-delay takes HOST SECONDS, or "
+                                                                                "HOST --clear"),
+    (["crawl-delay", "a.example", "-inf"], "scrapy polite crawl-delay", "argument SECONDS: expected a number of "
+                                                                        "seconds >= 0, got '-inf'"),
+    (["timeline", "--format", "png"], "scrapy polite timeline", "argument --format: invalid choice: 'png'"),
+    (["timeline", "-o", "t.png"], "scrapy polite timeline", "t.png: the timeline is drawn as SVG or HTML, not PNG. "
+                                                          "Fix: -o t.svg"),
+    (["timeline", "--since", "soon"], "scrapy polite timeline", "argument --since: --since 'soon'"),
+    (["audit", "a.example"], "scrapy polite audit", "audit takes no positional argument (got a.example)"),
+    (["hosts", "-s", "NOEQUALS"], "scrapy polite", "Invalid -s value, use -s NAME=VALUE"),
+    (["hosts", "--store"], "scrapy polite", "argument --store: expected one argument"),
+]
+
+
+@pytest.mark.parametrize(("argv", "prog", "message"), USAGE_ERRORS, ids=[" ".join(a) or "-" for a, _, _ in USAGE_ERRORS])
+def test_usage_errors_print_the_usage_line_and_exit_2_before_any_store(argv, prog, message, tmp_path):
+    missing = f"sqlite:///{tmp_path}/missing.sqlite3"
+    out, err = io.StringIO(), io.StringIO()
+    code = run_command([*argv, "--store", missing] if "--store" not in argv else argv, out=out, err=err)
+    assert code == EXIT_USAGE, (argv, err.getvalue())
+    usage, *_, error = err.getvalue().splitlines()  # the usage (timeline's takes two lines), then the error
+    assert usage.startswith(f"usage: {prog} "), usage
+    assert error.startswith(f"{prog}: error: {message}"), error
+    assert out.getvalue() == "" and "Traceback" not in err.getvalue()
+    assert not (tmp_path / "missing.sqlite3").exists()  # refused before the store (a missing one would be exit 3)
+
+
+def test_a_good_command_line_on_a_missing_store_is_exit_3(tmp_path):
+    """Negative control of the test above: the same missing store gets past the arguments and fails on itself."""
+    err = io.StringIO()
+    assert run_command(["show", "a.example", "--store", f"sqlite:///{tmp_path}/missing.sqlite3"], err=err) == EXIT_STORE
+    assert "no pace table" in err.getvalue()
+
+
+def test_global_options_work_before_and_after_the_verb(tmp_path):
+    table = Table("sqlite", tmp_path)
+    table.close()
+    say = "idle longer than POLITE_STORE_EXPIRE = 12.0 s"
+    for argv in (["-s", "POLITE_STORE_EXPIRE=12", "--store", table.uri, "expire"],
+                 ["expire", "--set", "POLITE_STORE_EXPIRE=12", "--store", table.uri],
+                 ["--store", table.uri, "expire", "-s", "POLITE_STORE_EXPIRE=12", "--json"],
+                 ["--set=POLITE_STORE_EXPIRE=12", "expire", f"--store={table.uri}"]):
+        out, err = io.StringIO(), io.StringIO()
+        assert run_command(argv, out=out, err=err) == EXIT_OK, (argv, err.getvalue())
+        assert say in out.getvalue() or json.loads(out.getvalue())["idle_longer_than"] == 12.0, (argv, out.getvalue())
+    out = io.StringIO()
+    assert run_command(["expire", "--store", table.uri], out=out) == EXIT_OK
+    assert say not in out.getvalue()  # negative control: without -s, the default
+    for argv in (["-s", "POLITE_EVENT_LOG_SIZE=0", "hosts", "--store", table.uri],
+                 ["hosts", "--store", table.uri, "-s", "POLITE_EVENT_LOG_SIZE=0"]):
+        err = io.StringIO()
+        assert run_command(argv, err=err) == EXIT_USAGE and "POLITE_EVENT_LOG_SIZE" in err.getvalue()
+
+
+def test_settings_given_to_run_command_are_not_changed(table):
+    settings = Settings({"POLITE_STORE_EXPIRE": 99})
+    assert table.run("expire", "-s", "POLITE_STORE_EXPIRE=12", settings=settings).code == EXIT_OK
+    assert settings.getfloat("POLITE_STORE_EXPIRE") == 99
+
+
+def test_reset_takes_its_options_between_its_hosts(table):
+    result = table.run("reset", "busy.example", "--json", "slow.example")
+    assert result.code == EXIT_OK, result.err
+    assert [r["host"] for r in json.loads(result.out)["results"]] == ["busy.example", "slow.example"]
+
+
+def test_the_real_command_line_help_and_options_on_either_side_of_the_verb(tmp_path):
+    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+    store = SQLiteStore(str(tmp_path / "pace.sqlite3"))
+    prepare(store, time.time())
+    store.close()
+    top = cli("--help", cwd=tmp_path)
+    assert top.code == 0 and verb_lines(top.out) == VERB_HELP, top.out + top.err
+    verb = cli("-h", "show", cwd=tmp_path)
+    assert verb.code == 0 and verb.out.startswith("usage: scrapy polite show [-h] [--events N] [--json] HOST_OR_URL")
+    before = cli("-s", "POLITE_STORE_EXPIRE=12", "--store", uri, "hosts", "--json", cwd=tmp_path)
+    after = cli("hosts", "--json", "--store", uri, "-s", "POLITE_EVENT_LOG_SIZE=0", cwd=tmp_path)
+    assert before.code == 0 and json.loads(before.out)["address_rows"] == 1, before.err
+    assert after.code == 2 and "POLITE_EVENT_LOG_SIZE" in after.err  # -s after the verb is applied too
+    wrong = cli("hosts", "--clear", "--store", uri, cwd=tmp_path)
+    assert wrong.code == 2 and wrong.err.splitlines() == [
+        "usage: scrapy polite hosts [-h] [--throttled] [--json]",
+        "scrapy polite hosts: error: --clear does not apply to `hosts` (it is an option of crawl-delay)"]
