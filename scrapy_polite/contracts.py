@@ -46,6 +46,7 @@ from .addresses import parse_ip_literal
 from .pacer import Pacer, find_pacer
 from .policy import NO_NETWORK_SCHEMES, host_key
 from .summary import format_due, reason_words, reset_command
+from .vocabulary import DELAY_META, DONT_PACE_META, HOST_META, IP_META
 
 if TYPE_CHECKING:
     from scrapy.http import Response
@@ -91,7 +92,7 @@ def interval_sources(pacer: Pacer, host: str, request: Request) -> list[tuple[fl
         sources.append((per_host, f"POLITE_HOST_DELAYS[{host!r}]"))
     if pacer.spider_delay is not None:
         sources.append((pacer.spider_delay, "the spider's crawl_delay"))
-    raw = request.meta.get("polite_delay")
+    raw = request.meta.get(DELAY_META)
     if raw is not None:
         try:
             value = float(raw)
@@ -134,8 +135,8 @@ class PoliteDelayContract(_PoliteContract):
         request = response.request
         if request is None:
             raise ContractFail("the response has no request")
-        host = request.meta.get("polite_host") or host_key(response.url)
-        if request.meta.get("dont_pace"):
+        host = request.meta.get(HOST_META) or host_key(response.url)
+        if request.meta.get(DONT_PACE_META):
             raise ContractFail(f"{response.url} was not paced: the request has meta['dont_pace']")
         if host is None:
             raise ContractFail(f"{response.url} has no host to pace")
@@ -179,7 +180,7 @@ class PublicOnlyContract(_PoliteContract):
         if not rules.allows(str(address)):
             raise ContractFail(f"{response.url} was fetched from {address}, which the crawl may not contact "
                                f"({rules!r})")
-        booked = request.meta.get("polite_ip") if request is not None else None
+        booked = request.meta.get(IP_META) if request is not None else None
         if booked is not None and str(address) != booked:
             raise ContractFail(f"{response.url} was fetched from {address}, not from the address it was booked "
                                f"and pinned on ({booked})")
@@ -198,7 +199,7 @@ class PacedRequestsContract(_PoliteContract):
         for item in output:
             if not isinstance(item, Request):
                 continue
-            if item.meta.get("dont_pace"):
+            if item.meta.get(DONT_PACE_META):
                 bad.append(f"{item.url} has meta['dont_pace'] (not paced)")
                 continue
             host = host_key(item.url)
@@ -237,7 +238,7 @@ def fail_held_contract_requests(held: Iterable[Request], due_of: Callable[[str],
     failed = 0
     for request in held:
         errback = request.errback
-        host = request.meta.get("polite_host") or host_key(request.url)
+        host = request.meta.get(HOST_META) or host_key(request.url)
         if errback is None or host is None:
             continue
         due = due_of(host)
