@@ -23,7 +23,7 @@ from .resolution import Resolution
 from .seams import ClockSync, Defer, Go, HoldingScheduler
 from .settings import PoliteConfig
 from .stores import ManyUpdateFn, Snapshot, StoreError
-from .vocabulary import BURST_META, DELAY_META, HOST_META, INVALID_DELAY_META, IP_META
+from .vocabulary import BURST_META, DELAY_META, HOST_META, INVALID_DELAY_META, IP_META, DeferralReason
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -132,7 +132,7 @@ class Booker:
 
     # -- the steps --------------------------------------------------------------------------------------
 
-    def defer(self, host: str, due: float | None, reason: str, request: Request | None = None) -> Defer:
+    def defer(self, host: str, due: float | None, reason: DeferralReason, request: Request | None = None) -> Defer:
         """Count a deferral of ``host`` (of ``request``, when known) and return it (``due``: this process's
         clock, or None)."""
         self.report.deferred(host, reason, request.url if request is not None else None, due)

@@ -34,6 +34,7 @@ from .adaptive import AdaptivePolicy
 from .addresses import embedded_ipv4
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .ratelimit import REQUESTS, RateLimits
+from .vocabulary import DeferralReason
 
 __all__ = [
     "HostState",
@@ -127,7 +128,7 @@ class Deferral:
         due: epoch seconds at which the host is due again (its ``next_allowed``).
     """
 
-    reason: str
+    reason: DeferralReason
     due: float
 
 
