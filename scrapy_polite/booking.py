@@ -8,7 +8,6 @@ this module only orders the steps and waits without blocking the reactor.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,7 @@ from .resolution import Resolution
 from .seams import ClockSync, Defer, Go, HoldingScheduler
 from .settings import PoliteConfig
 from .stores import ManyUpdateFn, Snapshot, StoreError
-from .vocabulary import BURST_META, DELAY_META, HOST_META, INVALID_DELAY_META, IP_META, DeferralReason
+from .vocabulary import BURST_META, DELAY_META, HOST_META, INVALID_DELAY_META, IP_META, DeferralReason, parse_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -104,11 +103,8 @@ class Booker:
         values = [v for v in (host_delay, self.spider_delay) if v is not None]
         if request is not None and meta is not None and DELAY_META in meta:
             raw = meta[DELAY_META]
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                value = float("nan")
-            if math.isfinite(value) and value >= 0:
+            value = parse_seconds(raw)
+            if value is not None:
                 values.append(value)
             elif not request.meta.get(INVALID_DELAY_META):
                 request.meta[INVALID_DELAY_META] = True

@@ -46,7 +46,7 @@ from .addresses import parse_ip_literal
 from .pacer import Pacer, find_pacer
 from .policy import NO_NETWORK_SCHEMES, host_key
 from .summary import format_due, reason_words, reset_command
-from .vocabulary import DELAY_META, DONT_PACE_META, HOST_META, IP_META
+from .vocabulary import DELAY_META, DONT_PACE_META, HOST_META, IP_META, parse_seconds
 
 if TYPE_CHECKING:
     from scrapy.http import Response
@@ -93,13 +93,9 @@ def interval_sources(pacer: Pacer, host: str, request: Request) -> list[tuple[fl
     if pacer.spider_delay is not None:
         sources.append((pacer.spider_delay, "the spider's crawl_delay"))
     raw = request.meta.get(DELAY_META)
-    if raw is not None:
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            value = math.nan
-        if math.isfinite(value) and value >= 0:
-            sources.append((value, "meta['polite_delay']"))
+    value = parse_seconds(raw) if raw is not None else None
+    if value is not None:
+        sources.append((value, "meta['polite_delay']"))
     return sources
 
 
@@ -122,13 +118,11 @@ class PoliteDelayContract(_PoliteContract):
 
     def __init__(self, method: Callable[..., Any], *args: Any) -> None:
         super().__init__(method, *args)
-        try:
-            self.seconds = float(args[0])
-        except (IndexError, ValueError):
-            self.seconds = math.nan
-        if not math.isfinite(self.seconds) or self.seconds < 0:
+        seconds = parse_seconds(args[0]) if args else None
+        if seconds is None:
             raise ValueError(f"@polite_delay needs a number of seconds >= 0, e.g. '@polite_delay 5', got "
                              f"{' '.join(map(str, args))!r}")
+        self.seconds = seconds
 
     def pre_process(self, response: Response) -> None:
         pacer = _pacer(self.method)

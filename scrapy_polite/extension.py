@@ -22,7 +22,6 @@ Stats are under ``polite/`` (see README).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +44,7 @@ from .settings import SettingsError
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import SQLiteStore, StoreError
 from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
+from .vocabulary import parse_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -288,11 +288,8 @@ class PoliteExtension:
         raw = getattr(spider, "crawl_delay", None)
         if raw is None:
             return
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            value = float("nan")
-        if not math.isfinite(value) or value < 0:
+        value = parse_seconds(raw)
+        if value is None:
             self.pacer.inc("invalid_spider_delay")
             logger.error("%s.crawl_delay must be a number of seconds >= 0, got %r: ignored (the crawl is paced "
                          "by POLITE_HOST_INTERVAL and the hosts' own delays)", type(spider).__name__, raw)
