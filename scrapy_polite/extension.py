@@ -40,7 +40,7 @@ from .reactor import await_deferred, installed_reactor
 from .resolver import PublicHostnameResolver
 from .robots import robots_delay
 from .seams import ResolverNotInstalled
-from .settings import SettingsError
+from .settings import SettingsError, polite_enabled
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import SQLiteStore, StoreError
 from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
@@ -93,7 +93,7 @@ class PoliteExtension:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        if not crawler.settings.getbool("POLITE_ENABLED", True):
+        if not polite_enabled(crawler.settings):
             raise NotConfigured("POLITE_ENABLED is False")
         try:
             pacer = get_pacer(crawler)

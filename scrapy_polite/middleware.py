@@ -29,6 +29,7 @@ from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .pacer import CrawlStopped, Pacer, get_pacer
 from .policy import host_key
 from .seams import Defer, Redefer, ResolverNotInstalled
+from .settings import polite_enabled
 from .stores import StoreError
 from .vocabulary import DONT_PACE_META, HOST_META, IP_META, PINNED_META, QUOTA_SERIAL_META, SENT_AT_META
 
@@ -55,7 +56,7 @@ class _PacerComponent:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        if not crawler.settings.getbool("POLITE_ENABLED", True):
+        if not polite_enabled(crawler.settings):
             raise NotConfigured("POLITE_ENABLED is False")
         return cls(get_pacer(crawler))
 
