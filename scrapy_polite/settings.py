@@ -332,8 +332,12 @@ def parse_dns_overrides(value: Any) -> dict[str, tuple[str, ...]]:
         SettingsError: not a dict, malformed JSON, an empty or non-string host, or an address that is not
             an IP literal (``2130706433`` and ``0177.0.0.1`` are names, docs/spec.md §4, so they are refused here).
     """
-    entries = parse_dict_setting("POLITE_DNS_OVERRIDES", value, what="a dict of host -> list of IP addresses",
-                                 example={"api.example.test": ["127.0.0.1"]})
+    return _dns_overrides(BaseSettings({"POLITE_DNS_OVERRIDES": value}))
+
+
+def _dns_overrides(settings: BaseSettings) -> dict[str, tuple[str, ...]]:
+    entries = _dict(settings, "POLITE_DNS_OVERRIDES", what="a dict of host -> list of IP addresses",
+                    example={"api.example.test": ["127.0.0.1"]})
     overrides: dict[str, tuple[str, ...]] = {}
     for host, raw_addresses in entries.items():
         name = normalise_dns_name(host) if isinstance(host, str) else ""
@@ -432,7 +436,7 @@ class DNSConfig:
         """
         settings = as_settings(settings)
         address_filter = _address_filter(settings)
-        overrides = parse_dns_overrides(_raw(settings, "POLITE_DNS_OVERRIDES"))
+        overrides = _dns_overrides(settings)
         entries = _list(settings, "POLITE_DNS_NAMESERVERS",
                         what="a list of nameserver IP addresses with an optional port",
                         example=["127.0.0.1:5353", "[::1]:53"])
