@@ -194,7 +194,11 @@ def _count(settings: BaseSettings, name: str, *, what: str, minimum: int = 0, fi
     form = f"a whole number >= {minimum} ({what})"
     value = _read(settings, name, settings.getint, form)
     raw = _raw(settings, name)
-    if isinstance(raw, bool) or value != float(raw) or value < minimum:
+    try:
+        whole = not isinstance(raw, bool) and float(raw) == value  # getint truncates a fraction
+    except (TypeError, ValueError, OverflowError):
+        whole = False
+    if not whole or value < minimum:
         raise SettingsError(f"{name} must be {form}, got {raw!r}{fix}")
     return value
 
