@@ -49,6 +49,8 @@ from twisted.web.error import SchemeNotSupported
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
+from .vocabulary import IP_META
+
 try:  # Scrapy's HTTP/2 handler needs the optional h2 package (pip install scrapy-polite[http2])
     from scrapy.core._http2.agent import H2Agent
     from scrapy.core.downloader.handlers.http2 import H2DownloadHandler, _ScrapyH2Agent
@@ -159,7 +161,7 @@ class _PinnedScrapyAgent(_ScrapyAgent):
     request gets Scrapy's own agent (Scrapy 2.18: ``Agent``; 2.19: ``_BindAddressAgent``)."""
 
     def _get_agent(self, request: Request, timeout: float) -> Agent:
-        address = request.meta.get("polite_ip")
+        address = request.meta.get(IP_META)
         if not address or request.meta.get("proxy"):
             return super()._get_agent(request, timeout)
         from twisted.internet import reactor  # noqa: PLC0415 - the installed reactor, read when used (as Scrapy does)
@@ -243,7 +245,7 @@ if HAS_H2:
         refuses proxies (``NotImplementedError``), so every request it sends is booked on an address."""
 
         def _get_agent(self, request: Request, timeout: float | None) -> H2Agent:
-            address = request.meta.get("polite_ip")
+            address = request.meta.get(IP_META)
             if not address or request.meta.get("proxy"):
                 return super()._get_agent(request, timeout)
             from twisted.internet import reactor  # noqa: PLC0415 - the installed reactor, read when used (as Scrapy does)

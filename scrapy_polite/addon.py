@@ -37,7 +37,7 @@ from .handlers import (
 )
 from .resolver import PublicHostnameResolver
 from .seams import ResolverNotInstalled
-from .settings import DEFAULTS, DNSConfig, PoliteConfig, SettingsError, warn_unknown_settings
+from .settings import DEFAULTS, DNSConfig, PoliteConfig, SettingsError, polite_enabled, warn_unknown_settings
 from .startup import refuse_to_start
 
 if TYPE_CHECKING:
@@ -83,9 +83,9 @@ class Addon:
         settings. With an invalid address or DNS setting the resolver is not installed (it could not be
         built): the crawl then refuses to start, naming the setting."""
         _register_contracts(settings)
-        if not settings.getbool("POLITE_ENABLED", True):
-            return
         try:
+            if not polite_enabled(settings):
+                return
             DNSConfig.from_settings(settings)
         except SettingsError:
             return  # reported by update_settings, before any request
@@ -105,12 +105,8 @@ class Addon:
                 settings.set(name, value, priority="addon")
         _register_contracts(settings)
         try:
-            enabled = settings.getbool("POLITE_ENABLED")
-        except ValueError:  # not a boolean: PoliteConfig names the setting and the values it accepts
-            enabled = True
-        if not enabled:
-            return
-        try:
+            if not polite_enabled(settings):
+                return
             PoliteConfig.from_settings(settings)
             modes = _check_handlers(settings)
         except (SettingsError, UnsafeHandlerError) as exc:

@@ -8,7 +8,6 @@ this module only orders the steps and waits without blocking the reactor.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,6 +22,7 @@ from .resolution import Resolution
 from .seams import ClockSync, Defer, Go, HoldingScheduler
 from .settings import PoliteConfig
 from .stores import ManyUpdateFn, Snapshot, StoreError
+from .vocabulary import BURST_META, DELAY_META, HOST_META, INVALID_DELAY_META, IP_META, DeferralReason, parse_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -98,19 +98,16 @@ class Booker:
         An invalid ``polite_delay`` is ignored, logged and counted once (``polite/invalid_meta``)."""
         host_delay = self.config.host_delays.get(host) if self.config.host_delays else None
         meta = request.meta if request is not None else None
-        if host_delay is None and self.spider_delay is None and (meta is None or "polite_delay" not in meta):
+        if host_delay is None and self.spider_delay is None and (meta is None or DELAY_META not in meta):
             return None  # the usual case, without building the list below (called several times per request)
         values = [v for v in (host_delay, self.spider_delay) if v is not None]
-        if request is not None and meta is not None and "polite_delay" in meta:
-            raw = meta["polite_delay"]
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                value = float("nan")
-            if math.isfinite(value) and value >= 0:
+        if request is not None and meta is not None and DELAY_META in meta:
+            raw = meta[DELAY_META]
+            value = parse_seconds(raw)
+            if value is not None:
                 values.append(value)
-            elif not request.meta.get("_polite_invalid_delay"):
-                request.meta["_polite_invalid_delay"] = True
+            elif not request.meta.get(INVALID_DELAY_META):
+                request.meta[INVALID_DELAY_META] = True
                 self.report.inc("invalid_meta")
                 logger.warning("Ignoring meta['polite_delay']=%r of %s: not a number of seconds >= 0",
                                raw, request)
@@ -131,7 +128,7 @@ class Booker:
 
     # -- the steps --------------------------------------------------------------------------------------
 
-    def defer(self, host: str, due: float | None, reason: str, request: Request | None = None) -> Defer:
+    def defer(self, host: str, due: float | None, reason: DeferralReason, request: Request | None = None) -> Defer:
         """Count a deferral of ``host`` (of ``request``, when known) and return it (``due``: this process's
         clock, or None)."""
         self.report.deferred(host, reason, request.url if request is not None else None, due)
@@ -166,7 +163,7 @@ class Booker:
         override = self.override(host, request)
         lifecycle = self.lifecycle
         lifecycle.arrive(request, host)
-        if request.meta.get("polite_burst"):
+        if request.meta.get(BURST_META):
             return await self._burst(request, host, override, deferrable)
         while not lifecycle.take(host, request):  # taken, never assigned: re-checked after every wait
             if deferrable:
@@ -293,10 +290,10 @@ class Booker:
         """Free the host's line, the line of the address it was booked on and its claim, if ``request``
         holds them (idempotent); unpin it; the lifecycle wakes what waited on them (docs/spec.md §5)."""
         if host is None:
-            host = request.meta.get("polite_host") or self.lifecycle.host_of(request)
+            host = request.meta.get(HOST_META) or self.lifecycle.host_of(request)
             if host is None:
                 return
-        address = request.meta.get("polite_ip")
+        address = request.meta.get(IP_META)
         if address:
             self.resolution.unpin(request, host)
         self.lifecycle.free(request, host, ip_key(address) if address else None)

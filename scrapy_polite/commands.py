@@ -56,6 +56,7 @@ from .settings import PoliteConfig, SettingsError
 from .stores import Event, PaceStore, StoreCorrupt, StoreError, StoreOptions, open_store, sqlite_path
 from .summary import reset_command
 from .timeline import FORMATS, hosts_of, timeline_format, write_timeline
+from .vocabulary import parse_seconds
 
 __all__ = [
     "Command",
@@ -215,11 +216,8 @@ def parse_since(text: str, now: float) -> float:
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
+    value = parse_seconds(text)
+    if value is None:
         raise UsageError(f"expected a number of seconds >= 0, got {text!r} (--clear removes the delay)",
                          print_help=False)
     return value

@@ -46,6 +46,7 @@ from .addresses import parse_ip_literal
 from .pacer import Pacer, find_pacer
 from .policy import NO_NETWORK_SCHEMES, host_key
 from .summary import format_due, reason_words, reset_command
+from .vocabulary import DELAY_META, DONT_PACE_META, HOST_META, IP_META, parse_seconds
 
 if TYPE_CHECKING:
     from scrapy.http import Response
@@ -91,14 +92,10 @@ def interval_sources(pacer: Pacer, host: str, request: Request) -> list[tuple[fl
         sources.append((per_host, f"POLITE_HOST_DELAYS[{host!r}]"))
     if pacer.spider_delay is not None:
         sources.append((pacer.spider_delay, "the spider's crawl_delay"))
-    raw = request.meta.get("polite_delay")
-    if raw is not None:
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            value = math.nan
-        if math.isfinite(value) and value >= 0:
-            sources.append((value, "meta['polite_delay']"))
+    raw = request.meta.get(DELAY_META)
+    value = parse_seconds(raw) if raw is not None else None
+    if value is not None:
+        sources.append((value, "meta['polite_delay']"))
     return sources
 
 
@@ -121,21 +118,19 @@ class PoliteDelayContract(_PoliteContract):
 
     def __init__(self, method: Callable[..., Any], *args: Any) -> None:
         super().__init__(method, *args)
-        try:
-            self.seconds = float(args[0])
-        except (IndexError, ValueError):
-            self.seconds = math.nan
-        if not math.isfinite(self.seconds) or self.seconds < 0:
+        seconds = parse_seconds(args[0]) if args else None
+        if seconds is None:
             raise ValueError(f"@polite_delay needs a number of seconds >= 0, e.g. '@polite_delay 5', got "
                              f"{' '.join(map(str, args))!r}")
+        self.seconds = seconds
 
     def pre_process(self, response: Response) -> None:
         pacer = _pacer(self.method)
         request = response.request
         if request is None:
             raise ContractFail("the response has no request")
-        host = request.meta.get("polite_host") or host_key(response.url)
-        if request.meta.get("dont_pace"):
+        host = request.meta.get(HOST_META) or host_key(response.url)
+        if request.meta.get(DONT_PACE_META):
             raise ContractFail(f"{response.url} was not paced: the request has meta['dont_pace']")
         if host is None:
             raise ContractFail(f"{response.url} has no host to pace")
@@ -179,7 +174,7 @@ class PublicOnlyContract(_PoliteContract):
         if not rules.allows(str(address)):
             raise ContractFail(f"{response.url} was fetched from {address}, which the crawl may not contact "
                                f"({rules!r})")
-        booked = request.meta.get("polite_ip") if request is not None else None
+        booked = request.meta.get(IP_META) if request is not None else None
         if booked is not None and str(address) != booked:
             raise ContractFail(f"{response.url} was fetched from {address}, not from the address it was booked "
                                f"and pinned on ({booked})")
@@ -198,7 +193,7 @@ class PacedRequestsContract(_PoliteContract):
         for item in output:
             if not isinstance(item, Request):
                 continue
-            if item.meta.get("dont_pace"):
+            if item.meta.get(DONT_PACE_META):
                 bad.append(f"{item.url} has meta['dont_pace'] (not paced)")
                 continue
             host = host_key(item.url)
@@ -237,7 +232,7 @@ def fail_held_contract_requests(held: Iterable[Request], due_of: Callable[[str],
     failed = 0
     for request in held:
         errback = request.errback
-        host = request.meta.get("polite_host") or host_key(request.url)
+        host = request.meta.get(HOST_META) or host_key(request.url)
         if errback is None or host is None:
             continue
         due = due_of(host)

@@ -32,6 +32,7 @@ from twisted.python.failure import Failure
 
 from .seams import ClockSync
 from .stores.base import Event
+from .vocabulary import DeferralReason, RefusalReason
 
 __all__ = ["DEFERRAL_WORDS", "EventLog", "EventWriter", "REFUSAL_WORDS", "clock_time", "describe", "process_source"]
 
@@ -146,7 +147,7 @@ class EventLog:
             self._add(Event(at, "wait", host, url, None, seconds, at + seconds, None, None, None, None, None,
                             self.source))
 
-    def deferral(self, host: str, url: str | None, reason: str, due: float | None) -> None:
+    def deferral(self, host: str, url: str | None, reason: DeferralReason, due: float | None) -> None:
         """A request of ``host`` left the downloader for ``reason``; ``due``: when it may come back, **this
         process's clock** (None: when its line frees)."""
         if self.enabled:
@@ -185,7 +186,7 @@ class EventLog:
             self._add(Event(at, "robots_delay", host, None, None, delay, at + delay, None, None, None, None, None,
                             self.source))
 
-    def refusal(self, host: str, url: str | None, reason: str) -> None:
+    def refusal(self, host: str, url: str | None, reason: RefusalReason) -> None:
         """A request was refused (``reason``: ``non_public``, ``no_host``, ``invalid_host``)."""
         if self.enabled:
             self._add(Event(self.clock.store_now(), "refusal", host, url, None, None, None, reason, None, None,

@@ -22,7 +22,6 @@ Stats are under ``polite/`` (see README).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,10 +40,11 @@ from .reactor import await_deferred, installed_reactor
 from .resolver import PublicHostnameResolver
 from .robots import robots_delay
 from .seams import ResolverNotInstalled
-from .settings import SettingsError
+from .settings import SettingsError, polite_enabled
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import SQLiteStore, StoreError
 from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
+from .vocabulary import parse_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -93,7 +93,7 @@ class PoliteExtension:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        if not crawler.settings.getbool("POLITE_ENABLED", True):
+        if not polite_enabled(crawler.settings):
             raise NotConfigured("POLITE_ENABLED is False")
         try:
             pacer = get_pacer(crawler)
@@ -288,11 +288,8 @@ class PoliteExtension:
         raw = getattr(spider, "crawl_delay", None)
         if raw is None:
             return
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            value = float("nan")
-        if not math.isfinite(value) or value < 0:
+        value = parse_seconds(raw)
+        if value is None:
             self.pacer.inc("invalid_spider_delay")
             logger.error("%s.crawl_delay must be a number of seconds >= 0, got %r: ignored (the crawl is paced "
                          "by POLITE_HOST_INTERVAL and the hosts' own delays)", type(spider).__name__, raw)

@@ -41,6 +41,7 @@ from twisted.internet import threads
 from twisted.internet.defer import Deferred, DeferredList
 
 from .reactor import call_later
+from .vocabulary import LEASE_META
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["FrontierState", "RedisFrontier", "LEASE_META", "is_shared_scheduler", "queue_mode", "waiting_in_redis"]
-
-#: The request meta key of the lease id a worker holds the request under.
-LEASE_META = "polite_lease"
 
 # Each script reads the server's clock: every due time and deadline is the Redis server's.
 _NOW = "local t = redis.call('TIME'); local now = tonumber(t[1]) + tonumber(t[2]) / 1000000\n"

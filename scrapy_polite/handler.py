@@ -19,6 +19,7 @@ from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
 
 from ._compat import HAS_H2, download_pinned
 from .pacer import Redefer, find_pacer
+from .vocabulary import BURST_META
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -63,6 +64,6 @@ def _redefer_if_throttled(crawler: Crawler, request: Request) -> None:
     """Raise :class:`~scrapy_polite.seams.Redefer` for a burst request decided before its host throttled and
     queued in Scrapy's slot since: it must not be sent into the backoff."""
     pacer = find_pacer(crawler)
-    if (pacer is not None and request.meta.get("polite_burst") and pacer.throttled_since(request)
+    if (pacer is not None and request.meta.get(BURST_META) and pacer.throttled_since(request)
             and pacer.can_defer(request)):
         raise Redefer(request.url)

@@ -28,6 +28,7 @@ from scrapy.utils.misc import load_object
 from ._compat import HAS_H2
 from .policy import host_key
 from .settings import checked_handlers
+from .vocabulary import HOST_META, IP_META
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -237,7 +238,7 @@ class UnpinnedRequests:
         booked host's, so they are not recorded on it (docs/spec.md §4.1)."""
         if self.mode_of(request.url) is None:
             return False
-        booked = request.meta.get("polite_host")
+        booked = request.meta.get(HOST_META)
         url = getattr(response, "url", None)
         if booked is None or not url or host_key(url) == booked:
             return False
@@ -260,7 +261,7 @@ class UnpinnedRequests:
 
     def _refusal(self, request: Request, response: Response) -> str | None:
         address = getattr(response, "ip_address", None)
-        booked = request.meta.get("polite_ip")
+        booked = request.meta.get(IP_META)
         if address is None or booked is None or same_address(address, booked):
             return None
         self._inc("unpinned/address_changed")

@@ -29,7 +29,9 @@ from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .pacer import CrawlStopped, Pacer, get_pacer
 from .policy import host_key
 from .seams import Defer, Redefer, ResolverNotInstalled
+from .settings import polite_enabled
 from .stores import StoreError
+from .vocabulary import DONT_PACE_META, HOST_META, IP_META, PINNED_META, QUOTA_SERIAL_META, SENT_AT_META
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -54,7 +56,7 @@ class _PacerComponent:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        if not crawler.settings.getbool("POLITE_ENABLED", True):
+        if not polite_enabled(crawler.settings):
             raise NotConfigured("POLITE_ENABLED is False")
         return cls(get_pacer(crawler))
 
@@ -82,11 +84,11 @@ class PoliteDownloaderMiddleware(_PacerComponent):
     async def process_request(self, request: Request) -> Request | None:
         pacer = self.pacer
         # A redirect or retry copies its parent's meta: forget the parent's booking.
-        request.meta.pop("polite_host", None)
-        request.meta.pop("polite_sent_at", None)
-        request.meta.pop("polite_quota_serial", None)
-        request.meta.pop("polite_ip", None)
-        request.meta.pop("_polite_pinned", None)
+        request.meta.pop(HOST_META, None)
+        request.meta.pop(SENT_AT_META, None)
+        request.meta.pop(QUOTA_SERIAL_META, None)
+        request.meta.pop(IP_META, None)
+        request.meta.pop(PINNED_META, None)
         try:
             parsed = url_host(request.url)  # never from meta: a redirect copies the old request's meta
         except InvalidHost as exc:  # docs/spec.md §1: the URL Standard rejects it; nothing is resolved
@@ -106,8 +108,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             pacer.inc("refused/no_host")
             raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: it has no host to pace")
         host = parsed.key
-        request.meta["polite_host"] = host
-        if request.meta.get("dont_pace"):  # exempt from pacing, never from the address rules
+        request.meta[HOST_META] = host
+        if request.meta.get(DONT_PACE_META):  # exempt from pacing, never from the address rules
             pacer.inc("dont_pace")
             pacer.arrive(request, host)
             try:
@@ -125,9 +127,9 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         if isinstance(outcome, Defer):
             _hold(pacer, request, host, outcome.due)
             return request  # the engine hands it back to the scheduler, which keeps it until due
-        request.meta["polite_sent_at"] = outcome.sent_at
+        request.meta[SENT_AT_META] = outcome.sent_at
         if outcome.serial is not None:
-            request.meta["polite_quota_serial"] = outcome.serial
+            request.meta[QUOTA_SERIAL_META] = outcome.serial
         if outcome.address is not None:
             pacer.pin(request, host, outcome.address)
             pacer.unpinned.sent(request)
@@ -150,13 +152,13 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         # is due, instead of reaching RetryMiddleware or the spider, while its retry budget lasts.
         due = pacer.throttle_retry_due(request, decision)
         if due is not None:
-            _hold(pacer, request, request.meta["polite_host"], due)
+            _hold(pacer, request, request.meta[HOST_META], due)
             return request
         return response
 
     async def process_exception(self, request: Request, exception: Exception) -> Any:
         if isinstance(exception, Redefer):
-            host = request.meta["polite_host"]
+            host = request.meta[HOST_META]
             self.pacer.release(request, host)
             try:
                 due = await self.pacer.due(host)
@@ -188,7 +190,7 @@ class PoliteEarlyDeferMiddleware(_PacerComponent):
 
     async def process_request(self, request: Request) -> Request | None:
         pacer = self.pacer
-        if request.meta.get("dont_pace") or pacer.failed is not None or not pacer.can_defer(request):
+        if request.meta.get(DONT_PACE_META) or pacer.failed is not None or not pacer.can_defer(request):
             return None
         host = host_key(request.url)
         if host is None:

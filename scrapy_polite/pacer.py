@@ -46,6 +46,7 @@ from .retrying import ThrottleRetries
 from .seams import ClockSync, Defer, Go, HoldingScheduler, Redefer, ResolverNotInstalled
 from .settings import PoliteConfig
 from .stores import AsyncStore, StoreClosed, StoreError, StoreOptions, open_store
+from .vocabulary import CloseReason, DeferralReason
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -200,7 +201,7 @@ class Pacer:
         """See :meth:`Booker.can_defer <scrapy_polite.booking.Booker.can_defer>`."""
         return self.booker.can_defer(request)
 
-    def defer(self, host: str, due: float | None, reason: str) -> Defer:
+    def defer(self, host: str, due: float | None, reason: DeferralReason) -> Defer:
         """Count a deferral of ``host`` (``polite/deferrals/<reason>``) and return it."""
         return self.booker.defer(host, due, reason)
 
@@ -347,7 +348,7 @@ class Pacer:
             logger.warning("scrapy-polite: the pace table %s did not close cleanly", self.store.uri, exc_info=True)
 
 
-def close_spider_soon(crawler: Crawler, reason: str) -> None:
+def close_spider_soon(crawler: Crawler, reason: CloseReason) -> None:
     """Close the crawler's spider with ``reason`` on the next reactor turn (no-op when not running)."""
     engine = getattr(crawler, "engine", None)
     if engine is not None and getattr(engine, "running", False):

@@ -34,6 +34,7 @@ from .adaptive import AdaptivePolicy
 from .addresses import embedded_ipv4
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .ratelimit import REQUESTS, RateLimits
+from .vocabulary import DeferralReason, parse_seconds
 
 __all__ = [
     "HostState",
@@ -127,7 +128,7 @@ class Deferral:
         due: epoch seconds at which the host is due again (its ``next_allowed``).
     """
 
-    reason: str
+    reason: DeferralReason
     due: float
 
 
@@ -834,7 +835,7 @@ class PacingPolicy:
         Raises:
             ValueError: a negative or non-finite delay.
         """
-        if not math.isfinite(crawl_delay) or crawl_delay < 0:
+        if parse_seconds(crawl_delay) is None:
             raise ValueError(f"crawl_delay must be a finite number of seconds >= 0, got {crawl_delay!r}")
         return replace(state or HostState(), crawl_delay=float(crawl_delay), updated=now)
 

@@ -36,6 +36,7 @@ from .reporting import Report
 from .seams import ClockSync
 from .settings import PoliteConfig
 from .stores import StoreError
+from .vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, SENT_AT_META
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -118,7 +119,7 @@ class Recorder:
 
         Returns a Deferred that fires once the table is written (the line is released only after it), or
         None for a request that was not paced."""
-        host = request.meta.get("polite_host")
+        host = request.meta.get(HOST_META)
         if host is None:
             return None
         self.report.counters(host).statuses[response.status] += 1
@@ -133,8 +134,8 @@ class Recorder:
                 self.report.inc("retry_after/invalid")
                 logger.info("Ignoring invalid Retry-After from %s: %s", response.url, exc)
         ratelimits = self._ratelimits(host, response) if self.policy.ratelimit_headers else None
-        sent_at = request.meta.get("polite_sent_at")
-        serial = request.meta.get("polite_quota_serial")
+        sent_at = request.meta.get(SENT_AT_META)
+        serial = request.meta.get(QUOTA_SERIAL_META)
         override = self.override(host, request)
         status = response.status
         measured = _download_latency(request)
@@ -167,13 +168,13 @@ class Recorder:
     def record_failure(self, request: Request, exception: BaseException) -> defer.Deferred[Any] | None:
         """Feed a download failure into the table: a failure that reached the server's side counts as a
         throttle without Retry-After; a DNS failure or anything else does not touch the backoff."""
-        host = request.meta.get("polite_host")
+        host = request.meta.get(HOST_META)
         if host is None or not isinstance(exception, SERVER_SIDE_FAILURES):
             return None
         self.throttle_marks[host] = self.clock.store_now()
         self.report.counters(host).statuses[type(exception).__name__] += 1
-        sent_at = request.meta.get("polite_sent_at")
-        serial = request.meta.get("polite_quota_serial")
+        sent_at = request.meta.get(SENT_AT_META)
+        serial = request.meta.get(QUOTA_SERIAL_META)
         override = self.override(host, request)
 
         def step(state: HostState | None, end: float) -> Decision:
@@ -185,7 +186,7 @@ class Recorder:
     def _record(self, host: str, request: Request, step: Callable[[HostState | None, float], Decision],
                 *, retry_after: float | None, label: str, status: int | None = None,
                 cause: str | None = None) -> defer.Deferred[Any]:
-        address = request.meta.get("polite_ip") if self.config.ip_interval > 0 else None
+        address = request.meta.get(IP_META) if self.config.ip_interval > 0 else None
         address_key = ip_key(address) if address else None
         ip_interval = self.config.ip_interval
         policy = self.policy
@@ -260,9 +261,9 @@ class Recorder:
             self.report.events.response(
                 host, request.url, at=state.updated, status=status,
                 failure=cause, retry_after=retry_after, delay=decision.delay, due=state.next_allowed,
-                steps=state.consec, started=request.meta.get("polite_sent_at"), throttle=decision.throttle,
-                counted=decision.counted, address=request.meta.get("polite_ip"),
-                ip_interval=self.config.ip_interval if request.meta.get("polite_ip") else None,
+                steps=state.consec, started=request.meta.get(SENT_AT_META), throttle=decision.throttle,
+                counted=decision.counted, address=request.meta.get(IP_META),
+                ip_interval=self.config.ip_interval if request.meta.get(IP_META) else None,
                 hold=decision.ratelimit.hold if decision.ratelimit is not None else None)
         return decision
 
@@ -279,7 +280,7 @@ class Recorder:
 
         Returns the record's :class:`~scrapy_polite.policy.Decision` (None: nothing was recorded, or the
         table could not be written)."""
-        host = request.meta.get("polite_host")
+        host = request.meta.get(HOST_META)
         if host is None:
             self.end(request, None)
             return None
@@ -294,8 +295,8 @@ class Recorder:
     def throttled_since(self, request: Request) -> bool:
         """A throttle from the request's host was seen after the request was decided (``polite_sent_at``):
         a burst request that has not been sent yet must be deferred again (docs/spec.md §5, burst)."""
-        host = request.meta.get("polite_host")
-        decided = request.meta.get("polite_sent_at")
+        host = request.meta.get(HOST_META)
+        decided = request.meta.get(SENT_AT_META)
         mark = self.throttle_marks.get(host) if host is not None else None
         return mark is not None and decided is not None and mark > decided
 

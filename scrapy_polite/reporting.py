@@ -26,12 +26,10 @@ from typing import Any
 from .clock import process_clock
 from .events import EventLog
 from .policy import Decision, HostState
+from .vocabulary import TURN_REASONS, DeferralReason, RefusalReason
 
 __all__ = ["HostCounters", "Report", "Span", "TURN_REASONS"]
 
-#: Deferral reasons that only mean "wait for the host's turn" (another request of the host, or of one of its
-#: addresses, is in flight); the others (``throttled``, ``crawl_delay``, …) are the host slowing us down.
-TURN_REASONS = frozenset({"line", "ip_line"})
 
 #: How many URLs of pages given up each host keeps for the summary.
 GIVEN_UP_URLS = 5
@@ -282,14 +280,14 @@ class Report:
             counters.given_up_urls.append(url)
         self.inc("throttle/given_up")
 
-    def refused(self, host: str, reason: str, url: str | None = None) -> None:
+    def refused(self, host: str, reason: RefusalReason, url: str | None = None) -> None:
         """A request of ``host`` (``url``, when known) was refused: ``non_public``
         (``polite/blocked/private_address``). Also an event of the event log."""
         self.counters(host).refusals[reason] += 1
         self.events.refusal(host, url, reason)
         self.inc("blocked/private_address" if reason == "non_public" else f"refused/{reason}")
 
-    def deferred(self, host: str, reason: str, url: str | None = None, due: float | None = None) -> None:
+    def deferred(self, host: str, reason: DeferralReason, url: str | None = None, due: float | None = None) -> None:
         """A request of ``host`` (``url``, when known) was deferred for ``reason`` until ``due`` (this process's
         epoch s; None: unknown, or when its line frees). Also an event of the event log."""
         self._touch(host)

@@ -13,6 +13,7 @@ from .reactor import await_deferred, installed_reactor
 from .reporting import Report
 from .resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound, MixedAnswer, PublicHostnameResolver
 from .seams import ResolverNotInstalled
+from .vocabulary import IP_META, PINNED_META, PROXY_COUNTED_META
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -93,8 +94,8 @@ class Resolution:
                 self._warned_proxy = True
                 logger.warning("scrapy-polite: requests through an HTTP proxy are resolved by the proxy, so "
                                "their addresses cannot be checked or pinned (pacing by host still applies)")
-            if not request.meta.get("_polite_proxy_counted"):
-                request.meta["_polite_proxy_counted"] = True
+            if not request.meta.get(PROXY_COUNTED_META):
+                request.meta[PROXY_COUNTED_META] = True
                 self.report.inc("proxy_unpinned")
             return None
         resolver = self.resolver()
@@ -132,15 +133,15 @@ class Resolution:
     def pin(self, request: Request, host: str, address: str) -> None:
         """Connect ``request`` to ``address`` (``meta['polite_ip']``) and pin the resolver's answer for
         ``host`` to it until the request is done (docs/spec.md §4)."""
-        request.meta["polite_ip"] = address
-        if self._resolver is not None and not request.meta.get("_polite_pinned"):
+        request.meta[IP_META] = address
+        if self._resolver is not None and not request.meta.get(PINNED_META):
             self._resolver.pin(host, address)
-            request.meta["_polite_pinned"] = True
+            request.meta[PINNED_META] = True
 
     def unpin(self, request: Request, host: str) -> None:
         """Release the request's pin, if it holds one (idempotent)."""
-        address = request.meta.get("polite_ip")
-        if address and request.meta.pop("_polite_pinned", False) and self._resolver is not None:
+        address = request.meta.get(IP_META)
+        if address and request.meta.pop(PINNED_META, False) and self._resolver is not None:
             self._resolver.unpin(host, address)
 
     def current(self) -> Any:

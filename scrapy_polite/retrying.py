@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .policy import Decision, PacingPolicy
 from .reporting import Report
 from .seams import ClockSync
+from .vocabulary import DONT_PACE_META, HOST_META, THROTTLE_RETRIES_META
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["RETRIES_META", "ThrottleRetries"]
 
 #: The request meta key that counts a page's throttle retries (set by the package; saved with ``JOBDIR``).
-RETRIES_META = "polite_throttle_retries"
+RETRIES_META = THROTTLE_RETRIES_META  # its name here since before the vocabulary module
 
 
 class ThrottleRetries:
@@ -69,8 +70,8 @@ class ThrottleRetries:
         if decision is None or not decision.throttle:
             return None
         meta = request.meta
-        host = meta.get("polite_host")
-        if host is None or meta.get("dont_retry") or meta.get("dont_pace") or not self.can_defer(request):
+        host = meta.get(HOST_META)
+        if host is None or meta.get("dont_retry") or meta.get(DONT_PACE_META) or not self.can_defer(request):
             return None
         retries = int(meta.get(RETRIES_META) or 0)
         if not self.policy.retry_throttled(throttle=True, retries=retries):
@@ -89,7 +90,7 @@ class ThrottleRetries:
         did not retry it, or gave up too): the page is given up."""
         if request in self._handed_on:
             self._handed_on.discard(request)
-            host = request.meta.get("polite_host") or "?"
+            host = request.meta.get(HOST_META) or "?"
             self.report.gave_up(host, request.url)
             logger.warning("scrapy-polite gave up %s after %d throttle retries (POLITE_THROTTLE_RETRIES): "
                            "%s kept answering %d", request.url, self.policy.throttle_retries, host, response.status)

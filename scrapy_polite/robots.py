@@ -8,10 +8,11 @@ applies (both are limits the site published).
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from protego import Protego
+
+from .vocabulary import parse_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,8 @@ def robots_delay(parser: Any, user_agent: str) -> float | None:
         requests, seconds = getattr(rate, "requests", None), getattr(rate, "seconds", None)
         if requests and seconds is not None and requests > 0:
             delays.append(float(seconds) / float(requests))
-    delays = [d for d in delays if math.isfinite(d) and d >= 0]
-    return max(delays) if delays else None
+    valid = [d for d in map(parse_seconds, delays) if d is not None]
+    return max(valid) if valid else None
 
 
 def parse_robots_delay(body: str | bytes, user_agent: str) -> float | None:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .vocabulary import DeferralReason
+
 if TYPE_CHECKING:
     from scrapy import Request
     from twisted.internet.defer import Deferred
@@ -40,11 +42,11 @@ class Defer:
     Attributes:
         due: epoch seconds of this process's clock at which it may come back; None: when its host's (or
             address's) line is free.
-        reason: ``throttled``, ``crawl_delay``, ``line`` or ``ip_line`` (``polite/deferrals/<reason>``).
+        reason: a :data:`~scrapy_polite.vocabulary.DeferralReason` (``polite/deferrals/<reason>``).
     """
 
     due: float | None
-    reason: str
+    reason: DeferralReason
 
 
 class Redefer(Exception):

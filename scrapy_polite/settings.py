@@ -5,15 +5,24 @@ crawler builds the components (:meth:`PoliteConfig.from_settings`) or Scrapy bui
 (:meth:`DNSConfig.from_settings`), and a bad value stops the crawl at start with a :class:`SettingsError`
 that names the setting, the value and the accepted form — never a silently unpaced or unfiltered crawl.
 
-The forms accepted are what Scrapy users write in ``settings.py`` and pass with ``-s`` on the command line:
+Every value is read by Scrapy's own getters (``getbool``, ``getint``, ``getfloat``, ``getlist``, ``getdict``;
+a plain mapping is copied into a ``BaseSettings`` first, :func:`as_settings`), their ``ValueError`` or
+``TypeError`` becoming a :class:`SettingsError` that names the setting. Where a getter takes more than the
+setting means, our check follows it: a duration is finite and ``>= 0``
+(:func:`~scrapy_polite.vocabulary.parse_seconds`: ``getfloat`` takes ``'nan'`` and ``-1``), a count is whole
+(``getint`` truncates ``2.5``), a dict is a dict or a JSON object (``getdict`` takes a list of pairs). So the
+forms accepted are what Scrapy users write in ``settings.py`` and pass with ``-s`` on the command line:
 
 * a list setting (``POLITE_ALLOWED_NETWORKS``, ``POLITE_DNS_NAMESERVERS``, ``POLITE_THROTTLE_STATUSES``):
   a Python list or tuple, a comma-separated string (``-s POLITE_ALLOWED_NETWORKS=127.0.0.0/8,::1/128``,
-  as Scrapy's ``getlist``) or a JSON list (``-s 'POLITE_ALLOWED_NETWORKS=["127.0.0.0/8"]'``, ``[]``);
+  as ``getlist``, with items stripped and empty ones dropped) or a JSON list
+  (``-s 'POLITE_ALLOWED_NETWORKS=["127.0.0.0/8"]'``, ``[]``), which ``getlist`` does not read;
 * a dict setting (``POLITE_HOST_DELAYS``, ``POLITE_DNS_OVERRIDES``): a dict or a JSON object string (as
-  Scrapy's ``getdict``);
-* a boolean (``POLITE_ENABLED``, ``POLITE_ALLOW_PRIVATE``): Scrapy's ``getbool`` values, ``True``/``False``,
+  ``getdict``);
+* a boolean (``POLITE_ENABLED``, ``POLITE_ALLOW_PRIVATE``): ``getbool``'s values, ``True``/``False``,
   ``1``/``0``, ``'1'``/``'0'``, ``'True'``/``'False'``, ``'true'``/``'false'``.
+
+``POLITE_ENABLED`` is read in one place, :func:`polite_enabled`.
 
 A ``POLITE_*`` name that is not a setting (a typo such as ``POLITE_HOST_INTERVALS``) is reported by
 :func:`warn_unknown_settings`, with the closest known name.
@@ -27,18 +36,23 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
+
+from scrapy.settings import BaseSettings
 
 from .adaptive import AdaptivePolicy
 from .addresses import AddressFilter, parse_ip_literal
 from .policy import PacingPolicy, host_key
+from .vocabulary import parse_seconds
 
 __all__ = [
     "DEFAULTS",
     "DNSConfig",
+    "as_settings",
+    "polite_enabled",
     "PoliteConfig",
     "checked_handlers",
     "SettingsError",
@@ -52,6 +66,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: Every setting with its default. README.md documents each one.
 DEFAULTS: dict[str, Any] = {
@@ -102,44 +118,88 @@ class SettingsError(ValueError):
 # -- reading one value ------------------------------------------------------------------------------------
 
 
-def _raw(settings: Any, name: str) -> Any:
-    """The value of ``name`` in a Scrapy ``Settings`` or a plain mapping; its default when absent or None
-    (``Settings.get`` treats None as absent too)."""
-    value = settings.get(name)
-    return DEFAULTS[name] if value is None else value
+def as_settings(settings: Any) -> BaseSettings:
+    """``settings`` as a Scrapy ``BaseSettings``: itself, or a plain mapping (what unit tests and tools pass)
+    copied into one, so every value is read by Scrapy's own getters."""
+    if isinstance(settings, BaseSettings):
+        return settings
+    return BaseSettings(dict(settings))
 
 
-def _bool(settings: Any, name: str) -> bool:
-    """A boolean setting, with the semantics of Scrapy's ``BaseSettings.getbool``.
+def _raw(settings: BaseSettings, name: str) -> Any:
+    """The value of ``name``; its default when absent or None (``Settings.get`` treats None as absent too)."""
+    return settings.get(name, DEFAULTS.get(name))
+
+
+def _read(settings: BaseSettings, name: str, getter: Callable[[str, Any], _T], form: str) -> _T:
+    """``getter(name, default)``, one of Scrapy's ``getbool``, ``getint``, ``getfloat``, ``getlist`` or
+    ``getdict`` of ``settings``, with the default of :data:`DEFAULTS`.
+
+    Raises:
+        SettingsError: the getter's ``ValueError`` or ``TypeError`` (``OverflowError`` for an infinite
+            whole number), naming the setting, the value and ``form``, the accepted form.
+    """
+    try:
+        return getter(name, DEFAULTS.get(name))
+    except (TypeError, ValueError, OverflowError):
+        raise SettingsError(f"{name} must be {form}, got {_raw(settings, name)!r}") from None
+
+
+_BOOLEAN = "a boolean (True/False, 1/0, '1'/'0', 'True'/'False' or 'true'/'false')"
+
+
+def _bool(settings: BaseSettings, name: str) -> bool:
+    """A boolean setting, read by Scrapy's ``getbool``.
 
     Raises:
         SettingsError: a value ``getbool`` refuses (``'yes'``, ``'on'``, a list …).
     """
-    raw = _raw(settings, name)
-    try:
-        return bool(int(raw))
-    except (TypeError, ValueError):
-        if raw in ("True", "true"):
-            return True
-        if raw in ("False", "false"):
-            return False
-    raise SettingsError(f"{name} must be a boolean (True/False, 1/0, '1'/'0', 'True'/'False' or "
-                        f"'true'/'false'), got {raw!r}")
+    return _read(settings, name, settings.getbool, _BOOLEAN)
 
 
-def _seconds(settings: Any, name: str, *, minimum: float = 0.0) -> float:
-    """A duration setting in seconds, finite and ``>= minimum``.
+def polite_enabled(settings: Any) -> bool:
+    """``POLITE_ENABLED`` (default True), read by Scrapy's ``getbool``: the one place it is read (the add-on, the
+    middlewares, the extension and :meth:`PoliteConfig.from_settings` ask here).
+
+    Args:
+        settings: a Scrapy ``Settings`` or a plain mapping.
 
     Raises:
-        SettingsError: not a number, not finite, or below ``minimum``.
+        SettingsError: not a boolean; the message names the setting and the values accepted.
     """
+    return _bool(as_settings(settings), "POLITE_ENABLED")
+
+
+def _seconds(settings: BaseSettings, name: str) -> float:
+    """A duration setting in seconds, read by Scrapy's ``getfloat``, then finite and ``>= 0``
+    (:func:`~scrapy_polite.vocabulary.parse_seconds`; ``getfloat`` takes ``'nan'``, ``'inf'`` and ``-1``).
+
+    Raises:
+        SettingsError: not a number, not finite, or negative.
+    """
+    value = _read(settings, name, settings.getfloat, "a number of seconds")
+    if parse_seconds(value) is None:
+        raise SettingsError(f"{name} must be a finite number of seconds >= 0, got {_raw(settings, name)!r}")
+    return value
+
+
+def _count(settings: BaseSettings, name: str, *, what: str, minimum: int = 0, fix: str = "") -> int:
+    """A whole-number setting ``>= minimum`` (an int, or a string or float of one: ``-s NAME=1000``), read by
+    Scrapy's ``getint``; ``what`` says what it counts and ``fix`` what to do instead, for the error message.
+
+    Raises:
+        SettingsError: a bool or a fraction (which ``getint`` would truncate), a number below ``minimum``, or
+            not a number.
+    """
+    form = f"a whole number >= {minimum} ({what})"
+    value = _read(settings, name, settings.getint, form)
     raw = _raw(settings, name)
     try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not math.isfinite(value) or value < minimum:
-        raise SettingsError(f"{name} must be a finite number of seconds >= {minimum:g}, got {raw!r}")
+        whole = not isinstance(raw, bool) and float(raw) == value  # getint truncates a fraction
+    except (TypeError, ValueError, OverflowError):
+        whole = False
+    if not whole or value < minimum:
+        raise SettingsError(f"{name} must be {form}, got {raw!r}{fix}")
     return value
 
 
@@ -149,11 +209,28 @@ def _list_form(what: str, example: Sequence[str]) -> str:
             f"or a JSON list such as {json.dumps(list(example))!r}")
 
 
+def _list(settings: BaseSettings, name: str, *, what: str, example: Sequence[str]) -> list[Any]:
+    """A list setting, read by Scrapy's ``getlist`` (see :func:`parse_list_setting` for the forms)."""
+    raw = _raw(settings, name)
+    form = _list_form(what, example)
+    if isinstance(raw, str) and raw.strip().startswith("["):
+        try:
+            return list(json.loads(raw))  # valid JSON that starts with "[" is a list; getlist would split it
+        except ValueError:
+            pass  # not JSON: comma-separated after all, e.g. the nameserver "[::1]:53"
+    items = _read(settings, name, settings.getlist, form)
+    if raw is not None and not isinstance(raw, (str, list, tuple, set, frozenset)):
+        raise SettingsError(f"{name} must be {form}, got {raw!r}")  # getlist takes a dict's keys, 0 as []
+    if isinstance(raw, str):
+        return [item.strip() for item in items if item.strip()]
+    return items
+
+
 def parse_list_setting(name: str, value: Any, *, what: str, example: Sequence[str]) -> list[Any]:
-    """The items of a list setting, in the forms Scrapy users pass.
+    """The items of a list setting, in the forms Scrapy users pass, read as Scrapy's ``getlist`` reads them.
 
     Accepted: a list, tuple or set (its items, unchanged); a JSON list string (``'[]'``,
-    ``'["127.0.0.0/8"]'``); any other string is comma-separated, as Scrapy's ``getlist`` reads it, with items
+    ``'["127.0.0.0/8"]'``); any other string is comma-separated, as ``getlist`` reads it, with items
     stripped and empty ones dropped (``''`` is the empty list). A string that starts with ``[`` but is not
     valid JSON is comma-separated too, so ``'[::1]:53'`` is one item; malformed JSON such as
     ``'[127.0.0.0/8]'`` then gives an item the caller's validation refuses, with the accepted forms. None is
@@ -176,32 +253,36 @@ def parse_list_setting(name: str, value: Any, *, what: str, example: Sequence[st
     ...                    example=["127.0.0.0/8"])
     ['127.0.0.0/8', '::1/128']
     """
-    if value is None:
-        return []
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                parsed: list[Any] = json.loads(text)
-            except ValueError:
-                pass  # not JSON: comma-separated after all, e.g. the nameserver "[::1]:53"
-            else:
-                return parsed  # valid JSON that starts with "[" is always a list
-        return [part.strip() for part in text.split(",") if part.strip()]
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return list(value)
-    raise SettingsError(f"{name} must be {_list_form(what, example)}, got {value!r}")
+    return _list(BaseSettings({name: value}), name, what=what, example=example)
 
 
 def _dict_form(what: str, example: Mapping[str, Any]) -> str:
     return f"{what}: a dict such as {dict(example)!r} or a JSON object such as {json.dumps(dict(example))!r}"
 
 
-def parse_dict_setting(name: str, value: Any, *, what: str, example: Mapping[str, Any]) -> dict[Any, Any]:
-    """The entries of a dict setting, in the forms Scrapy users pass.
+def _dict(settings: BaseSettings, name: str, *, what: str, example: Mapping[str, Any]) -> dict[Any, Any]:
+    """A dict setting, read by Scrapy's ``getdict`` (see :func:`parse_dict_setting` for the forms)."""
+    raw = _raw(settings, name)
+    form = _dict_form(what, example)
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    try:
+        value = settings.getdict(name, DEFAULTS.get(name))
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"{name} is not valid JSON ({exc}), got {raw!r}; it must be {form}") from None
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name} must be {form}, got {raw!r}") from None
+    # getdict also takes a list of pairs, and a JSON list of them: not the forms this setting documents.
+    if not isinstance(raw, (str, Mapping)) or (isinstance(raw, str) and not raw.strip().startswith("{")):
+        raise SettingsError(f"{name} must be {form}, got {raw!r}")
+    return value
 
-    Accepted: a mapping (a dict, or a Scrapy ``BaseSettings``); a JSON object string, as Scrapy's
-    ``getdict`` reads it. None and ``''`` are the empty dict. The entries are not validated here.
+
+def parse_dict_setting(name: str, value: Any, *, what: str, example: Mapping[str, Any]) -> dict[Any, Any]:
+    """The entries of a dict setting, in the forms Scrapy users pass, read as Scrapy's ``getdict`` reads them.
+
+    Accepted: a mapping (a dict, or a Scrapy ``BaseSettings``); a JSON object string. None and ``''`` are
+    the empty dict. The entries are not validated here.
 
     Args:
         name: the setting's name, for the error message.
@@ -213,25 +294,11 @@ def parse_dict_setting(name: str, value: Any, *, what: str, example: Mapping[str
         a new dict of the entries.
 
     Raises:
-        SettingsError: malformed JSON, JSON that is not an object, or a value of another type; the message
-            names the setting, the value and the accepted forms.
+        SettingsError: malformed JSON, JSON that is not an object, or a value of another type (a list of
+            pairs, which ``getdict`` would take, included); the message names the setting, the value and the
+            accepted forms.
     """
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            parsed = json.loads(value)
-        except ValueError as exc:
-            raise SettingsError(f"{name} is not valid JSON ({exc}), got {value!r}; it must be "
-                                f"{_dict_form(what, example)}") from None
-        if not isinstance(parsed, dict):
-            raise SettingsError(f"{name} must be {_dict_form(what, example)}, got {value!r}")
-        return parsed
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise SettingsError(f"{name} must be {_dict_form(what, example)}, got {value!r}")
+    return _dict(BaseSettings({name: value}), name, what=what, example=example)
 
 
 # -- the address and DNS settings -------------------------------------------------------------------------
@@ -269,8 +336,12 @@ def parse_dns_overrides(value: Any) -> dict[str, tuple[str, ...]]:
         SettingsError: not a dict, malformed JSON, an empty or non-string host, or an address that is not
             an IP literal (``2130706433`` and ``0177.0.0.1`` are names, docs/spec.md §4, so they are refused here).
     """
-    entries = parse_dict_setting("POLITE_DNS_OVERRIDES", value, what="a dict of host -> list of IP addresses",
-                                 example={"api.example.test": ["127.0.0.1"]})
+    return _dns_overrides(BaseSettings({"POLITE_DNS_OVERRIDES": value}))
+
+
+def _dns_overrides(settings: BaseSettings) -> dict[str, tuple[str, ...]]:
+    entries = _dict(settings, "POLITE_DNS_OVERRIDES", what="a dict of host -> list of IP addresses",
+                    example={"api.example.test": ["127.0.0.1"]})
     overrides: dict[str, tuple[str, ...]] = {}
     for host, raw_addresses in entries.items():
         name = normalise_dns_name(host) if isinstance(host, str) else ""
@@ -322,12 +393,12 @@ def parse_nameserver(entry: str) -> tuple[str, int]:
     return host, port
 
 
-def _address_filter(settings: Any) -> AddressFilter:
+def _address_filter(settings: BaseSettings) -> AddressFilter:
     allow_private = _bool(settings, "POLITE_ALLOW_PRIVATE")
     raw = _raw(settings, "POLITE_ALLOWED_NETWORKS")
     form = _list_form("a list of CIDR networks", ["127.0.0.0/8", "::1/128"])
-    networks = parse_list_setting("POLITE_ALLOWED_NETWORKS", raw, what="a list of CIDR networks",
-                                  example=["127.0.0.0/8", "::1/128"])
+    networks = _list(settings, "POLITE_ALLOWED_NETWORKS", what="a list of CIDR networks",
+                     example=["127.0.0.0/8", "::1/128"])
     try:
         return AddressFilter(allow_private=allow_private, allowed_networks=networks)
     except ValueError as exc:
@@ -367,11 +438,12 @@ class DNSConfig:
                 ``POLITE_DNS_OVERRIDES`` entry or ``POLITE_DNS_NAMESERVERS`` entry; a
                 ``POLITE_DNS_TIMEOUT`` <= 0; a negative TTL or ``POLITE_DNS_MIN_TTL > POLITE_DNS_MAX_TTL``.
         """
+        settings = as_settings(settings)
         address_filter = _address_filter(settings)
-        overrides = parse_dns_overrides(_raw(settings, "POLITE_DNS_OVERRIDES"))
-        entries = parse_list_setting("POLITE_DNS_NAMESERVERS", _raw(settings, "POLITE_DNS_NAMESERVERS"),
-                                     what="a list of nameserver IP addresses with an optional port",
-                                     example=["127.0.0.1:5353", "[::1]:53"])
+        overrides = _dns_overrides(settings)
+        entries = _list(settings, "POLITE_DNS_NAMESERVERS",
+                        what="a list of nameserver IP addresses with an optional port",
+                        example=["127.0.0.1:5353", "[::1]:53"])
         nameservers = tuple(parse_nameserver(entry) for entry in entries)
         timeout = _seconds(settings, "POLITE_DNS_TIMEOUT")
         if timeout <= 0:
@@ -396,10 +468,9 @@ def _status(value: Any) -> int:
     return int(value)
 
 
-def _throttle_statuses(settings: Any) -> frozenset[int]:
+def _throttle_statuses(settings: BaseSettings) -> frozenset[int]:
     raw = _raw(settings, "POLITE_THROTTLE_STATUSES")
-    items = parse_list_setting("POLITE_THROTTLE_STATUSES", raw, what="a list of HTTP status codes",
-                               example=["429", "503"])
+    items = _list(settings, "POLITE_THROTTLE_STATUSES", what="a list of HTTP status codes", example=["429", "503"])
     # A plain string may also separate the codes with spaces ("429 503"), as it always could.
     items = [part for item in items for part in (item.split() if isinstance(item, str) else [item])]
     try:
@@ -415,24 +486,20 @@ def _throttle_statuses(settings: Any) -> frozenset[int]:
     return statuses
 
 
-def _host_delays(settings: Any) -> dict[str, float]:
-    raw_delays = parse_dict_setting("POLITE_HOST_DELAYS", _raw(settings, "POLITE_HOST_DELAYS"),
-                                    what="a dict of host -> seconds", example={"api.example.com": 5})
+def _host_delays(settings: BaseSettings) -> dict[str, float]:
+    raw_delays = _dict(settings, "POLITE_HOST_DELAYS", what="a dict of host -> seconds", example={"api.example.com": 5})
     host_delays: dict[str, float] = {}
     for host, raw in raw_delays.items():
         key = host_key(f"http://{host}/") if "://" not in str(host) else host_key(str(host))
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            value = float("nan")
-        if key is None or not math.isfinite(value) or value < 0:
+        value = parse_seconds(raw)
+        if key is None or value is None:
             raise SettingsError(
                 f"POLITE_HOST_DELAYS[{host!r}] must map a host name to seconds >= 0, got {raw!r}")
         host_delays[key] = value
     return host_delays
 
 
-def _store_uri(settings: Any) -> str | None:
+def _store_uri(settings: BaseSettings) -> str | None:
     raw = _raw(settings, "POLITE_STORE")
     if isinstance(raw, os.PathLike):
         raw = os.fspath(raw)
@@ -442,7 +509,7 @@ def _store_uri(settings: Any) -> str | None:
     return raw or None
 
 
-def _store_prefix(settings: Any) -> str:
+def _store_prefix(settings: BaseSettings) -> str:
     raw = _raw(settings, "POLITE_STORE_PREFIX")
     if not isinstance(raw, str) or not raw or not raw.isprintable() or any(ch.isspace() for ch in raw):
         raise SettingsError(f"POLITE_STORE_PREFIX must be a non-empty string without spaces, the prefix of the pace "
@@ -450,40 +517,7 @@ def _store_prefix(settings: Any) -> str:
     return raw
 
 
-def _count(settings: Any, name: str, *, what: str) -> int:
-    """A whole-number setting ``>= 0`` (an int, or a string or float of one: ``-s NAME=1000``); ``what``
-    says what it counts, for the error message.
-
-    Raises:
-        SettingsError: a bool, a fraction, a negative number, or not a number.
-    """
-    raw = _raw(settings, name)
-    try:
-        value = int(raw)
-        if isinstance(raw, bool) or value != float(raw):
-            raise ValueError(raw)
-    except (TypeError, ValueError, OverflowError):
-        value = -1
-    if value < 0:
-        raise SettingsError(f"{name} must be a whole number >= 0 ({what}), got {raw!r}")
-    return value
-
-
-def _event_log_size(settings: Any) -> int:
-    raw = _raw(settings, "POLITE_EVENT_LOG_SIZE")
-    try:
-        value = int(raw)
-        if value != float(raw):
-            raise ValueError(raw)
-    except (TypeError, ValueError, OverflowError):
-        value = 0
-    if value < 1 or isinstance(raw, bool):
-        raise SettingsError(f"POLITE_EVENT_LOG_SIZE must be a whole number of events >= 1 (the most the event log "
-                            f"keeps, e.g. 100000), got {raw!r}; set POLITE_EVENT_LOG = False to keep no log")
-    return value
-
-
-def _adaptive(settings: Any) -> AdaptivePolicy | None:
+def _adaptive(settings: BaseSettings) -> AdaptivePolicy | None:
     """``POLITE_ADAPTIVE``'s rules, or None when it is off (README, "Adaptive pacing").
 
     Raises:
@@ -491,14 +525,10 @@ def _adaptive(settings: Any) -> AdaptivePolicy | None:
             with ``POLITE_ADAPTIVE`` while ``POLITE_ADAPTIVE_WITH_AUTOTHROTTLE`` is off.
     """
     on = _bool(settings, "POLITE_ADAPTIVE")
-    raw_factor = _raw(settings, "POLITE_ADAPTIVE_FACTOR")
-    try:
-        factor = float(raw_factor)
-    except (TypeError, ValueError):
-        factor = math.nan
-    if not math.isfinite(factor) or factor <= 0:
-        raise SettingsError(f"POLITE_ADAPTIVE_FACTOR must be a finite number > 0 (the interval is at least this "
-                            f"many times the host's smoothed latency), got {raw_factor!r}")
+    form = "a finite number > 0 (the interval is at least this many times the host's smoothed latency)"
+    factor = _read(settings, "POLITE_ADAPTIVE_FACTOR", settings.getfloat, form)
+    if not math.isfinite(factor) or factor <= 0:  # stricter than getfloat
+        raise SettingsError(f"POLITE_ADAPTIVE_FACTOR must be {form}, got {_raw(settings, 'POLITE_ADAPTIVE_FACTOR')!r}")
     cap = _seconds(settings, "POLITE_ADAPTIVE_MAX")
     both = _bool(settings, "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE")
     if not on:
@@ -511,18 +541,16 @@ def _adaptive(settings: Any) -> AdaptivePolicy | None:
     return AdaptivePolicy(factor=factor, cap=cap)
 
 
-def _autothrottle(settings: Any) -> bool:
-    """Whether Scrapy's ``AUTOTHROTTLE_ENABLED`` is on (False when it is absent or not a boolean)."""
-    raw = settings.get("AUTOTHROTTLE_ENABLED")
-    if raw is None:
-        return False
+def _autothrottle(settings: BaseSettings) -> bool:
+    """Whether Scrapy's ``AUTOTHROTTLE_ENABLED`` is on (False when it is absent or not a boolean: Scrapy's
+    AutoThrottle reports its own setting)."""
     try:
-        return bool(int(raw))
+        return settings.getbool("AUTOTHROTTLE_ENABLED")
     except (TypeError, ValueError):
-        return raw in ("True", "true")
+        return False
 
 
-def _frontier_key(settings: Any) -> str:
+def _frontier_key(settings: BaseSettings) -> str:
     raw = _raw(settings, "POLITE_FRONTIER_KEY")
     try:
         ok = isinstance(raw, str) and bool(raw % {"spider": "s"}) and raw.isprintable() and " " not in raw
@@ -534,7 +562,7 @@ def _frontier_key(settings: Any) -> str:
     return str(raw)
 
 
-def _scheduler_base(settings: Any) -> str | type[Any]:
+def _scheduler_base(settings: BaseSettings) -> str | type[Any]:
     raw = _raw(settings, "POLITE_SCHEDULER_BASE")
     if isinstance(raw, type) or (isinstance(raw, str) and raw.strip()):
         return raw
@@ -549,9 +577,9 @@ def checked_handlers(settings: Any) -> tuple[str, ...]:
     Raises:
         SettingsError: not a list, or an item that is neither a class nor a non-empty dotted import path.
     """
-    items = parse_list_setting("POLITE_CHECKED_HANDLERS", _raw(settings, "POLITE_CHECKED_HANDLERS"),
-                               what="a list of download handler classes or import paths",
-                               example=["myproject.handlers.MyDownloadHandler"])
+    items = _list(as_settings(settings), "POLITE_CHECKED_HANDLERS",
+                  what="a list of download handler classes or import paths",
+                  example=["myproject.handlers.MyDownloadHandler"])
     paths: list[str] = []
     for item in items:
         if isinstance(item, type):
@@ -636,7 +664,8 @@ class PoliteConfig:
                 ``AUTOTHROTTLE_ENABLED`` unless ``POLITE_ADAPTIVE_WITH_AUTOTHROTTLE`` (two pacers, one unaware
                 of the other), a ``POLITE_ADAPTIVE_FACTOR`` <= 0.
         """
-        enabled = _bool(settings, "POLITE_ENABLED")
+        settings = as_settings(settings)
+        enabled = polite_enabled(settings)
         host_interval = _seconds(settings, "POLITE_HOST_INTERVAL")
         max_backoff = _seconds(settings, "POLITE_MAX_BACKOFF")
         if max_backoff < host_interval:  # found by tests/test_fuzz.py (PacingPolicy's ValueError escaped)
@@ -681,7 +710,9 @@ class PoliteConfig:
             store_prefix=_store_prefix(settings),
             store_timeout=store_timeout,
             event_log=_bool(settings, "POLITE_EVENT_LOG"),
-            event_log_size=_event_log_size(settings),
+            event_log_size=_count(settings, "POLITE_EVENT_LOG_SIZE", minimum=1,
+                                  what="the most events the event log keeps, e.g. 100000",
+                                  fix="; set POLITE_EVENT_LOG = False to keep no log"),
             checked_handlers=checked_handlers(settings),
             shared_frontier=_bool(settings, "POLITE_SHARED_FRONTIER"),
             frontier_key=_frontier_key(settings),

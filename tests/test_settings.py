@@ -21,8 +21,10 @@ from scrapy_polite.settings import (
     DNSConfig,
     PoliteConfig,
     SettingsError,
+    as_settings,
     parse_dict_setting,
     parse_list_setting,
+    polite_enabled,
     unknown_settings,
     warn_unknown_settings,
 )
@@ -254,6 +256,14 @@ INVALID = [
     ("POLITE_DNS_TIMEOUT", "slow"),
     ("POLITE_DNS_MIN_TTL", -1),
     ("POLITE_DNS_MAX_TTL", 1, "(1 s)"),  # below the default POLITE_DNS_MIN_TTL (60)
+    # Values Scrapy's getters take but the setting does not mean: our checks after the getter refuse them.
+    ("POLITE_HOST_INTERVAL", "inf"),  # getfloat: inf
+    ("POLITE_EVENT_LOG_SIZE", 2.5),  # getint: 2
+    ("POLITE_THROTTLE_RETRIES", "1e309"),  # getint refuses it: a ValueError wrapped
+    ("POLITE_HOST_DELAYS", [["api.example.com", 5]], "got [['api.example.com', 5]]"),  # getdict: a dict of pairs
+    ("POLITE_DNS_OVERRIDES", '[["a.test", "127.0.0.1"]]'),  # getdict: a JSON list of pairs
+    ("POLITE_ALLOWED_NETWORKS", 0, "got 0"),  # getlist: []
+    ("POLITE_CHECKED_HANDLERS", {"myproject.handlers.A": 1}),  # getlist: the dict's keys
 ]
 
 DNS_SETTINGS = {"POLITE_ALLOW_PRIVATE", "POLITE_ALLOWED_NETWORKS"} | {n for n in DEFAULTS if n.startswith("POLITE_DNS")}
@@ -458,3 +468,108 @@ def test_adaptive_with_autothrottle_is_refused_unless_allowed(make):
     assert PoliteConfig.from_settings(make(AUTOTHROTTLE_ENABLED="True")).policy.adaptive is None
     assert PoliteConfig.from_settings(make(POLITE_ADAPTIVE="True",
                                            AUTOTHROTTLE_ENABLED="False")).policy.adaptive is not None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Through Scrapy's getters; POLITE_ENABLED in one place
+
+
+class RecordingSettings(Settings):
+    """A Scrapy ``Settings`` that notes which getter read which setting."""
+
+    def __init__(self, values: dict) -> None:
+        self.read: dict[str, set[str]] = {}
+        super().__init__(values)
+
+    def _note(self, getter: str, name: str) -> None:
+        self.read.setdefault(name, set()).add(getter)
+
+    def getbool(self, name, default=False):
+        self._note("getbool", name)
+        return super().getbool(name, default)
+
+    def getint(self, name, default=0):
+        self._note("getint", name)
+        return super().getint(name, default)
+
+    def getfloat(self, name, default=0.0):
+        self._note("getfloat", name)
+        return super().getfloat(name, default)
+
+    def getlist(self, name, default=None):
+        self._note("getlist", name)
+        return super().getlist(name, default)
+
+    def getdict(self, name, default=None):
+        self._note("getdict", name)
+        return super().getdict(name, default)
+
+
+#: The settings that are strings or classes, for which Scrapy has no getter but ``get``.
+NO_GETTER = {"POLITE_STORE", "POLITE_STORE_PREFIX", "POLITE_SCHEDULER_BASE", "POLITE_FRONTIER_KEY"}
+
+
+def test_every_setting_is_read_through_a_scrapy_getter():
+    """Each typed setting goes through the getter of its type (the VALID values, so every branch reads; the
+    networks comma-separated, as the JSON list form is read before getlist, below)."""
+    settings = RecordingSettings({**VALID, "POLITE_ALLOWED_NETWORKS": "10.0.0.0/8"})
+    PoliteConfig.from_settings(settings)
+    expected = {name: {"getbool"} for name, default in DEFAULTS.items() if isinstance(default, bool)}
+    expected |= {name: {"getfloat"} for name, default in DEFAULTS.items() if isinstance(default, float)}
+    expected |= {name: {"getint"} for name, default in DEFAULTS.items()
+                 if isinstance(default, int) and not isinstance(default, bool)}
+    expected |= {name: {"getlist"} for name, default in DEFAULTS.items() if isinstance(default, list)}
+    expected |= {name: {"getdict"} for name, default in DEFAULTS.items() if isinstance(default, dict)}
+    polite = {name: getters for name, getters in settings.read.items() if name.startswith("POLITE_")}
+    assert polite == expected
+    assert set(DEFAULTS) - set(polite) == NO_GETTER  # the negative control: only the string settings use get()
+    # a JSON list is the one form getlist cannot read: it is parsed before (and getlist is not asked)
+    json_list = RecordingSettings({"POLITE_ALLOWED_NETWORKS": '["127.0.0.0/8"]'})
+    assert networks(DNSConfig.from_settings(json_list)) == ["127.0.0.0/8"]
+    assert "POLITE_ALLOWED_NETWORKS" not in json_list.read
+
+
+def test_a_getter_error_is_a_settings_error_naming_the_setting():
+    """Scrapy's own ValueError (getbool's message names no setting) becomes ours, naming setting and value."""
+    with pytest.raises(ValueError, match="Supported values for boolean settings") as scrapy_error:
+        Settings({"POLITE_EVENT_LOG": "yes"}).getbool("POLITE_EVENT_LOG")
+    assert "POLITE_EVENT_LOG" not in str(scrapy_error.value)
+    with pytest.raises(SettingsError, match=r"POLITE_EVENT_LOG must be a boolean .* got 'yes'"):
+        PoliteConfig.from_settings(Settings({"POLITE_EVENT_LOG": "yes"}))
+    with pytest.raises(SettingsError, match=r"POLITE_DNS_TIMEOUT must be a number of seconds, got \[5\]"):
+        DNSConfig.from_settings(Settings({"POLITE_DNS_TIMEOUT": [5]}))  # getfloat's TypeError
+
+
+def test_as_settings_wraps_a_mapping_once():
+    settings = Settings({"POLITE_HOST_INTERVAL": 3})
+    assert as_settings(settings) is settings
+    wrapped = as_settings({"POLITE_HOST_INTERVAL": "3"})
+    assert isinstance(wrapped, BaseSettings) and wrapped.getfloat("POLITE_HOST_INTERVAL") == 3.0
+
+
+@pytest.mark.parametrize("make", [dict, cmdline], ids=["dict", "cmdline"])
+def test_polite_enabled(make):
+    assert polite_enabled(make()) is True  # the default
+    assert polite_enabled(make(POLITE_ENABLED="0")) is False
+    assert polite_enabled(make(POLITE_ENABLED="True")) is True
+    with pytest.raises(SettingsError, match="POLITE_ENABLED must be a boolean .*got 'yes'"):
+        polite_enabled(make(POLITE_ENABLED="yes"))
+
+
+def test_a_disabled_addon_installs_nothing_and_an_invalid_enabled_is_refused():
+    """The add-on asks :func:`polite_enabled` in both its hooks."""
+    off = Settings()
+    off.set("POLITE_ENABLED", "false", priority="cmdline")
+    Addon.update_pre_crawler_settings(off)
+    Addon().update_settings(off)
+    assert "scrapy_polite.middleware.PoliteDownloaderMiddleware" not in off.getdict("DOWNLOADER_MIDDLEWARES")
+    assert off.get("TWISTED_DNS_RESOLVER") != "scrapy_polite.resolver.PublicHostnameResolver"
+    bad = Settings()
+    bad.set("POLITE_ENABLED", "yes", priority="cmdline")
+    Addon.update_pre_crawler_settings(bad)  # no error here: update_settings reports it, once
+    with pytest.raises(SettingsError, match="POLITE_ENABLED"):
+        Addon().update_settings(bad)
+    on = Settings()  # the negative control: enabled, the components are installed
+    Addon.update_pre_crawler_settings(on)
+    Addon().update_settings(on)
+    assert "scrapy_polite.middleware.PoliteDownloaderMiddleware" in on.getdict("DOWNLOADER_MIDDLEWARES")

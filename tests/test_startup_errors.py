@@ -142,6 +142,15 @@ def test_the_traceback_is_logged_at_debug(tmp_path, server):
     assert "Task exception was never retrieved" not in out
 
 
+def test_an_invalid_polite_enabled_is_refused(tmp_path, server):
+    """``POLITE_ENABLED`` is read in one place (:func:`~scrapy_polite.settings.polite_enabled`): a value Scrapy's
+    ``getbool`` refuses stops the crawl with one line naming it, also in ``update_pre_crawler_settings`` (which
+    reads it first and used to let Scrapy's bare ValueError out as a traceback)."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_ENABLED=yes")
+    assert_refused(proc, server, "POLITE_ENABLED must be a boolean", "got 'yes'",
+                   "(POLITE_ENABLED is set on the command line (-s))")
+
+
 def test_a_disabled_addon_does_not_refuse(tmp_path, server):
     """POLITE_ENABLED = False turns everything off, the checks included."""
     proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_ENABLED=False",

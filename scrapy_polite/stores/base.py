@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from ..policy import HostState
+from ..vocabulary import EVENT_KINDS
 
 __all__ = [
     "Again",
@@ -94,9 +95,6 @@ class Snapshot:
     now: float
 
 
-#: The kinds of :class:`Event`, in the order a request meets them (README, "The event log").
-EVENT_KINDS = ("booking", "wait", "deferral", "response", "failure", "backoff", "robots_delay", "refusal",
-               "operator")
 
 #: ``POLITE_EVENT_LOG_SIZE``'s default: the most events one table keeps (the oldest are deleted first).
 DEFAULT_EVENTS_MAX = 100_000
