@@ -12,7 +12,7 @@ hosts with every interval 0 (as in ``bench/overhead.py``):
 
 ``PoliteScheduler.enqueue_request`` / ``next_request`` (around a trivial inner queue), the early-defer
 middleware's and the downloader middleware's ``process_request`` (the store read, the resolution from the
-resolver's cache, the booking transaction, the pin), the extension's ``response_downloaded`` handler (the
+resolver's cache, the booking transaction, the pin), the pacer's ``response_downloaded`` handler (the
 record) and the middleware's ``process_response`` (the line and the pin released).
 
 Printed: the process's CPU time per page of that path minus the same loop without the add-on (building the
@@ -107,7 +107,7 @@ async def measure(args, store: str, directory: str) -> tuple[list[float], int]:
         assert await early.process_request(request) is None
         assert await mw.process_request(request) is None
         response = HtmlResponse(url, status=200, body=BODY, request=request)
-        ext.response_downloaded(response, request)  # the extension's handler of the signal
+        pacer.response_downloaded(response, request)  # the handler of the signal (connected by the middleware)
         await mw.process_response(request, response)
 
     async def plain_page(url: str) -> None:

@@ -137,11 +137,11 @@ def build_servers(pages: int, port: int = 0) -> list[Any]:
 
 def read_pace_table(uri: str) -> list[tuple[str, Any]] | None:
     """The persisted rows, or None for a store that persists nothing (memory://)."""
-    from scrapy_polite.stores import MemoryStore, open_store
+    from scrapy_polite.stores import ProcessLocal, open_store
 
     store = open_store(uri)
     try:
-        if isinstance(store, MemoryStore):
+        if isinstance(store, ProcessLocal):
             return None
         return list(store.items())
     finally:
@@ -158,19 +158,13 @@ def write_demo_timeline(uri: str, crawler: Any, output: str, *, since: float) ->
     """Draw this crawl's events (since ``since``, epoch s) from the event log of the pace table at ``uri`` into
     ``output`` (scrapy_polite.timeline); its path, or None when there is nothing to draw or it cannot be written."""
     from scrapy_polite.pacer import find_pacer
-    from scrapy_polite.stores import MemoryStore, StoreError, open_store
+    from scrapy_polite.stores import StoreError
     from scrapy_polite.timeline import write_timeline
 
     pacer = find_pacer(crawler)
-    backend = pacer.store.store if pacer is not None else None
     try:
-        # A memory:// table lives in the crawl's own store object; any other is read again from its URI.
-        store = backend if isinstance(backend, MemoryStore) else open_store(uri)
-        try:
-            events = store.events(since=since, limit=1_000_000)
-        finally:
-            if store is not backend:
-                store.close()
+        # The crawl's own event log (a memory:// table lives in the crawl's own store object).
+        events = pacer.logged_events(since=since, limit=1_000_000) if pacer is not None else []
         if not events:
             print("\nno timeline: the event log has no events of this crawl (POLITE_EVENT_LOG = False?)")
             return None

@@ -52,25 +52,24 @@ def process_source() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-#: The next event number (:attr:`Event.seq <scrapy_polite.stores.Event.seq>`) of each ``(process id, store URI,
-#: key prefix)``: every crawler of a process that writes to one shared table shares one sequence, so the numbers
-#: a source (``machine:pid``) wrote to a table run 0, 1, 2, ... without a gap unless events were lost (a forked
-#: child, a new pid, starts its own). A table of the process's own (``memory://``) numbers its events alone.
-_SEQUENCES: dict[tuple[int, str, str], Iterator[int]] = {}
+#: The next event number (:attr:`Event.seq <scrapy_polite.stores.Event.seq>`) of each ``(process id, table name)``
+#: (:func:`~scrapy_polite.stores.table_name`: the store's URI and key prefix): every crawler of a process that
+#: writes to one shared table shares one sequence, so the numbers a source (``machine:pid``) wrote to a table run
+#: 0, 1, 2, ... without a gap unless events were lost (a forked child, a new pid, starts its own). A table of the
+#: process's own (:class:`~scrapy_polite.stores.ProcessLocal`, ``memory://``) numbers its events alone.
+_SEQUENCES: dict[tuple[int, str], Iterator[int]] = {}
 _OWN_SEQUENCES: weakref.WeakKeyDictionary[Any, Iterator[int]] = weakref.WeakKeyDictionary()
 _SEQUENCES_LOCK = threading.Lock()
 
 
-def _sequence(writer: object) -> Iterator[int]:
-    target = getattr(writer, "store", writer)  # an AsyncStore's backend
-    uri = getattr(target, "uri", None)
+def _sequence(table: str | None, writer: object) -> Iterator[int]:
     with _SEQUENCES_LOCK:
-        if not isinstance(uri, str) or uri.startswith("memory:"):
+        if table is None:
             try:
-                return _OWN_SEQUENCES.setdefault(target, itertools.count())
+                return _OWN_SEQUENCES.setdefault(writer, itertools.count())
             except TypeError:  # not weakly referenceable: this log's own numbers
                 return itertools.count()
-        key = (os.getpid(), uri, str(getattr(target, "prefix", "")))
+        key = (os.getpid(), table)
         found = _SEQUENCES.get(key)
         if found is None:
             found = _SEQUENCES[key] = itertools.count()
@@ -91,13 +90,18 @@ class EventLog:
         max_pending: batches being written at once; a batch beyond it is dropped (a store slower than the
             crawl never makes the buffer grow without bound).
         source: the process's name in the events (default :func:`process_source`).
+        table: the name of the shared table the writer writes to (:func:`~scrapy_polite.stores.table_name`):
+            the logs of one process writing to it share one numbering (:attr:`Event.seq
+            <scrapy_polite.stores.Event.seq>`); None: a table of this log's own (``memory://``), numbered alone.
     """
 
     def __init__(self, writer: EventWriter | None, clock: ClockSync, *,
                  call_later: Callable[[float, Callable[[], Any]], Any] | None = None,
                  inc: Callable[[str, float], None] | None = None, flush_interval: float = 1.0,
-                 batch_size: int = 1000, max_pending: int = 8, source: str | None = None) -> None:
+                 batch_size: int = 1000, max_pending: int = 8, source: str | None = None,
+                 table: str | None = None) -> None:
         self.writer = writer
+        self.table = table
         self.enabled = writer is not None
         self.clock = clock
         self.source = source if source is not None else process_source()
@@ -122,7 +126,7 @@ class EventLog:
 
     def _add(self, event: Event) -> None:
         if self._seq is None:
-            self._seq = _sequence(self.writer)
+            self._seq = _sequence(self.table, self.writer)
         buffer = self._buffer
         buffer.append(event._replace(seq=next(self._seq)))
         if len(buffer) >= self.batch_size:

@@ -1,9 +1,8 @@
 """The signals-driven extension (docs/spec.md §5): feeds the pace table and reports.
 
-* ``response_downloaded`` — every downloaded response's status and ``Retry-After`` go into the table
-  (before any middleware, e.g. ``RetryMiddleware``, turns a 429 into a retry);
 * ``robots_parsed`` (Scrapy ≥ 2.18) — the host's ``Crawl-delay`` / ``Request-rate`` for the crawler's
-  user agent (``ROBOTSTXT_USER_AGENT`` or ``USER_AGENT``), read with Protego, is recorded;
+  user agent (``ROBOTSTXT_USER_AGENT`` or ``USER_AGENT``), read with Protego, is recorded (unless its
+  robots.txt was answered 5xx or 429: :meth:`Pacer.robots_status <scrapy_polite.pacer.Pacer.robots_status>`);
 * ``spider_opened`` — the spider's ``crawl_delay`` attribute (seconds) becomes a per-spider override; the
   hosts that start in backoff from the persisted table are listed once at INFO, with the
   ``scrapy polite reset`` command that clears them; a progress line is logged at INFO every
@@ -16,7 +15,9 @@ At construction it refuses a crawl that cannot run safely or has an invalid sett
 (:func:`~scrapy_polite.startup.refuse_to_start`: one ERROR line, a non-zero exit status), and closes the
 pace table it opened, so that the refused process exits.
 
-Stats are under ``polite/`` (see README).
+Responses and failures are recorded by the pacer (:meth:`Pacer.response_downloaded
+<scrapy_polite.pacer.Pacer.response_downloaded>`, connected by the pacing middleware). Stats are under
+``polite/`` (see README).
 """
 
 from __future__ import annotations
@@ -26,30 +27,29 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.exceptions import CloseSpider, DontCloseSpider, IgnoreRequest, NotConfigured
+from scrapy.exceptions import CloseSpider, DontCloseSpider, NotConfigured
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.reactor import is_reactor_installed
-from twisted.internet import task, threads
+from twisted.internet import task
 
 from ._compat import fail_crawl_process
 from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, check_resolver
 from .addon import component_name as name
 from .pacer import Pacer, discard_pacer, get_pacer
-from .policy import HostState, host_key
+from .policy import host_key
 from .reactor import await_deferred, installed_reactor
 from .resolver import PublicHostnameResolver
 from .robots import robots_delay
 from .seams import ResolverNotInstalled
 from .settings import SettingsError, polite_enabled
 from .startup import leftover_settings_warning, refuse_to_start
-from .stores import SQLiteStore, StoreError
+from .stores import StoreError
 from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
 from .vocabulary import parse_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
-    from scrapy.http import Response
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,6 @@ class PoliteExtension:
     def __init__(self, crawler: Crawler, pacer: Pacer) -> None:
         self.crawler = crawler
         self.pacer = pacer
-        self._robots_status: dict[str, int] = {}
         self._progress: task.LoopingCall | None = None
 
     @classmethod
@@ -103,7 +102,6 @@ class PoliteExtension:
             discard_pacer(crawler)  # nothing the pace table started may keep the refused process alive
             raise refuse_to_start(exc, crawler.settings) from None
         ext = cls(crawler, pacer)
-        crawler.signals.connect(ext.response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(ext.robots_parsed, signal=signals.robots_parsed)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
@@ -194,13 +192,6 @@ class PoliteExtension:
         idle = self.crawler.settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
         return idle if idle > 0 else self.pacer.config.max_idle_wait
 
-    def response_received_robots(self, response: Response, request: Request, spider: Spider | None = None) -> None:
-        """Note robots.txt statuses: only a 2xx or 4xx robots.txt may change a host's recorded delay."""
-        if request.url.endswith("/robots.txt"):
-            host = host_key(request.url)
-            if host is not None:
-                self._robots_status[host] = response.status
-
     async def spider_opened(self, spider: Spider) -> None:
         self._warn_wider_address_rules()
         self._spider_delay(spider)
@@ -216,29 +207,20 @@ class PoliteExtension:
         """The ``--store`` a ``scrapy polite`` command line needs to reach this crawl's table: None when the
         project's settings name it (the command reads them too)."""
         if (self.crawler.settings.getpriority("POLITE_STORE") or 0) >= SETTINGS_PRIORITIES["spider"]:
-            return self.pacer.store.uri
+            return self.pacer.store_uri
         return None
 
     async def _list_start_backoffs(self, spider: Spider) -> None:
         """List once, at INFO, the hosts that start in backoff from the persisted table (host, cause, due),
         with the command that clears them: at start the hosts this crawl can touch (:func:`crawl_can_touch`),
         any other one when the crawl first meets it (a table shared by many crawls holds hosts this one never
-        touches). The table is read on a thread (it may be large, or remote)."""
-        backend = self.pacer.store.store
-
-        def scan() -> tuple[float, list[tuple[str, HostState]]]:
-            now = backend.now()
-            if isinstance(backend, SQLiteStore):  # one query: a table of a million hosts is not read whole
-                return now, list(backend.backing_off(now))
-            return now, [(key, state) for key, state in backend.items()
-                         if not key.startswith("ip:") and state.consec > 0 and state.next_allowed > now]
-
+        touches). The table is read on a thread (:meth:`Pacer.hosts_in_backoff
+        <scrapy_polite.pacer.Pacer.hosts_in_backoff>`: it may be large, or remote)."""
         try:
-            store_now, rows = await await_deferred(threads.deferToThread(scan))
+            offset, rows = await self.pacer.hosts_in_backoff()
         except Exception as exc:  # only a report: the crawl goes on, its own calls meet any store error
             logger.warning("scrapy-polite: could not list the hosts in backoff at start: %s", exc)
             return
-        offset = self.pacer.clock() - store_now if self.pacer.sync.server_clock else 0.0
         report = self.pacer.report
         touchable = crawl_can_touch(spider)
         now_listed = []
@@ -250,7 +232,7 @@ class PoliteExtension:
                 now_listed.append(key)
         report.on_first_touch = self._announce_backoff
         line = format_start_backoffs({k: self.pacer.hosts[k] for k in now_listed}, now=self.pacer.clock(),
-                                     store_uri=self.pacer.store.uri, store_option=self._store_option())
+                                     store_uri=self.pacer.store_uri, store_option=self._store_option())
         if line is not None:
             logger.info("%s", line)
 
@@ -259,7 +241,7 @@ class PoliteExtension:
         counters = self.pacer.hosts.get(host)
         if counters is None:
             return
-        line = format_start_backoffs({host: counters}, now=self.pacer.clock(), store_uri=self.pacer.store.uri,
+        line = format_start_backoffs({host: counters}, now=self.pacer.clock(), store_uri=self.pacer.store_uri,
                                      store_option=self._store_option())
         if line is not None:
             logger.info("%s", line)
@@ -296,27 +278,11 @@ class PoliteExtension:
             return
         self.pacer.spider_delay = value
 
-    def response_downloaded(self, response: Response, request: Request, spider: Spider | None = None) -> None:
-        """Record the response in the pace table, and note a robots.txt response's status (one handler of
-        the signal: each handler costs a dispatch on every response)."""
-        try:
-            refusal = self.pacer.unpinned.refusal(request, response)
-            if refusal is not None:
-                # docs/spec.md §4.1: a checked handler reached a non-public address; that server's status
-                # (a 429) says nothing of the booked host: a failure, which never throttles it.
-                self.pacer.record_failure(request, IgnoreRequest(refusal))
-                return
-            if self.pacer.unpinned.foreign_response(request, response):
-                return  # the browser followed a redirect to another host: not the booked host's status
-            self.pacer.record_response(request, response)
-        finally:  # as when they were two handlers: one failing never skips the other
-            self.response_received_robots(response, request)
-
     async def robots_parsed(self, robotparser: Any, request: Request) -> None:
         host = host_key(request.url)
         if host is None:
             return
-        status = self._robots_status.get(host)
+        status = self.pacer.robots_status(host)
         if status is not None and (status >= 500 or status == 429):
             # RFC 9309 §2.3.1.4: an unreachable robots.txt says nothing new; keep the recorded delay.
             self.pacer.inc("robots/unreachable")

@@ -3,7 +3,9 @@
 Before a request it books the request on its host: the request goes now, **waits** (non-blocking, at most
 ``POLITE_MAX_WAIT`` at a time) or is **deferred** — it leaves the downloader and the
 :class:`~scrapy_polite.scheduler.PoliteScheduler` holds it until its host is due. After the response (or
-failure) is recorded by the extension, it frees the host's line for the next request. A response judged a
+failure) is recorded by the pacer (:meth:`Pacer.response_downloaded
+<scrapy_polite.pacer.Pacer.response_downloaded>`, connected here; :meth:`Pacer.after_failure
+<scrapy_polite.pacer.Pacer.after_failure>`), it frees the host's line for the next request. A response judged a
 throttle is not passed on: the same request goes back to the scheduler to be held until its host is due, up
 to ``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.retrying`), so throttles never use up
 ``RETRY_TIMES``.
@@ -77,8 +79,11 @@ class PoliteDownloaderMiddleware(_PacerComponent):
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         middleware = super().from_crawler(crawler)
+        pacer = middleware.pacer
+        # Every downloaded response is recorded as it leaves the download handler, before any middleware acts on it.
+        crawler.signals.connect(pacer.response_downloaded, signal=signals.response_downloaded)
         # A throttled page whose retries are spent is given up once its response reaches the engine.
-        crawler.signals.connect(middleware.pacer.retries.response_received, signal=signals.response_received)
+        crawler.signals.connect(pacer.response_received, signal=signals.response_received)
         return middleware
 
     async def process_request(self, request: Request) -> Request | None:
@@ -117,8 +122,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             except ResolverNotInstalled as exc:
                 raise _stopped(request, exc) from exc
             if addresses:
-                pacer.pin(request, host, addresses[0])
-                pacer.unpinned.sent(request)
+                pacer.send_to(request, host, addresses[0])
             return None
         try:
             outcome = await pacer.before_request(request, host)
@@ -131,28 +135,16 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         if outcome.serial is not None:
             request.meta[QUOTA_SERIAL_META] = outcome.serial
         if outcome.address is not None:
-            pacer.pin(request, host, outcome.address)
-            pacer.unpinned.sent(request)
+            pacer.send_to(request, host, outcome.address)
         return None
 
     async def process_response(self, request: Request, response: Response) -> Request | Response:
-        pacer = self.pacer
-        if not pacer.in_flight(request):
-            # Answered before it was booked (the HTTP cache, a middleware's own response): it leaves
-            # without a download, and its host's next request may go (docs/spec.md §5).
-            pacer.drop(request)
-            return response
-        # docs/spec.md §4.1: a checked handler reached a non-public address (asked first by the extension,
-        # which recorded it as a failure instead of the response).
-        refusal = pacer.unpinned.refusal(request, response)
-        decision = await pacer.finish(request)
-        if refusal is not None:
-            raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")
+        # The record's outcome (docs/spec.md §5); IgnoreRequest for a response from a non-public address (§4.1).
+        due = await self.pacer.after_response(request, response)
         # A throttle is not a failure (docs/spec.md §2): the same request goes back to be held until its host
         # is due, instead of reaching RetryMiddleware or the spider, while its retry budget lasts.
-        due = pacer.throttle_retry_due(request, decision)
         if due is not None:
-            _hold(pacer, request, request.meta[HOST_META], due)
+            _hold(self.pacer, request, request.meta[HOST_META], due)
             return request
         return response
 
@@ -167,13 +159,9 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             self.pacer.defer(host, due, "throttled")
             _hold(self.pacer, request, host, due)
             return request
-        if not self.pacer.in_flight(request):
-            # Dropped before it was booked (IgnoreRequest from RobotsTxtMiddleware, OffsiteMiddleware, a
-            # project's middleware, or our own refusal): it leaves, and its host is woken (docs/spec.md §5).
-            self.pacer.drop(request)
-            return None
-        self.pacer.record_failure(request, exception)
-        await self.pacer.finish(request)
+        # Recorded (docs/spec.md §2), or, dropped before it was booked (IgnoreRequest from RobotsTxtMiddleware,
+        # OffsiteMiddleware, a project's middleware, or our own refusal), only ended (§5).
+        await self.pacer.after_failure(request, exception)
         return None
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.project import data_path
+from twisted.internet import threads
 from twisted.internet.defer import Deferred
 
 from .addresses import AddressFilter
@@ -36,7 +37,7 @@ from .events import EventLog
 from .handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
 from .lifecycle import Lifecycle, Stage
 from .outage import DeferredStore, StoreGuard
-from .policy import Decision, PacingPolicy
+from .policy import Decision, HostState, PacingPolicy
 from .reactor import await_deferred, call_later, reactor_sleep
 from .recording import SERVER_SIDE_FAILURES, Recorder
 from .reporting import HostCounters, Report
@@ -45,7 +46,21 @@ from .resolver import PublicHostnameResolver
 from .retrying import ThrottleRetries
 from .seams import ClockSync, Defer, Go, HoldingScheduler, Redefer, ResolverNotInstalled
 from .settings import PoliteConfig
-from .stores import AsyncStore, StoreClosed, StoreError, StoreOptions, open_store
+from .stores import (
+    AsyncStore,
+    CallThreads,
+    Event,
+    ExpiringRows,
+    PaceStore,
+    ProcessLocal,
+    ServerClock,
+    StoreClosed,
+    StoreError,
+    StoreOptions,
+    hosts_backing_off,
+    open_store,
+    table_name,
+)
 from .vocabulary import CloseReason, DeferralReason
 
 if TYPE_CHECKING:
@@ -62,6 +77,7 @@ __all__ = [
     "discard_pacer",
     "find_pacer",
     "default_store_uri",
+    "open_pace_table",
     "Go",
     "Defer",
     "Redefer",
@@ -84,7 +100,10 @@ class Pacer:
     Args:
         crawler: the Scrapy crawler.
         config: the validated settings.
-        store: the pace table (opened; failures were raised as :class:`StoreError` already).
+        store: the pace table (opened; failures were raised as :class:`StoreError` already). What its backend
+            can do is asked here, once, of the abilities it declares (:mod:`scrapy_polite.stores.base`): a
+            server clock (:class:`~scrapy_polite.stores.ServerClock`), a table of this process's own
+            (:class:`~scrapy_polite.stores.ProcessLocal`), its name (:func:`~scrapy_polite.stores.table_name`).
         clock: this process's clock, Unix epoch seconds: the monotonic process clock (docs/spec.md §5;
             :data:`~scrapy_polite.clock.process_clock`), for every local due time, wait and timer (tests
             inject one).
@@ -98,6 +117,9 @@ class Pacer:
         self.config = config
         self.policy: PacingPolicy = config.policy
         self.store = store
+        #: The backend behind the AsyncStore: its declared abilities, the start-up listing, the events after
+        #: the crawl (the one place the pacer looks past the AsyncStore).
+        self._backend: PaceStore = store.store
         self.clock = clock
         self.failed: Exception | None = None
         #: The crawl's close has begun (:meth:`close`, :meth:`close_async`): store errors no longer stop it.
@@ -107,7 +129,7 @@ class Pacer:
         self.report = Report(crawler.stats, clock)
         #: The one owner of every paced request's stage, lines and claims (docs/spec.md §5).
         self.lifecycle = Lifecycle(inc=self.report.inc)
-        self.sync = ClockSync(clock, server_clock=bool(getattr(store.store, "server_clock", False)))
+        self.sync = ClockSync(clock, server_clock=isinstance(self._backend, ServerClock))
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)
         self.guard = StoreGuard(store, timeout=config.store_timeout, report=self.report, clock=clock,
                                 sleep=sleep or reactor_sleep)
@@ -116,7 +138,7 @@ class Pacer:
         self.table: DeferredStore = self.guard if self.sync.server_clock else store
         #: The event log (README, "The event log"): batches written beside the pace table, off the hot path.
         self.events = EventLog(store if config.event_log else None, self.sync, call_later=call_later,
-                               inc=self.report.inc)
+                               inc=self.report.inc, table=table_name(self._backend))
         self.report.events = self.events
         self.booker = Booker(config, self.table, self.lifecycle, self.resolution, self.report, self.sync,
                              sleep or reactor_sleep, self._store_failed)
@@ -133,6 +155,17 @@ class Pacer:
                                inc=self.report.inc)
 
     # -- shared state -----------------------------------------------------------------------------------
+
+    @property
+    def store_uri(self) -> str:
+        """The pace table's URI as logs and command lines name it (a password hidden)."""
+        return self.store.uri
+
+    @property
+    def server_clock(self) -> bool:
+        """The pace table's clock is a server's (:class:`~scrapy_polite.stores.ServerClock`): its times are
+        converted to this process's clock (docs/spec.md §6)."""
+        return self.sync.server_clock
 
     @property
     def scheduler(self) -> HoldingScheduler | None:
@@ -196,6 +229,12 @@ class Pacer:
     def pin(self, request: Request, host: str, address: str) -> None:
         """See :meth:`Resolution.pin <scrapy_polite.resolution.Resolution.pin>`."""
         self.resolution.pin(request, host, address)
+
+    def send_to(self, request: Request, host: str, address: str) -> None:
+        """``request`` of ``host`` goes to ``address``: pinned to it (:meth:`pin`), and counted
+        (``polite/unpinned/<handler>``) when a checked handler sends it (docs/spec.md §4.1)."""
+        self.resolution.pin(request, host, address)
+        self.unpinned.sent(request)
 
     def can_defer(self, request: Request) -> bool:
         """See :meth:`Booker.can_defer <scrapy_polite.booking.Booker.can_defer>`."""
@@ -274,14 +313,79 @@ class Pacer:
         """``request`` was booked in this pass through the downloader (its response is the host's)."""
         return self.lifecycle.stage(request) == Stage.IN_FLIGHT
 
-    # -- after a response (Recorder) --------------------------------------------------------------------
+    # -- after a download (Recorder, ThrottleRetries): the one owner of a download's outcome ------------------
+
+    def response_downloaded(self, response: Response, request: Request, spider: Any = None) -> None:
+        """``response_downloaded`` (connected by the pacing middleware): **the** place a downloaded response is
+        recorded (docs/spec.md §5), before any downloader middleware acts on it (``RetryMiddleware`` turning a
+        429 into a retry): its status, ``Retry-After`` and rate-limit fields into the table. A response a
+        checked handler got from a non-public address is recorded as a failure that never throttles, one from
+        another host than the booked one (a browser's redirect) is not recorded (docs/spec.md §4.1). A
+        robots.txt response's status is noted (:meth:`robots_status`). :meth:`after_response` then waits for
+        the record."""
+        try:
+            refusal = self.unpinned.refusal(request, response)
+            if refusal is not None:
+                # A checked handler reached a non-public address; that server's status (a 429) says nothing
+                # of the booked host: a failure, which never throttles it.
+                self.recorder.record_failure(request, IgnoreRequest(refusal))
+            elif not self.unpinned.foreign_response(request, response):
+                self.recorder.record_response(request, response)
+        finally:  # a failing record never skips the robots.txt status
+            if request.url.endswith("/robots.txt"):
+                self.recorder.robots_downloaded(request.url, response.status)
+
+    async def after_response(self, request: Request, response: Response) -> float | None:
+        """The pacing middleware's ``process_response``: wait for the response's record
+        (:meth:`response_downloaded`), then end the request's life (its lines freed, its host woken). A
+        response that answers a request before it was booked (the HTTP cache, a middleware's own response)
+        only ends it (docs/spec.md §5).
+
+        Returns:
+            When the page is to be retried (a throttle within ``POLITE_THROTTLE_RETRIES``, this process's
+            epoch seconds: docs/spec.md §2), or None: the response goes on.
+
+        Raises:
+            IgnoreRequest: a checked handler reached a non-public address (docs/spec.md §4.1).
+        """
+        if not self.in_flight(request):
+            self.drop(request)
+            return None
+        refusal = self.unpinned.refusal(request, response)  # decided when it was recorded: counted once
+        decision = await self.recorder.finish(request)
+        if refusal is not None:
+            raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")
+        return self.retries.due(request, decision)
+
+    async def after_failure(self, request: Request, exception: BaseException) -> None:
+        """The pacing middleware's ``process_exception`` (no signal carries a download's failure): record it (a
+        failure that reached the server's side counts as a throttle without Retry-After: docs/spec.md §2) and
+        end the request's life; a request dropped before it was booked (``IgnoreRequest`` from another
+        middleware, our own refusal) only ends it (docs/spec.md §5)."""
+        if not self.in_flight(request):
+            self.drop(request)
+            return
+        self.recorder.record_failure(request, exception)
+        await self.recorder.finish(request)
+
+    def response_received(self, response: Response, request: Request, spider: Any = None) -> None:
+        """``response_received`` (connected by the pacing middleware): see :meth:`ThrottleRetries.response_received
+        <scrapy_polite.retrying.ThrottleRetries.response_received>` (a page whose throttle retries are spent is
+        given up)."""
+        self.retries.response_received(response, request)
+
+    def robots_status(self, host: str) -> int | None:
+        """The status of the host's last downloaded robots.txt (None: none was downloaded)."""
+        return self.recorder.robots_statuses.get(host)
 
     def record_response(self, request: Request, response: Response) -> Deferred[Any] | None:
-        """See :meth:`Recorder.record_response <scrapy_polite.recording.Recorder.record_response>`."""
+        """See :meth:`Recorder.record_response <scrapy_polite.recording.Recorder.record_response>` (the crawl
+        records through :meth:`response_downloaded`)."""
         return self.recorder.record_response(request, response)
 
     def record_failure(self, request: Request, exception: BaseException) -> Deferred[Any] | None:
-        """See :meth:`Recorder.record_failure <scrapy_polite.recording.Recorder.record_failure>`."""
+        """See :meth:`Recorder.record_failure <scrapy_polite.recording.Recorder.record_failure>` (the crawl
+        records through :meth:`after_failure`)."""
         return self.recorder.record_failure(request, exception)
 
     async def finish(self, request: Request) -> Decision | None:
@@ -299,6 +403,45 @@ class Pacer:
     def set_crawl_delay(self, host: str, delay: float | None) -> Deferred[Any]:
         """See :meth:`Recorder.set_crawl_delay <scrapy_polite.recording.Recorder.set_crawl_delay>`."""
         return self.recorder.set_crawl_delay(host, delay)
+
+    # -- the table's contents ----------------------------------------------------------------------------
+
+    async def hosts_in_backoff(self) -> tuple[float, list[tuple[str, HostState]]]:
+        """The hosts the pace table holds in backoff now (:func:`~scrapy_polite.stores.hosts_backing_off`: one
+        query when the store has it, else a scan), read on a thread (the table may be large, or remote).
+
+        Returns:
+            ``(offset, rows)``: ``offset`` (seconds) turns the table's times into this process's clock (0
+            unless the table has a server clock), ``rows`` the ``(host, state)`` rows sorted by host.
+
+        Raises:
+            StoreError: the table cannot be read.
+        """
+        backend = self._backend
+
+        def scan() -> tuple[float, list[tuple[str, HostState]]]:
+            now = backend.now()
+            return now, hosts_backing_off(backend, now)
+
+        store_now, rows = await await_deferred(threads.deferToThread(scan))
+        return (self.clock() - store_now if self.sync.server_clock else 0.0), rows
+
+    def logged_events(self, since: float | None = None, limit: int = 1_000_000) -> list[Event]:
+        """The pace table's event log (:meth:`PaceStore.events <scrapy_polite.stores.PaceStore.events>`),
+        blocking: for after the crawl, whose close closed the table. A table of this process's own
+        (:class:`~scrapy_polite.stores.ProcessLocal`, ``memory://``) is read from the crawl's own rows, any
+        other is opened again from its URI for the read.
+
+        Raises:
+            StoreError: the table cannot be opened or read.
+        """
+        if isinstance(self._backend, ProcessLocal):
+            return self._backend.events(since=since, limit=limit)
+        store = open_store(self.config.store_uri or default_store_uri(), store_options(self.config))
+        try:
+            return store.events(since=since, limit=limit)
+        finally:
+            store.close()
 
     # -- reporting and failures -------------------------------------------------------------------------
 
@@ -345,7 +488,7 @@ class Pacer:
         try:
             await await_deferred(self.guard.close_async())
         except Exception:
-            logger.warning("scrapy-polite: the pace table %s did not close cleanly", self.store.uri, exc_info=True)
+            logger.warning("scrapy-polite: the pace table %s did not close cleanly", self.store_uri, exc_info=True)
 
 
 def close_spider_soon(crawler: Crawler, reason: CloseReason) -> None:
@@ -372,6 +515,35 @@ def default_store_uri() -> str:
     return f"sqlite:///{os.path.abspath(path)}"
 
 
+def store_options(config: PoliteConfig) -> StoreOptions:
+    """The options the ``POLITE_STORE_*`` settings give a backend (docs/spec.md §6)."""
+    return StoreOptions(prefix=config.store_prefix, timeout=config.store_timeout, expire=config.store_expire,
+                        events_max=config.event_log_size)
+
+
+def open_pace_table(uri: str, options: StoreOptions) -> AsyncStore:
+    """Open the pace table ``uri`` names (:func:`~scrapy_polite.stores.open_store`) for a crawl: its stale rows
+    swept unless they expire on their own (:class:`~scrapy_polite.stores.ExpiringRows`; else rows idle for
+    ``options.expire`` seconds whose ``next_allowed`` has passed are removed), wrapped in an
+    :class:`~scrapy_polite.stores.AsyncStore` with as many threads as the backend declares
+    (:class:`~scrapy_polite.stores.CallThreads`; else one). docs/spec.md §6.
+
+    Raises:
+        StoreError: the table cannot be opened or swept (the backend is closed again).
+    """
+    backend = open_store(uri, options)
+    try:
+        expired = 0 if isinstance(backend, ExpiringRows) else backend.expire(backend.now() - options.expire)
+        if expired:
+            logger.info("scrapy-polite: expired %d stale hosts from %s", expired, backend.uri)
+        logger.info("scrapy-polite: pace table %s", backend.uri)
+        # A server store (Redis) is called from a few threads: each call is network I/O.
+        return AsyncStore(backend, threads=backend.threads if isinstance(backend, CallThreads) else 1)
+    except BaseException:
+        backend.close()
+        raise
+
+
 def _modes(crawler: Crawler) -> dict[str, Any]:
     """Each scheme's handler mode; {} for a handler the add-on would have refused (the middleware used
     without the add-on: nothing to count)."""
@@ -395,23 +567,11 @@ def get_pacer(crawler: Crawler) -> Pacer:
     pacer = _PACERS.get(crawler)
     if pacer is None:
         config = PoliteConfig.from_settings(crawler.settings)
-        uri = config.store_uri or default_store_uri()
-        backend = open_store(uri, StoreOptions(prefix=config.store_prefix, timeout=config.store_timeout,
-                                               expire=config.store_expire, events_max=config.event_log_size))
-        try:  # a store whose rows expire on their own (Redis key TTLs) needs no sweep of the whole table
-            expired = 0 if getattr(backend, "expires_rows", False) else backend.expire(
-                backend.now() - config.store_expire)
-        except StoreError:
-            backend.close()
-            raise
-        if expired:
-            logger.info("scrapy-polite: expired %d stale hosts from %s", expired, backend.uri)
-        logger.info("scrapy-polite: pace table %s", backend.uri)
-        # A server store (Redis) is called from a few threads: each call is network I/O.
+        store = open_pace_table(config.store_uri or default_store_uri(), store_options(config))
         try:
-            pacer = Pacer(crawler, config, AsyncStore(backend, threads=getattr(backend, "threads", 1)))
+            pacer = Pacer(crawler, config, store)
         except BaseException:
-            backend.close()
+            store.close()
             raise
         _PACERS[crawler] = pacer
     return pacer
@@ -427,7 +587,7 @@ def discard_pacer(crawler: Crawler) -> None:
     try:
         pacer.close()
     except Exception:
-        logger.debug("scrapy-polite: the pace table %s did not close cleanly", pacer.store.uri, exc_info=True)
+        logger.debug("scrapy-polite: the pace table %s did not close cleanly", pacer.store_uri, exc_info=True)
 
 
 def find_pacer(crawler: Crawler) -> Pacer | None:

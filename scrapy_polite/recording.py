@@ -27,6 +27,7 @@ from .policy import (
     InvalidRetryAfter,
     PacingPolicy,
     RateLimitDecision,
+    host_key,
     ip_key,
     parse_retry_after,
 )
@@ -113,6 +114,15 @@ class Recorder:
         self._unlined: weakref.WeakKeyDictionary[Any, defer.Deferred[Any]] = weakref.WeakKeyDictionary()
         #: Hosts whose malformed rate-limit fields, or clamped quota, were logged (once per host and field).
         self._ratelimit_logged: set[tuple[str, str]] = set()
+        #: host → the status of its last downloaded robots.txt: only a 2xx or 4xx one may change the host's
+        #: recorded delay (RFC 9309 §2.3.1.4; :meth:`robots_downloaded`).
+        self.robots_statuses: dict[str, int] = {}
+
+    def robots_downloaded(self, url: str, status: int) -> None:
+        """Note the status of a downloaded robots.txt (``url``) for its host (:attr:`robots_statuses`)."""
+        host = host_key(url)
+        if host is not None:
+            self.robots_statuses[host] = status
 
     def record_response(self, request: Request, response: Response) -> defer.Deferred[Any] | None:
         """Feed a downloaded response's status and Retry-After into the table (docs/spec.md §2).

@@ -3,7 +3,9 @@
 * :mod:`.base` — :class:`PaceStore` (the protocol, the event log's ``append_events`` / ``events`` included),
   :class:`Event`, :class:`Snapshot`, :class:`StoreError`, :class:`StoreBusy`, :class:`StoreClosed`,
   :class:`StoreOptions`, and :class:`SteppedStore` / :class:`UpdateSteps` / :class:`Again` (updates run step
-  by step, Redis's);
+  by step, Redis's); the optional abilities a backend declares (:class:`ServerClock`, :class:`ExpiringRows`,
+  :class:`CallThreads`, :class:`BackingOffListing`, :class:`ProcessLocal`, :class:`KeyPrefixed`) and the
+  helpers that use a backend with or without them (:func:`hosts_backing_off`, :func:`table_name`);
 * :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default; ``redis``
   (optional) — ``redis://``, ``redis+cluster://``;
 * :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`;
@@ -20,9 +22,15 @@ from .base import (
     DEFAULT_EVENTS_MAX,
     EVENT_KINDS,
     Again,
+    BackingOffListing,
+    CallThreads,
     Event,
+    ExpiringRows,
+    KeyPrefixed,
     ManyUpdateFn,
     PaceStore,
+    ProcessLocal,
+    ServerClock,
     Snapshot,
     SteppedStore,
     StoreBusy,
@@ -33,6 +41,8 @@ from .base import (
     StoreUnavailable,
     UpdateFn,
     UpdateSteps,
+    hosts_backing_off,
+    table_name,
 )
 from .memory import MemoryStore
 from .registry import open_store, register_store, registered_schemes, sqlite_path
@@ -41,6 +51,12 @@ from .sqlite import SCHEMA_VERSION, SQLiteStore
 __all__ = [
     "Again",
     "AsyncStore",
+    "BackingOffListing",
+    "CallThreads",
+    "ExpiringRows",
+    "KeyPrefixed",
+    "ProcessLocal",
+    "ServerClock",
     "DEFAULT_EVENTS_MAX",
     "EVENT_KINDS",
     "Event",
@@ -59,8 +75,10 @@ __all__ = [
     "StoreUnavailable",
     "UpdateFn",
     "UpdateSteps",
+    "hosts_backing_off",
     "open_store",
     "register_store",
     "registered_schemes",
     "sqlite_path",
+    "table_name",
 ]

@@ -12,19 +12,47 @@ the transaction, so a wait for another writer's lock never books a moment in the
 **The event log** lives beside the rows (:meth:`PaceStore.append_events`, :meth:`PaceStore.events`): a bounded
 log of :class:`Event` shared by every process using the store, written in batches off the crawl's hot path
 (:mod:`scrapy_polite.events`).
+
+**Optional abilities are declared, not probed** (docs/spec.md §6, "Abilities"): a backend lists the protocols
+below among its bases (Redis), or has their members (the embedded backends: a protocol among a class's bases
+makes every ``isinstance`` against that class go through typing's slower check, and the store calls ask
+such questions on their hot path); the crawl asks ``isinstance(store, Ability)`` once, when the table is
+opened (that check costs tens of microseconds: never per call). A backend without one is used the plain way:
+
+* :class:`ServerClock` — its ``now`` is a server's clock (Redis ``TIME``): due times are converted to this
+  process's clock, outages are waited out. Without: the clock is this process's, and a store error stops
+  the crawl at once.
+* :class:`ExpiringRows` — rows expire on their own (key TTLs). Without: stale rows are swept at start
+  (:meth:`PaceStore.expire`).
+* :class:`CallThreads` — each call waits on the network: :class:`~scrapy_polite.stores.AsyncStore` runs
+  ``threads`` of them at once. Without: one store thread.
+* :class:`SteppedStore` — updates run as steps that never sleep (Redis's optimistic writes). Without: an
+  update is one call.
+* :class:`BackingOffListing` — one query lists the hosts in backoff (SQLite). Without: the rows are
+  scanned (:func:`hosts_backing_off`).
+* :class:`ProcessLocal` — the table lives in this process's memory (``memory://``): nothing is shared with
+  another process nor kept after it. Without: the table is shared, named by its URI (and key prefix).
+* :class:`KeyPrefixed` — one server holds many tables, told apart by ``prefix`` (``POLITE_STORE_PREFIX``).
+  Without: the URI alone names the table (:func:`table_name`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from ..policy import HostState
 from ..vocabulary import EVENT_KINDS
 
 __all__ = [
     "Again",
+    "BackingOffListing",
+    "CallThreads",
+    "ExpiringRows",
+    "KeyPrefixed",
+    "ProcessLocal",
+    "ServerClock",
     "EVENT_KINDS",
     "DEFAULT_EVENTS_MAX",
     "Event",
@@ -40,6 +68,8 @@ __all__ = [
     "UpdateFn",
     "UpdateSteps",
     "ManyUpdateFn",
+    "hosts_backing_off",
+    "table_name",
 ]
 
 T = TypeVar("T")
@@ -271,3 +301,99 @@ class SteppedStore(Protocol):
     def update_many_steps(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> UpdateSteps[T]:
         """:meth:`PaceStore.update_many` as steps; no I/O until the first step."""
         ...
+
+
+# -- optional abilities (docs/spec.md §6, "Abilities") ---------------------------------------------------------
+
+
+@runtime_checkable
+class ServerClock(Protocol):
+    """A store whose clock is a server's (Redis ``TIME``): its ``now`` is the one clock of every booking and
+    record across machines. The pacer converts its due times to this process's clock
+    (:class:`~scrapy_polite.seams.ClockSync`) and waits out its outages
+    (:class:`~scrapy_polite.outage.StoreGuard`, ``POLITE_STORE_TIMEOUT``). A store without it reads this
+    process's monotonic clock, and a store error stops the crawl at once (docs/spec.md §6).
+
+    Declared by listing it among the backend's bases (the member then has its value).
+    """
+
+    #: The declaration itself: always True.
+    server_clock: Literal[True] = True
+
+
+@runtime_checkable
+class ExpiringRows(Protocol):
+    """A store whose rows expire on their own (Redis key TTLs of ``POLITE_STORE_EXPIRE`` seconds): the
+    crawl's start does not sweep the table. A store without it is swept at start with
+    :meth:`PaceStore.expire` (rows idle for ``POLITE_STORE_EXPIRE`` seconds whose ``next_allowed`` has
+    passed)."""
+
+    #: The declaration itself: always True.
+    expires_rows: Literal[True] = True
+
+
+@runtime_checkable
+class CallThreads(Protocol):
+    """A store whose every call waits on the network: :class:`~scrapy_polite.stores.AsyncStore` runs up to
+    ``threads`` calls at once on its pool (their round trips overlap). A store without it gets one thread."""
+
+    #: Threads that may call the store at once (>= 1).
+    threads: int
+
+
+@runtime_checkable
+class BackingOffListing(Protocol):
+    """A store that lists the hosts in backoff with one query (SQLite: a table of a million hosts is not
+    read whole). A store without it is scanned with :meth:`PaceStore.items` (:func:`hosts_backing_off`)."""
+
+    def backing_off(self, now: float) -> Iterator[tuple[str, HostState]]:
+        """Every host row (no ``ip:`` key) with backoff steps (``consec > 0``) whose ``next_allowed`` is after
+        ``now`` (the store's clock, epoch seconds), sorted by key.
+
+        Raises:
+            StoreError: the table cannot be read.
+        """
+        ...
+
+
+@runtime_checkable
+class ProcessLocal(Protocol):
+    """A table that lives in this process's memory (``memory://``): no other process shares it and nothing
+    of it outlives the process, so its events are numbered alone (:attr:`Event.seq`) and there is nothing
+    to read back from its URI after the crawl. A store without it is shared, named by :func:`table_name`."""
+
+    #: The declaration itself: always True.
+    process_local: Literal[True] = True
+
+
+@runtime_checkable
+class KeyPrefixed(Protocol):
+    """A server that holds many tables, told apart by a key prefix (``POLITE_STORE_PREFIX``): the URI and
+    the prefix together name one table (:func:`table_name`). A store without it is named by its URI."""
+
+    #: The prefix of every key of this table.
+    prefix: str
+
+
+def table_name(store: PaceStore) -> str | None:
+    """The name every process that shares ``store``'s table gives it: its URI, and its key prefix when it
+    has one (:class:`KeyPrefixed`); None for a table of this process's own (:class:`ProcessLocal`)."""
+    if isinstance(store, ProcessLocal):
+        return None
+    if isinstance(store, KeyPrefixed):
+        return f"{store.uri} {store.prefix}"
+    return store.uri
+
+
+def hosts_backing_off(store: PaceStore, now: float) -> list[tuple[str, HostState]]:
+    """Every host row (no ``ip:`` key) with backoff steps whose ``next_allowed`` is after ``now`` (the store's
+    clock, epoch seconds), sorted by key: the store's own query when it has one (:class:`BackingOffListing`),
+    else a scan of its rows. Blocking (call it off the reactor).
+
+    Raises:
+        StoreError: the table cannot be read.
+    """
+    if isinstance(store, BackingOffListing):
+        return list(store.backing_off(now))
+    return [(key, state) for key, state in store.items()
+            if not key.startswith("ip:") and state.consec > 0 and state.next_allowed > now]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from ..clock import process_clock
 from ..policy import HostState
@@ -24,6 +24,9 @@ class MemoryStore:
             ``now`` never goes backwards and ignores steps of the wall clock (docs/spec.md §6; tests inject one).
         events_max: the most events its event log keeps (the oldest are dropped first).
     """
+
+    #: :class:`~scrapy_polite.stores.base.ProcessLocal`: the table lives in this process only.
+    process_local: Literal[True] = True
 
     def __init__(self, *, clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX) -> None:
         self.uri = "memory://"

@@ -65,7 +65,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
@@ -78,9 +78,14 @@ from redis.retry import Retry
 from ..policy import HostState
 from .base import (
     Again,
+    CallThreads,
     Event,
+    ExpiringRows,
+    KeyPrefixed,
     ManyUpdateFn,
+    ServerClock,
     Snapshot,
+    SteppedStore,
     StoreBusy,
     StoreCorrupt,
     StoreError,
@@ -498,7 +503,7 @@ def _event(fields: dict[bytes, bytes], stream: str, raw_id: Any) -> Event:
                            f"{exc}). Fix: delete the entry (XDEL), or the stream to start a fresh log") from None
 
 
-class RedisStore:
+class RedisStore(ServerClock, ExpiringRows, CallThreads, KeyPrefixed, SteppedStore):
     """The pace table in a Redis server or a Redis Cluster, shared by every process that uses the same URI
     and prefix (docs/spec.md §6).
 
@@ -523,9 +528,9 @@ class RedisStore:
     """
 
     #: The table's clock is the server's (``TIME``): the pacer converts its due times to this process's clock.
-    server_clock = True
+    server_clock: Literal[True] = True
     #: Rows expire on the server (key TTLs): no sweep at start is needed.
-    expires_rows = True
+    expires_rows: Literal[True] = True
     #: Threads of :class:`~scrapy_polite.stores.AsyncStore` for this backend: each call waits on the network,
     #: so two overlap their round trips; more only contend for the GIL (bench/distributed.py, 2 cores).
     threads = 2
