@@ -32,15 +32,23 @@ __all__ = ["AsyncStore"]
 
 T = TypeVar("T")
 
+#: The most calls one group commit runs in one transaction (docs/spec.md §6, "Group commit").
+GROUP_MAX = 512
+
 
 class AsyncStore:
     """A store whose calls never block the reactor; every method returns a ``Deferred`` of its result.
 
     * :class:`~scrapy_polite.stores.memory.MemoryStore`: called inline (no I/O).
-    * :class:`~scrapy_polite.stores.sqlite.SQLiteStore`: first tried inline on a no-wait connection (a WAL
+    * :class:`~scrapy_polite.stores.sqlite.SQLiteStore`: **group commit** (docs/spec.md §6, "Group
+      commit"): the updates (and the reads behind them) made in one reactor turn wait for the next turn
+      (``callLater(0)``), then run in call order in **one** ``BEGIN IMMEDIATE`` transaction
+      (:meth:`SQLiteStore.run_group <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`, at most
+      ``group_max`` calls), each caller getting its own result or its own exception; a read with nothing
+      waiting before it runs inline at once. The group is first tried inline on a no-wait connection (a WAL
       transaction without fsync, tens of microseconds); when another writer holds the lock
-      (:class:`~scrapy_polite.stores.base.StoreBusy`), the call runs on the store's own thread, which may
-      wait for the lock; the calls made meanwhile wait on the reactor's side and then run inline again
+      (:class:`~scrapy_polite.stores.base.StoreBusy`), the whole group runs on the store's own thread, which
+      may wait for the lock; the calls made meanwhile wait on the reactor's side and then run inline again
       (one round trip through the thread, not one for every call of a busy crawl). Calls complete in call
       order. The store's thread checkpoints the WAL while the calls made meanwhile wait on the reactor's
       side (no write lands in the WAL while it is copied back, so the next write starts it over) and then
@@ -82,10 +90,11 @@ class AsyncStore:
             file near 32 MiB.
         event_chunk: the most events one inline event-log transaction writes.
         threads: size of the thread pool for backends that are not called inline.
+        group_max: the most calls one SQLite group commit runs in one transaction.
     """
 
     def __init__(self, store: PaceStore, reactor: Any = None, *, restart_frames: int = 8192,
-                 event_chunk: int = 250, threads: int = 1) -> None:
+                 event_chunk: int = 250, threads: int = 1, group_max: int = GROUP_MAX) -> None:
         if reactor is None:
             reactor = installed_reactor()
         self.store = store
@@ -119,11 +128,19 @@ class AsyncStore:
         #: Updates of a stepped store waiting on the reactor's clock for their next step: timer → result.
         self._retrying: dict[Any, defer.Deferred[Any]] = {}
         self._stepped: SteppedStore | None = None
+        #: SQLite's group commit: the calls of one reactor turn wait in ``_held`` for :meth:`_flush`.
+        self._grouped = False
+        self._group_max = max(1, group_max)
+        self._flush_turn: Any = None  # the reactor turn scheduled for the next group
+        #: Write transactions run on the pace table's file (groups, event-log chunks, calls that ran alone),
+        #: for ``bench/overhead.py``.
+        self.transactions = 0
         if isinstance(store, MemoryStore):
             self._inline = store
             return
         if isinstance(store, SQLiteStore):
             self._inline = store.nowait()
+            self._grouped = True
         elif isinstance(store, SteppedStore):
             self._stepped = store
 
@@ -137,6 +154,14 @@ class AsyncStore:
     def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
         if self._closed:
             return defer.fail(self._closed_error())
+        if self._grouped and (name in ("update", "update_many") or self._held or self._checkpointing
+                              or self._queued):
+            # Group commit: behind the calls already waiting, in the next group (a read with nothing
+            # waiting before it runs inline at once: it sees every write already delivered).
+            g: defer.Deferred[Any] = defer.Deferred()
+            self._held.append((name, args, g))
+            self._schedule_flush()
+            return g
         # Behind the checkpoint, behind an inline call handed to the thread, and behind the calls already held.
         if self._checkpointing or self._held or (self._queued and self._inline is not None):
             d: defer.Deferred[Any] = defer.Deferred()
@@ -205,6 +230,7 @@ class AsyncStore:
         length is looked at (a fresh file is as long as the WAL); a checkpoint when it passes
         ``restart_frames`` pages. After it, a checkpoint every ``_checkpoint_every`` writes."""
         self._since_checkpoint += 1
+        self.transactions += 1
         if self._checkpointing or not isinstance(self.store, SQLiteStore):
             return
         if self._learned:
@@ -243,9 +269,79 @@ class AsyncStore:
         self._drain()
         self._write_events()
 
+    def _schedule_flush(self) -> None:
+        """The next group runs on the next reactor turn, unless one is scheduled, or a checkpoint or a busy
+        group on the thread holds them (its end schedules it)."""
+        if self._flush_turn is None and not self._closed and not self._checkpointing and not self._queued:
+            self._flush_turn = self._reactor.callLater(0, self._flush)
+
+    def _flush(self) -> None:
+        """Run the waiting calls (at most ``group_max``) as one group, one transaction (docs/spec.md §6,
+        "Group commit"), inline on the no-wait connection; a group that finds another writer's lock goes
+        whole to the store's thread, which waits for it. Each caller's Deferred fires in call order."""
+        self._flush_turn = None
+        if self._closed or self._checkpointing or self._queued or not self._held or self._inline is None:
+            return
+        batch = [self._held.popleft() for _ in range(min(self._group_max, len(self._held)))]
+        calls = [(name, args) for name, args, _ in batch]
+        try:
+            outcomes = self._inline.run_group(calls)  # type: ignore[attr-defined]
+        except StoreBusy:
+            self._group_threaded(batch, calls)
+            return
+        except Exception as exc:
+            self._fail_all(batch, exc)
+        else:
+            if any(name in ("update", "update_many") for name, _ in calls):
+                self._wrote()
+            self._deliver(batch, outcomes)
+        if self._held:
+            self._schedule_flush()
+
+    @staticmethod
+    def _deliver(batch: Sequence[tuple[str, tuple[Any, ...], defer.Deferred[Any]]],
+                 outcomes: Sequence[tuple[bool, Any]]) -> None:
+        """Each caller its own result or its own exception, in call order."""
+        for (_, _, d), (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                d.callback(value)
+            else:
+                d.errback(value)
+
+    @staticmethod
+    def _fail_all(batch: Sequence[tuple[str, tuple[Any, ...], defer.Deferred[Any]]],
+                  failure: Failure | Exception) -> None:
+        """The group's transaction failed (nothing of it was written): every caller gets the error."""
+        for _, _, d in batch:
+            d.errback(failure)
+
+    def _group_threaded(self, batch: list[tuple[str, tuple[Any, ...], defer.Deferred[Any]]],
+                        calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """A group that met another writer's lock: whole on the store's thread (it waits for the lock);
+        the calls made meanwhile wait, then run inline again."""
+        self._queued += 1
+        assert isinstance(self.store, SQLiteStore)
+        d: defer.Deferred[list[tuple[bool, Any]]] = threads.deferToThreadPool(
+            self._reactor, self._start_pool(), self.store.run_group, calls)
+
+        def done(result: Any) -> None:
+            self._queued -= 1
+            if isinstance(result, Failure):
+                self._fail_all(batch, result)
+            else:
+                self.transactions += 1
+                self._deliver(batch, result)
+            if not self._queued:
+                self._drain()
+
+        d.addBoth(done)
+
     def _drain(self) -> None:
         """Run the held calls in order, inline while they can be; stop when one starts a checkpoint or is
-        handed to the thread (the rest wait for it)."""
+        handed to the thread (the rest wait for it). With group commit: the next group."""
+        if self._grouped:
+            self._schedule_flush()
+            return
         while self._held and not self._checkpointing and not (self._queued and self._inline is not None):
             name, args, d = self._held.popleft()
             self._run(name, args).chainDeferred(d)
@@ -420,6 +516,9 @@ class AsyncStore:
         if self._closed:
             return
         self._checkpointing = False
+        if self._flush_turn is not None and self._flush_turn.active():
+            self._flush_turn.cancel()
+        self._flush_turn = None
         while self._held:  # calls held behind a checkpoint or a busy call: queued on the thread, in order
             name, args, d = self._held.popleft()
             self._threaded(name, *args).chainDeferred(d)

@@ -1,6 +1,7 @@
 """``sqlite:///path``: the embedded pace table, one SQLite file in WAL mode (docs/spec.md §6).
 
-Every read-modify-write is one ``BEGIN IMMEDIATE`` transaction, so concurrent processes on one machine
+Every read-modify-write runs inside a ``BEGIN IMMEDIATE`` transaction (alone, or with the others of its
+group: :meth:`SQLiteStore.run_group`, docs/spec.md §6 "Group commit"), so concurrent processes on one machine
 never lose an update; the clock (the monotonic process clock, :data:`~scrapy_polite.clock.process_clock`)
 is read inside the transaction. The schema version is
 kept in ``PRAGMA user_version`` and older files are migrated on open, never discarded.
@@ -8,6 +9,7 @@ kept in ``PRAGMA user_version`` and older files are migrated on open, never disc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -268,6 +270,20 @@ class SQLiteStore:
             self._db.execute("ROLLBACK")
             raise
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock; rolled back when the body raises."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+
     def now(self) -> float:
         return self._clock()
 
@@ -297,42 +313,85 @@ class SQLiteStore:
 
     def update(self, key: str, fn: UpdateFn[T]) -> T:
         try:
-            with self._lock:
-                db = self._db
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    new, result = fn(_state(db.execute(_SELECT_ONE, (key,)).fetchone()), self._clock())
-                    if new is not None:
-                        db.execute(_WRITE, _row(key, new))
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
-                return result
+            with self._transaction() as db:
+                new, result = fn(_state(db.execute(_SELECT_ONE, (key,)).fetchone()), self._clock())
+                if new is not None:
+                    db.execute(_WRITE, _row(key, new))
+            return result
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
     def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
         try:
-            with self._lock:
-                db = self._db
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    states = {key: _state(db.execute(_SELECT_ONE, (key,)).fetchone()) for key in keys}
-                    new, result = fn(states, self._clock())
-                    for key, state in new.items():
-                        if key not in states:
-                            raise ValueError(f"update function wrote {key!r}, which it did not read")
-                        db.execute(_WRITE, _row(key, state))
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
-                return result
+            with self._transaction() as db:
+                states = {key: _state(db.execute(_SELECT_ONE, (key,)).fetchone()) for key in keys}
+                new, result = fn(states, self._clock())
+                for key, state in new.items():
+                    if key not in states:
+                        raise ValueError(f"update function wrote {key!r}, which it did not read")
+                    db.execute(_WRITE, _row(key, state))
+            return result
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
+
+    def run_group(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[tuple[bool, Any]]:
+        """Run several callers' calls in **one** ``BEGIN IMMEDIATE`` transaction, in order: the group commit
+        of docs/spec.md §6 ("Group commit"). Each row is read inside the transaction (after the writes of the
+        calls before it in the group), so no other process's write is overwritten with stale data; each
+        caller's function gets the store's clock read at its turn.
+
+        Args:
+            calls: ``(name, args)`` pairs, ``name`` one of ``update`` ``(key, fn)``, ``update_many``
+                ``(keys, fn)``, ``get`` ``(key,)``, ``read`` ``(keys,)``.
+
+        Returns:
+            One ``(True, result)`` or ``(False, exception)`` per call, in order. A call whose function raises
+            (or an ``update_many`` writing a key it did not read) writes nothing and gets its own exception;
+            the others' writes commit: each function runs before its call writes anything.
+
+        Raises:
+            StoreBusy: a no-wait connection found another writer's lock (nothing ran; retry on a waiting one).
+            StoreError: the file cannot be written (the whole group is rolled back: no call took effect).
+        """
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            with self._transaction() as db:
+                for name, args in calls:
+                    outcomes.append(self._one(db, name, args))
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+        return outcomes
+
+    def _one(self, db: sqlite3.Connection, name: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
+        """One call of :meth:`run_group`, inside its transaction. A failure of the file (``sqlite3.Error``)
+        propagates: the group is rolled back."""
+        try:
+            if name == "update":
+                key, fn = args
+                new, result = fn(_state(db.execute(_SELECT_ONE, (key,)).fetchone()), self._clock())
+                if new is not None:
+                    db.execute(_WRITE, _row(key, new))
+                return True, result
+            if name == "update_many":
+                keys, many = args
+                states = {k: _state(db.execute(_SELECT_ONE, (k,)).fetchone()) for k in keys}
+                writes, result = many(states, self._clock())
+                stray = [k for k in writes if k not in states]
+                if stray:
+                    raise ValueError(f"update function wrote {stray[0]!r}, which it did not read")
+                for k, state in writes.items():
+                    db.execute(_WRITE, _row(k, state))
+                return True, result
+            if name == "get":
+                return True, _state(db.execute(_SELECT_ONE, (args[0],)).fetchone())
+            if name == "read":
+                found = {k: _state(db.execute(_SELECT_ONE, (k,)).fetchone()) for k in args[0]}
+                return True, Snapshot(found, self._clock())
+            raise ValueError(f"a group cannot run {name!r}")
+        except sqlite3.Error:
+            raise
+        except Exception as exc:  # the caller's own failure: its call wrote nothing, the group goes on
+            return False, exc
 
     def backing_off(self, now: float) -> Iterator[tuple[str, HostState]]:
         """The host rows (not ``ip:`` rows) still backing off at ``now`` (``consec > 0`` and ``next_allowed >
@@ -377,17 +436,9 @@ class SQLiteStore:
         if not events:
             return
         try:
-            with self._lock:
-                db = self._db
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    db.executemany(_EVENT_INSERT, events)
-                    db.execute(_EVENT_TRIM, (self.events_max,))
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
+            with self._transaction() as db:
+                db.executemany(_EVENT_INSERT, events)
+                db.execute(_EVENT_TRIM, (self.events_max,))
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
