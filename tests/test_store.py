@@ -237,7 +237,8 @@ def test_sqlite_migrates_a_version_1_file_keeping_its_rows_and_adding_the_event_
     db = sqlite3.connect(path)
     try:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 2
-        assert {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} == {"hosts", "events"}
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert tables == {"hosts", "events", "openers"}
     finally:
         db.close()
 
@@ -458,6 +459,82 @@ def test_sqlite_group_commit_across_processes_loses_no_update(tmp_path):
     assert all(0 < t <= updates // 10 for t in transactions), transactions  # grouped: ~80 per process
 
 
+# --------------------------------------------------------------------------------------------------
+# The crash window: an unclean stop is found at the next opening (docs/spec.md §6, "After a crash")
+# --------------------------------------------------------------------------------------------------
+
+OPEN_AND_DIE = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {root!r})
+    from scrapy_polite.stores import SQLiteStore
+    store = SQLiteStore(sys.argv[1])
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9: the table is never closed
+    elif sys.argv[2] == "close":
+        store.close()
+    else:  # stay open until told
+        print("open", flush=True)
+        sys.stdin.read()
+        store.close()
+""")
+
+
+def _opener(tmp_path, path, how):
+    script = tmp_path / "opener.py"
+    script.write_text(OPEN_AND_DIE.format(root=ROOT))
+    return subprocess.Popen([sys.executable, str(script), path, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def test_sqlite_an_unclean_stop_is_found_and_its_last_rows_are_treated_as_just_booked(tmp_path, caplog):
+    """A process killed with the table open leaves its mark: the next opening finds it, and every row changed
+    within CRASH_WINDOW seconds before its last heartbeat gets a next allowed moment at least the opening plus
+    its interval (as the row knows it), logged once. Negative controls: an older row is untouched; the next
+    opening finds nothing (the mark is gone); a clean close and a live opener leave nothing to find."""
+    from scrapy_polite.stores.sqlite import CRASH_WINDOW
+
+    path = str(tmp_path / "pace.sqlite3")
+    SQLiteStore(path).close()
+    assert SQLiteStore(path).recovery is None  # a clean close: nothing to find (and this one stays open)
+    for how in ("close", "open"):  # negative controls: closed cleanly; still running
+        proc = _opener(tmp_path, path, how)
+        if how == "open":
+            assert proc.stdout.readline().strip() == b"open"
+        check = SQLiteStore(path)
+        assert check.recovery is None, how
+        check.close()
+        proc.communicate(b"", timeout=30)
+        assert proc.returncode == 0
+    now = time.time()
+    store = SQLiteStore(path)
+    old = HostState(next_allowed=now - 50, updated=now - 60)
+    recent = HostState(next_allowed=now - 0.5, updated=now - 1.0)  # its interval, as the row knows it: 0.5 s
+    address = HostState(next_allowed=now + 1.0, updated=now - 2.0)  # 3 s
+    slow = HostState(next_allowed=now - 1.0, updated=now - 1.5, crawl_delay=4.0)  # its Crawl-delay: 4 s
+    for key, state in [("old.example", old), ("recent.example", recent), ("ip:192.0.2.1", address),
+                       ("slow.example", slow)]:
+        _put(store, key, state)
+    store.close()
+    proc = _opener(tmp_path, path, "kill")
+    proc.wait(timeout=30)
+    assert proc.returncode == -9
+    with caplog.at_level("WARNING", logger="scrapy_polite.stores.sqlite"):
+        reopened = SQLiteStore(path)
+    try:
+        found = reopened.recovery
+        assert found is not None and found.pids == (proc.pid,) and found.rows == 3
+        assert found.since == pytest.approx(found.last_seen - CRASH_WINDOW) and found.last_seen >= now
+        assert reopened.get("old.example") == old  # changed long before: untouched
+        assert reopened.get("recent.example").next_allowed >= found.opened + 0.5 - 1e-6
+        assert reopened.get("ip:192.0.2.1").next_allowed >= found.opened + 3.0 - 1e-6
+        assert reopened.get("slow.example").next_allowed >= found.opened + 4.0 - 1e-6
+        assert [r.message for r in caplog.records if "not closed" in r.message and str(proc.pid) in r.message]
+    finally:
+        reopened.close()
+    again = SQLiteStore(path)
+    assert again.recovery is None  # the mark was removed with the repair
+    again.close()
+
+
 def test_sqlite_migrates_a_version_3_file_keeping_its_rows_without_latency(tmp_path):
     """A table written before adaptive pacing (schema 3) opens, keeps its rows (no latency measured, no strain),
     and takes the new fields (docs/spec.md §2, "Adaptive pacing")."""
@@ -488,6 +565,6 @@ def test_sqlite_migrates_a_version_3_file_keeping_its_rows_without_latency(tmp_p
         s.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     finally:
         db.close()

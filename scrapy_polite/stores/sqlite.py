@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
+import socket
 import sqlite3
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -31,7 +34,9 @@ from .base import (
     UpdateFn,
 )
 
-__all__ = ["SQLiteStore", "SCHEMA_VERSION"]
+__all__ = ["CRASH_WINDOW", "Recovery", "SQLiteStore", "SCHEMA_VERSION"]
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -42,7 +47,16 @@ T = TypeVar("T")
 #: (``quota_left``, ``quota_reset``, ``quota_limit``, ``quota_window``, ``quota_serial``, ``booked``),
 #: adaptive pacing's ``latency`` and ``strain``, and the largest Retry-After of a host's throttle run
 #: (``run_retry_after``).
-SCHEMA_VERSION = 4
+#: 5: the ``openers`` table, one "running" mark per connection that opened the file (the crash window,
+#: docs/spec.md §6 "After a crash").
+SCHEMA_VERSION = 5
+
+#: Seconds before an unclean stop within which a row's change may have been lost with it (docs/spec.md §6,
+#: "After a crash"): such rows are treated as just booked when the table is next opened.
+CRASH_WINDOW = 5.0
+
+#: Seconds between two heartbeats of an opener's mark (written inside a group commit, at most this often).
+BEAT_EVERY = 1.0
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -106,8 +120,27 @@ ALTER TABLE hosts ADD COLUMN strain INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN run_retry_after REAL NOT NULL DEFAULT 0;
 """
 
+#: The "running" marks (docs/spec.md §6, "After a crash"): one row per connection that opened the file (a
+#: crawl, a command), removed by its clean close; ``beat`` is its last heartbeat (the store's clock).
+_SCHEMA_V5 = """
+CREATE TABLE IF NOT EXISTS openers (
+    token TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    machine TEXT NOT NULL,
+    opened REAL NOT NULL,
+    beat REAL NOT NULL
+) WITHOUT ROWID;
+"""
+
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5}
+
+#: An unclean stop's repair: every row changed since ``?`` (the window's start) is treated as just booked at
+#: ``?`` (the opening): its next allowed moment is at least the opening plus its interval as the row knows
+#: it (the wait its last change left, its Crawl-delay, its announced quota's interval).
+_REPAIR = ("UPDATE hosts SET next_allowed = MAX(next_allowed, :now + MAX(next_allowed - updated, crawl_delay, "
+           "ratelimit_interval, 0)), updated = MAX(updated, :now) WHERE updated >= :since")
+
 
 _EVENT_COLUMNS = ("at, kind, host, url, status, delay, due, reason, retry_after, steps, address, started, source, "
                   "interval, ip_interval, hold, seq")
@@ -123,6 +156,42 @@ if set(_HOST_FIELDS) != {f.name for f in dataclasses.fields(HostState)}:  # prag
 _COLUMNS = ", ".join(_HOST_FIELDS)
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM hosts WHERE host = ?"
 _WRITE = f"INSERT OR REPLACE INTO hosts (host, {_COLUMNS}) VALUES ({', '.join(['?'] * (len(_HOST_FIELDS) + 1))})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """What :class:`SQLiteStore` found and did when it opened a table left by an unclean stop (docs/spec.md
+    §6, "After a crash").
+
+    Attributes:
+        pids: the processes (on this machine) whose mark was left: they stopped without closing the table.
+        last_seen: the earliest last heartbeat of those marks (the store's clock, epoch seconds).
+        since: the window's start, ``last_seen - CRASH_WINDOW``: every row changed since was treated as just
+            booked.
+        opened: the opening moment (the store's clock).
+        rows: how many rows were treated as just booked.
+    """
+
+    pids: tuple[int, ...]
+    last_seen: float
+    since: float
+    opened: float
+    rows: int
+
+
+def _alive(pid: int) -> bool:
+    """The process ``pid`` runs on this machine (a zombie, killed and not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _state(row: Sequence[Any] | None) -> HostState | None:
@@ -150,6 +219,12 @@ class SQLiteStore:
             clock (docs/spec.md §6; tests inject one).
         events_max: the most events the event log keeps (``POLITE_EVENT_LOG_SIZE``); an append beyond it
             deletes the oldest.
+        mark: leave a "running" mark in the file while open, removed by :meth:`close` (docs/spec.md §6,
+            "After a crash"); the connections :meth:`nowait` and :meth:`sibling` make share their opener's.
+
+    Attributes:
+        recovery: what the opening found of an unclean stop (:class:`Recovery`), or None (every earlier
+            opener closed cleanly, or is still running).
 
     Raises:
         StoreError: the file cannot be created, opened, migrated or written (unwritable directory,
@@ -157,8 +232,14 @@ class SQLiteStore:
     """
 
     def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
-                 clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX) -> None:
+                 clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX,
+                 mark: bool = True, _token: str | None = None) -> None:
         self.path = os.path.abspath(path)
+        self.recovery: Recovery | None = None
+        #: This opener's mark in ``openers`` (None: no mark), and when its heartbeat was last written.
+        self._token = _token
+        self._owns_mark = False
+        self._beat = 0.0
         self.uri = f"sqlite:///{self.path}"
         #: Held by every use of the connection, and by :meth:`close`: a call never meets a connection being
         #: closed on another thread, and a call after the close raises :class:`StoreClosed`.
@@ -180,22 +261,66 @@ class SQLiteStore:
             self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._migrate()
-            # Prove we can write now, not halfway through the crawl (fail closed at start).
+            # Prove we can write now, not halfway through the crawl (fail closed at start); look for the
+            # marks of unclean stops and leave ours, in the same transaction.
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("COMMIT")
+            try:
+                if mark and self._token is None:
+                    self._open_mark()
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
         except (sqlite3.Error, OSError) as exc:
             raise self._error("open", exc) from exc
+
+    def _open_mark(self) -> None:
+        """Inside the opening transaction: find the marks left by processes of this machine that are gone
+        (an unclean stop: ``kill -9``, a crash, a power loss), treat every row changed within
+        :data:`CRASH_WINDOW` seconds before the earliest of their last heartbeats, or since, as just booked
+        (:data:`_REPAIR`), remove those marks and leave this opener's (docs/spec.md §6, "After a crash")."""
+        db, now, machine = self._db, self._clock(), socket.gethostname()
+        dead = [(token, pid, beat) for token, pid, beat in
+                db.execute("SELECT token, pid, beat FROM openers WHERE machine = ?", (machine,)).fetchall()
+                if pid != os.getpid() and not _alive(pid)]
+        if dead:
+            last_seen = min(beat for _, _, beat in dead)
+            since = last_seen - CRASH_WINDOW
+            rows = db.execute(_REPAIR, {"now": now, "since": since}).rowcount
+            db.executemany("DELETE FROM openers WHERE token = ?", [(token,) for token, _, _ in dead])
+            pids = tuple(sorted({pid for _, pid, _ in dead}))
+            self.recovery = Recovery(pids, last_seen, since, now, int(rows))
+            logger.warning(
+                "scrapy-polite: the pace table %s was not closed by process %s (an unclean stop, last seen %.1f s "
+                "ago): %d rows changed within %g s before it are treated as just booked (docs/spec.md §6, "
+                "\"After a crash\")", self.uri, ", ".join(map(str, pids)), max(0.0, now - last_seen), rows,
+                CRASH_WINDOW)
+        self._token = uuid.uuid4().hex
+        self._owns_mark = True
+        self._beat = now
+        db.execute("INSERT INTO openers (token, pid, machine, opened, beat) VALUES (?, ?, ?, ?, ?)",
+                   (self._token, os.getpid(), machine, now, now))
+
+    def _heartbeat(self, db: sqlite3.Connection) -> None:
+        """Inside a write transaction: refresh this opener's mark, at most every :data:`BEAT_EVERY` seconds."""
+        if self._token is None:
+            return
+        now = self._clock()
+        if now - self._beat >= BEAT_EVERY or now < self._beat:
+            self._beat = now
+            db.execute("UPDATE openers SET beat = ? WHERE token = ?", (now, self._token))
 
     def nowait(self) -> SQLiteStore:
         """A second connection to the same file that never waits for a lock: an operation that would wait
         raises :class:`StoreBusy` instead, and it never checkpoints the WAL (see :meth:`checkpoint`).
         :class:`~scrapy_polite.stores.AsyncStore` runs these on the reactor thread (tens of µs)."""
-        return SQLiteStore(self.path, nowait=True, clock=self._clock, events_max=self.events_max)
+        return SQLiteStore(self.path, nowait=True, clock=self._clock, events_max=self.events_max, _token=self._token)
 
     def sibling(self) -> SQLiteStore:
         """Another connection to the same file that waits for the lock like this one (for a thread of its
         own: :class:`~scrapy_polite.stores.AsyncStore` writes the event log through one)."""
-        return SQLiteStore(self.path, clock=self._clock, events_max=self.events_max)
+        return SQLiteStore(self.path, clock=self._clock, events_max=self.events_max, mark=False)
 
     def wal_pages(self) -> int:
         """The most pages the WAL has held since its file was made: its file's size (one ``stat``; the
@@ -358,6 +483,7 @@ class SQLiteStore:
             with self._transaction() as db:
                 for name, args in calls:
                     outcomes.append(self._one(db, name, args))
+                self._heartbeat(db)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
         return outcomes
@@ -464,8 +590,18 @@ class SQLiteStore:
         return [Event._make(row) for row in rows]
 
     def close(self) -> None:
-        """Close the connection (idempotent). It waits for a call in progress on another thread; a call
-        after it raises :class:`StoreClosed` and writes nothing."""
+        """Close the connection (idempotent), first removing this opener's "running" mark (a clean stop;
+        another opener's mark stays: docs/spec.md §6, "After a crash"). It waits for a call in progress on
+        another thread; a call after it raises :class:`StoreClosed` and writes nothing. A mark that cannot be
+        removed (the file is locked for ``timeout`` seconds, or unwritable) is left: the next opening then
+        treats the last rows as just booked, which is only more polite."""
         with self._lock:
+            if self._closed:
+                return
+            if self._owns_mark:
+                try:
+                    self._db.execute("DELETE FROM openers WHERE token = ?", (self._token,))
+                except sqlite3.Error:
+                    logger.debug("scrapy-polite: could not remove the running mark of %s", self.uri, exc_info=True)
             self._closed = True
             self._db.close()
