@@ -375,6 +375,30 @@ def test_async_store_over_memory_is_inline():
     astore.close()
 
 
+def test_async_store_builds_the_adapter_the_registry_chose_for_the_backend(tmp_path):
+    """``AsyncStore(backend)`` is the adapter registered for the backend's type (memory's, SQLite's, each
+    beside its backend), a subclass's included, and the generic threaded one for any other backend; each is
+    an AsyncStore. Negative control: a backend of no registered type is not given an embedded adapter."""
+    from scrapy_polite.stores.asyncstore import ThreadedStore, async_adapter
+    from scrapy_polite.stores.memory import AsyncMemoryStore
+    from scrapy_polite.stores.sqlite import AsyncSQLiteStore
+
+    class MyMemory(MemoryStore):
+        pass
+
+    sqlite = AsyncStore(SQLiteStore(str(tmp_path / "pace.sqlite3"), clock=lambda: T0))
+    memory, mine = AsyncStore(MemoryStore()), AsyncStore(MyMemory())
+    other = SteppedMemory([])
+    try:
+        assert type(sqlite) is AsyncSQLiteStore and type(memory) is AsyncMemoryStore
+        assert type(mine) is AsyncMemoryStore
+        assert async_adapter(other) is ThreadedStore and type(AsyncStore(other)) is ThreadedStore
+        assert all(isinstance(a, AsyncStore) for a in (sqlite, memory, mine))
+    finally:
+        for a in (sqlite, memory, mine):
+            a.close()
+
+
 # --------------------------------------------------------------------------------------------------
 # A stepped store (Redis): the waits between an update's steps are on the reactor, not on a thread
 

@@ -17,15 +17,22 @@ import socket
 import sqlite3
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from twisted.internet import defer, threads
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+
 from ..clock import process_clock
 from ..policy import HostState
+from .asyncstore import ThreadedStore
 from .base import (
     DEFAULT_EVENTS_MAX,
     Event,
     ManyUpdateFn,
+    PaceStore,
     Snapshot,
     StoreBusy,
     StoreClosed,
@@ -34,7 +41,7 @@ from .base import (
     UpdateFn,
 )
 
-__all__ = ["CRASH_WINDOW", "Recovery", "SQLiteStore", "SCHEMA_VERSION"]
+__all__ = ["AsyncSQLiteStore", "CRASH_WINDOW", "GROUP_MAX", "Recovery", "SQLiteStore", "SCHEMA_VERSION"]
 
 logger = logging.getLogger(__name__)
 
@@ -605,3 +612,322 @@ class SQLiteStore:
                     logger.debug("scrapy-polite: could not remove the running mark of %s", self.uri, exc_info=True)
             self._closed = True
             self._db.close()
+
+
+#: The most calls one group commit runs in one transaction (docs/spec.md §6, "Group commit").
+GROUP_MAX = 512
+
+#: A call waiting for its group: ``(method name, args, Deferred of the result)``.
+_Held = tuple[str, tuple[Any, ...], "defer.Deferred[Any]"]
+
+
+class AsyncSQLiteStore(ThreadedStore):
+    """SQLite's own async adapter (``AsyncStore(SQLiteStore(...))`` builds it; docs/spec.md §6, "Group commit"
+    and "Never blocking the crawl"): calls never block the reactor, every method returns a ``Deferred``.
+
+    * **Group commit**: the updates (and the reads behind them) made in one reactor turn wait for the next
+      turn (``callLater(0)``), then run in call order in **one** ``BEGIN IMMEDIATE`` transaction
+      (:meth:`SQLiteStore.run_group`, at most ``group_max`` calls), each caller getting its own result or its
+      own exception; a read with nothing waiting before it runs inline at once. The group is first tried
+      inline on a no-wait connection (a WAL transaction without fsync, tens of microseconds); when another
+      writer holds the lock (:class:`~scrapy_polite.stores.base.StoreBusy`), the whole group runs on the
+      store's own thread, which may wait for the lock; the calls made meanwhile wait on the reactor's side
+      and then run inline again. Calls complete in call order.
+    * **Checkpoints**: the store's thread checkpoints the WAL while the calls made meanwhile wait on the
+      reactor's side (no write lands in the WAL while it is copied back, so the next write starts it over;
+      the calls then form one group): first when the WAL's file has grown past ``restart_frames`` pages
+      (looked at every 250 inline writes), then after as many writes as made the WAL that long, going by the
+      pages per write the last checkpoint found. The WAL is not checkpointed more often, because each hold
+      lets Scrapy's engine start more downloads meanwhile (``bench/overhead.py``), and a checkpoint that does
+      not hold the calls never lets a busy WAL start over.
+    * **The event log** (:meth:`append_events`): inline on the no-wait connection too, in transactions of at
+      most ``event_chunk`` events, one per reactor turn (under a millisecond each), so it never holds the
+      file's write lock while the pace table's calls want it. A batch that finds another process's write
+      under way, or is still waiting at the close, is written on a connection and a thread of its own, which
+      waits for the lock. During a checkpoint the batches wait with the calls.
+
+    Args: see :class:`~scrapy_polite.stores.asyncstore.AsyncStore`; ``store`` must be a :class:`SQLiteStore`.
+    """
+
+    def __init__(self, store: PaceStore, reactor: Any = None, *, restart_frames: int = 8192,
+                 event_chunk: int = 250, threads: int = 1, group_max: int = GROUP_MAX) -> None:
+        super().__init__(store, reactor, restart_frames=restart_frames, event_chunk=event_chunk,
+                         threads=threads, group_max=group_max)
+        if not isinstance(store, SQLiteStore):
+            raise TypeError(f"AsyncSQLiteStore needs a SQLiteStore, not {type(store).__name__}")
+        self._sqlite = store
+        self._inline = store.nowait()
+        #: Calls waiting for the next group (the calls of this turn, or held behind a checkpoint or a busy
+        #: group on the thread), in call order.
+        self._held: deque[_Held] = deque()
+        self._group_max = max(1, group_max)
+        self._flush_turn: Any = None  # the reactor turn scheduled for the next group
+        #: A checkpoint runs on the thread: calls (and event batches) wait.
+        self._checkpointing = False
+        self._restart_frames = max(1, restart_frames)
+        #: Inline writes between two checkpoints (set from the WAL's pages per write at each one), and the
+        #: writes since the last one.
+        self._checkpoint_every = restart_frames
+        self._since_checkpoint = 0
+        self._learned = False  # no checkpoint yet: the WAL file's length decides the first
+        self._frames_after = 0  # the WAL's length at the last checkpoint
+        self._event_chunk = max(1, event_chunk)
+        #: Event batches waiting for the inline writer, in order: ``[events not yet written, Deferred]``.
+        self._events_waiting: deque[tuple[list[Event], defer.Deferred[None]]] = deque()
+        self._events_turn: Any = None  # the reactor turn scheduled for the next chunk
+        self._events_writing = False  # a chunk is being written (a batch appended meanwhile waits its turn)
+        self._events_on_thread = 0  # batches on the event log's thread: later ones follow them there, in order
+        self._events_pool: ThreadPool | None = None
+        self._events_store: SQLiteStore | None = None
+
+    def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
+        if self._closed:
+            return defer.fail(self._closed_error())
+        if name in ("update", "update_many") or self._held or self._checkpointing or self._queued:
+            # Group commit: behind the calls already waiting, in the next group.
+            d: defer.Deferred[Any] = defer.Deferred()
+            self._held.append((name, args, d))
+            self._schedule_flush()
+            return d
+        # A read with nothing waiting before it: inline at once (it sees every write already delivered).
+        try:
+            result = getattr(self._inline, name)(*args)
+        except StoreBusy:
+            return self._threaded(name, *args)
+        except Exception:
+            return defer.fail()
+        return defer.succeed(result)
+
+    def _schedule_flush(self) -> None:
+        """The next group runs on the next reactor turn, unless one is scheduled, or a checkpoint or a busy
+        group on the thread holds them (its end schedules it)."""
+        if self._flush_turn is None and not self._closed and not self._checkpointing and not self._queued:
+            self._flush_turn = self._reactor.callLater(0, self._flush)
+
+    def _flush(self) -> None:
+        """Run the waiting calls (at most ``group_max``) as one group, one transaction, inline on the no-wait
+        connection; a group that finds another writer's lock goes whole to the store's thread, which waits
+        for it. Each caller's Deferred fires in call order."""
+        self._flush_turn = None
+        if self._closed or self._checkpointing or self._queued or not self._held:
+            return
+        batch = [self._held.popleft() for _ in range(min(self._group_max, len(self._held)))]
+        calls = [(name, args) for name, args, _ in batch]
+        try:
+            outcomes = self._inline.run_group(calls)
+        except StoreBusy:
+            self._group_threaded(batch, calls)
+            return
+        except Exception as exc:
+            self._fail_all(batch, exc)
+        else:
+            if any(name in ("update", "update_many") for name, _ in calls):
+                self._wrote()
+            self._deliver(batch, outcomes)
+        if self._held:
+            self._schedule_flush()
+
+    @staticmethod
+    def _deliver(batch: Sequence[_Held], outcomes: Sequence[tuple[bool, Any]]) -> None:
+        """Each caller its own result or its own exception, in call order."""
+        for (_, _, d), (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                d.callback(value)
+            else:
+                d.errback(value)
+
+    @staticmethod
+    def _fail_all(batch: Sequence[_Held], failure: Failure | Exception) -> None:
+        """The group's transaction failed (nothing of it was written): every caller gets the error."""
+        for _, _, d in batch:
+            d.errback(failure)
+
+    def _group_threaded(self, batch: list[_Held], calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """A group that met another writer's lock: whole on the store's thread (it waits for the lock); the
+        calls made meanwhile wait, then run inline again."""
+        self._queued += 1
+        d: defer.Deferred[list[tuple[bool, Any]]] = threads.deferToThreadPool(
+            self._reactor, self._start_pool(), self._sqlite.run_group, calls)
+
+        def done(result: Any) -> None:
+            self._queued -= 1
+            if isinstance(result, Failure):
+                self._fail_all(batch, result)
+            else:
+                self.transactions += 1
+                self._deliver(batch, result)
+            if not self._queued:
+                self._after_thread()
+
+        d.addBoth(done)
+
+    def _after_thread(self) -> None:
+        self._schedule_flush()
+
+    def _wrote(self) -> None:
+        """One inline write landed in the WAL. Until the first checkpoint, every 250 writes the WAL file's
+        length is looked at (a fresh file is as long as the WAL); a checkpoint when it passes
+        ``restart_frames`` pages. After it, a checkpoint every ``_checkpoint_every`` writes."""
+        self._since_checkpoint += 1
+        self.transactions += 1
+        if self._checkpointing:
+            return
+        if self._learned:
+            if self._since_checkpoint >= self._checkpoint_every:
+                self._checkpoint()
+        elif self._since_checkpoint % 250 == 0 and self._sqlite.wal_pages() > self._restart_frames:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the WAL on the store's thread; calls wait on the reactor's side until it is done (no
+        write lands in the WAL meanwhile, so the next write starts it over)."""
+        if self._closed:
+            return
+        self._checkpointing = True
+        d: defer.Deferred[tuple[int, int] | None] = threads.deferToThreadPool(
+            self._reactor, self._start_pool(), self._sqlite.checkpoint)
+        d.addErrback(lambda _failure: None)  # a failed checkpoint leaves the WAL as it was; the next one retries
+        d.addCallback(self._checkpointed)
+
+    def _checkpointed(self, frames: tuple[int, int] | None) -> None:
+        """The checkpoint is done: set the writes until the next one from the pages per write it found,
+        then run the calls (and event batches) held meanwhile, in order, inline while they can be."""
+        self._checkpointing = False
+        if frames is not None and frames[0] > 0 and self._since_checkpoint > 0:
+            # Pages added since the last checkpoint: all of them when that one copied the whole WAL back
+            # (the WAL started over after it), else those past its length (it could not: it kept growing).
+            added = frames[0] - self._frames_after if frames[0] > self._frames_after else frames[0]
+            per_write = max(1.0, added / self._since_checkpoint)  # a write appends at least one page
+            # Never more often than every 1000 writes: other processes' pages count in the WAL's length.
+            self._checkpoint_every = max(1000, min(100_000, int(self._restart_frames / per_write)))
+            self._frames_after = frames[0] if frames[1] < frames[0] else 0
+            self._learned = True
+        self._since_checkpoint = 0
+        if self._closed:  # closed meanwhile: the held calls went to the thread
+            return
+        self._schedule_flush()
+        self._write_events()
+
+    def append_events(self, events: list[Event]) -> defer.Deferred[None]:
+        """Inline in chunks, one per reactor turn; a batch meeting another writer on its own thread (see the
+        class)."""
+        if self._closed:
+            return defer.fail(self._closed_error())
+        d: defer.Deferred[None] = defer.Deferred()
+        self._events_waiting.append((list(events), d))
+        if self._events_turn is None and not self._events_writing:
+            self._write_events()
+        return d
+
+    def _write_events(self) -> None:
+        """Write one chunk of the waiting event batches inline, and schedule the next reactor turn for the
+        rest. A batch that finds the lock held goes to the event log's thread, and the batches after it
+        follow it there until it is written (in order). During a checkpoint they wait for it."""
+        if self._events_turn is not None and self._events_turn.active():  # called before its turn came
+            self._events_turn.cancel()
+        self._events_turn = None
+        if self._events_writing or self._checkpointing or self._closed:
+            return
+        self._events_writing = True
+        try:
+            while self._events_waiting:
+                events, d = self._events_waiting[0]
+                if self._events_on_thread:
+                    self._events_waiting.popleft()
+                    self._events_threaded(events).chainDeferred(d)
+                    continue
+                chunk = events[:self._event_chunk]
+                try:
+                    self._inline.append_events(chunk)
+                except StoreBusy:
+                    self._events_waiting.popleft()
+                    self._events_threaded(events).chainDeferred(d)
+                    continue
+                except Exception:
+                    self._events_waiting.popleft()
+                    d.errback()
+                    continue
+                del events[:len(chunk)]
+                if not events:
+                    self._events_waiting.popleft()
+                    d.callback(None)  # a batch its callbacks append waits for the next turn
+                self._wrote()
+                break
+        finally:
+            self._events_writing = False
+        if self._events_waiting and not self._checkpointing and not self._events_on_thread:
+            self._events_turn = self._reactor.callLater(0, self._write_events)
+
+    def _events_threaded(self, events: list[Event]) -> defer.Deferred[None]:
+        """Write a batch on the event log's own connection and thread (it waits for the lock; the
+        connection is opened there too, since opening it also waits)."""
+        if self._events_pool is None:
+            self._events_pool = ThreadPool(minthreads=1, maxthreads=1, name="scrapy-polite-events")
+            self._events_pool.start()
+        self._events_on_thread += 1
+        d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._events_pool,
+                                                            self._append_on_thread, events)
+
+        def written(result: Any) -> Any:
+            self._events_on_thread -= 1
+            if not self._events_on_thread and self._events_waiting and self._events_turn is None:
+                self._write_events()  # the thread is done: inline again
+            return result
+
+        d.addBoth(written)
+        return d
+
+    def _append_on_thread(self, events: list[Event]) -> None:
+        """On the event log's thread: open its connection the first time, then append."""
+        if self._events_store is None:
+            self._events_store = self._sqlite.sibling()
+        self._events_store.append_events(events)
+
+    def _queue_held(self) -> None:
+        if self._closed:
+            return
+        self._checkpointing = False
+        if self._flush_turn is not None and self._flush_turn.active():
+            self._flush_turn.cancel()
+        self._flush_turn = None
+        while self._held:  # calls waiting for their group: queued on the thread, one by one, in order
+            name, args, d = self._held.popleft()
+            self._threaded(name, *args).chainDeferred(d)
+        if self._events_turn is not None and self._events_turn.active():
+            self._events_turn.cancel()
+        self._events_turn = None
+        while self._events_waiting:  # event batches not written yet: on the event log's thread, in order
+            events, ed = self._events_waiting.popleft()
+            self._events_threaded(events).chainDeferred(ed)
+
+    def _detach(self) -> tuple[ThreadPool | None, ...]:
+        pools = super()._detach()
+        events_pool, self._events_pool = self._events_pool, None
+        return (*pools, events_pool)
+
+    def _close_parts(self, *pools: ThreadPool | None) -> None:
+        """Join the threads (the event log's first, after the batches already queued), checkpoint, close
+        every connection; each step runs even when an earlier one failed (the first error is raised at the
+        end)."""
+        pool, events_pool = pools
+        try:
+            if events_pool is not None:
+                events_pool.stop()
+        finally:
+            try:
+                events_store, self._events_store = self._events_store, None  # its thread is done
+                if events_store is not None:
+                    events_store.close()
+            finally:
+                try:
+                    if pool is not None:
+                        pool.stop()
+                    try:
+                        self._sqlite.checkpoint()
+                    except StoreError:
+                        pass
+                finally:
+                    try:
+                        self._inline.close()
+                    finally:
+                        self._sqlite.close()
