@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 
 from scrapy_polite.held import HELD_DIR, read_held
-from scrapy_polite.stores.sqlite import SQLiteStore
+from scrapy_polite.stores.sqlite import Recovery, SQLiteStore
 from tests.support.server import Reply, page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +51,8 @@ HOSTS = [f"127.0.6.{i}" for i in range(1, 5)]
 PAGES = 12
 #: Lower-bound tolerance (seconds): clock granularity only (the child and the servers share one clock).
 TOL = 0.02
+#: POLITE_HOST_INTERVAL of the crawl (tests/support/kill_crawl.py).
+HOST_INTERVAL = 0.2
 #: Arrivals logged this soon after a run started belong to the run before (its last request, still in the
 #: socket when it was killed): no crawl process can send a request this soon after it was started.
 START_MARGIN = 0.1
@@ -75,6 +77,23 @@ def table(path: str) -> dict[str, Row] | None:
     except sqlite3.OperationalError:
         return None
     return {row[0]: tuple(row[1:]) for row in rows}  # type: ignore[misc]
+
+
+def marks(path: str) -> set[int] | None:
+    """The processes whose "running" mark is in the table (docs/spec.md §6, "After a crash"); None when it
+    cannot be read right now."""
+    if not os.path.exists(path):
+        return set()
+    try:
+        db = sqlite3.connect(path, timeout=0.5)
+        try:
+            if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'openers'").fetchone():
+                return set()
+            return {row[0] for row in db.execute("SELECT pid FROM openers")}
+        finally:
+            db.close()
+    except sqlite3.OperationalError:
+        return None
 
 
 Held = dict[str, list[str]]  # host -> the URLs held, in the order they come back
@@ -157,16 +176,19 @@ def read_report(path: str) -> dict[str, Any] | None:
         return None
 
 
-def check_store_opens(path: str, where: str) -> None:
+def check_store_opens(path: str, where: str) -> Recovery | None:
+    """The table opens whole; what its opening found of an unclean stop (and repaired: the crash window)."""
     if not os.path.exists(path):
-        return  # killed before the crawl created it
+        return None  # killed before the crawl created it
     store = SQLiteStore(path)  # migrates and takes the write lock: raises StoreError if it cannot
+    recovery = store.recovery
     store.close()
     db = sqlite3.connect(path)
     try:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok", f"{where}: the pace table is damaged"
     finally:
         db.close()
+    return recovery
 
 
 def check_survives(before: dict[str, Row], after: dict[str, Row], where: str) -> None:
@@ -188,6 +210,12 @@ def check_arrivals(servers: list[Any], start: float, end: float, baseline: dict[
     for srv in servers:
         committed = baseline.get(srv.address)
         arrivals = [a for a in srv.arrivals() if start <= a.start < end]
+        before = [a.start for a in srv.arrivals() if a.start < start]
+        if arrivals and before:  # the last request the server saw before the run, then the run's first
+            gap = min(a.start for a in arrivals) - max(before)
+            assert gap >= HOST_INTERVAL - TOL, (
+                f"{where}: {srv.address} got the run's first request {gap:.3f} s after the last one it saw, "
+                f"sooner than its interval ({HOST_INTERVAL} s)")
         if committed is not None and committed[0] > first:
             binding += 1
         for a in arrivals:
@@ -213,7 +241,7 @@ def test_kill_9_at_random_moments_loses_no_backoff_and_no_held_request(arrival_s
     baseline: dict[str, Row] = {}  # the table as the next run finds it
     held_before: Held = {}  # what the next run finds under JOBDIR
     seen: dict[str, int] = {"killed_in_startup": 0, "reports": 0, "held_at_kill": 0, "unreadable_at_kill": 0,
-                            "open_windows_at_restart": 0}
+                            "open_windows_at_restart": 0, "unclean_found": 0}
     startup = 0.0  # the longest time a run took to open its spider: kills land before and after it
     for run in range(ITERATIONS + 1):
         where = f"run {run} (POLITE_CRASH_SEED={seed})"
@@ -233,14 +261,21 @@ def test_kill_9_at_random_moments_loses_no_backoff_and_no_held_request(arrival_s
             time.sleep(rng.uniform(0.05, max(1.8, startup + 1.2)))
             proc.send_signal(signal.SIGSTOP)
             ended = time.time()
-            at_kill, held_at_kill = table(store), held(jobdir)
+            at_kill, held_at_kill, marks_at_kill = table(store), held(jobdir), marks(store)
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
         report = read_report(report_path)
         if report is not None and not final:  # the report was first written when the spider opened
             startup = max(startup, os.path.getmtime(report_path) - started)
 
-        check_store_opens(store, where)
+        recovery = check_store_opens(store, where)
+        if final:
+            assert recovery is None, f"{where}: a clean stop was taken for a crash ({recovery})"
+        elif marks_at_kill is not None:  # the crash window (docs/spec.md §6, "After a crash")
+            left = proc.pid in marks_at_kill
+            assert left == (recovery is not None and proc.pid in recovery.pids), (
+                f"{where}: mark at the kill: {left}, found at the next opening: {recovery}")
+            seen["unclean_found"] += left
         after = table(store)
         assert after is not None, f"{where}: the pace table cannot be read after the kill"
         held_after = held(jobdir)
@@ -273,5 +308,5 @@ def test_kill_9_at_random_moments_loses_no_backoff_and_no_held_request(arrival_s
     # with requests held — and restarts whose hosts were still inside a committed window (else it proves
     # little).
     assert seen["killed_in_startup"] > 0 and seen["reports"] > 0 and seen["held_at_kill"] > 0, (seen, seed)
-    assert seen["open_windows_at_restart"] > 0, (seen, seed)
+    assert seen["open_windows_at_restart"] > 0 and seen["unclean_found"] > 0, (seen, seed)
     print(f"kill -9 loop: seed {seed}, {seen}")

@@ -237,7 +237,8 @@ def test_sqlite_migrates_a_version_1_file_keeping_its_rows_and_adding_the_event_
     db = sqlite3.connect(path)
     try:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 2
-        assert {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} == {"hosts", "events"}
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert tables == {"hosts", "events", "openers"}
     finally:
         db.close()
 
@@ -395,6 +396,145 @@ def test_sqlite_concurrent_processes_lose_no_update(tmp_path):
     assert counts == {f"h{i}.example": PROCESSES * UPDATES // HOSTS for i in range(HOSTS)}
 
 
+GROUP_WORKER = textwrap.dedent("""
+    import os, sys, time
+    from dataclasses import replace
+    sys.path.insert(0, {root!r})
+    from twisted.internet import defer, task
+    from scrapy_polite.policy import HostState
+    from scrapy_polite.stores import AsyncStore, SQLiteStore
+
+    path, go, updates, rows = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+    def increment(old, now):
+        old = old or HostState()
+        return replace(old, consec=old.consec + 1), old.consec + 1
+
+    async def main(reactor):
+        astore = AsyncStore(SQLiteStore(path), reactor)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(go):  # start together, for the most contention
+            if time.monotonic() > deadline:
+                sys.exit("never told to go")
+            await task.deferLater(reactor, 0.001)
+        burst = 25  # the calls of one reactor turn: one group
+        for start in range(0, updates, burst):
+            calls = [astore.update("h%d.example" % (i % rows), increment) for i in range(start, start + burst)]
+            seen = await defer.gatherResults(calls)
+            assert all(isinstance(n, int) and n > 0 for n in seen), seen
+        print(astore.transactions)
+        await astore.close_async()
+
+    task.react(lambda reactor: defer.ensureDeferred(main(reactor)))
+""")
+
+
+def test_sqlite_group_commit_across_processes_loses_no_update(tmp_path):
+    """Four processes, each 2,000 updates of 10 shared rows through :class:`AsyncStore` (group commit on: 25
+    calls per reactor turn, one transaction each; a group meeting another process's lock goes to the thread
+    and waits): not one update lost (docs/spec.md §6, "Group commit"). Negative control: the groups were
+    groups (fewer transactions than updates)."""
+    path = str(tmp_path / "pace.sqlite3")
+    SQLiteStore(path).close()
+    script = tmp_path / "group_worker.py"
+    script.write_text(GROUP_WORKER.format(root=ROOT))
+    go = tmp_path / "go"
+    updates, rows = 2000, 10
+    workers = [subprocess.Popen([sys.executable, str(script), path, str(go), str(updates), str(rows)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for _ in range(PROCESSES)]
+    time.sleep(0.5)
+    go.write_text("go")
+    transactions = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err.decode(errors="replace")
+        transactions.append(int(out.split()[-1]))
+    store = SQLiteStore(path)
+    try:
+        counts = {host: state.consec for host, state in store.items()}
+    finally:
+        store.close()
+    assert counts == {f"h{i}.example": PROCESSES * updates // rows for i in range(rows)}  # 0 lost
+    assert all(0 < t <= updates // 10 for t in transactions), transactions  # grouped: ~80 per process
+
+
+# --------------------------------------------------------------------------------------------------
+# The crash window: an unclean stop is found at the next opening (docs/spec.md §6, "After a crash")
+# --------------------------------------------------------------------------------------------------
+
+OPEN_AND_DIE = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {root!r})
+    from scrapy_polite.stores import SQLiteStore
+    store = SQLiteStore(sys.argv[1])
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9: the table is never closed
+    elif sys.argv[2] == "close":
+        store.close()
+    else:  # stay open until told
+        print("open", flush=True)
+        sys.stdin.read()
+        store.close()
+""")
+
+
+def _opener(tmp_path, path, how):
+    script = tmp_path / "opener.py"
+    script.write_text(OPEN_AND_DIE.format(root=ROOT))
+    return subprocess.Popen([sys.executable, str(script), path, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def test_sqlite_an_unclean_stop_is_found_and_its_last_rows_are_treated_as_just_booked(tmp_path, caplog):
+    """A process killed with the table open leaves its mark: the next opening finds it, and every row changed
+    within CRASH_WINDOW seconds before its last heartbeat gets a next allowed moment at least the opening plus
+    its interval (as the row knows it), logged once. Negative controls: an older row is untouched; the next
+    opening finds nothing (the mark is gone); a clean close and a live opener leave nothing to find."""
+    from scrapy_polite.stores.sqlite import CRASH_WINDOW
+
+    path = str(tmp_path / "pace.sqlite3")
+    SQLiteStore(path).close()
+    assert SQLiteStore(path).recovery is None  # a clean close: nothing to find (and this one stays open)
+    for how in ("close", "open"):  # negative controls: closed cleanly; still running
+        proc = _opener(tmp_path, path, how)
+        if how == "open":
+            assert proc.stdout.readline().strip() == b"open"
+        check = SQLiteStore(path)
+        assert check.recovery is None, how
+        check.close()
+        proc.communicate(b"", timeout=30)
+        assert proc.returncode == 0
+    now = time.time()
+    store = SQLiteStore(path)
+    old = HostState(next_allowed=now - 50, updated=now - 60)
+    recent = HostState(next_allowed=now - 0.5, updated=now - 1.0)  # its interval, as the row knows it: 0.5 s
+    address = HostState(next_allowed=now + 1.0, updated=now - 2.0)  # 3 s
+    slow = HostState(next_allowed=now - 1.0, updated=now - 1.5, crawl_delay=4.0)  # its Crawl-delay: 4 s
+    for key, state in [("old.example", old), ("recent.example", recent), ("ip:192.0.2.1", address),
+                       ("slow.example", slow)]:
+        _put(store, key, state)
+    store.close()
+    proc = _opener(tmp_path, path, "kill")
+    proc.wait(timeout=30)
+    assert proc.returncode == -9
+    with caplog.at_level("WARNING", logger="scrapy_polite.stores.sqlite"):
+        reopened = SQLiteStore(path)
+    try:
+        found = reopened.recovery
+        assert found is not None and found.pids == (proc.pid,) and found.rows == 3
+        assert found.since == pytest.approx(found.last_seen - CRASH_WINDOW) and found.last_seen >= now
+        assert reopened.get("old.example") == old  # changed long before: untouched
+        assert reopened.get("recent.example").next_allowed >= found.opened + 0.5 - 1e-6
+        assert reopened.get("ip:192.0.2.1").next_allowed >= found.opened + 3.0 - 1e-6
+        assert reopened.get("slow.example").next_allowed >= found.opened + 4.0 - 1e-6
+        assert [r.message for r in caplog.records if "not closed" in r.message and str(proc.pid) in r.message]
+    finally:
+        reopened.close()
+    again = SQLiteStore(path)
+    assert again.recovery is None  # the mark was removed with the repair
+    again.close()
+
+
 def test_sqlite_migrates_a_version_3_file_keeping_its_rows_without_latency(tmp_path):
     """A table written before adaptive pacing (schema 3) opens, keeps its rows (no latency measured, no strain),
     and takes the new fields (docs/spec.md §2, "Adaptive pacing")."""
@@ -425,6 +565,6 @@ def test_sqlite_migrates_a_version_3_file_keeping_its_rows_without_latency(tmp_p
         s.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     finally:
         db.close()

@@ -16,11 +16,13 @@ import sqlite3
 import threading
 import time
 from dataclasses import fields, replace
+from typing import Any
 
 import pytest
 import pytest_twisted
 from twisted.internet import defer
 from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
 
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import (
@@ -324,9 +326,13 @@ async def test_async_store_returns_deferreds_of_the_results(any_store):
         astore.read(["a.example", "ip:192.0.2.1", "nope"]),
     ]
     assert all(isinstance(d, defer.Deferred) for d in calls)
-    if any_store.backend.inline_async:
+    if any_store.backend.grouped:
+        assert not any(d.called for d in calls)  # one group, committed on the next reactor turn
+    elif any_store.backend.inline_async:
         assert all(d.called for d in calls)  # inline: fired before the reactor turns
     one, many, got, snap = [await d for d in calls]
+    if any_store.backend.grouped:
+        assert astore.transactions == 1  # the four calls of the turn: one transaction
     assert (one, many, got) == ("one", ["a.example"], FULL)
     assert snap.states == {"a.example": FULL, "ip:192.0.2.1": OTHER, "nope": None}
 
@@ -367,6 +373,30 @@ def test_async_store_over_memory_is_inline():
     assert d.called and d.result == T0  # no thread, no reactor turn
     assert store.get("a.example") == FULL
     astore.close()
+
+
+def test_async_store_builds_the_adapter_the_registry_chose_for_the_backend(tmp_path):
+    """``AsyncStore(backend)`` is the adapter registered for the backend's type (memory's, SQLite's, each
+    beside its backend), a subclass's included, and the generic threaded one for any other backend; each is
+    an AsyncStore. Negative control: a backend of no registered type is not given an embedded adapter."""
+    from scrapy_polite.stores.asyncstore import ThreadedStore, async_adapter
+    from scrapy_polite.stores.memory import AsyncMemoryStore
+    from scrapy_polite.stores.sqlite import AsyncSQLiteStore
+
+    class MyMemory(MemoryStore):
+        pass
+
+    sqlite = AsyncStore(SQLiteStore(str(tmp_path / "pace.sqlite3"), clock=lambda: T0))
+    memory, mine = AsyncStore(MemoryStore()), AsyncStore(MyMemory())
+    other = SteppedMemory([])
+    try:
+        assert type(sqlite) is AsyncSQLiteStore and type(memory) is AsyncMemoryStore
+        assert type(mine) is AsyncMemoryStore
+        assert async_adapter(other) is ThreadedStore and type(AsyncStore(other)) is ThreadedStore
+        assert all(isinstance(a, AsyncStore) for a in (sqlite, memory, mine))
+    finally:
+        for a in (sqlite, memory, mine):
+            a.close()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -697,8 +727,9 @@ async def test_after_a_busy_call_the_held_calls_complete_in_order_and_run_inline
 
     try:
         other.execute("BEGIN IMMEDIATE")
-        calls = [astore.update("a.example", write("first")), astore.get("a.example"),
-                 astore.update("a.example", write("third"))]
+        calls = [astore.update("a.example", write("first")), astore.get("a.example")]
+        await deferLater(reactor, 0.01)  # their group met the lock: on the thread
+        calls.append(astore.update("a.example", write("third")))  # a later turn: held behind it
         for name, d in zip(["first", "second", "third"], calls):
             d.addCallback(lambda result, name=name: done.append(name) or result)
         assert not any(d.called for d in calls)
@@ -711,6 +742,82 @@ async def test_after_a_busy_call_the_held_calls_complete_in_order_and_run_inline
         if other.in_transaction:
             other.execute("ROLLBACK")
         other.close()
+        astore.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# SQLite only: group commit (docs/spec.md §6, "Group commit")
+
+
+@pytest_twisted.ensureDeferred
+async def test_group_commit_one_callers_exception_loses_none_of_the_others_updates(tmp_path):
+    """The calls of one reactor turn are one transaction; a caller whose function raises (or whose
+    ``update_many`` writes a key it did not read) gets its own exception and writes nothing, the others'
+    updates commit, each caller gets its own result, in call order, and each reads the writes of the calls
+    before it. Negative control: the failed callers' rows are untouched."""
+    path = str(tmp_path / "pace.sqlite3")
+    astore = AsyncStore(SQLiteStore(path, clock=lambda: T0))
+    order: list[str] = []
+
+    def bump(name):
+        def fn(old, now):
+            return replace(old or HostState(), consec=(old.consec if old else 0) + 1), name
+        return fn
+
+    def fail(old, now):
+        raise Boom("no")
+
+    try:
+        calls = [astore.update("a.example", bump("one")),
+                 astore.update("b.example", fail),
+                 astore.update("a.example", bump("three")),
+                 astore.update_many(["a.example"], lambda states, now: ({"b.example": OTHER}, "stray")),
+                 astore.update_many(["a.example", "c.example"],
+                                    lambda states, now: ({"c.example": replace(OTHER, consec=states["a.example"].consec)},
+                                                         "five")),
+                 astore.get("a.example")]
+        outcomes: list[Any] = []
+        for i, d in enumerate(calls):
+            d.addBoth(lambda result, i=i: order.append(str(i)) or outcomes.append(result))
+        for d in calls:
+            try:
+                await d
+            except Exception:
+                pass
+        assert order == [str(i) for i in range(6)]  # delivered in call order
+        assert outcomes[0] == "one" and outcomes[2] == "three" and outcomes[4] == "five"
+        assert isinstance(outcomes[1], Failure) and outcomes[1].check(Boom)
+        assert isinstance(outcomes[3], Failure) and outcomes[3].check(ValueError)
+        assert outcomes[5].consec == 2  # read after the two bumps of the group
+        assert astore.transactions == 1  # one group
+        other = SQLiteStore(path)  # what the file holds
+        try:
+            assert other.get("a.example").consec == 2
+            assert other.get("c.example").consec == 2  # it read the third call's write
+            assert other.get("b.example") is None  # the failed callers wrote nothing
+        finally:
+            other.close()
+    finally:
+        astore.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_group_commit_groups_only_the_calls_of_one_reactor_turn(tmp_path):
+    """Calls of one turn: one transaction; calls of the next turn: the next. Negative control: a group is
+    capped at ``group_max`` calls."""
+    from twisted.internet import reactor
+
+    astore = AsyncStore(SQLiteStore(str(tmp_path / "pace.sqlite3"), clock=lambda: T0), group_max=4)
+    try:
+        first = [astore.update(f"h{i}.example", lambda old, now: (FULL, None)) for i in range(3)]
+        await defer.gatherResults(first)
+        assert astore.transactions == 1
+        await deferLater(reactor, 0)
+        second = [astore.update(f"h{i}.example", lambda old, now: (OTHER, None)) for i in range(10)]
+        await defer.gatherResults(second)
+        assert astore.transactions == 1 + 3  # 10 calls, at most 4 per group
+        assert (await astore.get("h9.example")) == OTHER
+    finally:
         astore.close()
 
 
@@ -785,25 +892,25 @@ async def test_the_wal_is_checkpointed_about_every_restart_frames_pages(tmp_path
     monkeypatch.setattr(SQLiteStore, "checkpoint", spy)
     path = str(tmp_path / "pace.sqlite3")
     astore = AsyncStore(SQLiteStore(path, clock=lambda: T0), restart_frames=restart_frames)
+    writes = 4000
     held = 0
     order: list[int] = []
     try:
-        for i in range(3000):
+        for i in range(writes):
             d = astore.update(f"h{i % 7}.example", lambda old, now, i=i: (replace(FULL, consec=i), i))
-            held += not d.called
             d.addCallback(order.append)
-            if i % 3 == 0:  # reactor turns, as in a crawl: the checkpoint completes in one of them
-                await deferLater(reactor, 0)
+            await deferLater(reactor, 0)  # one update per reactor turn: one group, one transaction each
+            held += not d.called  # still waiting after its turn: held by a checkpoint
         await d.addTimeout(30, reactor)  # the last call: calls complete in call order (a slow fsync may hold it)
-        assert order == list(range(3000))  # whatever was held: in call order
-        assert (await astore.get(f"h{2999 % 7}.example")).consec == 2999  # the last write
+        assert order == list(range(writes))  # whatever was held: in call order
+        assert (await astore.get(f"h{(writes - 1) % 7}.example")).consec == writes - 1  # the last write
         if restart_frames == 2500:
             assert 2 <= len(checkpoints) <= 3 and held > 0, checkpoints  # learned: not one every 250 writes
             assert checkpoints[0][0] > 2500  # the first: once the file had passed the length
             assert all(frames <= 2500 + 20 for frames, _ in checkpoints[1:]), checkpoints
         else:
             assert checkpoints == [] and held == 0
-            assert _wal_pages(path) >= 2990, _wal_pages(path)  # never started over
+            assert _wal_pages(path) >= writes - 10, _wal_pages(path)  # never started over
     finally:
         astore.close()
 

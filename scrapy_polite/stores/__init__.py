@@ -8,8 +8,11 @@
   helpers that use a backend with or without them (:func:`hosts_backing_off`, :func:`table_name`);
 * :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default; ``redis``
   (optional) — ``redis://``, ``redis+cluster://``;
-* :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`;
-* :mod:`.asyncstore` — :class:`AsyncStore`, calls that never block the reactor.
+* :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`, and each
+  backend's async adapter;
+* :mod:`.asyncstore` — :class:`AsyncStore`, calls that never block the reactor: the async protocol and its
+  factory (``AsyncStore(backend)`` builds the adapter registered for the backend: memory's inline one in
+  :mod:`.memory`, SQLite's group commit in :mod:`.sqlite`, the generic threaded one for network stores).
 
 A store that cannot be opened, read or written raises :class:`StoreError`, whose message names the store
 and the fix: the crawl stops (fail closed), it never falls back to unpaced crawling.

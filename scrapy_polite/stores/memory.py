@@ -5,13 +5,16 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
+
+from twisted.internet import defer
 
 from ..clock import process_clock
 from ..policy import HostState
+from .asyncstore import AsyncStore
 from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, UpdateFn
 
-__all__ = ["MemoryStore"]
+__all__ = ["AsyncMemoryStore", "MemoryStore"]
 
 T = TypeVar("T")
 
@@ -93,3 +96,34 @@ class MemoryStore:
 
     def close(self) -> None:
         pass
+
+
+class AsyncMemoryStore(AsyncStore):
+    """Memory's async adapter (``AsyncStore(MemoryStore())`` builds it): every call runs inline (no I/O), so
+    its Deferred has fired when the call returns; after the close every call fails with
+    :class:`~scrapy_polite.stores.base.StoreClosed`. Args: see
+    :class:`~scrapy_polite.stores.asyncstore.AsyncStore` (the thread and SQLite options are not used)."""
+
+    def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
+        if self._closed:
+            return defer.fail(self._closed_error())
+        try:
+            return defer.succeed(getattr(self.store, name)(*args))
+        except Exception:
+            return defer.fail()
+
+    def append_events(self, events: list[Event]) -> defer.Deferred[None]:
+        """Inline."""
+        return self._call("append_events", events)
+
+    def close(self) -> None:
+        self._closed = True
+        self.store.close()
+
+    def close_async(self) -> defer.Deferred[None]:
+        """Inline (no I/O to wait for)."""
+        try:
+            self.close()
+        except Exception:
+            return defer.fail()
+        return defer.succeed(None)

@@ -5,16 +5,19 @@
 ``redis+cluster://`` and ``rediss+cluster://`` (a Redis Cluster) →
 :class:`~scrapy_polite.stores.redis.RedisStore` (imported when first used: the ``redis`` client is an optional
 dependency, ``pip install scrapy-polite[redis]``). Other backends register their schemes with
-:func:`register_store`. The crawl and the ``scrapy polite`` command both open stores here.
+:func:`register_store`. The registry also chooses each backend's async adapter
+(:func:`~scrapy_polite.stores.asyncstore.register_async`): memory's and SQLite's own, the generic threaded
+one for the others. The crawl and the ``scrapy polite`` command both open stores here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from .asyncstore import register_async
 from .base import PaceStore, StoreError, StoreOptions
-from .memory import MemoryStore
-from .sqlite import SQLiteStore
+from .memory import AsyncMemoryStore, MemoryStore
+from .sqlite import AsyncSQLiteStore, SQLiteStore
 
 __all__ = ["open_store", "register_store", "registered_schemes", "StoreFactory", "sqlite_path"]
 
@@ -93,6 +96,10 @@ def _open_redis(uri: str, options: StoreOptions) -> PaceStore:
 
 
 register_store("memory", _open_memory)
+# Each embedded backend's own async adapter (the others, network stores, get the generic threaded one):
+# ``AsyncStore(store)`` builds the one registered for the store's type.
+register_async(MemoryStore, AsyncMemoryStore)
+register_async(SQLiteStore, AsyncSQLiteStore)
 register_store("sqlite", _open_sqlite)
 for _scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
     register_store(_scheme, _open_redis)

@@ -1,6 +1,7 @@
 """``sqlite:///path``: the embedded pace table, one SQLite file in WAL mode (docs/spec.md §6).
 
-Every read-modify-write is one ``BEGIN IMMEDIATE`` transaction, so concurrent processes on one machine
+Every read-modify-write runs inside a ``BEGIN IMMEDIATE`` transaction (alone, or with the others of its
+group: :meth:`SQLiteStore.run_group`, docs/spec.md §6 "Group commit"), so concurrent processes on one machine
 never lose an update; the clock (the monotonic process clock, :data:`~scrapy_polite.clock.process_clock`)
 is read inside the transaction. The schema version is
 kept in ``PRAGMA user_version`` and older files are migrated on open, never discarded.
@@ -8,19 +9,30 @@ kept in ``PRAGMA user_version`` and older files are migrated on open, never disc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
+import socket
 import sqlite3
 import threading
+import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from twisted.internet import defer, threads
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+
 from ..clock import process_clock
 from ..policy import HostState
+from .asyncstore import ThreadedStore
 from .base import (
     DEFAULT_EVENTS_MAX,
     Event,
     ManyUpdateFn,
+    PaceStore,
     Snapshot,
     StoreBusy,
     StoreClosed,
@@ -29,7 +41,9 @@ from .base import (
     UpdateFn,
 )
 
-__all__ = ["SQLiteStore", "SCHEMA_VERSION"]
+__all__ = ["AsyncSQLiteStore", "CRASH_WINDOW", "GROUP_MAX", "Recovery", "SQLiteStore", "SCHEMA_VERSION"]
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -40,7 +54,16 @@ T = TypeVar("T")
 #: (``quota_left``, ``quota_reset``, ``quota_limit``, ``quota_window``, ``quota_serial``, ``booked``),
 #: adaptive pacing's ``latency`` and ``strain``, and the largest Retry-After of a host's throttle run
 #: (``run_retry_after``).
-SCHEMA_VERSION = 4
+#: 5: the ``openers`` table, one "running" mark per connection that opened the file (the crash window,
+#: docs/spec.md §6 "After a crash").
+SCHEMA_VERSION = 5
+
+#: Seconds before an unclean stop within which a row's change may have been lost with it (docs/spec.md §6,
+#: "After a crash"): such rows are treated as just booked when the table is next opened.
+CRASH_WINDOW = 5.0
+
+#: Seconds between two heartbeats of an opener's mark (written inside a group commit, at most this often).
+BEAT_EVERY = 1.0
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -104,8 +127,27 @@ ALTER TABLE hosts ADD COLUMN strain INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE hosts ADD COLUMN run_retry_after REAL NOT NULL DEFAULT 0;
 """
 
+#: The "running" marks (docs/spec.md §6, "After a crash"): one row per connection that opened the file (a
+#: crawl, a command), removed by its clean close; ``beat`` is its last heartbeat (the store's clock).
+_SCHEMA_V5 = """
+CREATE TABLE IF NOT EXISTS openers (
+    token TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    machine TEXT NOT NULL,
+    opened REAL NOT NULL,
+    beat REAL NOT NULL
+) WITHOUT ROWID;
+"""
+
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5}
+
+#: An unclean stop's repair: every row changed since ``?`` (the window's start) is treated as just booked at
+#: ``?`` (the opening): its next allowed moment is at least the opening plus its interval as the row knows
+#: it (the wait its last change left, its Crawl-delay, its announced quota's interval).
+_REPAIR = ("UPDATE hosts SET next_allowed = MAX(next_allowed, :now + MAX(next_allowed - updated, crawl_delay, "
+           "ratelimit_interval, 0)), updated = MAX(updated, :now) WHERE updated >= :since")
+
 
 _EVENT_COLUMNS = ("at, kind, host, url, status, delay, due, reason, retry_after, steps, address, started, source, "
                   "interval, ip_interval, hold, seq")
@@ -121,6 +163,42 @@ if set(_HOST_FIELDS) != {f.name for f in dataclasses.fields(HostState)}:  # prag
 _COLUMNS = ", ".join(_HOST_FIELDS)
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM hosts WHERE host = ?"
 _WRITE = f"INSERT OR REPLACE INTO hosts (host, {_COLUMNS}) VALUES ({', '.join(['?'] * (len(_HOST_FIELDS) + 1))})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """What :class:`SQLiteStore` found and did when it opened a table left by an unclean stop (docs/spec.md
+    §6, "After a crash").
+
+    Attributes:
+        pids: the processes (on this machine) whose mark was left: they stopped without closing the table.
+        last_seen: the earliest last heartbeat of those marks (the store's clock, epoch seconds).
+        since: the window's start, ``last_seen - CRASH_WINDOW``: every row changed since was treated as just
+            booked.
+        opened: the opening moment (the store's clock).
+        rows: how many rows were treated as just booked.
+    """
+
+    pids: tuple[int, ...]
+    last_seen: float
+    since: float
+    opened: float
+    rows: int
+
+
+def _alive(pid: int) -> bool:
+    """The process ``pid`` runs on this machine (a zombie, killed and not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _state(row: Sequence[Any] | None) -> HostState | None:
@@ -148,6 +226,12 @@ class SQLiteStore:
             clock (docs/spec.md §6; tests inject one).
         events_max: the most events the event log keeps (``POLITE_EVENT_LOG_SIZE``); an append beyond it
             deletes the oldest.
+        mark: leave a "running" mark in the file while open, removed by :meth:`close` (docs/spec.md §6,
+            "After a crash"); the connections :meth:`nowait` and :meth:`sibling` make share their opener's.
+
+    Attributes:
+        recovery: what the opening found of an unclean stop (:class:`Recovery`), or None (every earlier
+            opener closed cleanly, or is still running).
 
     Raises:
         StoreError: the file cannot be created, opened, migrated or written (unwritable directory,
@@ -155,8 +239,14 @@ class SQLiteStore:
     """
 
     def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
-                 clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX) -> None:
+                 clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX,
+                 mark: bool = True, _token: str | None = None) -> None:
         self.path = os.path.abspath(path)
+        self.recovery: Recovery | None = None
+        #: This opener's mark in ``openers`` (None: no mark), and when its heartbeat was last written.
+        self._token = _token
+        self._owns_mark = False
+        self._beat = 0.0
         self.uri = f"sqlite:///{self.path}"
         #: Held by every use of the connection, and by :meth:`close`: a call never meets a connection being
         #: closed on another thread, and a call after the close raises :class:`StoreClosed`.
@@ -178,22 +268,66 @@ class SQLiteStore:
             self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._migrate()
-            # Prove we can write now, not halfway through the crawl (fail closed at start).
+            # Prove we can write now, not halfway through the crawl (fail closed at start); look for the
+            # marks of unclean stops and leave ours, in the same transaction.
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("COMMIT")
+            try:
+                if mark and self._token is None:
+                    self._open_mark()
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
         except (sqlite3.Error, OSError) as exc:
             raise self._error("open", exc) from exc
+
+    def _open_mark(self) -> None:
+        """Inside the opening transaction: find the marks left by processes of this machine that are gone
+        (an unclean stop: ``kill -9``, a crash, a power loss), treat every row changed within
+        :data:`CRASH_WINDOW` seconds before the earliest of their last heartbeats, or since, as just booked
+        (:data:`_REPAIR`), remove those marks and leave this opener's (docs/spec.md §6, "After a crash")."""
+        db, now, machine = self._db, self._clock(), socket.gethostname()
+        dead = [(token, pid, beat) for token, pid, beat in
+                db.execute("SELECT token, pid, beat FROM openers WHERE machine = ?", (machine,)).fetchall()
+                if pid != os.getpid() and not _alive(pid)]
+        if dead:
+            last_seen = min(beat for _, _, beat in dead)
+            since = last_seen - CRASH_WINDOW
+            rows = db.execute(_REPAIR, {"now": now, "since": since}).rowcount
+            db.executemany("DELETE FROM openers WHERE token = ?", [(token,) for token, _, _ in dead])
+            pids = tuple(sorted({pid for _, pid, _ in dead}))
+            self.recovery = Recovery(pids, last_seen, since, now, int(rows))
+            logger.warning(
+                "scrapy-polite: the pace table %s was not closed by process %s (an unclean stop, last seen %.1f s "
+                "ago): %d rows changed within %g s before it are treated as just booked (docs/spec.md §6, "
+                "\"After a crash\")", self.uri, ", ".join(map(str, pids)), max(0.0, now - last_seen), rows,
+                CRASH_WINDOW)
+        self._token = uuid.uuid4().hex
+        self._owns_mark = True
+        self._beat = now
+        db.execute("INSERT INTO openers (token, pid, machine, opened, beat) VALUES (?, ?, ?, ?, ?)",
+                   (self._token, os.getpid(), machine, now, now))
+
+    def _heartbeat(self, db: sqlite3.Connection) -> None:
+        """Inside a write transaction: refresh this opener's mark, at most every :data:`BEAT_EVERY` seconds."""
+        if self._token is None:
+            return
+        now = self._clock()
+        if now - self._beat >= BEAT_EVERY or now < self._beat:
+            self._beat = now
+            db.execute("UPDATE openers SET beat = ? WHERE token = ?", (now, self._token))
 
     def nowait(self) -> SQLiteStore:
         """A second connection to the same file that never waits for a lock: an operation that would wait
         raises :class:`StoreBusy` instead, and it never checkpoints the WAL (see :meth:`checkpoint`).
         :class:`~scrapy_polite.stores.AsyncStore` runs these on the reactor thread (tens of µs)."""
-        return SQLiteStore(self.path, nowait=True, clock=self._clock, events_max=self.events_max)
+        return SQLiteStore(self.path, nowait=True, clock=self._clock, events_max=self.events_max, _token=self._token)
 
     def sibling(self) -> SQLiteStore:
         """Another connection to the same file that waits for the lock like this one (for a thread of its
         own: :class:`~scrapy_polite.stores.AsyncStore` writes the event log through one)."""
-        return SQLiteStore(self.path, clock=self._clock, events_max=self.events_max)
+        return SQLiteStore(self.path, clock=self._clock, events_max=self.events_max, mark=False)
 
     def wal_pages(self) -> int:
         """The most pages the WAL has held since its file was made: its file's size (one ``stat``; the
@@ -268,6 +402,20 @@ class SQLiteStore:
             self._db.execute("ROLLBACK")
             raise
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock; rolled back when the body raises."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+
     def now(self) -> float:
         return self._clock()
 
@@ -297,42 +445,86 @@ class SQLiteStore:
 
     def update(self, key: str, fn: UpdateFn[T]) -> T:
         try:
-            with self._lock:
-                db = self._db
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    new, result = fn(_state(db.execute(_SELECT_ONE, (key,)).fetchone()), self._clock())
-                    if new is not None:
-                        db.execute(_WRITE, _row(key, new))
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
-                return result
+            with self._transaction() as db:
+                new, result = fn(_state(db.execute(_SELECT_ONE, (key,)).fetchone()), self._clock())
+                if new is not None:
+                    db.execute(_WRITE, _row(key, new))
+            return result
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
     def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
         try:
-            with self._lock:
-                db = self._db
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    states = {key: _state(db.execute(_SELECT_ONE, (key,)).fetchone()) for key in keys}
-                    new, result = fn(states, self._clock())
-                    for key, state in new.items():
-                        if key not in states:
-                            raise ValueError(f"update function wrote {key!r}, which it did not read")
-                        db.execute(_WRITE, _row(key, state))
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
-                return result
+            with self._transaction() as db:
+                states = {key: _state(db.execute(_SELECT_ONE, (key,)).fetchone()) for key in keys}
+                new, result = fn(states, self._clock())
+                for key, state in new.items():
+                    if key not in states:
+                        raise ValueError(f"update function wrote {key!r}, which it did not read")
+                    db.execute(_WRITE, _row(key, state))
+            return result
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
+
+    def run_group(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[tuple[bool, Any]]:
+        """Run several callers' calls in **one** ``BEGIN IMMEDIATE`` transaction, in order: the group commit
+        of docs/spec.md §6 ("Group commit"). Each row is read inside the transaction (after the writes of the
+        calls before it in the group), so no other process's write is overwritten with stale data; each
+        caller's function gets the store's clock read at its turn.
+
+        Args:
+            calls: ``(name, args)`` pairs, ``name`` one of ``update`` ``(key, fn)``, ``update_many``
+                ``(keys, fn)``, ``get`` ``(key,)``, ``read`` ``(keys,)``.
+
+        Returns:
+            One ``(True, result)`` or ``(False, exception)`` per call, in order. A call whose function raises
+            (or an ``update_many`` writing a key it did not read) writes nothing and gets its own exception;
+            the others' writes commit: each function runs before its call writes anything.
+
+        Raises:
+            StoreBusy: a no-wait connection found another writer's lock (nothing ran; retry on a waiting one).
+            StoreError: the file cannot be written (the whole group is rolled back: no call took effect).
+        """
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            with self._transaction() as db:
+                for name, args in calls:
+                    outcomes.append(self._one(db, name, args))
+                self._heartbeat(db)
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+        return outcomes
+
+    def _one(self, db: sqlite3.Connection, name: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
+        """One call of :meth:`run_group`, inside its transaction. A failure of the file (``sqlite3.Error``)
+        propagates: the group is rolled back."""
+        try:
+            if name == "update":
+                key, fn = args
+                new, result = fn(_state(db.execute(_SELECT_ONE, (key,)).fetchone()), self._clock())
+                if new is not None:
+                    db.execute(_WRITE, _row(key, new))
+                return True, result
+            if name == "update_many":
+                keys, many = args
+                states = {k: _state(db.execute(_SELECT_ONE, (k,)).fetchone()) for k in keys}
+                writes, result = many(states, self._clock())
+                stray = [k for k in writes if k not in states]
+                if stray:
+                    raise ValueError(f"update function wrote {stray[0]!r}, which it did not read")
+                for k, state in writes.items():
+                    db.execute(_WRITE, _row(k, state))
+                return True, result
+            if name == "get":
+                return True, _state(db.execute(_SELECT_ONE, (args[0],)).fetchone())
+            if name == "read":
+                found = {k: _state(db.execute(_SELECT_ONE, (k,)).fetchone()) for k in args[0]}
+                return True, Snapshot(found, self._clock())
+            raise ValueError(f"a group cannot run {name!r}")
+        except sqlite3.Error:
+            raise
+        except Exception as exc:  # the caller's own failure: its call wrote nothing, the group goes on
+            return False, exc
 
     def backing_off(self, now: float) -> Iterator[tuple[str, HostState]]:
         """The host rows (not ``ip:`` rows) still backing off at ``now`` (``consec > 0`` and ``next_allowed >
@@ -377,17 +569,9 @@ class SQLiteStore:
         if not events:
             return
         try:
-            with self._lock:
-                db = self._db
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    db.executemany(_EVENT_INSERT, events)
-                    db.execute(_EVENT_TRIM, (self.events_max,))
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
+            with self._transaction() as db:
+                db.executemany(_EVENT_INSERT, events)
+                db.execute(_EVENT_TRIM, (self.events_max,))
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
@@ -413,8 +597,337 @@ class SQLiteStore:
         return [Event._make(row) for row in rows]
 
     def close(self) -> None:
-        """Close the connection (idempotent). It waits for a call in progress on another thread; a call
-        after it raises :class:`StoreClosed` and writes nothing."""
+        """Close the connection (idempotent), first removing this opener's "running" mark (a clean stop;
+        another opener's mark stays: docs/spec.md §6, "After a crash"). It waits for a call in progress on
+        another thread; a call after it raises :class:`StoreClosed` and writes nothing. A mark that cannot be
+        removed (the file is locked for ``timeout`` seconds, or unwritable) is left: the next opening then
+        treats the last rows as just booked, which is only more polite."""
         with self._lock:
+            if self._closed:
+                return
+            if self._owns_mark:
+                try:
+                    self._db.execute("DELETE FROM openers WHERE token = ?", (self._token,))
+                except sqlite3.Error:
+                    logger.debug("scrapy-polite: could not remove the running mark of %s", self.uri, exc_info=True)
             self._closed = True
             self._db.close()
+
+
+#: The most calls one group commit runs in one transaction (docs/spec.md §6, "Group commit").
+GROUP_MAX = 512
+
+#: A call waiting for its group: ``(method name, args, Deferred of the result)``.
+_Held = tuple[str, tuple[Any, ...], "defer.Deferred[Any]"]
+
+
+class AsyncSQLiteStore(ThreadedStore):
+    """SQLite's own async adapter (``AsyncStore(SQLiteStore(...))`` builds it; docs/spec.md §6, "Group commit"
+    and "Never blocking the crawl"): calls never block the reactor, every method returns a ``Deferred``.
+
+    * **Group commit**: the updates (and the reads behind them) made in one reactor turn wait for the next
+      turn (``callLater(0)``), then run in call order in **one** ``BEGIN IMMEDIATE`` transaction
+      (:meth:`SQLiteStore.run_group`, at most ``group_max`` calls), each caller getting its own result or its
+      own exception; a read with nothing waiting before it runs inline at once. The group is first tried
+      inline on a no-wait connection (a WAL transaction without fsync, tens of microseconds); when another
+      writer holds the lock (:class:`~scrapy_polite.stores.base.StoreBusy`), the whole group runs on the
+      store's own thread, which may wait for the lock; the calls made meanwhile wait on the reactor's side
+      and then run inline again. Calls complete in call order.
+    * **Checkpoints**: the store's thread checkpoints the WAL while the calls made meanwhile wait on the
+      reactor's side (no write lands in the WAL while it is copied back, so the next write starts it over;
+      the calls then form one group): first when the WAL's file has grown past ``restart_frames`` pages
+      (looked at every 250 inline writes), then after as many writes as made the WAL that long, going by the
+      pages per write the last checkpoint found. The WAL is not checkpointed more often, because each hold
+      lets Scrapy's engine start more downloads meanwhile (``bench/overhead.py``), and a checkpoint that does
+      not hold the calls never lets a busy WAL start over.
+    * **The event log** (:meth:`append_events`): inline on the no-wait connection too, in transactions of at
+      most ``event_chunk`` events, one per reactor turn (under a millisecond each), so it never holds the
+      file's write lock while the pace table's calls want it. A batch that finds another process's write
+      under way, or is still waiting at the close, is written on a connection and a thread of its own, which
+      waits for the lock. During a checkpoint the batches wait with the calls.
+
+    Args: see :class:`~scrapy_polite.stores.asyncstore.AsyncStore`; ``store`` must be a :class:`SQLiteStore`.
+    """
+
+    def __init__(self, store: PaceStore, reactor: Any = None, *, restart_frames: int = 8192,
+                 event_chunk: int = 250, threads: int = 1, group_max: int = GROUP_MAX) -> None:
+        super().__init__(store, reactor, restart_frames=restart_frames, event_chunk=event_chunk,
+                         threads=threads, group_max=group_max)
+        if not isinstance(store, SQLiteStore):
+            raise TypeError(f"AsyncSQLiteStore needs a SQLiteStore, not {type(store).__name__}")
+        self._sqlite = store
+        self._inline = store.nowait()
+        #: Calls waiting for the next group (the calls of this turn, or held behind a checkpoint or a busy
+        #: group on the thread), in call order.
+        self._held: deque[_Held] = deque()
+        self._group_max = max(1, group_max)
+        self._flush_turn: Any = None  # the reactor turn scheduled for the next group
+        #: A checkpoint runs on the thread: calls (and event batches) wait.
+        self._checkpointing = False
+        self._restart_frames = max(1, restart_frames)
+        #: Inline writes between two checkpoints (set from the WAL's pages per write at each one), and the
+        #: writes since the last one.
+        self._checkpoint_every = restart_frames
+        self._since_checkpoint = 0
+        self._learned = False  # no checkpoint yet: the WAL file's length decides the first
+        self._frames_after = 0  # the WAL's length at the last checkpoint
+        self._event_chunk = max(1, event_chunk)
+        #: Event batches waiting for the inline writer, in order: ``[events not yet written, Deferred]``.
+        self._events_waiting: deque[tuple[list[Event], defer.Deferred[None]]] = deque()
+        self._events_turn: Any = None  # the reactor turn scheduled for the next chunk
+        self._events_writing = False  # a chunk is being written (a batch appended meanwhile waits its turn)
+        self._events_on_thread = 0  # batches on the event log's thread: later ones follow them there, in order
+        self._events_pool: ThreadPool | None = None
+        self._events_store: SQLiteStore | None = None
+
+    def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
+        if self._closed:
+            return defer.fail(self._closed_error())
+        if name in ("update", "update_many") or self._held or self._checkpointing or self._queued:
+            # Group commit: behind the calls already waiting, in the next group.
+            d: defer.Deferred[Any] = defer.Deferred()
+            self._held.append((name, args, d))
+            self._schedule_flush()
+            return d
+        # A read with nothing waiting before it: inline at once (it sees every write already delivered).
+        try:
+            result = getattr(self._inline, name)(*args)
+        except StoreBusy:
+            return self._threaded(name, *args)
+        except Exception:
+            return defer.fail()
+        return defer.succeed(result)
+
+    def _schedule_flush(self) -> None:
+        """The next group runs on the next reactor turn, unless one is scheduled, or a checkpoint or a busy
+        group on the thread holds them (its end schedules it)."""
+        if self._flush_turn is None and not self._closed and not self._checkpointing and not self._queued:
+            self._flush_turn = self._reactor.callLater(0, self._flush)
+
+    def _flush(self) -> None:
+        """Run the waiting calls (at most ``group_max``) as one group, one transaction, inline on the no-wait
+        connection; a group that finds another writer's lock goes whole to the store's thread, which waits
+        for it. Each caller's Deferred fires in call order."""
+        self._flush_turn = None
+        if self._closed or self._checkpointing or self._queued or not self._held:
+            return
+        batch = [self._held.popleft() for _ in range(min(self._group_max, len(self._held)))]
+        calls = [(name, args) for name, args, _ in batch]
+        try:
+            outcomes = self._inline.run_group(calls)
+        except StoreBusy:
+            self._group_threaded(batch, calls)
+            return
+        except Exception as exc:
+            self._fail_all(batch, exc)
+        else:
+            if any(name in ("update", "update_many") for name, _ in calls):
+                self._wrote()
+            self._deliver(batch, outcomes)
+        if self._held:
+            self._schedule_flush()
+
+    @staticmethod
+    def _deliver(batch: Sequence[_Held], outcomes: Sequence[tuple[bool, Any]]) -> None:
+        """Each caller its own result or its own exception, in call order."""
+        for (_, _, d), (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                d.callback(value)
+            else:
+                d.errback(value)
+
+    @staticmethod
+    def _fail_all(batch: Sequence[_Held], failure: Failure | Exception) -> None:
+        """The group's transaction failed (nothing of it was written): every caller gets the error."""
+        for _, _, d in batch:
+            d.errback(failure)
+
+    def _group_threaded(self, batch: list[_Held], calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """A group that met another writer's lock: whole on the store's thread (it waits for the lock); the
+        calls made meanwhile wait, then run inline again."""
+        self._queued += 1
+        d: defer.Deferred[list[tuple[bool, Any]]] = threads.deferToThreadPool(
+            self._reactor, self._start_pool(), self._sqlite.run_group, calls)
+
+        def done(result: Any) -> None:
+            self._queued -= 1
+            if isinstance(result, Failure):
+                self._fail_all(batch, result)
+            else:
+                self.transactions += 1
+                self._deliver(batch, result)
+            if not self._queued:
+                self._after_thread()
+
+        d.addBoth(done)
+
+    def _after_thread(self) -> None:
+        self._schedule_flush()
+
+    def _wrote(self) -> None:
+        """One inline write landed in the WAL. Until the first checkpoint, every 250 writes the WAL file's
+        length is looked at (a fresh file is as long as the WAL); a checkpoint when it passes
+        ``restart_frames`` pages. After it, a checkpoint every ``_checkpoint_every`` writes."""
+        self._since_checkpoint += 1
+        self.transactions += 1
+        if self._checkpointing:
+            return
+        if self._learned:
+            if self._since_checkpoint >= self._checkpoint_every:
+                self._checkpoint()
+        elif self._since_checkpoint % 250 == 0 and self._sqlite.wal_pages() > self._restart_frames:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the WAL on the store's thread; calls wait on the reactor's side until it is done (no
+        write lands in the WAL meanwhile, so the next write starts it over)."""
+        if self._closed:
+            return
+        self._checkpointing = True
+        d: defer.Deferred[tuple[int, int] | None] = threads.deferToThreadPool(
+            self._reactor, self._start_pool(), self._sqlite.checkpoint)
+        d.addErrback(lambda _failure: None)  # a failed checkpoint leaves the WAL as it was; the next one retries
+        d.addCallback(self._checkpointed)
+
+    def _checkpointed(self, frames: tuple[int, int] | None) -> None:
+        """The checkpoint is done: set the writes until the next one from the pages per write it found,
+        then run the calls (and event batches) held meanwhile, in order, inline while they can be."""
+        self._checkpointing = False
+        if frames is not None and frames[0] > 0 and self._since_checkpoint > 0:
+            # Pages added since the last checkpoint: all of them when that one copied the whole WAL back
+            # (the WAL started over after it), else those past its length (it could not: it kept growing).
+            added = frames[0] - self._frames_after if frames[0] > self._frames_after else frames[0]
+            per_write = max(1.0, added / self._since_checkpoint)  # a write appends at least one page
+            # Never more often than every 1000 writes: other processes' pages count in the WAL's length.
+            self._checkpoint_every = max(1000, min(100_000, int(self._restart_frames / per_write)))
+            self._frames_after = frames[0] if frames[1] < frames[0] else 0
+            self._learned = True
+        self._since_checkpoint = 0
+        if self._closed:  # closed meanwhile: the held calls went to the thread
+            return
+        self._schedule_flush()
+        self._write_events()
+
+    def append_events(self, events: list[Event]) -> defer.Deferred[None]:
+        """Inline in chunks, one per reactor turn; a batch meeting another writer on its own thread (see the
+        class)."""
+        if self._closed:
+            return defer.fail(self._closed_error())
+        d: defer.Deferred[None] = defer.Deferred()
+        self._events_waiting.append((list(events), d))
+        if self._events_turn is None and not self._events_writing:
+            self._write_events()
+        return d
+
+    def _write_events(self) -> None:
+        """Write one chunk of the waiting event batches inline, and schedule the next reactor turn for the
+        rest. A batch that finds the lock held goes to the event log's thread, and the batches after it
+        follow it there until it is written (in order). During a checkpoint they wait for it."""
+        if self._events_turn is not None and self._events_turn.active():  # called before its turn came
+            self._events_turn.cancel()
+        self._events_turn = None
+        if self._events_writing or self._checkpointing or self._closed:
+            return
+        self._events_writing = True
+        try:
+            while self._events_waiting:
+                events, d = self._events_waiting[0]
+                if self._events_on_thread:
+                    self._events_waiting.popleft()
+                    self._events_threaded(events).chainDeferred(d)
+                    continue
+                chunk = events[:self._event_chunk]
+                try:
+                    self._inline.append_events(chunk)
+                except StoreBusy:
+                    self._events_waiting.popleft()
+                    self._events_threaded(events).chainDeferred(d)
+                    continue
+                except Exception:
+                    self._events_waiting.popleft()
+                    d.errback()
+                    continue
+                del events[:len(chunk)]
+                if not events:
+                    self._events_waiting.popleft()
+                    d.callback(None)  # a batch its callbacks append waits for the next turn
+                self._wrote()
+                break
+        finally:
+            self._events_writing = False
+        if self._events_waiting and not self._checkpointing and not self._events_on_thread:
+            self._events_turn = self._reactor.callLater(0, self._write_events)
+
+    def _events_threaded(self, events: list[Event]) -> defer.Deferred[None]:
+        """Write a batch on the event log's own connection and thread (it waits for the lock; the
+        connection is opened there too, since opening it also waits)."""
+        if self._events_pool is None:
+            self._events_pool = ThreadPool(minthreads=1, maxthreads=1, name="scrapy-polite-events")
+            self._events_pool.start()
+        self._events_on_thread += 1
+        d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._events_pool,
+                                                            self._append_on_thread, events)
+
+        def written(result: Any) -> Any:
+            self._events_on_thread -= 1
+            if not self._events_on_thread and self._events_waiting and self._events_turn is None:
+                self._write_events()  # the thread is done: inline again
+            return result
+
+        d.addBoth(written)
+        return d
+
+    def _append_on_thread(self, events: list[Event]) -> None:
+        """On the event log's thread: open its connection the first time, then append."""
+        if self._events_store is None:
+            self._events_store = self._sqlite.sibling()
+        self._events_store.append_events(events)
+
+    def _queue_held(self) -> None:
+        if self._closed:
+            return
+        self._checkpointing = False
+        if self._flush_turn is not None and self._flush_turn.active():
+            self._flush_turn.cancel()
+        self._flush_turn = None
+        while self._held:  # calls waiting for their group: queued on the thread, one by one, in order
+            name, args, d = self._held.popleft()
+            self._threaded(name, *args).chainDeferred(d)
+        if self._events_turn is not None and self._events_turn.active():
+            self._events_turn.cancel()
+        self._events_turn = None
+        while self._events_waiting:  # event batches not written yet: on the event log's thread, in order
+            events, ed = self._events_waiting.popleft()
+            self._events_threaded(events).chainDeferred(ed)
+
+    def _detach(self) -> tuple[ThreadPool | None, ...]:
+        pools = super()._detach()
+        events_pool, self._events_pool = self._events_pool, None
+        return (*pools, events_pool)
+
+    def _close_parts(self, *pools: ThreadPool | None) -> None:
+        """Join the threads (the event log's first, after the batches already queued), checkpoint, close
+        every connection; each step runs even when an earlier one failed (the first error is raised at the
+        end)."""
+        pool, events_pool = pools
+        try:
+            if events_pool is not None:
+                events_pool.stop()
+        finally:
+            try:
+                events_store, self._events_store = self._events_store, None  # its thread is done
+                if events_store is not None:
+                    events_store.close()
+            finally:
+                try:
+                    if pool is not None:
+                        pool.stop()
+                    try:
+                        self._sqlite.checkpoint()
+                    except StoreError:
+                        pass
+                finally:
+                    try:
+                        self._inline.close()
+                    finally:
+                        self._sqlite.close()

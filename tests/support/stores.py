@@ -67,7 +67,9 @@ class Backend:
         persistent: a store reopened at the same location sees what an earlier one wrote.
         injectable_clock: ``open`` honours ``clock`` (False: the backend has a clock of its own, a server's).
         inline_async: :class:`~scrapy_polite.stores.AsyncStore` calls it on the reactor thread when it is
-            not contended, so its Deferreds have fired when the call returns.
+            not contended, so its Deferreds have fired when the call returns (but see ``grouped``).
+        grouped: its updates are group-committed (docs/spec.md §6, "Group commit"): the calls of one reactor
+            turn run in one transaction on the next turn, so their Deferreds fire then.
         cleanup: ``cleanup(location)`` after the test, or None.
     """
 
@@ -76,6 +78,7 @@ class Backend:
     persistent: bool = False
     injectable_clock: bool = True
     inline_async: bool = False
+    grouped: bool = False
     cleanup: Callable[[str], None] | None = None
 
 
@@ -181,7 +184,7 @@ def _flush_redis_cluster_sharded(location: str) -> None:
 #: Every backend the shared suite runs over. Append one entry to add a backend.
 BACKENDS: list[Backend] = [
     Backend("memory", _open_memory, persistent=False, injectable_clock=True, inline_async=True),
-    Backend("sqlite", _open_sqlite, persistent=True, injectable_clock=True, inline_async=True),
+    Backend("sqlite", _open_sqlite, persistent=True, injectable_clock=True, inline_async=True, grouped=True),
     Backend("redis", _open_redis, persistent=True, injectable_clock=False, inline_async=False,
             cleanup=_flush_redis_prefix),
     Backend("redis-cluster", _open_redis_cluster, persistent=True, injectable_clock=False, inline_async=False,
