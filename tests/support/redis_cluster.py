@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.redis_server import SessionService, die_with_parent, ping, require_redis
+from tests.support.redis_server import SessionService, die_with_parent, ping, require_redis, stop_processes
 
 __all__ = ["LocalCluster", "cluster_port", "flush_cluster_prefix", "node_ports", "redis_cluster_url", "session_cluster_url", "stop_session_cluster"]
 
@@ -164,15 +164,7 @@ class LocalCluster:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every node (SIGTERM, then SIGKILL after ``timeout`` seconds) and wait until they are gone."""
         processes, self.processes = self.processes, []
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout)
+        stop_processes(processes, timeout)
 
     def cleanup(self) -> None:
         """Stop the nodes and remove their directories."""

@@ -24,13 +24,13 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 __all__ = ["RedisServer", "die_with_parent", "free_port", "ping", "redis_binary", "redis_url", "require_redis",
-           "SessionService", "session_redis_url", "stop_session_server", "unique_prefix"]
+           "SessionService", "session_redis_url", "stop_processes", "stop_session_server", "unique_prefix"]
 
 #: ``redis-server`` as found on the machine (Debian's package installs /usr/bin/redis-server).
 REDIS_SERVER = "redis-server"
@@ -119,14 +119,8 @@ class RedisServer:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM; its append-only file is already synced) and wait until it is gone."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
+        if process is not None:
+            stop_processes([process], timeout)
 
     def cleanup(self) -> None:
         """Stop the server and remove its directory (when this object made it)."""
@@ -139,6 +133,19 @@ class RedisServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.cleanup()
+
+
+def stop_processes(processes: Sequence[subprocess.Popen[Any]], timeout: float = 10.0) -> None:
+    """SIGTERM each of ``processes`` still running, then wait for each (SIGKILL after ``timeout`` seconds)."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
 
 
 def die_with_parent() -> None:
