@@ -289,16 +289,28 @@ def fetched_pages(servers: list[Any]) -> set[tuple[str, str]]:
     return {(a.server_address, a.path) for a in arrivals(servers) if a.status == 200}
 
 
-def test_the_worker_holding_a_throttled_host_is_killed_and_nothing_is_lost(redis_url, arrival_server, tmp_path):
-    retry_after, pages = 2.0, 12
-    servers, first, seen = start_throttled_servers(arrival_server, 2, retry_after)
+def throttled_farm(tmp_path: Any, redis_url: str, arrival_server: Any, throttles: int, retry_after: float,
+                   pages: int, labels: tuple[str, str], settle: float
+                   ) -> tuple[list[Any], str, dict[str, Any], Worker, Worker]:
+    """Two workers (``labels``) on ``pages`` pages of two servers (:func:`start_throttled_servers`), the whole
+    frontier in the shared request queue; returns once the first 429 was answered and ``settle`` seconds more
+    passed: the servers, the spider's name, the settings, the worker that received the 429 and the other."""
+    servers, first, seen = start_throttled_servers(arrival_server, throttles, retry_after)
     name = farm_name()
     push_requests(redis_url, name, page_urls(servers, pages))
-    settings = farm_settings(redis_url, unique_prefix("kill"))
-    a, b = (Worker(tmp_path, label, name, settings, [["ka", 0.0], ["kb", 0.0]]) for label in ("ka", "kb"))
+    settings = farm_settings(redis_url, unique_prefix(labels[0]))
+    a, b = (Worker(tmp_path, label, name, settings, [[other, 0.0] for other in labels]) for label in labels)
     assert first.wait(60), a.text()[-3000:] + b.text()[-3000:]
-    time.sleep(1.0)  # it holds the throttled host's requests (deferred until Retry-After), and its lines
-    victim, survivor = (a, b) if seen["agent"] == "ka" else (b, a)
+    time.sleep(settle)
+    holder, other = (a, b) if seen["agent"] == labels[0] else (b, a)
+    return servers, name, settings, holder, other
+
+
+def test_the_worker_holding_a_throttled_host_is_killed_and_nothing_is_lost(redis_url, arrival_server, tmp_path):
+    retry_after, pages = 2.0, 12
+    # After 1 s the victim holds the throttled host's requests (deferred until Retry-After), and its lines.
+    servers, name, settings, victim, survivor = throttled_farm(tmp_path, redis_url, arrival_server, 2, retry_after,
+                                                               pages, ("ka", "kb"), settle=1.0)
     victim.killed()
     replacement = Worker(tmp_path, "kc", name, settings, [["kc", 0.0]])
     stats = [survivor.stats(), replacement.stats()]  # both close on their own
@@ -358,14 +370,8 @@ def test_requests_in_flight_with_a_killed_worker_come_back_when_its_lease_expire
 def test_a_graceful_stop_gives_its_requests_back_and_the_other_worker_fetches_them(redis_url, arrival_server,
                                                                                     tmp_path):
     retry_after, pages = 2.0, 10
-    servers, first, seen = start_throttled_servers(arrival_server, 1, retry_after)
-    name = farm_name()
-    push_requests(redis_url, name, page_urls(servers, pages))
-    settings = farm_settings(redis_url, unique_prefix("stop"))
-    a, b = (Worker(tmp_path, label, name, settings, [["ga", 0.0], ["gb", 0.0]]) for label in ("ga", "gb"))
-    assert first.wait(60), a.text()[-3000:] + b.text()[-3000:]
-    time.sleep(0.5)
-    stopped, other = (a, b) if seen["agent"] == "ga" else (b, a)
+    servers, _, _, stopped, other = throttled_farm(tmp_path, redis_url, arrival_server, 1, retry_after, pages,
+                                                   ("ga", "gb"), settle=0.5)
     stopped.signal(signal.SIGINT)  # Ctrl-C: Scrapy's graceful stop
     stopped_stats, other_stats = stopped.stats(), other.stats()
     assert stopped_stats["finish_reason"] == "shutdown", stopped_stats

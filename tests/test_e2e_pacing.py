@@ -394,9 +394,11 @@ async def test_lowercase_retry_after_with_retry_middleware(arrival_server, tmp_p
     assert crawler.spider.statuses() == [200]
 
 
-@pytest_twisted.ensureDeferred
-async def test_negative_retry_after_is_invalid_and_ordinary_backoff_applies(arrival_server, tmp_path):
-    srv = arrival_server("127.0.1.71")
+async def throttled_once(arrival_server, tmp_path, address, retry_after):
+    """Two pages of one host, the first answered 429 with ``Retry-After: retry_after`` (its text), then 200s:
+    the crawler, the arrivals (the throttled page retried last: 429, 200, 200) and the host's row as it stood
+    when the second request came."""
+    srv = arrival_server(address)
     s = settings(tmp_path)
     rows = []
 
@@ -404,10 +406,16 @@ async def test_negative_retry_after_is_invalid_and_ordinary_backoff_applies(arri
         rows.append(read_row(s["POLITE_STORE"], srv.address))
         return page()
 
-    srv.route("/*", scripted(Reply.throttle(429, "-5"), second))
+    srv.route("/*", scripted(Reply.throttle(429, retry_after), second))
     crawler = await run_crawl(ListSpider, s, urls=[srv.url("/p/0"), srv.url("/p/1")], timeout=40)
     hits = timeline(srv)
     assert [a.status for a in hits] == [429, 200, 200], describe(hits)  # the throttled page retried last
+    return crawler, hits, rows
+
+
+@pytest_twisted.ensureDeferred
+async def test_negative_retry_after_is_invalid_and_ordinary_backoff_applies(arrival_server, tmp_path):
+    crawler, hits, rows = await throttled_once(arrival_server, tmp_path, "127.0.1.71", "-5")
     assert stat(crawler, "retry_after/invalid") == 1
     assert not stat(crawler, "retry_after/honoured")
     gap = hits[1].start - hits[0].end
@@ -418,18 +426,7 @@ async def test_negative_retry_after_is_invalid_and_ordinary_backoff_applies(arri
 
 @pytest_twisted.ensureDeferred
 async def test_past_http_date_retry_after_is_one_plain_throttle_step(arrival_server, tmp_path):
-    srv = arrival_server("127.0.1.72")
-    s = settings(tmp_path)
-    rows = []
-
-    def second(info, count):
-        rows.append(read_row(s["POLITE_STORE"], srv.address))
-        return page()
-
-    srv.route("/*", scripted(Reply.throttle(429, "Wed, 21 Oct 2015 07:28:00 GMT"), second))
-    crawler = await run_crawl(ListSpider, s, urls=[srv.url("/p/0"), srv.url("/p/1")], timeout=40)
-    hits = timeline(srv)
-    assert [a.status for a in hits] == [429, 200, 200], describe(hits)  # the throttled page retried last
+    crawler, hits, rows = await throttled_once(arrival_server, tmp_path, "127.0.1.72", "Wed, 21 Oct 2015 07:28:00 GMT")
     gap = hits[1].start - hits[0].end
     assert 1.0 - TOL <= gap <= 2.0, describe(hits)
     assert rows and rows[0].consec == 1

@@ -82,21 +82,14 @@ def polite_stats(crawler) -> dict[str, Any]:
     return {k: v for k, v in crawler.stats.get_stats().items() if k.startswith("polite/")}
 
 
-def closed_tcp_port(address: str) -> int:
-    """A TCP port on ``address`` that nothing listens on (bound, then closed)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def closed_port(address: str, kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
+    """A port on ``address`` (TCP, or UDP with ``kind=socket.SOCK_DGRAM``) that nothing listens on (bound, then
+    closed)."""
+    s = socket.socket(socket.AF_INET, kind)
     s.bind((address, 0))
     port = s.getsockname()[1]
     s.close()
-    return port
-
-
-def closed_udp_port(address: str) -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind((address, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return int(port)
 
 
 class SilentServer:
@@ -138,7 +131,7 @@ async def test_refused_connection_and_timeout_count_as_throttles(tmp_path):
     Fails when Scrapy's wrapped download errors (``DownloadConnectionRefusedError``,
     ``DownloadTimeoutError``, Scrapy >= 2.17) are not recognised as server-side failures: then no row has
     a backoff step and the stat is missing."""
-    refused_port = closed_tcp_port("127.0.4.1")
+    refused_port = closed_port("127.0.4.1")
     silent = SilentServer("127.0.4.2")
     uri = sqlite_uri(tmp_path)
     try:
@@ -169,7 +162,7 @@ async def test_dns_failure_does_not_touch_the_backoff(tmp_path):
     (Twisted's ``DNSLookupError`` family, which the resolver's ``DNSTimeout`` belongs to, or Scrapy's
     ``CannotResolveHostError``) are counted as server-side failures: the row then has ``consec == 1``
     (checked by adding ``DNSLookupError`` to the pacer's server-side failures)."""
-    ns = f"127.0.4.3:{closed_udp_port('127.0.4.3')}"
+    ns = f"127.0.4.3:{closed_port('127.0.4.3', socket.SOCK_DGRAM)}"
     uri = sqlite_uri(tmp_path)
     crawler = await run_crawl(
         ListSpider, settings(POLITE_STORE=uri, POLITE_DNS_NAMESERVERS=[ns], POLITE_DNS_TIMEOUT=0.5,

@@ -15,7 +15,6 @@ skipped on a developer's machine and **fail** in CI (``$CI`` set), as :mod:`test
 
 from __future__ import annotations
 
-import atexit
 import os
 import random
 import shutil
@@ -27,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.redis_server import die_with_parent, ping, require_redis
+from tests.support.redis_server import SessionService, die_with_parent, ping, require_redis, stop_processes
 
 __all__ = ["LocalCluster", "cluster_port", "flush_cluster_prefix", "node_ports", "redis_cluster_url", "session_cluster_url", "stop_session_cluster"]
 
@@ -165,15 +164,7 @@ class LocalCluster:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every node (SIGTERM, then SIGKILL after ``timeout`` seconds) and wait until they are gone."""
         processes, self.processes = self.processes, []
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout)
+        stop_processes(processes, timeout)
 
     def cleanup(self) -> None:
         """Stop the nodes and remove their directories."""
@@ -213,28 +204,18 @@ def flush_cluster_prefix(url: str, prefix: str) -> None:
         client.close()
 
 
-_SESSION: LocalCluster | None = None
+_SESSION = SessionService("POLITE_TEST_REDIS_CLUSTER_URL", lambda: LocalCluster().start())
 
 
 def session_cluster_url() -> str:
     """The session's cluster: ``$POLITE_TEST_REDIS_CLUSTER_URL``, else a :class:`LocalCluster` started on first
     use (see :func:`stop_session_cluster`). Skips (fails in CI) when there is neither."""
-    global _SESSION
-    url = os.environ.get("POLITE_TEST_REDIS_CLUSTER_URL")
-    if url:
-        return url
-    if _SESSION is None:
-        _SESSION = LocalCluster().start()
-        atexit.register(stop_session_cluster)
-    return _SESSION.url
+    return _SESSION.url()
 
 
 def stop_session_cluster() -> None:
     """Stop the cluster :func:`session_cluster_url` started, if any."""
-    global _SESSION
-    if _SESSION is not None:
-        _SESSION.cleanup()
-        _SESSION = None
+    _SESSION.stop()
 
 
 @pytest.fixture(scope="session")

@@ -24,12 +24,13 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 __all__ = ["RedisServer", "die_with_parent", "free_port", "ping", "redis_binary", "redis_url", "require_redis",
-           "session_redis_url", "stop_session_server", "unique_prefix"]
+           "SessionService", "session_redis_url", "stop_processes", "stop_session_server", "unique_prefix"]
 
 #: ``redis-server`` as found on the machine (Debian's package installs /usr/bin/redis-server).
 REDIS_SERVER = "redis-server"
@@ -118,14 +119,8 @@ class RedisServer:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM; its append-only file is already synced) and wait until it is gone."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
+        if process is not None:
+            stop_processes([process], timeout)
 
     def cleanup(self) -> None:
         """Stop the server and remove its directory (when this object made it)."""
@@ -138,6 +133,19 @@ class RedisServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.cleanup()
+
+
+def stop_processes(processes: Sequence[subprocess.Popen[Any]], timeout: float = 10.0) -> None:
+    """SIGTERM each of ``processes`` still running, then wait for each (SIGKILL after ``timeout`` seconds)."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
 
 
 def die_with_parent() -> None:
@@ -158,29 +166,45 @@ def ping(host: str, port: int) -> bool:
         return False
 
 
-_SESSION: RedisServer | None = None
+class SessionService:
+    """One service for the whole test session: the URL in the environment variable ``env`` when set, else one
+    ``start()`` builds on first use (an object with ``url`` and ``cleanup()``: :class:`RedisServer`, a
+    Redis Cluster), cleaned up by :meth:`stop` or at the interpreter's exit."""
+
+    def __init__(self, env: str, start: Callable[[], Any]) -> None:
+        self.env = env
+        self._start = start
+        self._running: Any = None
+
+    def url(self) -> str:
+        url = os.environ.get(self.env)
+        if url:
+            return url
+        if self._running is None:
+            self._running = self._start()
+            atexit.register(self.stop)
+        return str(self._running.url)
+
+    def stop(self) -> None:
+        """Clean up what :meth:`url` started, if anything."""
+        if self._running is not None:
+            self._running.cleanup()
+            self._running = None
+
+
+_SESSION = SessionService("POLITE_TEST_REDIS_URL", lambda: RedisServer().start())
 
 
 def session_redis_url() -> str:
     """The session's server: ``$POLITE_TEST_REDIS_URL``, else a ``redis-server`` started on first use (see
     :func:`stop_session_server`). Skips (fails in CI) when there is neither."""
-    global _SESSION
-    url = os.environ.get("POLITE_TEST_REDIS_URL")
-    if url:
-        return url
-    if _SESSION is None:
-        _SESSION = RedisServer().start()
-        atexit.register(stop_session_server)
-    return _SESSION.url
+    return _SESSION.url()
 
 
 def stop_session_server() -> None:
     """Stop the server :func:`session_redis_url` started, if any (the ``redis_url`` fixture does, at the end of
     the session)."""
-    global _SESSION
-    if _SESSION is not None:
-        _SESSION.cleanup()
-        _SESSION = None
+    _SESSION.stop()
 
 
 @pytest.fixture(scope="session")
