@@ -29,6 +29,7 @@ from scrapy.utils.project import data_path
 from twisted.internet import threads
 from twisted.internet.defer import Deferred
 
+from ._compat import crawler_engine
 from .addresses import AddressFilter
 from .booking import Booker
 from .browser import BrowserRequestGuard
@@ -294,8 +295,7 @@ class Pacer:
         if not force and 0.0 <= now - self._reconciled < 1.0:
             return 0
         self._reconciled = now
-        engine = getattr(self.crawler, "engine", None)
-        active = getattr(getattr(engine, "downloader", None), "active", None)
+        active = getattr(getattr(crawler_engine(self.crawler), "downloader", None), "active", None)
         return self.lifecycle.reconcile(active, self.booker.release)
 
     def drop(self, request: Request) -> None:
@@ -492,7 +492,7 @@ class Pacer:
 
 def close_spider_soon(crawler: Crawler, reason: str) -> None:
     """Close the crawler's spider with ``reason`` on the next reactor turn (no-op when not running)."""
-    engine = getattr(crawler, "engine", None)
+    engine = crawler_engine(crawler)
     if engine is not None and getattr(engine, "running", False):
         call_later(0, _close_spider, crawler, reason)
 
