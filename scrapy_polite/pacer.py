@@ -13,6 +13,13 @@ It composes the glue units, each with one job:
   :class:`~scrapy_polite.outage.StoreGuard` (calls wait through an outage of a server store).
 
 The rules themselves are in :mod:`scrapy_polite.policy`; nothing here decides a duration.
+
+The pacer is the only way in: the middleware, the extension and the example project call its methods and
+properties, never the units behind them (:attr:`Pacer.store_uri`, :meth:`Pacer.hosts_in_backoff`,
+:meth:`Pacer.logged_events`, :meth:`Pacer.send_to`, ...). It is the one owner of a download's outcome: a
+response is recorded by :meth:`Pacer.response_downloaded` (the signal, connected by the middleware), a failure
+by :meth:`Pacer.after_failure`, and :meth:`Pacer.after_response` says what the record decided. What the pace
+table's backend can do is asked once, of the abilities it declares (:mod:`scrapy_polite.stores.base`).
 """
 
 from __future__ import annotations
