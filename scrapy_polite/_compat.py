@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from twisted.web.iweb import IPolicyForHTTPS
 
 __all__ = ["HAS_H2", "commit_without_fsync", "download_pinned", "download_pinned_h2", "fail_crawl_process",
-           "pinned_agent", "server_side_failure_types", "wake_engine"]
+           "pinned_agent", "server_side_failure_types", "wake_engine", "crawler_engine"]
 
 #: Scrapy's HTTP/1.1 handler logs its data-loss warning here (``http11.logger``); so do we.
 _http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
@@ -299,6 +299,15 @@ def server_side_failure_types() -> tuple[type[BaseException], ...]:
         DownloadConnectionRefusedError,
         DownloadFailedError,
     )
+
+
+def crawler_engine(crawler: Any) -> Any:
+    """The crawler's execution engine, or None before the crawl started it (Scrapy 2.19.0's ``Crawler.engine``
+    raises ``RuntimeError`` until then; Scrapy 2.18.0's is None)."""
+    try:
+        return getattr(crawler, "engine", None)
+    except RuntimeError:
+        return None
 
 
 def wake_engine(crawler: Crawler) -> None:

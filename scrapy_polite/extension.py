@@ -32,7 +32,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.reactor import is_reactor_installed
 from twisted.internet import task
 
-from ._compat import fail_crawl_process
+from ._compat import crawler_engine, fail_crawl_process
 from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, check_resolver
 from .addon import component_name as name
 from .pacer import Pacer, discard_pacer, get_pacer
@@ -257,8 +257,7 @@ class PoliteExtension:
         """Log the progress line at INFO (:func:`~scrapy_polite.summary.format_progress`), when requests are
         held or hosts back off."""
         scheduler = self.pacer.scheduler
-        engine = getattr(self.crawler, "engine", None)
-        downloader = getattr(engine, "downloader", None)
+        downloader = getattr(crawler_engine(self.crawler), "downloader", None)
         idle = (scheduler is not None and not scheduler.has_pending_requests()
                 and not getattr(downloader, "active", None))
         line = format_progress(self.pacer.report, self.held_hosts(), now=self.pacer.clock(), idle=idle,

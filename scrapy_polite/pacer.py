@@ -13,6 +13,13 @@ It composes the glue units, each with one job:
   :class:`~scrapy_polite.outage.StoreGuard` (calls wait through an outage of a server store).
 
 The rules themselves are in :mod:`scrapy_polite.policy`; nothing here decides a duration.
+
+The pacer is the only way in: the middleware, the extension and the example project call its methods and
+properties, never the units behind them (:attr:`Pacer.store_uri`, :meth:`Pacer.hosts_in_backoff`,
+:meth:`Pacer.logged_events`, :meth:`Pacer.send_to`, ...). It is the one owner of a download's outcome: a
+response is recorded by :meth:`Pacer.response_downloaded` (the signal, connected by the middleware), a failure
+by :meth:`Pacer.after_failure`, and :meth:`Pacer.after_response` says what the record decided. What the pace
+table's backend can do is asked once, of the abilities it declares (:mod:`scrapy_polite.stores.base`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from scrapy.utils.project import data_path
 from twisted.internet import threads
 from twisted.internet.defer import Deferred
 
+from ._compat import crawler_engine
 from .addresses import AddressFilter
 from .booking import Booker
 from .browser import BrowserRequestGuard
@@ -295,8 +303,7 @@ class Pacer:
         if not force and 0.0 <= now - self._reconciled < 1.0:
             return 0
         self._reconciled = now
-        engine = getattr(self.crawler, "engine", None)
-        active = getattr(getattr(engine, "downloader", None), "active", None)
+        active = getattr(getattr(crawler_engine(self.crawler), "downloader", None), "active", None)
         return self.lifecycle.reconcile(active, self.booker.release)
 
     def drop(self, request: Request) -> None:
@@ -493,7 +500,7 @@ class Pacer:
 
 def close_spider_soon(crawler: Crawler, reason: CloseReason) -> None:
     """Close the crawler's spider with ``reason`` on the next reactor turn (no-op when not running)."""
-    engine = getattr(crawler, "engine", None)
+    engine = crawler_engine(crawler)
     if engine is not None and getattr(engine, "running", False):
         call_later(0, _close_spider, crawler, reason)
 

@@ -17,7 +17,7 @@ from twisted.internet.defer import succeed
 from scrapy_polite.commands import EXIT_BAD_LOG, EXIT_OK, EXIT_STORE, EXIT_VIOLATED, run_command
 from scrapy_polite.events import EventLog
 from scrapy_polite.seams import ClockSync
-from scrapy_polite.stores import Event, MemoryStore, SQLiteStore, StoreOptions, open_store
+from scrapy_polite.stores import Event, MemoryStore, SQLiteStore, StoreOptions, open_store, table_name
 from tests.support.audit_log import T0, Log
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
 
@@ -246,7 +246,8 @@ class _Async:
 
 
 def _log(writer: Any) -> EventLog:
-    return EventLog(writer, ClockSync(lambda: T0), source="m:1")
+    """The log the pacer builds: named by its backend's table (:func:`~scrapy_polite.stores.table_name`)."""
+    return EventLog(writer, ClockSync(lambda: T0), source="m:1", table=table_name(getattr(writer, "store", writer)))
 
 
 def test_crawlers_of_one_process_on_one_table_share_one_numbering():
