@@ -19,7 +19,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from twisted.internet import defer, threads
 from twisted.python.failure import Failure
@@ -232,11 +232,16 @@ class SQLiteStore:
     Attributes:
         recovery: what the opening found of an unclean stop (:class:`Recovery`), or None (every earlier
             opener closed cleanly, or is still running).
+        write_transactions: (class attribute) about how many write transactions every SQLiteStore of this
+            process has run, a counter for the benches (``bench/overhead.py`` prints it per page); not
+            exact when several threads write at once.
 
     Raises:
         StoreError: the file cannot be created, opened, migrated or written (unwritable directory,
             corrupt file, a schema newer than this version knows). The message names the path and the fix.
     """
+
+    write_transactions: ClassVar[int] = 0
 
     def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
                  clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX,
@@ -408,6 +413,7 @@ class SQLiteStore:
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
+            SQLiteStore.write_transactions += 1
             try:
                 yield db
                 db.execute("COMMIT")
