@@ -20,8 +20,8 @@ per page (``time.process_time()``: user + system of every thread of the crawling
 process excluded), and its garbage collections per generation (``gc 1600/146/13``) with the CPU they took
 per page, and the SQLite write transactions it ran per page (``transactions/page``: the group commit,
 docs/spec.md §6, shows there; 0 for plain Scrapy and the memory store). Then the **medians** of each and the
-ratios to plain Scrapy: pages/s polite/plain (target ≥ 0.97) and CPU per page polite − plain (target ≤ +3 %). A warm-up crawl runs first.
-``-s NAME=VALUE`` adds a setting to the polite runs (``-s POLITE_EVENT_LOG=false``).
+ratios to plain Scrapy: pages/s polite/plain (target ≥ 0.97) and CPU per page polite − plain (target ≤ +3 %).
+A warm-up crawl runs first. ``-s NAME=VALUE`` adds a setting to the polite runs (``-s POLITE_EVENT_LOG=false``).
 ``--order host`` lists all URLs of one host, then the next (the add-on then defers the requests whose host's
 line is taken). ``--profile FILE`` runs one more polite crawl under ``cProfile`` and writes its stats to
 FILE (read with ``python -m pstats FILE``). Runs in about a minute on two cores.
