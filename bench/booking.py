@@ -272,8 +272,8 @@ def bench_booking(directory: str, n_hosts: int, n_addresses: int, n_ops: int) ->
     size = os.path.getsize(path) / 1e6
     p99 = percentile(timings, 99)
     print(latency_line("AsyncStore.update_many", timings,
-                       f"   ({booked:,} booked now, {threaded:,} waited > 1 ms (a hold or the thread), WAL {wal:.1f} MB; "
-                       "the pacer's path: one reactor turn, the group commit)"))
+                       f"   ({booked:,} booked now, {threaded:,} waited > 1 ms (a hold or the thread), "
+                       f"WAL {wal:.1f} MB; the pacer's path: one reactor turn, the group commit)"))
     path = os.path.join(directory, "booking-raw-async.sqlite3")
     fill(path, table_rows)
     timings = raw_book_loop(path, hosts, host_addresses, n_ops, now, checkpoint_aside=True)
