@@ -19,7 +19,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from twisted.internet import defer, threads
 from twisted.python.failure import Failure
@@ -232,11 +232,16 @@ class SQLiteStore:
     Attributes:
         recovery: what the opening found of an unclean stop (:class:`Recovery`), or None (every earlier
             opener closed cleanly, or is still running).
+        write_transactions: (class attribute) about how many write transactions every SQLiteStore of this
+            process has run, a counter for the benches (``bench/overhead.py`` prints it per page); not
+            exact when several threads write at once.
 
     Raises:
         StoreError: the file cannot be created, opened, migrated or written (unwritable directory,
             corrupt file, a schema newer than this version knows). The message names the path and the fix.
     """
+
+    write_transactions: ClassVar[int] = 0
 
     def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
                  clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX,
@@ -408,6 +413,7 @@ class SQLiteStore:
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
+            SQLiteStore.write_transactions += 1
             try:
                 yield db
                 db.execute("COMMIT")
@@ -633,13 +639,13 @@ class AsyncSQLiteStore(ThreadedStore):
       writer holds the lock (:class:`~scrapy_polite.stores.base.StoreBusy`), the whole group runs on the
       store's own thread, which may wait for the lock; the calls made meanwhile wait on the reactor's side
       and then run inline again. Calls complete in call order.
-    * **Checkpoints**: the store's thread checkpoints the WAL while the calls made meanwhile wait on the
-      reactor's side (no write lands in the WAL while it is copied back, so the next write starts it over;
-      the calls then form one group): first when the WAL's file has grown past ``restart_frames`` pages
-      (looked at every 250 inline writes), then after as many writes as made the WAL that long, going by the
-      pages per write the last checkpoint found. The WAL is not checkpointed more often, because each hold
-      lets Scrapy's engine start more downloads meanwhile (``bench/overhead.py``), and a checkpoint that does
-      not hold the calls never lets a busy WAL start over.
+    * **Checkpoints**: the store's thread checkpoints the WAL in two phases: first while the calls go on
+      (the bulk of the WAL is copied back: the crawl is not held), then, when writes landed meanwhile, once
+      more while the calls made meanwhile wait on the reactor's side (it copies only those few pages; no
+      write lands in the WAL while it runs, so the next write starts it over; the calls then form one
+      group). The first checkpoint comes when the WAL's file has grown past ``restart_frames`` pages
+      (looked at every 250 inline writes), the next ones after as many writes as made the WAL that long,
+      going by the pages per write the last checkpoint found (never more often than every 1000 writes).
     * **The event log** (:meth:`append_events`): inline on the no-wait connection too, in transactions of at
       most ``event_chunk`` events, one per reactor turn (under a millisecond each), so it never holds the
       file's write lock while the pace table's calls want it. A batch that finds another process's write
@@ -662,7 +668,9 @@ class AsyncSQLiteStore(ThreadedStore):
         self._held: deque[_Held] = deque()
         self._group_max = max(1, group_max)
         self._flush_turn: Any = None  # the reactor turn scheduled for the next group
-        #: A checkpoint runs on the thread: calls (and event batches) wait.
+        #: A checkpoint runs on the thread (either phase: see :meth:`_checkpoint`).
+        self._checkpoint_running = False
+        #: Its second phase runs: calls (and event batches) wait.
         self._checkpointing = False
         self._restart_frames = max(1, restart_frames)
         #: Inline writes between two checkpoints (set from the WAL's pages per write at each one), and the
@@ -770,7 +778,7 @@ class AsyncSQLiteStore(ThreadedStore):
         ``restart_frames`` pages. After it, a checkpoint every ``_checkpoint_every`` writes."""
         self._since_checkpoint += 1
         self.transactions += 1
-        if self._checkpointing:
+        if self._checkpoint_running:
             return
         if self._learned:
             if self._since_checkpoint >= self._checkpoint_every:
@@ -779,20 +787,34 @@ class AsyncSQLiteStore(ThreadedStore):
             self._checkpoint()
 
     def _checkpoint(self) -> None:
-        """Checkpoint the WAL on the store's thread; calls wait on the reactor's side until it is done (no
-        write lands in the WAL meanwhile, so the next write starts it over)."""
-        if self._closed:
+        """Checkpoint the WAL on the store's thread, in two phases (docs/spec.md §6, "Never blocking the
+        crawl"): first while the calls go on (the bulk of the WAL is copied back, the crawl is not held),
+        then, when writes landed meanwhile, once more with the calls waiting on the reactor's side: it copies
+        only those few pages, and since no write lands in the WAL meanwhile, the next write starts it over."""
+        if self._closed or self._checkpoint_running:
+            return
+        self._checkpoint_running = True
+        d: defer.Deferred[tuple[int, int] | None] = threads.deferToThreadPool(
+            self._reactor, self._start_pool(), self._sqlite.checkpoint)
+        d.addErrback(lambda _failure: None)  # a failed checkpoint leaves the WAL as it was; the next one retries
+        d.addCallback(self._checkpointed_once, self._since_checkpoint)
+
+    def _checkpointed_once(self, frames: tuple[int, int] | None, writes_before: int) -> None:
+        """The first phase is done: when writes landed meanwhile (or it could not copy the whole WAL back),
+        the second phase, holding the calls; else the checkpoint is done."""
+        if frames is None or self._closed or (frames[1] >= frames[0] and self._since_checkpoint == writes_before):
+            self._checkpointed(frames)
             return
         self._checkpointing = True
         d: defer.Deferred[tuple[int, int] | None] = threads.deferToThreadPool(
             self._reactor, self._start_pool(), self._sqlite.checkpoint)
-        d.addErrback(lambda _failure: None)  # a failed checkpoint leaves the WAL as it was; the next one retries
+        d.addErrback(lambda _failure: None)
         d.addCallback(self._checkpointed)
 
     def _checkpointed(self, frames: tuple[int, int] | None) -> None:
         """The checkpoint is done: set the writes until the next one from the pages per write it found,
         then run the calls (and event batches) held meanwhile, in order, inline while they can be."""
-        self._checkpointing = False
+        self._checkpointing = self._checkpoint_running = False
         if frames is not None and frames[0] > 0 and self._since_checkpoint > 0:
             # Pages added since the last checkpoint: all of them when that one copied the whole WAL back
             # (the WAL started over after it), else those past its length (it could not: it kept growing).
