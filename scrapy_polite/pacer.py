@@ -24,6 +24,7 @@ table's backend can do is asked once, of the abilities it declares (:mod:`scrapy
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import weakref
@@ -538,7 +539,7 @@ def open_pace_table(uri: str, options: StoreOptions) -> AsyncStore:
     Raises:
         StoreError: the table cannot be opened or swept (the backend is closed again).
     """
-    backend = open_store(uri, options)
+    backend = open_store(uri, dataclasses.replace(options, mark=True))  # a crawl's opening (§6, "After a crash")
     try:
         expired = 0 if isinstance(backend, ExpiringRows) else backend.expire(backend.now() - options.expire)
         if expired:

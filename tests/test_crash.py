@@ -180,7 +180,7 @@ def check_store_opens(path: str, where: str) -> Recovery | None:
     """The table opens whole; what its opening found of an unclean stop (and repaired: the crash window)."""
     if not os.path.exists(path):
         return None  # killed before the crawl created it
-    store = SQLiteStore(path)  # migrates and takes the write lock: raises StoreError if it cannot
+    store = SQLiteStore(path, mark=True)  # as a crawl opens it; migrates and takes the write lock: raises StoreError if it cannot
     recovery = store.recovery
     store.close()
     db = sqlite3.connect(path)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -467,7 +468,7 @@ OPEN_AND_DIE = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {root!r})
     from scrapy_polite.stores import SQLiteStore
-    store = SQLiteStore(sys.argv[1])
+    store = SQLiteStore(sys.argv[1], mark=True)  # as a crawl opens it
     if sys.argv[2] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)  # kill -9: the table is never closed
     elif sys.argv[2] == "close":
@@ -493,13 +494,13 @@ def test_sqlite_an_unclean_stop_is_found_and_its_last_rows_are_treated_as_just_b
     from scrapy_polite.stores.sqlite import CRASH_WINDOW
 
     path = str(tmp_path / "pace.sqlite3")
-    SQLiteStore(path).close()
-    assert SQLiteStore(path).recovery is None  # a clean close: nothing to find (and this one stays open)
+    SQLiteStore(path, mark=True).close()
+    assert SQLiteStore(path, mark=True).recovery is None  # a clean close: nothing to find (and this one stays open)
     for how in ("close", "open"):  # negative controls: closed cleanly; still running
         proc = _opener(tmp_path, path, how)
         if how == "open":
             assert proc.stdout.readline().strip() == b"open"
-        check = SQLiteStore(path)
+        check = SQLiteStore(path, mark=True)
         assert check.recovery is None, how
         check.close()
         proc.communicate(b"", timeout=30)
@@ -518,7 +519,7 @@ def test_sqlite_an_unclean_stop_is_found_and_its_last_rows_are_treated_as_just_b
     proc.wait(timeout=30)
     assert proc.returncode == -9
     with caplog.at_level("WARNING", logger="scrapy_polite.stores.sqlite"):
-        reopened = SQLiteStore(path)
+        reopened = SQLiteStore(path, mark=True)
     try:
         found = reopened.recovery
         assert found is not None and found.pids == (proc.pid,) and found.rows == 3
@@ -530,7 +531,7 @@ def test_sqlite_an_unclean_stop_is_found_and_its_last_rows_are_treated_as_just_b
         assert [r.message for r in caplog.records if "not closed" in r.message and str(proc.pid) in r.message]
     finally:
         reopened.close()
-    again = SQLiteStore(path)
+    again = SQLiteStore(path, mark=True)
     assert again.recovery is None  # the mark was removed with the repair
     again.close()
 
@@ -567,4 +568,89 @@ def test_sqlite_migrates_a_version_3_file_keeping_its_rows_without_latency(tmp_p
     try:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     finally:
+        db.close()
+
+
+def test_sqlite_a_row_sqlite_refuses_fails_only_its_own_call_in_a_group(tmp_path):
+    """Group commit (docs/spec.md §6): a row SQLite itself refuses (a NaN in a NOT NULL column) fails its
+    own call with a StoreError, and the group's other calls commit; an update_many whose second row is
+    refused writes none of its rows. Negative control: the good calls' rows are there."""
+    store = SQLiteStore(str(tmp_path / "pace.sqlite3"))
+    good = HostState(next_allowed=10.0, updated=5.0)
+    bad = HostState(next_allowed=float("nan"), updated=5.0)
+    try:
+        out = store.run_group([
+            ("update", ("a.example", lambda old, now: (good, "a"))),
+            ("update", ("b.example", lambda old, now: (bad, "b"))),
+            ("update_many", (["c.example", "d.example"],
+                             lambda old, now: ({"c.example": good, "d.example": bad}, "cd"))),
+            ("update", ("e.example", lambda old, now: (good, "e"))),
+        ])
+        assert [ok for ok, _ in out] == [True, False, False, True]
+        assert isinstance(out[1][1], StoreError) and isinstance(out[2][1], StoreError)
+        assert (out[0][1], out[3][1]) == ("a", "e")
+        assert store.get("a.example") == good and store.get("e.example") == good
+        assert store.get("b.example") is None
+        assert store.get("c.example") is None and store.get("d.example") is None  # the call wrote nothing
+    finally:
+        store.close()
+
+
+def _marks(path):
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT token, pid, boot, started FROM openers").fetchall()
+    finally:
+        db.close()
+
+
+def test_sqlite_only_a_crawl_leaves_a_running_mark(tmp_path):
+    """The crash window's marks (docs/spec.md §6, "After a crash") are a crawl's: the stores the commands
+    open (open_store's default options) leave none, so a command that dies is never taken for a crawl's
+    crash. Negative control: with StoreOptions(mark=True) (the crawl's opening) the mark is there."""
+    from scrapy_polite.stores import StoreOptions
+
+    path = str(tmp_path / "pace.sqlite3")
+    uri = f"sqlite:///{path}"
+    command = open_store(uri, StoreOptions())
+    assert _marks(path) == []
+    command.close()
+    crawl = open_store(uri, StoreOptions(mark=True))
+    try:
+        assert [pid for _, pid, _, _ in _marks(path)] == [os.getpid()]
+    finally:
+        crawl.close()
+    assert _marks(path) == []
+
+
+def test_sqlite_a_mark_whose_pid_now_runs_another_process_or_another_boot_is_gone(tmp_path):
+    """A mark names its process by pid, start time and boot: a restarted container's pid 1 (the same pid,
+    another start time) or a reboot (another boot) left it, so it is an unclean stop. Negative controls:
+    this live process's own start time and boot are alive, and a mark without a start time (a system
+    without /proc) is judged by its pid alone."""
+    path = str(tmp_path / "pace.sqlite3")
+    SQLiteStore(path, mark=True).close()
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        started = int(f.read().rpartition(")")[2].split()[19])
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    cases = [("same process", boot, started, False), ("no start time", boot, 0, False),
+             ("pid reused", boot, started + 1, True), ("another boot", "another-boot", started, True)]
+    for name, their_boot, their_start, gone in cases:
+        db = sqlite3.connect(path)
+        db.execute("INSERT INTO openers (token, pid, machine, boot, started, opened, beat) VALUES "
+                   "(?, ?, ?, ?, ?, ?, ?)", (name, os.getpid(), socket.gethostname(), their_boot,
+                                              their_start, time.time(), time.time()))
+        db.commit()
+        db.close()
+        store = SQLiteStore(path, mark=True)
+        try:
+            assert (store.recovery is not None) == gone, name
+        finally:
+            store.close()
+        left = [token for token, _, _, _ in _marks(path)]
+        assert (name in left) == (not gone), name
+        db = sqlite3.connect(path)
+        db.execute("DELETE FROM openers")
+        db.commit()
         db.close()

@@ -194,12 +194,16 @@ class StoreOptions:
         expire: ``POLITE_STORE_EXPIRE``, seconds a row is kept past its ``next_allowed`` and last update.
         events_max: ``POLITE_EVENT_LOG_SIZE``, the most events the table's event log keeps (the oldest
             are deleted first when an append goes beyond it).
+        mark: the opener is a crawl: a file store (SQLite) leaves its "running" mark and looks for those of
+            unclean stops (docs/spec.md §6, "After a crash"). False for the ``scrapy polite`` commands and
+            other readers: a command that dies must not pass for a crawl's crash.
     """
 
     prefix: str = "polite:"
     timeout: float = 60.0
     expire: float = 30 * 24 * 3600.0
     events_max: int = DEFAULT_EVENTS_MAX
+    mark: bool = False
 
 
 class PaceStore(Protocol):

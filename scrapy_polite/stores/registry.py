@@ -80,7 +80,7 @@ def _open_sqlite(uri: str, options: StoreOptions) -> PaceStore:
     path = sqlite_path(uri)
     if not path:
         raise StoreError(f"POLITE_STORE {uri!r} names no file. Fix: e.g. POLITE_STORE = 'sqlite:///polite.sqlite3'.")
-    return SQLiteStore(path, events_max=options.events_max)
+    return SQLiteStore(path, events_max=options.events_max, mark=options.mark)
 
 
 def _open_redis(uri: str, options: StoreOptions) -> PaceStore:

@@ -134,6 +134,8 @@ CREATE TABLE IF NOT EXISTS openers (
     token TEXT PRIMARY KEY,
     pid INTEGER NOT NULL,
     machine TEXT NOT NULL,
+    boot TEXT NOT NULL DEFAULT '',
+    started INTEGER NOT NULL DEFAULT 0,
     opened REAL NOT NULL,
     beat REAL NOT NULL
 ) WITHOUT ROWID;
@@ -186,19 +188,54 @@ class Recovery:
     rows: int
 
 
-def _alive(pid: int) -> bool:
-    """The process ``pid`` runs on this machine (a zombie, killed and not yet reaped, does not)."""
+#: This process's open marks (tokens): a mark with this process's pid and start time that is not among them
+#: was left by a store of this process that was never closed, which is still running.
+_OPEN_TOKENS: set[str] = set()
+
+
+def _boot_id() -> str:
+    """This boot of the machine's kernel (Linux ``/proc/sys/kernel/random/boot_id``), or ``""`` when unknown:
+    a mark of another boot was left by a process that is gone (a reboot, a power loss)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), 0 when this
+    system does not say (no ``/proc``), None when ``pid`` runs no process or a zombie (killed, not reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return None
     except PermissionError:  # another user's process
-        return True
+        pass
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
+            fields = f.read().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return None if os.path.isdir("/proc/self") else 0
+    except OSError:
+        return 0
+    try:
+        return None if fields[0] == "Z" else int(fields[19])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _gone(pid: int, boot: str, started: int, my_boot: str) -> bool:
+    """A mark's process is gone: another boot of this machine left it, or no process ``pid`` runs, or the
+    one that runs started at another moment (the pid was reused: a restarted container's pid 1 too). Two
+    processes whose pids live in different PID namespaces (containers) must not share one file on one
+    hostname: each would take the other's live mark for gone (the harm: a host held an interval, a warning)."""
+    if boot and my_boot and boot != my_boot:
         return True
+    now_started = _start_time(pid)
+    if now_started is None:
+        return True
+    return bool(started and now_started and now_started != started)
 
 
 def _state(row: Sequence[Any] | None) -> HostState | None:
@@ -245,7 +282,7 @@ class SQLiteStore:
 
     def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
                  clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX,
-                 mark: bool = True, _token: str | None = None) -> None:
+                 mark: bool = False, _token: str | None = None) -> None:
         self.path = os.path.abspath(path)
         self.recovery: Recovery | None = None
         #: This opener's mark in ``openers`` (None: no mark), and when its heartbeat was last written.
@@ -292,10 +329,12 @@ class SQLiteStore:
         (an unclean stop: ``kill -9``, a crash, a power loss), treat every row changed within
         :data:`CRASH_WINDOW` seconds before the earliest of their last heartbeats, or since, as just booked
         (:data:`_REPAIR`), remove those marks and leave this opener's (docs/spec.md §6, "After a crash")."""
-        db, now, machine = self._db, self._clock(), socket.gethostname()
-        dead = [(token, pid, beat) for token, pid, beat in
-                db.execute("SELECT token, pid, beat FROM openers WHERE machine = ?", (machine,)).fetchall()
-                if pid != os.getpid() and not _alive(pid)]
+        db, now, machine, boot = self._db, self._clock(), socket.gethostname(), _boot_id()
+        mine = _start_time(os.getpid()) or 0
+        dead = [(token, pid, beat) for token, pid, beat, their_boot, started in
+                db.execute("SELECT token, pid, beat, boot, started FROM openers WHERE machine = ?",
+                           (machine,)).fetchall()
+                if token not in _OPEN_TOKENS and _gone(pid, their_boot, started, boot)]
         if dead:
             last_seen = min(beat for _, _, beat in dead)
             since = last_seen - CRASH_WINDOW
@@ -311,8 +350,9 @@ class SQLiteStore:
         self._token = uuid.uuid4().hex
         self._owns_mark = True
         self._beat = now
-        db.execute("INSERT INTO openers (token, pid, machine, opened, beat) VALUES (?, ?, ?, ?, ?)",
-                   (self._token, os.getpid(), machine, now, now))
+        db.execute("INSERT INTO openers (token, pid, machine, boot, started, opened, beat) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?)", (self._token, os.getpid(), machine, boot, mine, now, now))
+        _OPEN_TOKENS.add(self._token)
 
     def _heartbeat(self, db: sqlite3.Connection) -> None:
         """Inside a write transaction: refresh this opener's mark, at most every :data:`BEAT_EVERY` seconds."""
@@ -518,8 +558,20 @@ class SQLiteStore:
                 stray = [k for k in writes if k not in states]
                 if stray:
                     raise ValueError(f"update function wrote {stray[0]!r}, which it did not read")
-                for k, state in writes.items():
-                    db.execute(_WRITE, _row(k, state))
+                rows = [_row(k, state) for k, state in writes.items()]  # a bad state raises before any write
+                if len(rows) == 1:
+                    db.execute(_WRITE, rows[0])  # one statement: it writes whole or not at all
+                elif rows:
+                    # Several statements: a savepoint, so that a row SQLite refuses undoes this call's
+                    # earlier rows, not the group's other calls.
+                    db.execute("SAVEPOINT polite_call")
+                    try:
+                        db.executemany(_WRITE, rows)
+                    except _CALLER_ERRORS:
+                        db.execute("ROLLBACK TO polite_call")
+                        raise
+                    finally:
+                        db.execute("RELEASE polite_call")
                 return True, result
             if name == "get":
                 return True, _state(db.execute(_SELECT_ONE, (args[0],)).fetchone())
@@ -527,8 +579,10 @@ class SQLiteStore:
                 found = {k: _state(db.execute(_SELECT_ONE, (k,)).fetchone()) for k in args[0]}
                 return True, Snapshot(found, self._clock())
             raise ValueError(f"a group cannot run {name!r}")
+        except _CALLER_ERRORS as exc:  # a row SQLite refuses (a NaN in a NOT NULL column...): this call's own
+            return False, StoreError(f"the pace table {self.path} refused a row: {exc}")
         except sqlite3.Error:
-            raise
+            raise  # the file's failure (locked, full, damaged): the whole group is rolled back
         except Exception as exc:  # the caller's own failure: its call wrote nothing, the group goes on
             return False, exc
 
@@ -616,9 +670,14 @@ class SQLiteStore:
                     self._db.execute("DELETE FROM openers WHERE token = ?", (self._token,))
                 except sqlite3.Error:
                     logger.debug("scrapy-polite: could not remove the running mark of %s", self.uri, exc_info=True)
+                _OPEN_TOKENS.discard(str(self._token))
             self._closed = True
             self._db.close()
 
+
+#: What SQLite raises for one call's own bad row or argument (not for the file): in a group commit that call
+#: fails alone (:meth:`SQLiteStore.run_group`).
+_CALLER_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError)
 
 #: The most calls one group commit runs in one transaction (docs/spec.md §6, "Group commit").
 GROUP_MAX = 512
