@@ -919,8 +919,10 @@ async def test_the_wal_is_checkpointed_about_every_restart_frames_pages(tmp_path
 
 #: The longest a store call may wait on the reactor's side during a checkpoint (docs/spec.md §6, "Never blocking
 #: the crawl"): a second phase (the pages written during the first, then a sync) and a group or two. Measured on
-#: this 2-core machine under load: 60-75 ms; a crawl's download takes longer than this bound.
-LONGEST_WAIT = 0.25
+#: this 2-core machine: 60-75 ms under load one day, 120-145 ms alone (and once 298 ms amid other tests) on a
+#: slower day of the same machine; the bound is a wait no download on loopback notices as the regime change of
+#: docs/spec.md §6 (the old checkpoint held every call for all of it: the first-phase check catches that).
+LONGEST_WAIT = 0.5
 
 
 @pytest_twisted.ensureDeferred
