@@ -116,9 +116,12 @@ async def test_pinned_agent_pool_keys_by_local_bind_address(two_addresses):
             assert await _get(_agent(pool, "127.0.0.2", bind), url) == b"127.0.0.2"
     finally:
         await pool.closeCachedConnections()
-    ports = [a.client_port for a in low.arrivals()]
-    assert len(ports) == 4 and ports[0] == ports[2] and ports[1] == ports[3]
-    assert ports[0] != ports[1]  # one connection per bind address, none shared between them
+    # The log is in completion order, and a server thread can log its answer after the next connection's:
+    # in request order (start), a connection is its (client address, client port).
+    conns = [(a.client_host, a.client_port) for a in sorted(low.arrivals(), key=lambda a: a.start)]
+    assert len(conns) == 4 and conns[0] == conns[2] and conns[1] == conns[3], conns
+    assert conns[1][0] == "127.0.0.5" and conns[0][0] != "127.0.0.5", conns  # each went out from its bind address
+    assert conns[0] != conns[1]  # one connection per bind address, none shared between them
 
 
 def test_server_side_failure_types_are_twisted_and_scrapy_connection_errors():

@@ -332,12 +332,14 @@ async def test_http2_handler_is_pinned_paced_and_persisted(tmp_path):
                     "(without the add-on too): the [http2] extra needs Scrapy >= 2.19")
     from tests.support.h2_server import H2ArrivalServer
 
-    with H2ArrivalServer(["127.0.20.1", "127.0.20.2"]) as srv:
+    with H2ArrivalServer(["127.0.20.1", "127.0.20.2", "127.0.20.21", "127.0.20.22"]) as srv:
         srv.route("/c/0", sequence(Reply.throttle(429, "2"), page()))
-        # d.test has both addresses: with a per-IP interval its requests are booked on either one, so an
-        # arrival on its booked address tells pinning apart from the handler's own choice.
+        # d.test has two addresses of its own: its requests are 0.5 s apart and an address takes one a second,
+        # so its bookings alternate between them (on addresses shared with other hosts, which one is free
+        # first depends on the others' timing). An arrival on its booked address tells pinning apart from
+        # the handler's own choice.
         names = {"a.test": ["127.0.20.1"], "b.test": ["127.0.20.1"], "c.test": ["127.0.20.2"],
-                 "d.test": ["127.0.20.1", "127.0.20.2"]}
+                 "d.test": ["127.0.20.21", "127.0.20.22"]}
         urls = [srv.url(f"/{name[0]}/{i}", host=name) for i in range(3) for name in names]
         crawler = await run_crawl(RecordingSpider, handler_settings(tmp_path, H2, POLITE_DNS_OVERRIDES=names),
                                   urls=urls, timeout=40)
@@ -349,7 +351,7 @@ async def test_http2_handler_is_pinned_paced_and_persisted(tmp_path):
         served = {(a.host, a.path): a.server_address for a in arrivals if a.status == 200}
         booked = {(urlsplit(url).hostname, urlsplit(url).path): ip for url, ip, _peer in crawler.spider.booked}
         assert served == booked
-        assert {ip for (host, _path), ip in booked.items() if host == "d.test"} == {"127.0.20.1", "127.0.20.2"}
+        assert {ip for (host, _path), ip in booked.items() if host == "d.test"} == {"127.0.20.21", "127.0.20.22"}
         assert {(a.host, a.server_address) for a in arrivals if a.host != "d.test"} == {
             (name, addresses[0]) for name, addresses in names.items() if name != "d.test"}
         assert_paced([a for a in arrivals if a.host in ("a.test", "b.test")],

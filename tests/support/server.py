@@ -64,7 +64,8 @@ class Arrival:
     ``host`` is the Host header without port (IPv6 brackets removed, lower-cased); ``start`` is
     ``time.time()`` right after the request line was read, ``end`` right after the response was
     written; ``server_address`` is the local address the connection was accepted on and ``client_port``
-    the peer's port (equal ports on consecutive arrivals = one keep-alive connection).
+    the peer's port (equal ports on consecutive arrivals = one keep-alive connection; with more than one
+    client address, compare ``(client_host, client_port)``).
     """
 
     host: str
@@ -76,6 +77,7 @@ class Arrival:
     client_port: int
     method: str = "GET"
     target: str = ""  # raw request target, query string included
+    client_host: str = ""  # the peer's address: (client_host, client_port) names one connection
 
 
 @dataclass(frozen=True)
@@ -335,6 +337,7 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
                 client_port=self.client_address[1],
                 method=self.command,
                 target=target,
+                client_host=self.client_address[0],
             )
         )
 
