@@ -62,6 +62,11 @@ _OWN_SEQUENCES: weakref.WeakKeyDictionary[Any, Iterator[int]] = weakref.WeakKeyD
 _SEQUENCES_LOCK = threading.Lock()
 
 
+def _numbered(event: Event, seq: int) -> Event:
+    """``event._replace(seq=seq)`` (``seq`` is the last field) at a fifth of its cost: one per event logged."""
+    return tuple.__new__(Event, (*event[:-1], seq))
+
+
 def _sequence(table: str | None, writer: object) -> Iterator[int]:
     with _SEQUENCES_LOCK:
         if table is None:
@@ -128,7 +133,7 @@ class EventLog:
         if self._seq is None:
             self._seq = _sequence(self.table, self.writer)
         buffer = self._buffer
-        buffer.append(event._replace(seq=next(self._seq)))
+        buffer.append(_numbered(event, next(self._seq)))
         if len(buffer) >= self.batch_size:
             self._schedule(0.0)
         elif self._timer is None:

@@ -9,11 +9,15 @@ test. Then one test per **Deviation** of docs/spec.md, the in-flight rule, ``hos
 from __future__ import annotations
 
 import calendar
+import dataclasses
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from scrapy_polite.policy import HostState, PacingPolicy, host_key, parse_retry_after
+from scrapy_polite import policy as policy_module
+from scrapy_polite.policy import NEVER_SEEN, Deferral, HostState, PacingPolicy, host_key, parse_retry_after
 from scrapy_polite.stores import MemoryStore, SQLiteStore
 
 #: The reference defaults, in seconds: base 1 s, backoff cap 300 s, wait cap 60 s.
@@ -657,3 +661,31 @@ def test_a_budget_of_zero_never_retries_and_the_default_is_ten():
     assert POLICY.throttle_retries == 10
     assert POLICY.retry_throttled(throttle=True, retries=9) is True
     assert POLICY.retry_throttled(throttle=True, retries=10) is False
+
+
+# -- the module's fast copy of a row ------------------------------------------------------------------------
+
+_FIELD_VALUES = {f.name: (st.booleans() if f.type == "bool" else st.integers(-1, 10**6) if f.type == "int"
+                          else st.floats(0, 1e10, allow_nan=False)) for f in dataclasses.fields(HostState)}
+
+
+@given(st.fixed_dictionaries({}, optional=_FIELD_VALUES), st.fixed_dictionaries({}, optional=_FIELD_VALUES))
+def test_the_policys_row_copy_is_dataclasses_replace(base, changes):
+    state = HostState(**base)
+    copied = policy_module.replace(state, **changes)
+    assert copied == dataclasses.replace(state, **changes)
+    assert type(copied) is HostState and copied is not state
+    assert state == HostState(**base)  # the original row is untouched (it is shared: NEVER_SEEN)
+    assert hash(copied) == hash(dataclasses.replace(state, **changes))
+
+
+def test_the_policys_row_copy_refuses_an_unknown_field_and_leaves_other_types_to_dataclasses():
+    with pytest.raises(TypeError, match="nxt_allowed"):
+        policy_module.replace(NEVER_SEEN, nxt_allowed=1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        NEVER_SEEN.next_allowed = 5.0  # type: ignore[misc]  # the shared empty row stays immutable
+    assert NEVER_SEEN == HostState()
+    # Negative control: another dataclass goes through dataclasses.replace, __post_init__ included.
+    assert policy_module.replace(Deferral(reason="throttled", due=1.0), due=2.0) == Deferral(reason="throttled", due=2.0)
+    with pytest.raises(ValueError, match="host_interval"):
+        policy_module.replace(PacingPolicy(), host_interval=-1.0)
