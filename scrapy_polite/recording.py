@@ -209,12 +209,19 @@ class Recorder:
             return new, decision
 
         d = self.store.update_many([host, address_key] if address_key else [host], fn)
-        d.addCallbacks(self._recorded, self._failed, callbackArgs=(host, retry_after, label),
+        d.addCallbacks(self._written, self._failed, callbackArgs=(host, request, retry_after, label, status, cause),
                        errbackArgs=(host, label))
-        d.addCallback(self._log_event, host, request, status, retry_after, cause)
         if not self.lifecycle.set_recording(host, request, d):
             self._unlined[request] = d
         return d
+
+    def _written(self, decision: Decision, host: str, request: Request, retry_after: float | None, label: str,
+                 status: int | None, cause: str | None) -> Decision:
+        """The record is in the table: count it, then log its event (one callback: a page's record runs a
+        Deferred's callbacks once)."""
+        self._recorded(decision, host, retry_after, label)
+        self._log_event(decision, host, request, status, retry_after, cause)
+        return decision
 
     def _recorded(self, decision: Decision, host: str, retry_after: float | None, label: str) -> Decision:
         if decision.throttle:

@@ -104,7 +104,8 @@ class Resolution:
             if whole:
                 addresses = await await_deferred(resolver.resolve_whole(host))
             else:
-                addresses = await await_deferred(resolver.resolve(host))
+                known = resolver.resolve_known(host)  # a cached public answer: no Deferred
+                addresses = known if known is not None else await await_deferred(resolver.resolve(host))
             # The resolver is per process; a spider's own (narrower) address rules apply on top of it.
             kept, dropped = self.address_filter.split(addresses)
             if not kept:

@@ -221,27 +221,58 @@ class PublicHostnameResolver:
 
     # -- the resolution ---------------------------------------------------------------------------------
 
+    def _known(self, host: str) -> tuple[str, ...] | None:
+        """:meth:`lookup`'s answer when it needs no query (an address, an override, ``localhost``, a fresh
+        cached answer, which counts a ``cache_hit``); None otherwise (an invalid name included)."""
+        try:
+            parsed = name_host(host)
+        except InvalidHost:
+            return None
+        if parsed.ip is not None:  # an address in any of the URL Standard's spellings: never a DNS name
+            return (str(parsed.ip),)
+        host = parsed.key
+        if host in self.overrides:
+            return self.overrides[host]
+        if host == "localhost" or host.endswith(".localhost"):
+            return ("127.0.0.1", "::1")
+        cached = self._cache.get(host)
+        if cached is not None and cached[1] > self.clock():
+            self.counts["cache_hit"] += 1
+            return cached[0]
+        return None
+
+    def resolve_known(self, host: str) -> list[str] | None:
+        """:meth:`resolve`'s answer without a Deferred, when it is known now and every address of it may be
+        contacted (the crawl's usual case: a cached answer of public addresses); None otherwise: then
+        :meth:`resolve` (which queries, refuses, or drops and counts) gives the answer. The same rules."""
+        addresses = self._known(host)
+        if addresses is None:
+            return None
+        kept, dropped = self._verdict(addresses)
+        return list(kept) if kept and not dropped else None
+
+    def _verdict(self, addresses: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """The address rules' split of an answer (kept, dropped), remembered per answer."""
+        verdict = self._verdicts.get(addresses)
+        if verdict is None:
+            if len(self._verdicts) > 100_000:
+                self._verdicts.clear()
+            verdict = self._verdicts[addresses] = self.filter.split(addresses)
+        return verdict
+
     def lookup(self, host: str) -> defer.Deferred[tuple[str, ...]]:
         """All addresses of ``host`` (unfiltered, sorted, de-duplicated), from literal, override, cache or
         DNS. Fails with :class:`InvalidHostName` (no query sent), :class:`HostNotFound`,
         :class:`DNSServerFailure` or :class:`DNSTimeout`."""
+        known = self._known(host)
+        if known is not None:
+            return defer.succeed(known)
         try:
-            parsed = name_host(host)
+            host = name_host(host).key
         except InvalidHost as exc:
             self.counts["invalid_host"] += 1
             return defer.fail(InvalidHostName(host, exc.reason))
-        if parsed.ip is not None:  # an address in any of the URL Standard's spellings: never a DNS name
-            return defer.succeed((str(parsed.ip),))
-        host = parsed.key
-        if host in self.overrides:
-            return defer.succeed(self.overrides[host])
-        if host == "localhost" or host.endswith(".localhost"):
-            return defer.succeed(("127.0.0.1", "::1"))
         now = self.clock()
-        cached = self._cache.get(host)
-        if cached is not None and cached[1] > now:
-            self.counts["cache_hit"] += 1
-            return defer.succeed(cached[0])
         negative = self._negative.get(host)
         if negative is not None and negative[1] > now:
             return defer.fail(negative[0])
@@ -265,11 +296,7 @@ class PublicHostnameResolver:
         d = self.lookup(host)
 
         def check(addresses: tuple[str, ...]) -> list[str]:
-            verdict = self._verdicts.get(addresses)
-            if verdict is None:
-                if len(self._verdicts) > 100_000:
-                    self._verdicts.clear()
-                verdict = self._verdicts[addresses] = self.filter.split(addresses)
+            verdict = self._verdict(addresses)
             kept, dropped = list(verdict[0]), verdict[1]
             if not kept:
                 self.counts["blocked"] += 1

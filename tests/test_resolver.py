@@ -541,3 +541,28 @@ async def test_concurrent_resolves_of_different_names_run_in_parallel(dns_server
     elapsed = time.monotonic() - started
     # Each lookup is A + AAAA = 0.6 s; four in series would be 2.4 s.
     assert elapsed < 1.8, f"4 lookups took {elapsed:.2f} s: the reactor's thread pool serialised them?"
+
+
+@pytest_twisted.ensureDeferred
+async def test_resolve_known_is_resolve_without_a_deferred_only_when_nothing_is_to_be_asked_or_refused(dns_server):
+    """The crawl's fast path (resolve_known) gives resolve's answer for a literal, an override and a fresh cached
+    answer of public addresses; for anything resolve must query, refuse or trim it gives None."""
+    srv = dns_server({"cached.test": [("8.8.8.8", 300)], "mixed.test": [("8.8.4.4", 300), ("10.0.0.1", 300)],
+                      "later.test": [("9.9.9.9", 300)]})
+    clock = Clock()
+    resolver = make_resolver(srv, clock, min_ttl=0, max_ttl=3600,
+                             overrides={"over.test": ["1.1.1.1"], "meta.test": ["169.254.169.254"]})
+    assert resolver.resolve_known("later.test") is None and srv.lookups("later.test") == 0  # never asks itself
+    assert await resolver.resolve("cached.test") == ["8.8.8.8"]
+    assert await resolver.resolve("mixed.test") == ["8.8.4.4"]
+    for host in ("8.8.8.8", "[2606:4700::1111]", "over.test", "cached.test", "CACHED.test."):
+        assert resolver.resolve_known(host) == await resolver.resolve(host), host
+    hits = resolver.counts["cache_hit"]
+    resolver.resolve_known("cached.test")
+    assert resolver.counts["cache_hit"] == hits + 1  # counted as resolve counts it
+    # Negative controls: a refusal, a trimmed answer, an invalid name, an expired answer go through resolve.
+    for host in ("meta.test", "10.0.0.1", "mixed.test", "exa mple.test"):
+        assert resolver.resolve_known(host) is None, host
+    clock.advance(301)
+    assert resolver.resolve_known("cached.test") is None
+    assert srv.lookups("cached.test") == 1  # and resolve_known did not query
