@@ -20,7 +20,8 @@ per page (``time.process_time()``: user + system of every thread of the crawling
 process excluded), and its garbage collections per generation (``gc 1600/146/13``) with the CPU they took
 per page, and the SQLite write transactions it ran per page (``transactions/page``: the group commit,
 docs/spec.md §6, shows there; 0 for plain Scrapy and the memory store). Then the **medians** of each and the
-ratios to plain Scrapy: pages/s polite/plain (target ≥ 0.97) and CPU per page polite − plain (target ≤ +3 %).
+ratios to plain Scrapy: pages/s polite/plain and CPU per page polite − plain, against the targets
+(:data:`TARGETS`: SQLite ≥ 0.97× and ≤ +3 %, memory ≥ 0.98× and ≤ +2 %).
 A warm-up crawl runs first. ``-s NAME=VALUE`` adds a setting to the polite runs (``-s POLITE_EVENT_LOG=false``).
 ``--order host`` lists all URLs of one host, then the next (the add-on then defers the requests whose host's
 line is taken). ``--profile FILE`` runs one more polite crawl under ``cProfile`` and writes its stats to
@@ -60,6 +61,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # a source checkout: the package need not be installed
 
 BASE = "127.0.5."
+
+#: The targets per store (issue 17): pages/s at least this share of plain Scrapy's, CPU per page at most this
+#: much above plain Scrapy's.
+TARGETS = {"memory": (0.98, 0.02), "sqlite": (0.97, 0.03)}
 
 
 def serve(hosts: int, first: int) -> None:
@@ -146,7 +151,10 @@ async def main(args) -> None:
 
         def polite(run: str, store: str = "sqlite"):
             uri = "memory://" if store == "memory" else f"sqlite:///{tmp}/run{run}/polite.sqlite3"
-            return {**plain, **polite_settings(
+            # Without CONCURRENT_REQUESTS_PER_DOMAIN: 8 is Scrapy's default, and set it would print the add-on's
+            # start-up warning about a per-domain limit on top of its pacing at every run.
+            same = {k: v for k, v in plain.items() if k != "CONCURRENT_REQUESTS_PER_DOMAIN"}
+            return {**same, **polite_settings(
                 POLITE_HOST_INTERVAL=0, POLITE_IP_INTERVAL=0, POLITE_ALLOWED_NETWORKS=["127.0.0.0/8"],
                 POLITE_STORE=uri), **extra_settings}
 
@@ -194,9 +202,10 @@ async def main(args) -> None:
                                       f"{statistics.median(txs[name]):.2f} transactions/page" for name in names))
         for name in names[1:] if "plain" in rate else []:
             ratio, extra_cpu = rate[name] / rate["plain"], cpu[name] / cpu["plain"] - 1
-            print(f"{name}/plain: pages/s {ratio:.3f}x (target >= 0.97: {'met' if ratio >= 0.97 else 'NOT met'}), "
-                  f"CPU per page {extra_cpu * 100:+.1f} % (target <= +3 %: "
-                  f"{'met' if extra_cpu <= 0.03 else 'NOT met'})")
+            least, most = TARGETS["memory" if "memory" in name else "sqlite"]
+            print(f"{name}/plain: pages/s {ratio:.3f}x (target >= {least}: {'met' if ratio >= least else 'NOT met'}), "
+                  f"CPU per page {extra_cpu * 100:+.1f} % (target <= +{most * 100:.0f} %: "
+                  f"{'met' if extra_cpu <= most else 'NOT met'})")
         if args.profile:
             await crawl(polite("profile"), urls, profile=args.profile)
             print(f"cProfile stats of one more polite crawl written to {args.profile}")
