@@ -13,7 +13,9 @@ servers do not compete with the crawler for the GIL), URLs listed round-robin ov
   (``POLITE_HOST_INTERVAL=0``, ``POLITE_IP_INTERVAL=0``), the default SQLite pace table (a fresh file in a
   temporary directory each run), loopback allowed (``POLITE_ALLOWED_NETWORKS``).
 
-For comparison, ``polite (memory://)`` is the add-on with the in-memory pace table (``--no-memory`` skips it).
+For comparison, ``polite (memory://)`` is the add-on with the in-memory pace table (``--no-memory`` skips it),
+and with ``--shell``, ``shell`` is plain Scrapy with components hooked in where the add-on hooks in, doing
+nothing (bench/_shell.py): ``shell/plain`` is the cost of being called, the floor under any add-on's figures.
 Each is run ``--repeat`` times, alternating (the order rotates every round, so none always runs first);
 printed for every run: pages/s (crawl wall time from start to close) and the crawler process's CPU time
 per page (``time.process_time()``: user + system of every thread of the crawling process, the servers'
@@ -59,6 +61,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # a source checkout: the package need not be installed
+
+from _shell import SHELL_SETTINGS  # noqa: E402 - bench/ is the script's directory, first on sys.path
 
 BASE = "127.0.5."
 
@@ -172,6 +176,7 @@ async def main(args) -> None:
               f"({hosts[0]} .. {hosts[-1]}, URLs in {args.order} order), CONCURRENT_REQUESTS=16, "
               f"servers in a separate process; {args.repeat} alternating rounds, {os.cpu_count()} CPUs")
         names = ["plain", "polite"] + (["polite (memory://)"] if args.memory else [])
+        names += ["shell"] if args.shell else []
         if args.only:  # for a sampling profiler (py-spy record -- python bench/overhead.py --only polite)
             names = [{"plain": "plain", "polite": "polite", "memory": "polite (memory://)"}[args.only]]
         rates: dict[str, list[float]] = {name: [] for name in names}
@@ -181,13 +186,15 @@ async def main(args) -> None:
             for name in names[run % len(names):] + names[: run % len(names)]:
                 if name == "plain":
                     settings = plain
+                elif name == "shell":
+                    settings = {**plain, **SHELL_SETTINGS}
                 else:
                     settings = polite(str(run), "memory" if "memory" in name else "sqlite")
                 rate, cpu, crawler = await crawl(settings, urls)
                 rates[name].append(rate)
                 cpus[name].append(cpu)
                 extra = ""
-                if name != "plain":
+                if name.startswith("polite"):
                     get = crawler.stats.get_value
                     extra = (f"  (polite/requests={get('polite/requests')}, deferrals={get('polite/deferrals', 0)}, "
                              f"waits={get('polite/waits', 0)})")
@@ -202,6 +209,10 @@ async def main(args) -> None:
                                       f"{statistics.median(txs[name]):.2f} transactions/page" for name in names))
         for name in names[1:] if "plain" in rate else []:
             ratio, extra_cpu = rate[name] / rate["plain"], cpu[name] / cpu["plain"] - 1
+            if name == "shell":  # not a target: the floor under the add-on's figures (bench/_shell.py)
+                print(f"shell/plain: pages/s {ratio:.3f}x, CPU per page {extra_cpu * 100:+.1f} % (the cost of being "
+                      "called where the add-on is called, doing nothing: the floor of any add-on of its shape)")
+                continue
             least, most = TARGETS["memory" if "memory" in name else "sqlite"]
             print(f"{name}/plain: pages/s {ratio:.3f}x (target >= {least}: {'met' if ratio >= least else 'NOT met'}), "
                   f"CPU per page {extra_cpu * 100:+.1f} % (target <= +{most * 100:.0f} %: "
@@ -222,6 +233,8 @@ if __name__ == "__main__":
     parser.add_argument("--profile", metavar="FILE", help="profile one more polite crawl with cProfile into FILE")
     parser.add_argument("--order", choices=["round-robin", "host"], default="round-robin",
                         help="URL order: round-robin over the hosts (default) or all of one host, then the next")
+    parser.add_argument("--shell", action="store_true",
+                        help="also run plain Scrapy with the add-on's hooks doing nothing (bench/_shell.py)")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
                         help="skip the extra polite run with the memory:// store (for comparison)")
     parser.add_argument("-s", "--set", action="append", default=[], metavar="NAME=VALUE",
