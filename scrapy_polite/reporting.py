@@ -178,6 +178,8 @@ class Report:
 
     def __init__(self, stats: Any, clock: Callable[[], float] = process_clock) -> None:
         self.stats = stats
+        # Read once: Scrapy 2.19's StatsCollector runs a Python __getattribute__ on every attribute read.
+        self._inc_value: Callable[..., None] | None = stats.inc_value if stats is not None else None
         self.clock = clock
         self.started = clock()
         self.turn_span = Span()
@@ -199,8 +201,8 @@ class Report:
 
     def inc(self, key: str, count: float = 1) -> None:
         """Add ``count`` to the stat ``polite/<key>``."""
-        if self.stats is not None:
-            self.stats.inc_value(f"polite/{key}", count)
+        if self._inc_value is not None:
+            self._inc_value(f"polite/{key}", count)
 
     def booked(self, host: str) -> None:
         """A paced request was booked on ``host``."""
