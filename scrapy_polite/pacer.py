@@ -66,6 +66,7 @@ from .stores import (
     StoreClosed,
     StoreError,
     StoreOptions,
+    has_ability,
     hosts_backing_off,
     open_store,
     table_name,
@@ -138,7 +139,7 @@ class Pacer:
         self.report = Report(crawler.stats, clock)
         #: The one owner of every paced request's stage, lines and claims (docs/spec.md §5).
         self.lifecycle = Lifecycle(inc=self.report.inc)
-        self.sync = ClockSync(clock, server_clock=isinstance(self._backend, ServerClock))
+        self.sync = ClockSync(clock, server_clock=has_ability(self._backend, ServerClock))
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)
         self.guard = StoreGuard(store, timeout=config.store_timeout, report=self.report, clock=clock,
                                 sleep=sleep or reactor_sleep)
@@ -443,7 +444,7 @@ class Pacer:
         Raises:
             StoreError: the table cannot be opened or read.
         """
-        if isinstance(self._backend, ProcessLocal):
+        if has_ability(self._backend, ProcessLocal):
             return self._backend.events(since=since, limit=limit)
         store = open_store(self.config.store_uri or default_store_uri(), store_options(self.config))
         try:
@@ -541,12 +542,12 @@ def open_pace_table(uri: str, options: StoreOptions) -> AsyncStore:
     """
     backend = open_store(uri, dataclasses.replace(options, mark=True))  # a crawl's opening (§6, "After a crash")
     try:
-        expired = 0 if isinstance(backend, ExpiringRows) else backend.expire(backend.now() - options.expire)
+        expired = 0 if has_ability(backend, ExpiringRows) else backend.expire(backend.now() - options.expire)
         if expired:
             logger.info("scrapy-polite: expired %d stale hosts from %s", expired, backend.uri)
         logger.info("scrapy-polite: pace table %s", backend.uri)
         # A server store (Redis) is called from a few threads: each call is network I/O.
-        return AsyncStore(backend, threads=backend.threads if isinstance(backend, CallThreads) else 1)
+        return AsyncStore(backend, threads=backend.threads if has_ability(backend, CallThreads) else 1)
     except BaseException:
         backend.close()
         raise
