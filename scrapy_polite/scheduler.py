@@ -112,8 +112,8 @@ class PoliteScheduler:
         self.pacer.scheduler = self
         self._load()
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
-        shared = self.pacer.shared_frontier
-        if is_shared_scheduler(self.inner) and shared is not None:
+        shared = self.pacer.shared_frontier if is_shared_scheduler(self.inner) else None
+        if shared is not None:
             self.frontier = RedisFrontier(self.inner.server, self.inner.queue, spider,
                                           shared.key % {"spider": spider.name}, shared.lease_time,
                                           self.pacer.inc)
