@@ -137,11 +137,11 @@ def build_servers(pages: int, port: int = 0) -> list[Any]:
 
 def read_pace_table(uri: str) -> list[tuple[str, Any]] | None:
     """The persisted rows, or None for a store that persists nothing (memory://)."""
-    from scrapy_polite.stores import ProcessLocal, open_store
+    from scrapy_polite.stores import ProcessLocal, has_ability, open_store
 
     store = open_store(uri)
     try:
-        if isinstance(store, ProcessLocal):
+        if has_ability(store, ProcessLocal):
             return None
         return list(store.items())
     finally:

@@ -79,7 +79,7 @@ def _pacer(method: Callable[..., Any]) -> Pacer:
 def interval_sources(pacer: Pacer, host: str, request: Request) -> list[tuple[float, str]]:
     """Every setting, attribute or row that gives ``host`` an interval for ``request``, as ``(seconds,
     where it comes from)``; their maximum is the interval the pacer applies (docs/spec.md §2)."""
-    sources = [(pacer.policy.host_interval, "POLITE_HOST_INTERVAL")]
+    sources = [(pacer.host_interval, "POLITE_HOST_INTERVAL")]
     counters = pacer.hosts.get(host)
     state = counters.state if counters is not None else None
     if state is not None and state.crawl_delay > 0:
@@ -87,7 +87,7 @@ def interval_sources(pacer: Pacer, host: str, request: Request) -> list[tuple[fl
             sources.append((state.crawl_delay, "the Crawl-delay of its robots.txt"))
         else:
             sources.append((state.crawl_delay, "its Crawl-delay in the pace table"))
-    per_host = pacer.config.host_delays.get(host)
+    per_host = pacer.host_delay(host)
     if per_host is not None:
         sources.append((per_host, f"POLITE_HOST_DELAYS[{host!r}]"))
     if pacer.spider_delay is not None:
@@ -135,9 +135,7 @@ class PoliteDelayContract(_PoliteContract):
         if host is None:
             raise ContractFail(f"{response.url} has no host to pace")
         sources = interval_sources(pacer, host, request)
-        counters = pacer.hosts.get(host)
-        actual = pacer.policy.effective_interval(counters.state if counters is not None else None,
-                                                 pacer.override(host, request))
+        actual = pacer.effective_interval(host, request)
         if actual + 1e-9 >= self.seconds:
             return
         where = " and ".join(source for seconds, source in sources if seconds == actual)

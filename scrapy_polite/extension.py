@@ -44,7 +44,7 @@ from .seams import ResolverNotInstalled
 from .settings import SettingsError, polite_enabled
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import StoreError
-from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
+from .summary import HeldHost, format_start_backoffs
 from .vocabulary import parse_seconds
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class PoliteExtension:
         leftover = leftover_settings_warning(crawler.settings)
         if leftover is not None:
             logger.warning("%s", leftover)
-        if pacer.policy.adaptive is not None and crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
+        if pacer.adaptive_enabled and crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
             # Allowed by POLITE_ADAPTIVE_WITH_AUTOTHROTTLE (else the settings refused to start: docs/spec.md §2).
             logger.warning(
                 "scrapy-polite: POLITE_ADAPTIVE and AutoThrottle both pace this crawl on response times; turn "
@@ -181,16 +181,16 @@ class PoliteExtension:
             self.pacer.inc("stranded")
             raise CloseSpider("polite_stranded")
         wait = (earliest - self.pacer.clock()) if earliest is not None else 0.0
-        if earliest is not None and wait > self.pacer.config.max_idle_wait:
+        if earliest is not None and wait > self.pacer.max_idle_wait:
             logger.info("scrapy-polite: everything left is deferred beyond POLITE_MAX_IDLE_WAIT=%g s; closing. %s",
-                        self.pacer.config.max_idle_wait, scheduler.describe())
+                        self.pacer.max_idle_wait, scheduler.describe())
             raise CloseSpider("polite_deferred")
         raise DontCloseSpider
 
     def _idle_window(self) -> float:
         """scrapy-redis's ``MAX_IDLE_TIME_BEFORE_CLOSE`` when set (> 0), else ``POLITE_MAX_IDLE_WAIT`` (s)."""
         idle = self.crawler.settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
-        return idle if idle > 0 else self.pacer.config.max_idle_wait
+        return idle if idle > 0 else self.pacer.max_idle_wait
 
     async def spider_opened(self, spider: Spider) -> None:
         self._warn_wider_address_rules()
@@ -221,16 +221,16 @@ class PoliteExtension:
         except Exception as exc:  # only a report: the crawl goes on, its own calls meet any store error
             logger.warning("scrapy-polite: could not list the hosts in backoff at start: %s", exc)
             return
-        report = self.pacer.report
+        pacer = self.pacer
         touchable = crawl_can_touch(spider)
         now_listed = []
         for key, state in rows:
-            met = report.hosts.get(key)  # start requests may have met it while the table was read
+            met = pacer.hosts.get(key)  # start requests may have met it while the table was read
             listed = (touchable is not None and touchable(key)) or (met is not None and met.active)
-            report.starts_in_backoff(key, state, offset=offset, announce=not listed)
+            pacer.starts_in_backoff(key, state, offset=offset, announce=not listed)
             if listed:
                 now_listed.append(key)
-        report.on_first_touch = self._announce_backoff
+        pacer.on_first_touch = self._announce_backoff
         line = format_start_backoffs({k: self.pacer.hosts[k] for k in now_listed}, now=self.pacer.clock(),
                                      store_uri=self.pacer.store_uri, store_option=self._store_option())
         if line is not None:
@@ -260,8 +260,7 @@ class PoliteExtension:
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
         idle = (scheduler is not None and not scheduler.has_pending_requests()
                 and not getattr(downloader, "active", None))
-        line = format_progress(self.pacer.report, self.held_hosts(), now=self.pacer.clock(), idle=idle,
-                               store_option=self._store_option())
+        line = self.pacer.progress_line(self.held_hosts(), idle=idle, store_option=self._store_option())
         if line is not None:
             logger.info("%s", line)
 
@@ -299,7 +298,7 @@ class PoliteExtension:
             self._progress.stop()
         stats = self.crawler.stats
         no_host = stats.get_value("polite/refused/no_host", 0) if stats is not None else 0
-        logger.info("%s", format_summary(self.pacer.report, now=self.pacer.clock(), no_host=no_host or 0))
+        logger.info("%s", self.pacer.summary_line(no_host=no_host or 0))
         if self.pacer.failed is not None:  # stopped by the add-on: not a finished crawl (exit status 1)
             fail_crawl_process(self.crawler)
         await self.pacer.close_async()

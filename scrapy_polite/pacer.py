@@ -14,12 +14,15 @@ It composes the glue units, each with one job:
 
 The rules themselves are in :mod:`scrapy_polite.policy`; nothing here decides a duration.
 
-The pacer is the only way in: the middleware, the extension and the example project call its methods and
-properties, never the units behind them (:attr:`Pacer.store_uri`, :meth:`Pacer.hosts_in_backoff`,
-:meth:`Pacer.logged_events`, :meth:`Pacer.send_to`, ...). It is the one owner of a download's outcome: a
-response is recorded by :meth:`Pacer.response_downloaded` (the signal, connected by the middleware), a failure
-by :meth:`Pacer.after_failure`, and :meth:`Pacer.after_response` says what the record decided. What the pace
-table's backend can do is asked once, of the abilities it declares (:mod:`scrapy_polite.stores.base`).
+The pacer is the only way in: the middleware, the extension, the scheduler, the contracts and the example
+project call its methods and properties, never the units behind them (:attr:`Pacer.store_uri`,
+:meth:`Pacer.hosts_in_backoff`, :meth:`Pacer.logged_events`, :meth:`Pacer.send_to`, the settings they need
+such as :attr:`Pacer.max_idle_wait`, the clock conversions :meth:`Pacer.to_store` / :meth:`Pacer.to_local`,
+the report's lines :meth:`Pacer.progress_line` / :meth:`Pacer.summary_line`, ...). It is the one owner of a
+download's outcome: a response is recorded by :meth:`Pacer.response_downloaded` (the signal, connected by
+the middleware), a failure by :meth:`Pacer.after_failure`, and :meth:`Pacer.after_response` says what the
+record decided. What the pace table's backend can do is asked once, of the abilities it declares
+(:func:`~scrapy_polite.stores.has_ability`, :mod:`scrapy_polite.stores.base`).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import dataclasses
 import logging
 import os
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import deferred_from_coro
@@ -66,10 +69,12 @@ from .stores import (
     StoreClosed,
     StoreError,
     StoreOptions,
+    has_ability,
     hosts_backing_off,
     open_store,
     table_name,
 )
+from .summary import HeldHost, format_progress, format_summary
 from .vocabulary import CloseReason, DeferralReason
 
 if TYPE_CHECKING:
@@ -81,6 +86,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "CrawlStopped",
+    "FrontierOptions",
     "Pacer",
     "get_pacer",
     "discard_pacer",
@@ -103,6 +109,18 @@ class CrawlStopped(IgnoreRequest):
     errbacks see it; ``__cause__`` is the error that stopped the crawl."""
 
 
+class FrontierOptions(NamedTuple):
+    """The shared frontier's settings (docs/spec.md §5, "The shared frontier").
+
+    Attributes:
+        key: ``POLITE_FRONTIER_KEY``, the frontier's key prefix (``%(spider)s``: the spider's name).
+        lease_time: ``POLITE_LEASE_TIME``, seconds a worker's leases last without renewal (> 0).
+    """
+
+    key: str
+    lease_time: float
+
+
 class Pacer:
     """Per-crawler pacing: the public face of the glue units. Built by :func:`get_pacer`.
 
@@ -117,6 +135,12 @@ class Pacer:
             :data:`~scrapy_polite.clock.process_clock`), for every local due time, wait and timer (tests
             inject one).
         sleep: ``sleep(seconds) -> Deferred`` that never blocks the reactor (tests inject one).
+
+    The facade (what other modules use): its methods and properties, and the attributes ``crawler`` (Scrapy's),
+    ``clock``, ``user_agent``, ``failed`` (the error that stopped the crawl, or None) and ``closing``. The other
+    attributes (``config``, ``policy``, ``store``, ``table``, ``guard``, ``sync``, ``report``, ``lifecycle``,
+    ``booker``, ``recorder``, ``retries``, ``resolution``, ``events``, ``unpinned``) are the units behind it:
+    the pacer wires them and tests inspect them; no other module reaches through them (docs/spec.md §5).
     """
 
     def __init__(self, crawler: Crawler, config: PoliteConfig, store: AsyncStore,
@@ -138,7 +162,7 @@ class Pacer:
         self.report = Report(crawler.stats, clock)
         #: The one owner of every paced request's stage, lines and claims (docs/spec.md §5).
         self.lifecycle = Lifecycle(inc=self.report.inc)
-        self.sync = ClockSync(clock, server_clock=isinstance(self._backend, ServerClock))
+        self.sync = ClockSync(clock, server_clock=has_ability(self._backend, ServerClock))
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)
         self.guard = StoreGuard(store, timeout=config.store_timeout, report=self.report, clock=clock,
                                 sleep=sleep or reactor_sleep)
@@ -201,6 +225,67 @@ class Pacer:
         """This crawler's address rules."""
         return self.config.address_filter
 
+    # -- the settings the scheduler, the extension and the contracts need -------------------------------
+
+    @property
+    def max_idle_wait(self) -> float:
+        """``POLITE_MAX_IDLE_WAIT``, seconds: when everything held is due later than this, the idle spider
+        closes with reason ``polite_deferred`` (docs/spec.md §5)."""
+        return self.config.max_idle_wait
+
+    @property
+    def max_held_in_memory(self) -> int:
+        """``POLITE_MAX_HELD_IN_MEMORY``: how many held requests the scheduler keeps in memory (>= 0; the
+        others wait on disk, :mod:`scrapy_polite.held`)."""
+        return self.config.max_held_in_memory
+
+    @property
+    def scheduler_base(self) -> str | type[Any]:
+        """``POLITE_SCHEDULER_BASE``: the scheduler class (or its import path) the scheduler wraps."""
+        return self.config.scheduler_base
+
+    @property
+    def shared_frontier(self) -> FrontierOptions | None:
+        """The shared frontier's options when ``POLITE_SHARED_FRONTIER`` is on (docs/spec.md §5, "The shared
+        frontier"), else None."""
+        config = self.config
+        return FrontierOptions(config.frontier_key, config.lease_time) if config.shared_frontier else None
+
+    @property
+    def adaptive_enabled(self) -> bool:
+        """``POLITE_ADAPTIVE`` is on: intervals follow the hosts' response times (docs/spec.md §2, "Adaptive
+        pacing")."""
+        return self.policy.adaptive is not None
+
+    @property
+    def host_interval(self) -> float:
+        """``POLITE_HOST_INTERVAL``, seconds: the base interval between two requests to one host
+        (docs/spec.md §2)."""
+        return self.policy.host_interval
+
+    def host_delay(self, host: str) -> float | None:
+        """The host's ``POLITE_HOST_DELAYS`` entry, seconds (None: it has none; ``host`` is a host key)."""
+        return self.config.host_delays.get(host)
+
+    def effective_interval(self, host: str, request: Request | None = None) -> float:
+        """The interval (seconds) the pacer applies to ``host`` for ``request`` now: the policy's effective
+        interval (docs/spec.md §2) of the host's last known row (its counters) with every override (:meth:`override`:
+        ``meta['polite_delay']``, ``POLITE_HOST_DELAYS``, the spider's ``crawl_delay``)."""
+        counters = self.report.hosts.get(host)
+        return self.policy.effective_interval(counters.state if counters is not None else None,
+                                              self.override(host, request))
+
+    # -- the pace table's clock (docs/spec.md §5, §6) ----------------------------------------------------
+
+    def to_store(self, local_time: float) -> float:
+        """A moment of this process's clock (epoch s) in the pace table's clock: what is persisted (held
+        requests' due times). The same moment unless the table has a server clock (:attr:`server_clock`)."""
+        return self.sync.to_store(local_time)
+
+    def to_local(self, store_time: float) -> float:
+        """A moment of the pace table's clock (epoch s) in this process's clock (:meth:`to_store`'s inverse)."""
+        return self.sync.to_local(store_time)
+
     @property
     def hosts(self) -> dict[str, HostCounters]:
         """Per-host counters of this crawl."""
@@ -213,6 +298,32 @@ class Pacer:
     def counters(self, host: str) -> HostCounters:
         """The host's counters."""
         return self.report.counters(host)
+
+    def starts_in_backoff(self, host: str, state: HostState, *, offset: float = 0.0, announce: bool = False) -> None:
+        """See :meth:`Report.starts_in_backoff <scrapy_polite.reporting.Report.starts_in_backoff>` (the
+        extension's start-up listing)."""
+        self.report.starts_in_backoff(host, state, offset=offset, announce=announce)
+
+    @property
+    def on_first_touch(self) -> Callable[[str], None] | None:
+        """Called with a host that started in backoff and was not listed at start, when this crawl first
+        meets it (:attr:`Report.on_first_touch <scrapy_polite.reporting.Report.on_first_touch>`); None: not
+        named."""
+        return self.report.on_first_touch
+
+    @on_first_touch.setter
+    def on_first_touch(self, callback: Callable[[str], None] | None) -> None:
+        self.report.on_first_touch = callback
+
+    def progress_line(self, held: Sequence[HeldHost], *, idle: bool, store_option: str | None = None) -> str | None:
+        """The progress line of this crawl's report now (:func:`~scrapy_polite.summary.format_progress`), or
+        None when there is nothing to tell."""
+        return format_progress(self.report, held, now=self.clock(), idle=idle, store_option=store_option)
+
+    def summary_line(self, *, no_host: int = 0) -> str:
+        """The closing summary of this crawl's report now (:func:`~scrapy_polite.summary.format_summary`;
+        ``no_host``: requests refused for having no host)."""
+        return format_summary(self.report, now=self.clock(), no_host=no_host)
 
     def check(self) -> None:
         """Raise the error that stopped the crawl, if any (no request goes out after it)."""
@@ -443,7 +554,7 @@ class Pacer:
         Raises:
             StoreError: the table cannot be opened or read.
         """
-        if isinstance(self._backend, ProcessLocal):
+        if has_ability(self._backend, ProcessLocal):
             return self._backend.events(since=since, limit=limit)
         store = open_store(self.config.store_uri or default_store_uri(), store_options(self.config))
         try:
@@ -541,12 +652,12 @@ def open_pace_table(uri: str, options: StoreOptions) -> AsyncStore:
     """
     backend = open_store(uri, dataclasses.replace(options, mark=True))  # a crawl's opening (§6, "After a crash")
     try:
-        expired = 0 if isinstance(backend, ExpiringRows) else backend.expire(backend.now() - options.expire)
+        expired = 0 if has_ability(backend, ExpiringRows) else backend.expire(backend.now() - options.expire)
         if expired:
             logger.info("scrapy-polite: expired %d stale hosts from %s", expired, backend.uri)
         logger.info("scrapy-polite: pace table %s", backend.uri)
         # A server store (Redis) is called from a few threads: each call is network I/O.
-        return AsyncStore(backend, threads=backend.threads if isinstance(backend, CallThreads) else 1)
+        return AsyncStore(backend, threads=backend.threads if has_ability(backend, CallThreads) else 1)
     except BaseException:
         backend.close()
         raise

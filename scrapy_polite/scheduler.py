@@ -81,7 +81,7 @@ class PoliteScheduler:
         self.pacer = pacer
         self.clock = pacer.clock
         self._jobdir: str | None = crawler.settings.get("JOBDIR") or None
-        self._held = HeldRequests(crawler, max_in_memory=pacer.config.max_held_in_memory, jobdir=self._jobdir)
+        self._held = HeldRequests(crawler, max_in_memory=pacer.max_held_in_memory, jobdir=self._jobdir)
         self._due: dict[str, float] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
@@ -98,7 +98,7 @@ class PoliteScheduler:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         pacer = get_pacer(crawler)
-        base = pacer.config.scheduler_base
+        base = pacer.scheduler_base
         inner_cls = load_object(base) if isinstance(base, str) else base
         if inner_cls is cls:
             raise SettingsError("POLITE_SCHEDULER_BASE must not be PoliteScheduler itself: name the scheduler it "
@@ -112,17 +112,17 @@ class PoliteScheduler:
         self.pacer.scheduler = self
         self._load()
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
-        config = self.pacer.config
-        if is_shared_scheduler(self.inner) and config.shared_frontier:
+        shared = self.pacer.shared_frontier if is_shared_scheduler(self.inner) else None
+        if shared is not None:
             self.frontier = RedisFrontier(self.inner.server, self.inner.queue, spider,
-                                          config.frontier_key % {"spider": spider.name}, config.lease_time,
+                                          shared.key % {"spider": spider.name}, shared.lease_time,
                                           self.pacer.inc)
             self.frontier.renew()  # registers this worker, returns the leases of dead ones
             self._beat = task.LoopingCall(self._heartbeat)
             self._beat.clock = installed_reactor()
-            self._beat.start(min(1.0, config.lease_time / 3), now=False)
+            self._beat.start(min(1.0, shared.lease_time / 3), now=False)
             logger.info("scrapy-polite: shared frontier %s (scrapy-redis): held and in-flight requests live in "
-                        "Redis, leased for %g s", self.frontier.key, config.lease_time)
+                        "Redis, leased for %g s", self.frontier.key, shared.lease_time)
         return result
 
     def close(self, reason: str) -> Any:
@@ -306,7 +306,7 @@ class PoliteScheduler:
                 and frontier.hold(request, host, due - self.clock())):
             self.pacer.held(request, host)  # gives up its claim and lines
             return
-        self._held.push(host, request, None if due is None else self.pacer.sync.to_store(due))  # persisted: store time
+        self._held.push(host, request, None if due is None else self.pacer.to_store(due))  # persisted: store time
         if due is None and not self.pacer.host_parkable(host):
             due = self.clock()  # nothing holds the host back any more: it may go now (docs/spec.md §5)
         when = due if due is not None else math.inf
@@ -445,7 +445,7 @@ class PoliteScheduler:
     def _load(self) -> None:
         """Hold again what a previous run left under ``JOBDIR`` (stopped or killed), at the due times it
         recorded; a ``polite_deferred.pickle`` of an older version is moved into the held requests."""
-        to_local = self.pacer.sync.to_local  # due times are persisted in the store's clock (docs/spec.md §5)
+        to_local = self.pacer.to_local  # due times are persisted in the store's clock (docs/spec.md §5)
         dues = {host: 0.0 if due is None else to_local(due) for host, due in self._held.load().items()}
         path = self._path()
         if path and os.path.exists(path):

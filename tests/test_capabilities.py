@@ -26,6 +26,7 @@ from scrapy_polite.policy import HostState
 from scrapy_polite.seams import ClockSync
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import (
+    ABILITY_FLAGS,
     Again,
     AsyncStore,
     BackingOffListing,
@@ -40,6 +41,8 @@ from scrapy_polite.stores import (
     SQLiteStore,
     SteppedStore,
     StoreOptions,
+    base,
+    has_ability,
     hosts_backing_off,
     register_store,
     table_name,
@@ -115,11 +118,11 @@ def _fill(store: Any) -> None:
 def test_the_embedded_backends_declare_only_their_abilities(tmp_path):
     memory, sqlite = MemoryStore(), SQLiteStore(str(tmp_path / "t.sqlite3"))
     try:
-        assert isinstance(memory, ProcessLocal) and not isinstance(sqlite, ProcessLocal)
-        assert isinstance(sqlite, BackingOffListing) and not isinstance(memory, BackingOffListing)
+        assert has_ability(memory, ProcessLocal) and not has_ability(sqlite, ProcessLocal)
+        assert has_ability(sqlite, BackingOffListing) and not has_ability(memory, BackingOffListing)
         for ability in (ServerClock, ExpiringRows, CallThreads, KeyPrefixed, SteppedStore):
-            assert not isinstance(memory, ability), ability
-            assert not isinstance(sqlite, ability), ability
+            assert not has_ability(memory, ability), ability
+            assert not has_ability(sqlite, ability), ability
     finally:
         sqlite.close()
 
@@ -152,8 +155,13 @@ def _open(store: PlainStore, expire: float = 3600.0) -> AsyncStore:
     return open_pace_table("plaintest://table", StoreOptions(expire=expire))
 
 
-def test_a_store_without_expiring_rows_is_swept_at_start():
-    store = PlainStore()
+class ExpiringDeclinedStore(PlainStore):
+    expires_rows = False  # declares that its rows do not expire on their own
+
+
+@pytest.mark.parametrize("store_class", [PlainStore, ExpiringDeclinedStore])
+def test_a_store_without_expiring_rows_is_swept_at_start(store_class):
+    store = store_class()
     _fill(store)
     store.update("stale.example", lambda _old, _now: (HostState(next_allowed=NOW - 7200, updated=NOW - 7200), None))
     astore = _open(store)
@@ -191,9 +199,14 @@ def _overlap(store: PlainStore, result: dict[str, bool]) -> None:
     store.get = get  # type: ignore[method-assign]
 
 
+@pytest.mark.parametrize(("store_class", "overlapped"), [
+    (PlainStore, False),  # without CallThreads: one store thread
+    (ThreadedStore, True),  # negative control: a store with call threads gets them
+])
 @pytest_twisted.ensureDeferred
-async def test_a_store_without_call_threads_is_called_from_one_thread():
-    store = PlainStore()
+async def test_a_store_gets_as_many_call_threads_as_it_declares(store_class, overlapped):
+    store = store_class()
+    assert has_ability(store, CallThreads) is overlapped
     result: dict[str, bool] = {}
     _overlap(store, result)
     astore = _open(store)
@@ -201,21 +214,7 @@ async def test_a_store_without_call_threads_is_called_from_one_thread():
         await defer.gatherResults([astore.get("a.example"), astore.get("b.example")])
     finally:
         await astore.close_async()
-    assert result == {"overlapped": False}
-
-
-@pytest_twisted.ensureDeferred
-async def test_negative_control_a_store_with_call_threads_gets_them():
-    store = ThreadedStore()
-    assert isinstance(store, CallThreads)
-    result: dict[str, bool] = {}
-    _overlap(store, result)
-    astore = _open(store)
-    try:
-        await defer.gatherResults([astore.get("a.example"), astore.get("b.example")])
-    finally:
-        await astore.close_async()
-    assert result == {"overlapped": True}
+    assert result == {"overlapped": overlapped}
 
 
 # -- SteppedStore: updates as steps ------------------------------------------------------------------------------
@@ -305,8 +304,13 @@ class PrefixedStore(PlainStore):
         self.prefix = prefix  # KeyPrefixed
 
 
+class SharedDeclaredStore(PlainStore):
+    process_local = False  # declares that the table is not this process's own
+
+
 def test_a_table_is_named_by_its_uri_and_prefix_unless_it_is_the_process_own():
     assert table_name(PlainStore("plain://server")) == "plain://server"
+    assert table_name(SharedDeclaredStore("plain://server")) == "plain://server"  # False: shared, named
     assert table_name(PrefixedStore("a:")) != table_name(PrefixedStore("b:"))  # two tables of one server
     assert table_name(PrefixedStore("a:")) == table_name(PrefixedStore("a:"))
     assert table_name(MemoryStore()) is None
@@ -357,16 +361,28 @@ def _pacer(store: PlainStore) -> Pacer:
     return Pacer(crawler, PoliteConfig.from_settings(crawler.settings), AsyncStore(store), clock=lambda: NOW)
 
 
+class ServerClockDeclinedStore(PlainStore):
+    server_clock = False  # declares that it has no server clock: isinstance(store, ServerClock) still holds
+
+    def now(self) -> float:
+        return NOW - 100.0  # off by 100 s: the offset the pacer would apply if it took it for a server's
+
+
+@pytest.mark.parametrize(("store_class", "backing"), [
+    (PlainStore, ["backing.example"]),
+    # Its now is 100 s behind: over.example's backoff (until NOW - 5) has not ended by that clock.
+    (ServerClockDeclinedStore, ["backing.example", "over.example"]),
+])
 @pytest_twisted.ensureDeferred
-async def test_a_store_without_a_server_clock_is_on_this_process_clock_and_fails_closed():
-    store = PlainStore()
+async def test_a_store_without_a_server_clock_is_on_this_process_clock_and_fails_closed(store_class, backing):
+    store = store_class()
     _fill(store)
     pacer = _pacer(store)
     try:
         assert not pacer.server_clock
         assert not isinstance(pacer.table, StoreGuard)  # its errors stop the crawl at once: no outage to wait out
         offset, rows = await deferred_from_coro(pacer.hosts_in_backoff())  # an asyncio task, as the crawl's
-        assert offset == 0.0 and [key for key, _ in rows] == ["backing.example"]
+        assert offset == 0.0 and [key for key, _ in rows] == backing
     finally:
         pacer.close()
 
@@ -382,3 +398,26 @@ async def test_negative_control_a_server_clock_is_converted_and_its_outages_wait
         assert offset == pytest.approx(100.0)  # the table's times + 100 s are this process's
     finally:
         pacer.close()
+
+
+# -- has_ability: a flag must be True -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("ability", "flag"), sorted(ABILITY_FLAGS.items(), key=lambda item: item[1]))
+@pytest.mark.parametrize(("value", "has"), [(True, True), (False, False), (1, False), ("yes", False), (None, False)])
+def test_a_flag_declares_its_ability_only_when_it_is_true(ability, flag, value, has):
+    store = type("Declaring", (PlainStore,), {flag: value})()
+    assert isinstance(store, ability)  # what a runtime protocol sees: the member exists, whatever its value
+    assert has_ability(store, ability) is has
+    assert not has_ability(PlainStore(), ability)  # no member: no ability
+
+
+def test_every_flag_ability_is_checked_by_its_value():
+    """A protocol of stores/base.py whose member is a ``Literal[True]`` declaration is listed in ABILITY_FLAGS
+    (else has_ability would take ``flag = False`` for the ability); a method or value ability is not."""
+    flags = {name: cls for name, cls in vars(base).items()
+             if isinstance(cls, type) and getattr(cls, "_is_protocol", False)
+             and any("Literal[True]" in str(hint) for hint in getattr(cls, "__annotations__", {}).values())}
+    assert set(flags.values()) == set(ABILITY_FLAGS), flags
+    for cls, member in ABILITY_FLAGS.items():
+        assert getattr(cls, member) is True
+    assert CallThreads not in ABILITY_FLAGS and KeyPrefixed not in ABILITY_FLAGS

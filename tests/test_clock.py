@@ -39,11 +39,12 @@ from scrapy_polite.held import HELD_DIR
 from scrapy_polite.pacer import Pacer
 from scrapy_polite.policy import host_key
 from scrapy_polite.scheduler import PoliteScheduler
-from scrapy_polite.seams import ClockSync, Defer, Go
+from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import AsyncStore, MemoryStore, SQLiteStore
 from tests.support import server as server_module
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.scheduler_pacer import SchedulerPacer
 from tests.support.server import Reply, scripted
 
 #: The fake wall clock's start (epoch s, 2033): far from time.time(), so a unit reading the real clock is caught.
@@ -342,42 +343,13 @@ def test_the_embedded_stores_now_ignores_a_step_of_time_time(monkeypatch, tmp_pa
 # Due times persisted under JOBDIR: the store's clock
 
 
-class OffsetPacer:
-    """What PoliteScheduler uses of the pacer, on a server clock ``offset`` seconds behind this process's."""
-
-    def __init__(self, now: float, offset: float) -> None:
-        self.now = now
-        self.config = SimpleNamespace(max_held_in_memory=100)
-        self.scheduler: Any = None
-        self.sync = ClockSync(self.clock, server_clock=True)
-        self.sync.observe(now - offset)
-
-    def clock(self) -> float:
-        return self.now
-
-    def host_blocked(self, host: str) -> bool:
-        return False
-
-    def host_parkable(self, host: str) -> bool:
-        return False
-
-    def released(self, request: Any, host: str) -> None:
-        pass
-
-    def held(self, request: Any, host: str) -> None:
-        pass
-
-    def reconcile(self, *, force: bool = False) -> int:
-        return 0
-
-
 def test_held_due_times_are_persisted_in_the_stores_clock_and_converted_on_resume(monkeypatch, tmp_path):
     """A process 100 s ahead of the server holds a request due at local T0 + 30 (server T0 - 70): JOBDIR
     records the server's time; a resuming process 5 s *behind* the server holds it until its own T0 - 75."""
     monkeypatch.setattr(scheduler_module, "call_later", lambda delay, fn: Timer(delay))
     crawler = get_crawler(ListSpider, {"JOBDIR": str(tmp_path)})
     crawler.spider = ListSpider()
-    first = PoliteScheduler(crawler, Inner([]), OffsetPacer(T0, offset=100.0))  # type: ignore[arg-type]
+    first = PoliteScheduler(crawler, Inner([]), SchedulerPacer(T0, offset=100.0))  # type: ignore[arg-type]
     first.open(crawler.spider)
     first.hold(scrapy.Request("http://a.example/1", callback=crawler.spider.parse), "a.example", T0 + 30)
     (directory,) = os.listdir(tmp_path / HELD_DIR)
@@ -385,7 +357,7 @@ def test_held_due_times_are_persisted_in_the_stores_clock_and_converted_on_resum
         assert json.load(f)["due"] == T0 - 70, "persisted in the store's clock"
     again = get_crawler(ListSpider, {"JOBDIR": str(tmp_path)})
     again.spider = ListSpider()
-    pacer = OffsetPacer(T0 - 200, offset=-5.0)
+    pacer = SchedulerPacer(T0 - 200, offset=-5.0)
     second = PoliteScheduler(again, Inner([]), pacer)  # type: ignore[arg-type]
     second.open(again.spider)
     assert second.earliest_due() == T0 - 75, "converted to the resuming process's clock"

@@ -16,7 +16,6 @@ import pickle
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -30,7 +29,7 @@ from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.held import HELD_DIR, HeldRequests, read_held
 from scrapy_polite.reactor import installed_reactor
 from scrapy_polite.scheduler import DEFERRED_FILE, PoliteScheduler
-from scrapy_polite.seams import ClockSync
+from tests.support.scheduler_pacer import SchedulerPacer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = 1_000_000.0
@@ -250,39 +249,6 @@ def test_a_record_that_cannot_be_read_back_is_skipped_and_counted(tmp_path):
 # PoliteScheduler: due order over memory and disk, resume
 
 
-@dataclass
-class Config:
-    max_held_in_memory: int
-
-
-class Pacer:
-    """What PoliteScheduler uses of the pacer: an injected clock, the bound, free lines."""
-
-    def __init__(self, max_held_in_memory: int) -> None:
-        self.now = T0
-        self.config = Config(max_held_in_memory)
-        self.scheduler: Any = None
-        self.sync = ClockSync(self.clock)  # an embedded store: its clock is this one
-
-    def clock(self) -> float:
-        return self.now
-
-    def host_blocked(self, host: str) -> bool:
-        return False
-
-    def host_parkable(self, host: str) -> bool:
-        return False
-
-    def released(self, request: Any, host: str) -> None:
-        pass
-
-    def held(self, request: Any, host: str) -> None:
-        pass
-
-    def reconcile(self, *, force: bool = False) -> int:
-        return 0
-
-
 class Inner:
     """An empty wrapped scheduler."""
 
@@ -328,7 +294,7 @@ def no_timers(monkeypatch):
 
 
 def scheduler(crawler: Any, max_held_in_memory: int) -> PoliteScheduler:
-    s = PoliteScheduler(crawler, Inner(), Pacer(max_held_in_memory))  # type: ignore[arg-type]
+    s = PoliteScheduler(crawler, Inner(), SchedulerPacer(T0, max_held_in_memory=max_held_in_memory))  # type: ignore[arg-type]
     s.open(crawler.spider)
     return s
 

@@ -45,6 +45,7 @@ from scrapy_polite.scheduler import PoliteScheduler
 from scrapy_polite.seams import ClockSync, Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import AsyncStore, MemoryStore
+from tests.support.scheduler_pacer import SchedulerPacer as StandInPacer
 from tests.test_glue import T0, FakeResolution, FakeSleep, FakeStats, inline
 from tests.test_held import Timer, make_crawler
 
@@ -95,18 +96,12 @@ class SteppedClock:
         self.wall_offset += seconds
 
 
-class Config:
-    max_held_in_memory = 1
-
-
-class SchedulerPacer:
+class SchedulerPacer(StandInPacer):
     """What the scheduler asks of the pacer, as :class:`~scrapy_polite.pacer.Pacer` answers it."""
 
     def __init__(self, machine: LifecycleMachine) -> None:
+        super().__init__(0.0, max_held_in_memory=1)  # its clock is the machine's; an embedded store's, the same
         self.m = machine
-        self.config = Config()
-        self.scheduler: Any = None
-        self.sync = ClockSync(machine.clock)
 
     def clock(self) -> float:
         return self.m.clock()

@@ -4,8 +4,9 @@
   :class:`Event`, :class:`Snapshot`, :class:`StoreError`, :class:`StoreBusy`, :class:`StoreClosed`,
   :class:`StoreOptions`, and :class:`SteppedStore` / :class:`UpdateSteps` / :class:`Again` (updates run step
   by step, Redis's); the optional abilities a backend declares (:class:`ServerClock`, :class:`ExpiringRows`,
-  :class:`CallThreads`, :class:`BackingOffListing`, :class:`ProcessLocal`, :class:`KeyPrefixed`) and the
-  helpers that use a backend with or without them (:func:`hosts_backing_off`, :func:`table_name`);
+  :class:`CallThreads`, :class:`BackingOffListing`, :class:`ProcessLocal`, :class:`KeyPrefixed`), the one
+  question that asks for them (:func:`has_ability`) and the helpers that use a backend with or without them
+  (:func:`hosts_backing_off`, :func:`table_name`);
 * :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default; ``redis``
   (optional) — ``redis://``, ``redis+cluster://``;
 * :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`, and each
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from .asyncstore import AsyncStore
 from .base import (
+    ABILITY_FLAGS,
     DEFAULT_EVENTS_MAX,
     EVENT_KINDS,
     Again,
@@ -44,6 +46,7 @@ from .base import (
     StoreUnavailable,
     UpdateFn,
     UpdateSteps,
+    has_ability,
     hosts_backing_off,
     table_name,
 )
@@ -52,6 +55,7 @@ from .registry import open_store, register_store, registered_schemes, sqlite_pat
 from .sqlite import SCHEMA_VERSION, SQLiteStore
 
 __all__ = [
+    "ABILITY_FLAGS",
     "Again",
     "AsyncStore",
     "BackingOffListing",
@@ -78,6 +82,7 @@ __all__ = [
     "StoreUnavailable",
     "UpdateFn",
     "UpdateSteps",
+    "has_ability",
     "hosts_backing_off",
     "open_store",
     "register_store",

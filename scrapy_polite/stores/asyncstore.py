@@ -29,6 +29,7 @@ from .base import (
     StoreClosed,
     UpdateFn,
     UpdateSteps,
+    has_ability,
 )
 
 __all__ = ["AsyncStore", "ThreadedStore", "async_adapter", "register_async"]
@@ -175,7 +176,7 @@ class ThreadedStore(AsyncStore):
         self._queued = 0
         #: Updates of a stepped store waiting on the reactor's clock for their next step: timer → result.
         self._retrying: dict[Any, defer.Deferred[Any]] = {}
-        self._stepped: SteppedStore | None = store if isinstance(store, SteppedStore) else None
+        self._stepped: SteppedStore | None = store if has_ability(store, SteppedStore) else None
 
     def _start_pool(self) -> ThreadPool:
         """The store's thread pool, started on first use (never after the close)."""

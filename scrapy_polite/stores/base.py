@@ -16,8 +16,11 @@ log of :class:`Event` shared by every process using the store, written in batche
 **Optional abilities are declared, not probed** (docs/spec.md §6, "Abilities"): a backend lists the protocols
 below among its bases (Redis), or has their members (the embedded backends: a protocol among a class's bases
 makes every ``isinstance`` against that class go through typing's slower check, and the store calls ask
-such questions on their hot path); the crawl asks ``isinstance(store, Ability)`` once, when the table is
-opened (that check costs tens of microseconds: never per call). A backend without one is used the plain way:
+such questions on their hot path); the crawl asks :func:`has_ability` once, when the table is opened (that
+check costs tens of microseconds: never per call). An ability declared by a flag (:class:`ServerClock`,
+:class:`ExpiringRows`, :class:`ProcessLocal`) is had only when the flag **is** ``True``: a backend that says
+``server_clock = False`` has no server clock (``isinstance`` against a runtime protocol only sees that the
+member exists). A backend without one is used the plain way:
 
 * :class:`ServerClock` — its ``now`` is a server's clock (Redis ``TIME``): due times are converted to this
   process's clock, outages are waited out. Without: the clock is this process's, and a store error stops
@@ -40,12 +43,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from ..policy import HostState
 from ..vocabulary import EVENT_KINDS
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
 __all__ = [
+    "ABILITY_FLAGS",
     "Again",
     "BackingOffListing",
     "CallThreads",
@@ -68,12 +75,14 @@ __all__ = [
     "UpdateFn",
     "UpdateSteps",
     "ManyUpdateFn",
+    "has_ability",
     "hosts_backing_off",
     "table_name",
 ]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
+A = TypeVar("A")
 
 #: An update function: ``(state or None, now)`` in, ``(new state or None to leave the row untouched, a
 #: result for the caller)`` out. It must be pure: a backend may call it more than once (a retried
@@ -318,10 +327,11 @@ class ServerClock(Protocol):
     (:class:`~scrapy_polite.outage.StoreGuard`, ``POLITE_STORE_TIMEOUT``). A store without it reads this
     process's monotonic clock, and a store error stops the crawl at once (docs/spec.md §6).
 
-    Declared by listing it among the backend's bases (the member then has its value).
+    Declared by listing it among the backend's bases (the member then has its value), or by the member
+    ``server_clock = True``; any other value (``False``) declares that the backend has none (:func:`has_ability`).
     """
 
-    #: The declaration itself: always True.
+    #: The declaration itself: True (a store whose member is anything else has no server clock).
     server_clock: Literal[True] = True
 
 
@@ -330,9 +340,9 @@ class ExpiringRows(Protocol):
     """A store whose rows expire on their own (Redis key TTLs of ``POLITE_STORE_EXPIRE`` seconds): the
     crawl's start does not sweep the table. A store without it is swept at start with
     :meth:`PaceStore.expire` (rows idle for ``POLITE_STORE_EXPIRE`` seconds whose ``next_allowed`` has
-    passed)."""
+    passed). Declared like :class:`ServerClock`: only ``expires_rows = True`` declares it (:func:`has_ability`)."""
 
-    #: The declaration itself: always True.
+    #: The declaration itself: True (a store whose member is anything else is swept).
     expires_rows: Literal[True] = True
 
 
@@ -364,9 +374,10 @@ class BackingOffListing(Protocol):
 class ProcessLocal(Protocol):
     """A table that lives in this process's memory (``memory://``): no other process shares it and nothing
     of it outlives the process, so its events are numbered alone (:attr:`Event.seq`) and there is nothing
-    to read back from its URI after the crawl. A store without it is shared, named by :func:`table_name`."""
+    to read back from its URI after the crawl. A store without it is shared, named by :func:`table_name`.
+    Declared like :class:`ServerClock`: only ``process_local = True`` declares it (:func:`has_ability`)."""
 
-    #: The declaration itself: always True.
+    #: The declaration itself: True (a store whose member is anything else is shared).
     process_local: Literal[True] = True
 
 
@@ -379,12 +390,35 @@ class KeyPrefixed(Protocol):
     prefix: str
 
 
+#: The abilities declared by a flag: the protocol → the member that must be ``True`` (docs/spec.md §6,
+#: "Abilities"). Every other ability is a method or a value, had when the backend has the member.
+ABILITY_FLAGS: dict[object, str] = {ServerClock: "server_clock", ExpiringRows: "expires_rows",
+                            ProcessLocal: "process_local"}
+
+
+def has_ability(store: object, ability: Callable[..., A]) -> TypeIs[A]:
+    """``store`` has the optional ``ability`` (one of the protocols above; docs/spec.md §6, "Abilities"): for
+    an ability declared by a flag (:data:`ABILITY_FLAGS`: :class:`ServerClock`, :class:`ExpiringRows`,
+    :class:`ProcessLocal`) the backend's flag **is** ``True`` (``server_clock = False`` declares no server
+    clock, where ``isinstance`` would only see that the member exists); for any other (:class:`CallThreads`,
+    :class:`SteppedStore`, :class:`BackingOffListing`, :class:`KeyPrefixed`) it has the protocol's members
+    (``isinstance``). Costs tens of microseconds: asked once, when the table is opened, never per call.
+
+    ``ability`` is typed as a callable returning the protocol because a type checker refuses a protocol class
+    where ``type[A]`` is expected (PEP 544); pass the protocol class itself.
+    """
+    if not isinstance(store, ability):  # type: ignore[arg-type]  # a runtime_checkable protocol class
+        return False
+    flag = ABILITY_FLAGS.get(ability)
+    return flag is None or getattr(store, flag) is True
+
+
 def table_name(store: PaceStore) -> str | None:
     """The name every process that shares ``store``'s table gives it: its URI, and its key prefix when it
     has one (:class:`KeyPrefixed`); None for a table of this process's own (:class:`ProcessLocal`)."""
-    if isinstance(store, ProcessLocal):
+    if has_ability(store, ProcessLocal):
         return None
-    if isinstance(store, KeyPrefixed):
+    if has_ability(store, KeyPrefixed):
         return f"{store.uri} {store.prefix}"
     return store.uri
 
@@ -397,7 +431,7 @@ def hosts_backing_off(store: PaceStore, now: float) -> list[tuple[str, HostState
     Raises:
         StoreError: the table cannot be read.
     """
-    if isinstance(store, BackingOffListing):
+    if has_ability(store, BackingOffListing):
         return list(store.backing_off(now))
     return [(key, state) for key, state in store.items()
             if not key.startswith("ip:") and state.consec > 0 and state.next_allowed > now]
