@@ -712,6 +712,11 @@ class AsyncSQLiteStore(ThreadedStore):
       waits for the lock. During a checkpoint the batches wait with the calls.
 
     Args: see :class:`~scrapy_polite.stores.asyncstore.AsyncStore`; ``store`` must be a :class:`SQLiteStore`.
+
+    Attributes:
+        checkpoints: the checkpoints run on the store's thread so far (each counted once, whether it needed
+            its second phase or not), for ``bench/wal.py``.
+        second_phases: how many of them needed the second phase (the one that holds the calls).
     """
 
     def __init__(self, store: PaceStore, reactor: Any = None, *, restart_frames: int = 8192,
@@ -722,6 +727,8 @@ class AsyncSQLiteStore(ThreadedStore):
             raise TypeError(f"AsyncSQLiteStore needs a SQLiteStore, not {type(store).__name__}")
         self._sqlite = store
         self._inline = store.nowait()
+        self.checkpoints = 0
+        self.second_phases = 0
         #: Calls waiting for the next group (the calls of this turn, or held behind a checkpoint or a busy
         #: group on the thread), in call order.
         self._held: deque[_Held] = deque()
@@ -865,6 +872,7 @@ class AsyncSQLiteStore(ThreadedStore):
             self._checkpointed(frames)
             return
         self._checkpointing = True
+        self.second_phases += 1
         d: defer.Deferred[tuple[int, int] | None] = threads.deferToThreadPool(
             self._reactor, self._start_pool(), self._sqlite.checkpoint)
         d.addErrback(lambda _failure: None)
@@ -874,6 +882,7 @@ class AsyncSQLiteStore(ThreadedStore):
         """The checkpoint is done: set the writes until the next one from the pages per write it found,
         then run the calls (and event batches) held meanwhile, in order, inline while they can be."""
         self._checkpointing = self._checkpoint_running = False
+        self.checkpoints += 1
         if frames is not None and frames[0] > 0 and self._since_checkpoint > 0:
             # Pages added since the last checkpoint: all of them when that one copied the whole WAL back
             # (the WAL started over after it), else those past its length (it could not: it kept growing).

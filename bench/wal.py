@@ -1,0 +1,175 @@
+"""Benchmark of the SQLite WAL's bound: does the ``-wal`` file stay bounded over a long crawl?
+
+Usage::
+
+    python bench/wal.py [--bookings 1000000] [--hosts 100000] [--addresses 10000] [--sample-every 1000]
+                        [--per-turn 1] [--records] [--restart-frames 8192]
+
+What runs: ``--bookings`` bookings through the crawl's real path, the pacer's async SQLite store
+(``AsyncStore(SQLiteStore(path))``, i.e. :class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`: group commit
+inline on the no-wait connection, :meth:`SQLiteStore.run_group <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`,
+the WAL checkpointed in two phases on the store's thread, docs/spec.md §6), on a running reactor. One booking is
+the downloader middleware's transaction (:func:`scrapy_polite.booking.booking_update`: ``update_many([host,
+ip:...], PacingPolicy.book)``) of a random host among ``--hosts`` already in the table (over ``--addresses``
+addresses, each host on 1 or 2 of them, as in ``bench/booking.py``). ``--per-turn`` bookings start in one
+reactor turn (they form one group) and are awaited, then one reactor turn passes (the crawl's other work);
+``--records`` adds, in the next turn, each booked host's response record (``update(host, after_response 200)``),
+as a crawl does after every page.
+
+Printed (every ``--sample-every`` bookings the ``-wal`` file is looked at with ``os.stat``, and its header's
+checkpoint sequence number, which SQLite raises each time the WAL starts over from its beginning, is read):
+
+* the largest ``-wal`` file size seen, in MB and in pages (frames: a 32-byte header, then a page and a 24-byte
+  frame header each), and at which booking; the final size; the bound the store aims at
+  (``--restart-frames`` pages, the store's default 8192) for comparison;
+* the checkpoints the store ran (and how many needed their second phase, the one that holds the calls), and
+  the times the WAL started over;
+* bookings per second over the run, the store's write transactions, and the longest wait of a booking (from
+  the call to its result; a checkpoint's second phase holds the calls that wait behind it).
+
+Nothing leaves the machine. ``--bookings 1000000`` (the default) runs in several minutes on two cores;
+``--bookings 50000`` in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sqlite3
+import struct
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # a source checkout: the package need not be installed
+
+from booking import IP_INTERVAL, POLICY, _Clock, fill, rows, table  # bench/ is sys.path[0] as a script
+
+from scrapy_polite.booking import booking_update
+from scrapy_polite.policy import HostState
+from scrapy_polite.stores import AsyncStore, SQLiteStore
+
+
+def wal_header(path: str) -> tuple[int, int]:
+    """``(size in bytes, checkpoint sequence number)`` of ``path``'s ``-wal`` file; ``(0, -1)`` without one.
+    The sequence number (big-endian, bytes 12-15 of the header) grows by one each time the WAL starts over."""
+    try:
+        with open(path + "-wal", "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(16)
+    except OSError:
+        return 0, -1
+    return size, (struct.unpack(">I", head[12:16])[0] if len(head) == 16 else -1)
+
+
+def frames(size: int, page_size: int) -> int:
+    """The frames (pages) a ``-wal`` file of ``size`` bytes holds."""
+    return max(0, size - 32) // (page_size + 24)
+
+
+def record(state: HostState | None, now: float) -> tuple[HostState, None]:
+    """A response record: a 200 just finished (``PacingPolicy.after_response``)."""
+    return POLICY.after_response(state, status=200, end=now).state, None
+
+
+def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, per_turn: int, records: bool,
+        restart_frames: int) -> None:
+    from twisted.internet import defer, reactor, task
+
+    now = time.time()
+    hosts, addresses, host_addresses = table(n_hosts, n_addresses)
+    table_rows = rows(hosts, addresses, now)
+    fill(path, table_rows)
+    backend = SQLiteStore(path, clock=_Clock(now))
+    page_size = backend.page_size
+    store = AsyncStore(backend, reactor, restart_frames=restart_frames)
+    print(f"{n_bookings:,} bookings of {len(hosts):,} hosts over {len(addresses):,} addresses "
+          f"({len(table_rows):,} rows, {os.path.getsize(path) / 1e6:.1f} MB file, {page_size} B pages), "
+          f"{per_turn} per reactor turn{', each with its response record' if records else ''}; "
+          f"the -wal file looked at every {every:,} bookings")
+    out: dict[str, object] = {}
+
+    async def crawl() -> None:
+        rng = random.Random(1)
+        perf = time.perf_counter
+        largest = (0, 0)  # (size, booking)
+        _, first_seq = wal_header(path)
+        longest = 0.0
+        booked = 0
+        started = perf()
+        done = 0
+        next_sample = every
+        while done < n_bookings:
+            batch = [hosts[rng.randrange(n_hosts)] for _ in range(min(per_turn, n_bookings - done))]
+            t0 = perf()
+            calls = []
+            for host in batch:
+                keys, fn = booking_update(POLICY, host, host_addresses[host], 1.0, IP_INTERVAL)
+                calls.append(store.update_many(keys, fn))
+            results = await defer.gatherResults(calls, consumeErrors=True)
+            longest = max(longest, perf() - t0)
+            booked += sum(result[0].booked for result in results)
+            done += len(batch)
+            await task.deferLater(reactor, 0, lambda: None)  # the crawl's other work: one reactor turn
+            if records:
+                await defer.gatherResults([store.update(host, record) for host in batch], consumeErrors=True)
+            if done >= next_sample:
+                next_sample += every
+                size = os.stat(path + "-wal").st_size
+                if size > largest[0]:
+                    largest = (size, done)
+        elapsed = perf() - started
+        final, last_seq = wal_header(path)
+        out["result"] = (largest, final, last_seq - first_seq if first_seq >= 0 else last_seq, longest, booked,
+                         elapsed)
+
+    def start() -> None:
+        d = defer.Deferred.fromCoroutine(crawl())
+        d.addErrback(lambda f: out.setdefault("error", f.getTraceback()))
+        d.addBoth(lambda _: reactor.stop())
+
+    reactor.callWhenRunning(start)
+    reactor.run(installSignalHandlers=False)
+    try:
+        if "error" in out:
+            raise SystemExit(f"the run failed:\n{out['error']}")
+        (size, at), final, restarts, longest, booked, elapsed = out["result"]  # type: ignore[misc]
+        checkpoints, second = store.checkpoints, store.second_phases  # type: ignore[attr-defined]
+        transactions = store.transactions
+    finally:
+        store.close()
+    bound = 32 + restart_frames * (page_size + 24)
+    print(f"  largest -wal file     {size / 1e6:8.1f} MB = {frames(size, page_size):,} pages (at booking {at:,}); "
+          f"the store's aim {restart_frames:,} pages = {bound / 1e6:.1f} MB: "
+          f"{'within' if size <= bound else f'{size / bound:.2f}x'} it")
+    print(f"  final -wal file       {final / 1e6:8.1f} MB = {frames(final, page_size):,} pages "
+          f"(the file is reused, not cut, when the WAL starts over: its size is the largest WAL so far)")
+    print(f"  checkpoints run       {checkpoints:8,}   ({second:,} needed the second phase, which holds the calls; "
+          f"one every {n_bookings / max(1, checkpoints):,.0f} bookings); the WAL started over {restarts:,} times")
+    print(f"  bookings/s            {n_bookings / elapsed:8,.0f}   ({elapsed:.1f} s, {transactions:,} write "
+          f"transactions, {booked:,} booked now, the longest wait of a booking {longest * 1000:.1f} ms)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bookings", type=int, default=1_000_000, help="bookings in the run (default 1000000)")
+    parser.add_argument("--hosts", type=int, default=100_000, help="hosts in the table (default 100000)")
+    parser.add_argument("--addresses", type=int, default=10_000, help="addresses in the table (default 10000)")
+    parser.add_argument("--sample-every", type=int, default=1000,
+                        help="bookings between two looks at the -wal file (default 1000)")
+    parser.add_argument("--per-turn", type=int, default=1, help="bookings started per reactor turn (default 1)")
+    parser.add_argument("--records", action="store_true", help="each booking followed by its response record")
+    parser.add_argument("--restart-frames", type=int, default=8192,
+                        help="the store's restart_frames (default 8192, the pacer's)")
+    args = parser.parse_args()
+    print(f"scrapy-polite WAL bench — Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}, "
+          f"{os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory(prefix="polite-bench-") as directory:
+        run(os.path.join(directory, "wal.sqlite3"), args.hosts, args.addresses, args.bookings,
+            max(1, args.sample_every), max(1, args.per_turn), args.records, args.restart_frames)
+
+
+if __name__ == "__main__":
+    main()
