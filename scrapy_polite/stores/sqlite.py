@@ -553,25 +553,16 @@ class SQLiteStore:
                 return True, result
             if name == "update_many":
                 keys, many = args
-                states = {k: _state(db.execute(_SELECT_ONE, (k,)).fetchone()) for k in keys}
-                writes, result = many(states, self._clock())
-                stray = [k for k in writes if k not in states]
+                found = {k: db.execute(_SELECT_ONE, (k,)).fetchone() for k in keys}
+                writes, result = many({k: _state(row) for k, row in found.items()}, self._clock())
+                stray = [k for k in writes if k not in found]
                 if stray:
                     raise ValueError(f"update function wrote {stray[0]!r}, which it did not read")
                 rows = [_row(k, state) for k, state in writes.items()]  # a bad state raises before any write
                 if len(rows) == 1:
                     db.execute(_WRITE, rows[0])  # one statement: it writes whole or not at all
                 elif rows:
-                    # Several statements: a savepoint, so that a row SQLite refuses undoes this call's
-                    # earlier rows, not the group's other calls.
-                    db.execute("SAVEPOINT polite_call")
-                    try:
-                        db.executemany(_WRITE, rows)
-                    except _CALLER_ERRORS:
-                        db.execute("ROLLBACK TO polite_call")
-                        raise
-                    finally:
-                        db.execute("RELEASE polite_call")
+                    self._write_rows(db, rows, found)
                 return True, result
             if name == "get":
                 return True, _state(db.execute(_SELECT_ONE, (args[0],)).fetchone())
@@ -579,12 +570,36 @@ class SQLiteStore:
                 found = {k: _state(db.execute(_SELECT_ONE, (k,)).fetchone()) for k in args[0]}
                 return True, Snapshot(found, self._clock())
             raise ValueError(f"a group cannot run {name!r}")
-        except _CALLER_ERRORS as exc:  # a row SQLite refuses (a NaN in a NOT NULL column...): this call's own
+        except _REFUSALS as exc:  # a row SQLite refuses (a NaN in a NOT NULL column...): this call's own
             return False, StoreError(f"the pace table {self.path} refused a row: {exc}")
         except sqlite3.Error:
             raise  # the file's failure (locked, full, damaged): the whole group is rolled back
         except Exception as exc:  # the caller's own failure: its call wrote nothing, the group goes on
             return False, exc
+
+    @staticmethod
+    def _write_rows(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]],
+                    found: dict[str, Sequence[Any] | None]) -> None:
+        """Write one call's rows (inside its group's transaction) whole or not at all: when SQLite refuses one
+        of them (a NaN in a NOT NULL column, an integer beyond 64 bits, a value of a type it cannot store),
+        the rows written before it are put back as ``found`` holds them (read in this transaction, which holds
+        the write lock: nothing else changed them since; None: the row was absent, so it is deleted), and the
+        refusal is raised. Without a savepoint: the rule costs nothing until a row is refused (docs/spec.md
+        §6, "After a crash"). A failure of the file (``sqlite3.Error`` other than a refusal) propagates: the
+        whole group is rolled back."""
+        try:
+            for row in rows:
+                db.execute(_WRITE, row)
+        except Exception as exc:
+            if isinstance(exc, sqlite3.Error) and not isinstance(exc, _CALLER_ERRORS):
+                raise
+            for row in rows:  # every key this call writes (the refused row and those after it are unchanged)
+                old = found[row[0]]
+                if old is None:
+                    db.execute("DELETE FROM hosts WHERE host = ?", (row[0],))
+                else:
+                    db.execute(_WRITE, (row[0], *old))
+            raise
 
     def backing_off(self, now: float) -> Iterator[tuple[str, HostState]]:
         """The host rows (not ``ip:`` rows) still backing off at ``now`` (``consec > 0`` and ``next_allowed >
@@ -678,6 +693,8 @@ class SQLiteStore:
 #: What SQLite raises for one call's own bad row or argument (not for the file): in a group commit that call
 #: fails alone (:meth:`SQLiteStore.run_group`).
 _CALLER_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError)
+#: Those, and Python's ``sqlite3`` refusing an integer beyond SQLite's 64 bits (``OverflowError``).
+_REFUSALS = (*_CALLER_ERRORS, OverflowError)
 
 #: The most calls one group commit runs in one transaction (docs/spec.md §6, "Group commit").
 GROUP_MAX = 512
