@@ -1,12 +1,17 @@
 """SQLite's group commit (docs/spec.md §6, "Group commit"): a call whose row SQLite refuses fails alone and
 writes none of its rows, without a savepoint: the rows it wrote before the refused one are put back as its
-own transaction read them (``SQLiteStore.run_group``)."""
+own transaction read them (``SQLiteStore.run_group``); and a row reads back as the HostState written."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sqlite3
+import tempfile
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import SQLiteStore, StoreError
@@ -116,3 +121,37 @@ def test_a_group_of_two_row_bookings_takes_no_savepoint(tmp_path, monkeypatch):
     finally:
         tracer.close()
         store.close()
+
+
+_FLOATS = st.floats(allow_nan=False, width=64)
+_INTS = st.integers(min_value=-(2 ** 63), max_value=2 ** 63 - 1)
+
+
+def _strategy_for(field: dataclasses.Field) -> st.SearchStrategy:
+    kind = field.type if isinstance(field.type, str) else field.type.__name__
+    return {"float": _FLOATS, "int": _INTS, "bool": st.booleans()}[kind]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({f.name: _strategy_for(f) for f in dataclasses.fields(HostState)}))
+def test_a_row_read_back_is_the_host_state_written(fields):
+    """Any HostState (every float, infinities included; every 64-bit integer; both booleans) written through
+    a group commit reads back as the same value, each field of its own type (``ok_seen`` a bool, not SQLite's
+    integer), a frozen value like any other. Negative control: a different state does not compare equal."""
+    state = HostState(**fields)
+    with tempfile.TemporaryDirectory() as directory:
+        store = SQLiteStore(os.path.join(directory, "pace.sqlite3"))
+        try:
+            out = store.run_group([
+                ("update_many", (["a.example", "ip:192.0.2.1"], lambda _s, _now: (
+                    {"a.example": state, "ip:192.0.2.1": GOOD}, None))),
+                ("read", (["a.example"],)),
+            ])
+            back = out[1][1].states["a.example"]
+            assert back == state == store.get("a.example") and hash(back) == hash(state)
+            assert all(type(getattr(back, name)) is type(value) for name, value in fields.items())
+            assert back != dataclasses.replace(state, consec=state.consec ^ 1)
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                back.consec = 1  # type: ignore[misc]
+        finally:
+            store.close()
