@@ -3,7 +3,7 @@
 Usage::
 
     python bench/wal.py [--bookings 1000000] [--hosts 100000] [--addresses 10000] [--sample-every 1000]
-                        [--per-turn 1] [--records] [--restart-frames 8192]
+                        [--per-turn 1] [--records] [--processes 1] [--restart-frames 8192]
 
 What runs: ``--bookings`` bookings through the crawl's real path, the pacer's async SQLite store
 (``AsyncStore(SQLiteStore(path))``, i.e. :class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`: group commit
@@ -14,7 +14,8 @@ ip:...], PacingPolicy.book)``) of a random host among ``--hosts`` already in the
 addresses, each host on 1 or 2 of them, as in ``bench/booking.py``). ``--per-turn`` bookings start in one
 reactor turn (they form one group) and are awaited, then one reactor turn passes (the crawl's other work);
 ``--records`` adds, in the next turn, each booked host's response record (``update(host, after_response 200)``),
-as a crawl does after every page.
+as a crawl does after every page. ``--processes`` runs that many such crawls at once on the one file (each
+its own store, as processes sharing a pace table do).
 
 Printed (every ``--sample-every`` bookings the ``-wal`` file is looked at with ``os.stat``, and its header's
 checkpoint sequence number, which SQLite raises each time the WAL starts over from its beginning, is read):
@@ -34,6 +35,7 @@ Nothing leaves the machine. ``--bookings 1000000`` (the default) runs in several
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
 import sqlite3
@@ -41,6 +43,7 @@ import struct
 import sys
 import tempfile
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # a source checkout: the package need not be installed
@@ -74,30 +77,23 @@ def record(state: HostState | None, now: float) -> tuple[HostState, None]:
     return POLICY.after_response(state, status=200, end=now).state, None
 
 
-def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, per_turn: int, records: bool,
-        restart_frames: int) -> None:
+def crawl_process(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, per_turn: int,
+                  records: bool, restart_frames: int, seed: int, barrier: Any = None) -> dict[str, Any]:
+    """One crawl's bookings on its own reactor (this process runs it once); what it measured."""
     from twisted.internet import defer, reactor, task
 
-    now = time.time()
-    hosts, addresses, host_addresses = table(n_hosts, n_addresses)
-    table_rows = rows(hosts, addresses, now)
-    fill(path, table_rows)
-    backend = SQLiteStore(path, clock=_Clock(now))
-    page_size = backend.page_size
-    store = AsyncStore(backend, reactor, restart_frames=restart_frames)
-    print(f"{n_bookings:,} bookings of {len(hosts):,} hosts over {len(addresses):,} addresses "
-          f"({len(table_rows):,} rows, {os.path.getsize(path) / 1e6:.1f} MB file, {page_size} B pages), "
-          f"{per_turn} per reactor turn{', each with its response record' if records else ''}; "
-          f"the -wal file looked at every {every:,} bookings")
-    out: dict[str, object] = {}
+    hosts, _, host_addresses = table(n_hosts, n_addresses)
+    store = AsyncStore(SQLiteStore(path, clock=_Clock(time.time())), reactor, restart_frames=restart_frames)
+    out: dict[str, Any] = {}
 
     async def crawl() -> None:
-        rng = random.Random(1)
+        rng = random.Random(seed)
         perf = time.perf_counter
         largest = (0, 0)  # (size, booking)
-        _, first_seq = wal_header(path)
         longest = 0.0
         booked = 0
+        if barrier is not None:
+            barrier.wait()  # every process starts together (a blocking wait before the first booking)
         started = perf()
         done = 0
         next_sample = every
@@ -120,10 +116,7 @@ def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, 
                 size = os.stat(path + "-wal").st_size
                 if size > largest[0]:
                     largest = (size, done)
-        elapsed = perf() - started
-        final, last_seq = wal_header(path)
-        out["result"] = (largest, final, last_seq - first_seq if first_seq >= 0 else last_seq, longest, booked,
-                         elapsed)
+        out.update(largest=largest, longest=longest, booked=booked, elapsed=perf() - started)
 
     def start() -> None:
         d = defer.Deferred.fromCoroutine(crawl())
@@ -135,11 +128,54 @@ def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, 
     try:
         if "error" in out:
             raise SystemExit(f"the run failed:\n{out['error']}")
-        (size, at), final, restarts, longest, booked, elapsed = out["result"]  # type: ignore[misc]
-        checkpoints, second = store.checkpoints, store.second_phases  # type: ignore[attr-defined]
-        transactions = store.transactions
+        out.update(checkpoints=store.checkpoints, second=store.second_phases,  # type: ignore[attr-defined]
+                   transactions=store.transactions)
     finally:
         store.close()
+    return out
+
+
+def _child(queue: Any, *args: Any) -> None:
+    queue.put(crawl_process(*args))
+
+
+def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, per_turn: int, records: bool,
+        restart_frames: int, processes: int) -> None:
+    now = time.time()
+    hosts, addresses, _ = table(n_hosts, n_addresses)
+    table_rows = rows(hosts, addresses, now)
+    fill(path, table_rows)
+    keeper = SQLiteStore(path)  # keeps the -wal file from being removed between the crawls; no transaction open
+    page_size = keeper.page_size
+    _, first_seq = wal_header(path)
+    print(f"{n_bookings:,} bookings of {len(hosts):,} hosts over {len(addresses):,} addresses "
+          f"({len(table_rows):,} rows, {os.path.getsize(path) / 1e6:.1f} MB file, {page_size} B pages), "
+          f"{per_turn} per reactor turn{', each with its response record' if records else ''}"
+          f"{f', in each of {processes} processes sharing the file' if processes > 1 else ''}; "
+          f"the -wal file looked at every {every:,} bookings")
+    args = (path, n_hosts, n_addresses, n_bookings, every, per_turn, records, restart_frames)
+    try:
+        if processes == 1:
+            results = [crawl_process(*args, 1)]
+        else:
+            context = multiprocessing.get_context("spawn")
+            queue = context.Queue()
+            barrier = context.Barrier(processes)
+            children = [context.Process(target=_child, args=(queue, *args, 1 + i, barrier)) for i in range(processes)]
+            for child in children:
+                child.start()
+            results = [queue.get() for _ in children]
+            for child in children:
+                child.join()
+        final, last_seq = wal_header(path)
+    finally:
+        keeper.close()
+    size, at = max(r["largest"] for r in results)
+    restarts = last_seq - first_seq if first_seq >= 0 else last_seq
+    checkpoints = sum(r["checkpoints"] for r in results)
+    second = sum(r["second"] for r in results)
+    total = n_bookings * processes
+    elapsed = max(r["elapsed"] for r in results)
     bound = 32 + restart_frames * (page_size + 24)
     print(f"  largest -wal file     {size / 1e6:8.1f} MB = {frames(size, page_size):,} pages (at booking {at:,}); "
           f"the store's aim {restart_frames:,} pages = {bound / 1e6:.1f} MB: "
@@ -147,9 +183,11 @@ def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, 
     print(f"  final -wal file       {final / 1e6:8.1f} MB = {frames(final, page_size):,} pages "
           f"(the file is reused, not cut, when the WAL starts over: its size is the largest WAL so far)")
     print(f"  checkpoints run       {checkpoints:8,}   ({second:,} needed the second phase, which holds the calls; "
-          f"one every {n_bookings / max(1, checkpoints):,.0f} bookings); the WAL started over {restarts:,} times")
-    print(f"  bookings/s            {n_bookings / elapsed:8,.0f}   ({elapsed:.1f} s, {transactions:,} write "
-          f"transactions, {booked:,} booked now, the longest wait of a booking {longest * 1000:.1f} ms)")
+          f"one every {total / max(1, checkpoints):,.0f} bookings); the WAL started over {restarts:,} times")
+    print(f"  bookings/s            {total / elapsed:8,.0f}   ({elapsed:.1f} s, "
+          f"{sum(r['transactions'] for r in results):,} write transactions, "
+          f"{sum(r['booked'] for r in results):,} booked now, the longest wait of a booking "
+          f"{max(r['longest'] for r in results) * 1000:.1f} ms)")
 
 
 def main() -> None:
@@ -161,6 +199,8 @@ def main() -> None:
                         help="bookings between two looks at the -wal file (default 1000)")
     parser.add_argument("--per-turn", type=int, default=1, help="bookings started per reactor turn (default 1)")
     parser.add_argument("--records", action="store_true", help="each booking followed by its response record")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="crawl processes sharing the file, each making --bookings bookings (default 1)")
     parser.add_argument("--restart-frames", type=int, default=8192,
                         help="the store's restart_frames (default 8192, the pacer's)")
     args = parser.parse_args()
@@ -168,7 +208,7 @@ def main() -> None:
           f"{os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory(prefix="polite-bench-") as directory:
         run(os.path.join(directory, "wal.sqlite3"), args.hosts, args.addresses, args.bookings,
-            max(1, args.sample_every), max(1, args.per_turn), args.records, args.restart_frames)
+            max(1, args.sample_every), max(1, args.per_turn), args.records, args.restart_frames, max(1, args.processes))
 
 
 if __name__ == "__main__":
