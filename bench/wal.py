@@ -23,8 +23,9 @@ checkpoint sequence number, which SQLite raises each time the WAL starts over fr
 * the largest ``-wal`` file size seen, in MB and in pages (frames: a 32-byte header, then a page and a 24-byte
   frame header each), and at which booking; the final size; the bound the store aims at
   (``--restart-frames`` pages, the store's default 8192) for comparison;
-* the checkpoints the store ran (and how many needed their second phase, the one that holds the calls), and
-  the times the WAL started over;
+* the checkpoints the store ran, how many needed their second phase (the one that holds the calls), and how
+  many of those started the WAL over and cut its file (SQLite's TRUNCATE: docs/spec.md §6, "The WAL's bound");
+  and how far the header's count of start-overs moved (a cut file's new header may not carry it on);
 * bookings per second over the run, the store's write transactions, and the longest wait of a booking (from
   the call to its result; a checkpoint's second phase holds the calls that wait behind it).
 
@@ -129,7 +130,7 @@ def crawl_process(path: str, n_hosts: int, n_addresses: int, n_bookings: int, ev
         if "error" in out:
             raise SystemExit(f"the run failed:\n{out['error']}")
         out.update(checkpoints=store.checkpoints, second=store.second_phases,  # type: ignore[attr-defined]
-                   transactions=store.transactions)
+                   cuts=store.cuts, transactions=store.transactions)  # type: ignore[attr-defined]
     finally:
         store.close()
     return out
@@ -172,6 +173,7 @@ def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, 
         keeper.close()
     size, at = max(r["largest"] for r in results)
     restarts = last_seq - first_seq if first_seq >= 0 else last_seq
+    cuts = sum(r["cuts"] for r in results)
     checkpoints = sum(r["checkpoints"] for r in results)
     second = sum(r["second"] for r in results)
     total = n_bookings * processes
@@ -181,9 +183,10 @@ def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, 
           f"the store's aim {restart_frames:,} pages = {bound / 1e6:.1f} MB: "
           f"{'within' if size <= bound else f'{size / bound:.2f}x'} it")
     print(f"  final -wal file       {final / 1e6:8.1f} MB = {frames(final, page_size):,} pages "
-          f"(the file is reused, not cut, when the WAL starts over: its size is the largest WAL so far)")
+          f"(cut to nothing by a second phase that starts the WAL over, else reused: as long as the longest WAL since)")
     print(f"  checkpoints run       {checkpoints:8,}   ({second:,} needed the second phase, which holds the calls; "
-          f"one every {total / max(1, checkpoints):,.0f} bookings); the WAL started over {restarts:,} times")
+          f"one every {total / max(1, checkpoints):,.0f} bookings); {cuts:,} second phases cut the WAL's file, "
+          f"the header's count of start-overs moved by {restarts:,}")
     print(f"  bookings/s            {total / elapsed:8,.0f}   ({elapsed:.1f} s, "
           f"{sum(r['transactions'] for r in results):,} write transactions, "
           f"{sum(r['booked'] for r in results):,} booked now, the longest wait of a booking "
