@@ -91,7 +91,7 @@ def test_a_refused_row_restores_the_old_row_byte_for_byte(tmp_path):
 
 def test_a_group_of_two_row_bookings_takes_no_savepoint(tmp_path, monkeypatch):
     """The rule costs nothing until a row is refused: an accepted two-row update_many in a group runs no
-    SAVEPOINT (it cost ~15 µs of CPU per booking: bench/booking.py's target). Negative control: the trace
+    SAVEPOINT (it cost 8-15 µs of CPU per booking on a loaded 2-core machine). Negative control: the trace
     sees the rows' writes and a refused call's put-back (a DELETE of the row it had added)."""
     path = str(tmp_path / "pace.sqlite3")
     statements: list[str] = []

@@ -623,8 +623,7 @@ class SQLiteStore:
         §6, "After a crash"). A failure of the file (``sqlite3.Error`` other than a refusal) propagates: the
         whole group is rolled back."""
         try:
-            for row in rows:
-                db.execute(_WRITE, row)
+            db.executemany(_WRITE, rows)
         except Exception as exc:
             if isinstance(exc, sqlite3.Error) and not isinstance(exc, _CALLER_ERRORS):
                 raise
