@@ -17,15 +17,13 @@ reactor turn (they form one group) and are awaited, then one reactor turn passes
 as a crawl does after every page. ``--processes`` runs that many such crawls at once on the one file (each
 its own store, as processes sharing a pace table do).
 
-Printed (every ``--sample-every`` bookings the ``-wal`` file is looked at with ``os.stat``, and its header's
-checkpoint sequence number, which SQLite raises each time the WAL starts over from its beginning, is read):
+Printed (every ``--sample-every`` bookings the ``-wal`` file's size is looked at with ``os.stat``):
 
 * the largest ``-wal`` file size seen, in MB and in pages (frames: a 32-byte header, then a page and a 24-byte
   frame header each), and at which booking; the final size; the bound the store aims at
   (``--restart-frames`` pages, the store's default 8192) for comparison;
 * the checkpoints the store ran, how many needed their second phase (the one that holds the calls), and how
   many of those started the WAL over and cut its file (SQLite's TRUNCATE: docs/spec.md §6, "The WAL's bound");
-  and how far the header's count of start-overs moved (a cut file's new header may not carry it on);
 * bookings per second over the run, the store's write transactions, and the longest wait of a booking (from
   the call to its result; a checkpoint's second phase holds the calls that wait behind it).
 
@@ -40,7 +38,6 @@ import multiprocessing
 import os
 import random
 import sqlite3
-import struct
 import sys
 import tempfile
 import time
@@ -54,18 +51,6 @@ from booking import IP_INTERVAL, POLICY, _Clock, fill, rows, table  # bench/ is 
 from scrapy_polite.booking import booking_update
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import AsyncStore, SQLiteStore
-
-
-def wal_header(path: str) -> tuple[int, int]:
-    """``(size in bytes, checkpoint sequence number)`` of ``path``'s ``-wal`` file; ``(0, -1)`` without one.
-    The sequence number (big-endian, bytes 12-15 of the header) grows by one each time the WAL starts over."""
-    try:
-        with open(path + "-wal", "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(16)
-    except OSError:
-        return 0, -1
-    return size, (struct.unpack(">I", head[12:16])[0] if len(head) == 16 else -1)
 
 
 def frames(size: int, page_size: int) -> int:
@@ -148,7 +133,6 @@ def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, 
     fill(path, table_rows)
     keeper = SQLiteStore(path)  # keeps the -wal file from being removed between the crawls; no transaction open
     page_size = keeper.page_size
-    _, first_seq = wal_header(path)
     print(f"{n_bookings:,} bookings of {len(hosts):,} hosts over {len(addresses):,} addresses "
           f"({len(table_rows):,} rows, {os.path.getsize(path) / 1e6:.1f} MB file, {page_size} B pages), "
           f"{per_turn} per reactor turn{', each with its response record' if records else ''}"
@@ -168,11 +152,10 @@ def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, 
             results = [queue.get() for _ in children]
             for child in children:
                 child.join()
-        final, last_seq = wal_header(path)
+        final = os.stat(path + "-wal").st_size
     finally:
         keeper.close()
     size, at = max(r["largest"] for r in results)
-    restarts = last_seq - first_seq if first_seq >= 0 else last_seq
     cuts = sum(r["cuts"] for r in results)
     checkpoints = sum(r["checkpoints"] for r in results)
     second = sum(r["second"] for r in results)
@@ -185,8 +168,8 @@ def run(path: str, n_hosts: int, n_addresses: int, n_bookings: int, every: int, 
     print(f"  final -wal file       {final / 1e6:8.1f} MB = {frames(final, page_size):,} pages "
           f"(cut to nothing by a second phase that starts the WAL over, else reused: as long as the longest WAL since)")
     print(f"  checkpoints run       {checkpoints:8,}   ({second:,} needed the second phase, which holds the calls; "
-          f"one every {total / max(1, checkpoints):,.0f} bookings); {cuts:,} second phases cut the WAL's file, "
-          f"the header's count of start-overs moved by {restarts:,}")
+          f"one every {total / max(1, checkpoints):,.0f} bookings); {cuts:,} second phases started the WAL over "
+          "and cut its file")
     print(f"  bookings/s            {total / elapsed:8,.0f}   ({elapsed:.1f} s, "
           f"{sum(r['transactions'] for r in results):,} write transactions, "
           f"{sum(r['booked'] for r in results):,} booked now, the longest wait of a booking "
