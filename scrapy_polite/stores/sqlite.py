@@ -755,11 +755,13 @@ class AsyncSQLiteStore(ThreadedStore):
       and then run inline again. Calls complete in call order.
     * **Checkpoints**: the store's thread checkpoints the WAL in two phases: first while the calls go on
       (the bulk of the WAL is copied back: the crawl is not held), then, when writes landed meanwhile, once
-      more while the calls made meanwhile wait on the reactor's side (it copies only those few pages; no
-      write lands in the WAL while it runs, so the next write starts it over; the calls then form one
-      group). The first checkpoint comes when the WAL's file has grown past ``restart_frames`` pages
-      (looked at every 250 inline writes), the next ones after as many writes as made the WAL that long,
-      going by the pages per write the last checkpoint found (never more often than every 1000 writes).
+      more while the calls made meanwhile wait on the reactor's side (it copies only those few pages, then
+      starts the WAL over and cuts its file: SQLite's TRUNCATE, waiting at most :data:`RESTART_WAIT` for
+      other processes' writes; the calls then form one group). A checkpoint comes when the WAL's file has
+      grown past ``restart_frames`` pages (looked at every 250 inline writes): the first one, and every one
+      after a cut or after a checkpoint that could not run; after a checkpoint that copied the WAL back
+      without a second phase (the file not cut), after as many writes as made the WAL that long, going by
+      the pages per write it found (never more often than every 1000 writes).
     * **The event log** (:meth:`append_events`): inline on the no-wait connection too, in transactions of at
       most ``event_chunk`` events, one per reactor turn (under a millisecond each), so it never holds the
       file's write lock while the pace table's calls want it. A batch that finds another process's write
