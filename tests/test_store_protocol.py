@@ -885,8 +885,8 @@ async def test_the_wal_is_checkpointed_about_every_restart_frames_pages(tmp_path
     checkpoints: list[tuple[int, int]] = []
     original = SQLiteStore.checkpoint
 
-    def spy(self):
-        checkpoints.append(original(self))
+    def spy(self, **kwargs):
+        checkpoints.append(original(self, **kwargs))
         return checkpoints[-1]
 
     monkeypatch.setattr(SQLiteStore, "checkpoint", spy)
@@ -937,10 +937,10 @@ async def test_a_checkpoint_never_holds_the_crawl_over_20000_bookings(tmp_path, 
     phases: list[tuple[float, float]] = []
     original = SQLiteStore.checkpoint
 
-    def spy(self):
+    def spy(self, **kwargs):
         started = time.perf_counter()
         try:
-            return original(self)
+            return original(self, **kwargs)
         finally:
             phases.append((started, time.perf_counter()))
 
