@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/wal.py [--bookings 1000000] [--hosts 100000] [--addresses 10000] [--sample-every 1000]
+    python bench/wal.py [--bookings 1000000] [--hosts 100000] [--addresses 10000] [--sample-every 100]
                         [--per-turn 1] [--records] [--processes 1] [--restart-frames 8192]
 
 What runs: ``--bookings`` bookings through the crawl's real path, the pacer's async SQLite store
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--bookings", type=int, default=1_000_000, help="bookings in the run (default 1000000)")
     parser.add_argument("--hosts", type=int, default=100_000, help="hosts in the table (default 100000)")
     parser.add_argument("--addresses", type=int, default=10_000, help="addresses in the table (default 10000)")
-    parser.add_argument("--sample-every", type=int, default=1000,
+    parser.add_argument("--sample-every", type=int, default=100,
                         help="bookings between two looks at the -wal file (default 1000)")
     parser.add_argument("--per-turn", type=int, default=1, help="bookings started per reactor turn (default 1)")
     parser.add_argument("--records", action="store_true", help="each booking followed by its response record")

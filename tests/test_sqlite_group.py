@@ -19,8 +19,9 @@ from scrapy_polite.stores import SQLiteStore, StoreError
 OLD = HostState(next_allowed=3.0, consec=2, crawl_delay=1.5, ok_seen=True, throttled_at=1.0, updated=2.0)
 GOOD = HostState(next_allowed=10.0, updated=5.0)
 EARLIER = HostState(next_allowed=7.0, consec=1, updated=4.0)
-#: Rows SQLite refuses: a NaN in a NOT NULL column (IntegrityError), an integer beyond 64 bits (Python's
-#: sqlite3 raises OverflowError), a value of a type it cannot store (ProgrammingError).
+#: Rows the store refuses: a NaN (IntegrityError, before any write: test_a_nan_is_refused_in_every_column...), an
+#: integer beyond 64 bits (Python's sqlite3 raises OverflowError), a value of a type it cannot store
+#: (ProgrammingError); the last two in the middle of a call's writes.
 REFUSED = {
     "nan": HostState(next_allowed=float("nan"), updated=5.0),
     "overflow": HostState(next_allowed=10.0, quota_left=2 ** 70, updated=5.0),
@@ -114,7 +115,7 @@ def test_a_group_of_two_row_bookings_takes_no_savepoint(tmp_path, monkeypatch):
         assert sum(s.startswith("INSERT OR REPLACE INTO hosts") for s in statements) == 2
         statements.clear()
         out = store.run_group([("update_many", (["b.example", "ip:192.0.2.2"], lambda _s, _now: (
-            {"b.example": GOOD, "ip:192.0.2.2": REFUSED["nan"]}, None)))])
+            {"b.example": GOOD, "ip:192.0.2.2": REFUSED["overflow"]}, None)))])  # refused by SQLite mid-call
         assert not out[0][0]
         assert any(s.startswith("DELETE FROM hosts") for s in statements), statements
         assert tracer.execute("SELECT COUNT(*) FROM hosts WHERE host = 'b.example'").fetchone() == (0,)
@@ -155,3 +156,26 @@ def test_a_row_read_back_is_the_host_state_written(fields):
                 back.consec = 1  # type: ignore[misc]
         finally:
             store.close()
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(HostState) if f.type == "float"])
+def test_a_nan_is_refused_in_every_column_not_replaced_by_its_default(tmp_path, field):
+    """SQLite refuses a NaN only in a NOT NULL column without a default; in the others (every column added since
+    the first schema) INSERT OR REPLACE would store the default instead (a NaN ratelimit_until as 0: the quota
+    no longer held). The store refuses it in every float column, and the row stays as it was. Negative
+    control: a finite value in the same column lands."""
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path)
+    try:
+        store.update("a.example", lambda _s, _now: (OLD, None))
+        bad = dataclasses.replace(OLD, **{field: float("nan")})
+        good = dataclasses.replace(OLD, **{field: 123.5})
+        out = store.run_group([("update", ("a.example", lambda _s, _now: (bad, None))),
+                               ("update_many", (["b.example"], lambda _s, _now: ({"b.example": bad}, None))),
+                               ("update", ("c.example", lambda _s, _now: (good, None)))])
+        assert [ok for ok, _ in out] == [False, False, True], out
+        assert field in str(out[0][1]) and isinstance(out[1][1], StoreError)
+        assert store.get("a.example") == OLD and store.get("b.example") is None
+        assert store.get("c.example") == good
+    finally:
+        store.close()

@@ -75,3 +75,39 @@ async def test_two_crawls_sharing_the_file_keep_the_wal_bounded(tmp_path, monkey
         assert largest[0] <= 10000, largest[0]  # under half the pages written
     else:
         assert largest[0] > 14000, largest[0]  # what the second phase's TRUNCATE prevents (measured 23,555)
+
+
+def _book(store: SQLiteStore, key: str) -> None:
+    store.update(key, lambda state, now: (HostState(next_allowed=now + 1.0, updated=now), None))
+
+
+def test_a_truncate_whose_wait_runs_out_is_said_as_could_not_run_and_the_lock_wait_comes_back(tmp_path):
+    """A second phase that meets another connection's write lock past its wait copies what it can and does not
+    start the WAL over: checkpoint says (-1, -1) (the crawl's store then watches the WAL's length again), not
+    the (frames, frames) of a complete copy; the store's own wait for a lock is its timeout again after it."""
+    import sqlite3
+    import threading
+    import time
+
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path, timeout=5.0)
+    other = sqlite3.connect(path, isolation_level=None, timeout=5.0, check_same_thread=False)
+    try:
+        for i in range(50):
+            _book(store, f"h{i}.test")
+        other.execute("BEGIN IMMEDIATE")  # another process's write in progress
+        started = time.monotonic()
+        assert store.checkpoint(restart_wait=0.05) == (-1, -1)
+        assert time.monotonic() - started < 2.0
+        assert os.path.getsize(path + "-wal") > 0  # not cut
+        # The store waits for a lock again (its timeout, not the checkpoint's 50 ms): a write meeting the other
+        # connection's lock for 0.3 s waits for it and lands.
+        threading.Timer(0.3, lambda: other.execute("COMMIT")).start()
+        _book(store, "after.test")
+        assert store.get("after.test") is not None
+        # Negative control: nothing in the way, the TRUNCATE starts the WAL over and cuts its file.
+        assert store.checkpoint(restart_wait=0.05) == (0, 0)
+        assert os.path.getsize(path + "-wal") == 0
+    finally:
+        other.close()
+        store.close()

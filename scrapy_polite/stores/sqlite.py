@@ -261,8 +261,23 @@ def _state(row: Sequence[Any] | None) -> HostState | None:
 
 
 def _row(key: str, state: HostState) -> tuple[Any, ...]:
-    """The ``hosts`` row of ``key`` (``ok_seen``, a bool, is stored as SQLite's integer 1 or 0)."""
-    return (key, *_GET_FIELDS(state))
+    """The ``hosts`` row of ``key`` (``ok_seen``, a bool, is stored as SQLite's integer 1 or 0).
+
+    Raises:
+        sqlite3.IntegrityError: a field is NaN: refused as SQLite refuses a NaN in a NOT NULL column, in every
+            column. SQLite itself would not: ``INSERT OR REPLACE`` puts a column's default in place of the NULL
+            a NaN becomes, so a NaN ``ratelimit_until`` would be stored as 0 (the quota no longer held).
+    """
+    values = _GET_FIELDS(state)
+    try:
+        total = sum(values)  # one C loop over the fields: a NaN in any of them makes the sum NaN
+    except TypeError:  # a field that is no number: SQLite's own refusal of its type says which
+        return (key, *values)
+    if total != total:
+        bad = [name for name, value in zip(_HOST_FIELDS, values) if value != value]
+        if bad:  # (not when only an infinity and its opposite made the NaN: SQLite stores those)
+            raise sqlite3.IntegrityError(f"the row of {key!r} has {', '.join(bad)} NaN, not a number")
+    return (key, *values)
 
 
 class SQLiteStore:
@@ -418,7 +433,8 @@ class SQLiteStore:
             ``(frames, copied)``: the frames (pages) in the WAL, and how many of them are now copied back
             (``frames == copied``: the next write starts the WAL over from its beginning, unless a reader of
             another connection still reads it; ``(0, 0)`` after a TRUNCATE that did it); ``(-1, -1)`` when
-            the file is not in WAL mode or another connection's checkpoint is running.
+            the file is not in WAL mode, another connection's checkpoint is running, or a TRUNCATE's wait ran
+            out (SQLite's busy flag: the WAL was not started over).
 
         Raises:
             StoreError: the file cannot be written.
@@ -436,7 +452,13 @@ class SQLiteStore:
                         self._db.execute(f"PRAGMA busy_timeout = {wait}")
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
-        return (int(row[1]), int(row[2])) if row is not None else (-1, -1)
+        if row is None:
+            return (-1, -1)
+        if restart_wait is not None and int(row[0]):
+            # Busy: the wait ran out (another connection's write or read went on), SQLite copied what it could
+            # and did not start the WAL over: said as "could not run", so the WAL's length is watched again.
+            return (-1, -1)
+        return (int(row[1]), int(row[2]))
 
     def _error(self, action: str, exc: BaseException) -> StoreError:
         text = str(exc)
@@ -936,18 +958,19 @@ class AsyncSQLiteStore(ThreadedStore):
         d: defer.Deferred[tuple[int, int] | None] = threads.deferToThreadPool(
             self._reactor, self._start_pool(), self._restart_checkpoint)
         d.addErrback(lambda _failure: None)
-        d.addCallback(self._checkpointed)
+        d.addCallback(self._checkpointed, True)
 
     def _restart_checkpoint(self) -> tuple[int, int]:
         """The second phase, on the store's thread: a checkpoint that lets the WAL start over."""
         return self._sqlite.checkpoint(restart_wait=RESTART_WAIT)
 
-    def _checkpointed(self, frames: tuple[int, int] | None) -> None:
-        """The checkpoint is done: set the writes until the next one from the pages per write it found,
-        then run the calls (and event batches) held meanwhile, in order, inline while they can be."""
+    def _checkpointed(self, frames: tuple[int, int] | None, second: bool = False) -> None:
+        """The checkpoint is done (``second``: its second phase, a TRUNCATE, ran): set the writes until the
+        next one from the pages per write it found, then run the calls (and event batches) held meanwhile, in
+        order, inline while they can be."""
         self._checkpointing = self._checkpoint_running = False
         self.checkpoints += 1
-        self.cuts += frames == (0, 0)
+        self.cuts += second and frames == (0, 0)  # a first phase that found the WAL empty cut nothing
         if frames is None or frames == (0, 0) or frames[0] < 0:
             # The second phase cut the WAL's file (its length is the WAL's again, every process's pages), or
             # the checkpoint could not run (another process's was running, or its writes went on past
