@@ -124,14 +124,37 @@ NEVER_SEEN = HostState()
 _STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(HostState))
 _D = TypeVar("_D")
 
+# What lets state_from_fields skip __init__: HostState's __init__ sets its fields and nothing more.
+if (hasattr(HostState, "__post_init__") or hasattr(HostState, "__slots__")
+        or not all(f.init for f in dataclasses.fields(HostState))):  # pragma: no cover - a development error
+    raise AssertionError("state_from_fields builds HostState without __init__: keep it a plain frozen dataclass")
+
+
+def state_from_fields(*parts: Mapping[str, Any]) -> HostState:
+    """A :class:`HostState` whose attributes are ``parts`` merged in order (a later part wins): the value
+    ``HostState(**merged)`` makes, without the frozen dataclass's per-field ``__setattr__`` (5.3 µs → 1.7 µs
+    for a whole row here; every booking and response builds one or more).
+
+    The one place that builds a HostState without ``__init__``; it holds because HostState has no
+    ``__post_init__``, no slots and no ``init=False`` field (checked when this module is imported). The
+    caller gives every field (a store's whole row, or a row's ``__dict__`` and changes): nothing is
+    defaulted or checked here.
+    """
+    state: HostState = object.__new__(HostState)
+    attributes = state.__dict__
+    for part in parts:
+        attributes.update(part)
+    return state
+
+
 if TYPE_CHECKING:
     from dataclasses import replace  # the type checker checks the field names against the dataclass
 else:
     def replace(obj: _D, /, **changes: Any) -> _D:
         """``dataclasses.replace``, for a :class:`HostState` without its per-call field introspection
         (7.4 µs → 1.1 µs here; every response and every quota booking copies a row): the row's attributes
-        are copied and ``changes`` set over them. HostState has no ``__post_init__`` and no ``init=False``
-        field, so this is the same value; any other type goes to ``dataclasses.replace``.
+        with ``changes`` set over them (:func:`state_from_fields`); any other type goes to
+        ``dataclasses.replace``.
 
         Raises:
             TypeError: a name that is not a field (as ``dataclasses.replace``).
@@ -140,11 +163,7 @@ else:
             return dataclasses.replace(obj, **changes)
         if not _STATE_FIELDS.issuperset(changes):
             raise TypeError(f"HostState has no field {sorted(set(changes) - _STATE_FIELDS)!r}")
-        new = object.__new__(HostState)
-        attributes = new.__dict__
-        attributes.update(obj.__dict__)
-        attributes.update(changes)
-        return new
+        return state_from_fields(obj.__dict__, changes)
 
 
 @dataclass(frozen=True)
