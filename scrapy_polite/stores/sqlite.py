@@ -22,12 +22,14 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
+from scrapy.utils.asyncio import CallLaterResult
 from twisted.internet import defer, threads
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from ..clock import process_clock
 from ..policy import HostState, state_from_fields
+from ..reactor import next_turn_scheduler
 from .asyncstore import ThreadedStore
 from .base import (
     DEFAULT_EVENTS_MAX,
@@ -760,7 +762,8 @@ class AsyncSQLiteStore(ThreadedStore):
     and "Never blocking the crawl"): calls never block the reactor, every method returns a ``Deferred``.
 
     * **Group commit**: the updates (and the reads behind them) made in one reactor turn wait for the next
-      turn (``callLater(0)``), then run in call order in **one** ``BEGIN IMMEDIATE`` transaction
+      turn (:func:`~scrapy_polite.reactor.next_turn_scheduler`), then run in call order in **one**
+      ``BEGIN IMMEDIATE`` transaction
       (:meth:`SQLiteStore.run_group`, at most ``group_max`` calls), each caller getting its own result or its
       own exception; a read with nothing waiting before it runs inline at once. The group is first tried
       inline on a no-wait connection (a WAL transaction without fsync, tens of microseconds); when another
@@ -807,7 +810,9 @@ class AsyncSQLiteStore(ThreadedStore):
         #: group on the thread), in call order.
         self._held: deque[_Held] = deque()
         self._group_max = max(1, group_max)
-        self._flush_turn: Any = None  # the reactor turn scheduled for the next group
+        #: Schedules a call on the reactor's next turn (straight on the asyncio loop when it is the reactor's).
+        self._next_turn = next_turn_scheduler(self._reactor)
+        self._flush_turn: CallLaterResult | None = None  # the reactor turn scheduled for the next group
         #: A checkpoint runs on the thread (either phase: see :meth:`_checkpoint`).
         self._checkpoint_running = False
         #: Its second phase runs: calls (and event batches) wait.
@@ -822,7 +827,7 @@ class AsyncSQLiteStore(ThreadedStore):
         self._event_chunk = max(1, event_chunk)
         #: Event batches waiting for the inline writer, in order: ``[events not yet written, Deferred]``.
         self._events_waiting: deque[tuple[list[Event], defer.Deferred[None]]] = deque()
-        self._events_turn: Any = None  # the reactor turn scheduled for the next chunk
+        self._events_turn: CallLaterResult | None = None  # the reactor turn scheduled for the next chunk
         self._events_writing = False  # a chunk is being written (a batch appended meanwhile waits its turn)
         self._events_on_thread = 0  # batches on the event log's thread: later ones follow them there, in order
         self._events_pool: ThreadPool | None = None
@@ -850,7 +855,7 @@ class AsyncSQLiteStore(ThreadedStore):
         """The next group runs on the next reactor turn, unless one is scheduled, or a checkpoint or a busy
         group on the thread holds them (its end schedules it)."""
         if self._flush_turn is None and not self._closed and not self._checkpointing and not self._queued:
-            self._flush_turn = self._reactor.callLater(0, self._flush)
+            self._flush_turn = self._next_turn(self._flush)
 
     def _flush(self) -> None:
         """Run the waiting calls (at most ``group_max``) as one group, one transaction, inline on the no-wait
@@ -1000,7 +1005,7 @@ class AsyncSQLiteStore(ThreadedStore):
         """Write one chunk of the waiting event batches inline, and schedule the next reactor turn for the
         rest. A batch that finds the lock held goes to the event log's thread, and the batches after it
         follow it there until it is written (in order). During a checkpoint they wait for it."""
-        if self._events_turn is not None and self._events_turn.active():  # called before its turn came
+        if self._events_turn is not None:  # called before its turn came (a cancel after it is harmless)
             self._events_turn.cancel()
         self._events_turn = None
         if self._events_writing or self._checkpointing or self._closed:
@@ -1033,7 +1038,7 @@ class AsyncSQLiteStore(ThreadedStore):
         finally:
             self._events_writing = False
         if self._events_waiting and not self._checkpointing and not self._events_on_thread:
-            self._events_turn = self._reactor.callLater(0, self._write_events)
+            self._events_turn = self._next_turn(self._write_events)
 
     def _events_threaded(self, events: list[Event]) -> defer.Deferred[None]:
         """Write a batch on the event log's own connection and thread (it waits for the lock; the
@@ -1064,13 +1069,13 @@ class AsyncSQLiteStore(ThreadedStore):
         if self._closed:
             return
         self._checkpointing = False
-        if self._flush_turn is not None and self._flush_turn.active():
+        if self._flush_turn is not None:
             self._flush_turn.cancel()
         self._flush_turn = None
         while self._held:  # calls waiting for their group: queued on the thread, one by one, in order
             name, args, d = self._held.popleft()
             self._threaded(name, *args).chainDeferred(d)
-        if self._events_turn is not None and self._events_turn.active():
+        if self._events_turn is not None:
             self._events_turn.cancel()
         self._events_turn = None
         while self._events_waiting:  # event batches not written yet: on the event log's thread, in order

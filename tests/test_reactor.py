@@ -1,0 +1,41 @@
+"""scrapy_polite.reactor's :func:`~scrapy_polite.reactor.next_turn_scheduler`: the reactor turn SQLite's group
+commit waits for (docs/spec.md §6, "Group commit"). On the installed asyncio reactor it goes straight to the
+asyncio loop (not Twisted's timer heap); any other reactor (a test's clock) keeps its own ``callLater(0)``."""
+
+from __future__ import annotations
+
+import pytest_twisted
+from twisted.internet.task import Clock, deferLater
+
+from scrapy_polite.reactor import next_turn_scheduler
+
+
+@pytest_twisted.ensureDeferred
+async def test_next_turn_on_the_installed_asyncio_reactor_goes_straight_to_the_loop():
+    from twisted.internet import reactor
+
+    ran: list[str] = []
+    schedule = next_turn_scheduler(reactor)
+    before = len(reactor.getDelayedCalls())
+    schedule(ran.append, "a")
+    cancelled = schedule(ran.append, "b")
+    assert len(reactor.getDelayedCalls()) == before  # not on Twisted's timer heap
+    assert ran == []  # not inline: on the next turn
+    cancelled.cancel()
+    await deferLater(reactor, 0.01, lambda: None)
+    assert ran == ["a"]
+    cancelled.cancel()  # a second cancel, and one after the call ran, are harmless
+    schedule(ran.append, "c").cancel()
+    await deferLater(reactor, 0.01, lambda: None)
+    assert ran == ["a"]
+
+
+def test_next_turn_on_another_reactor_is_its_call_later():
+    # Negative control: a test's clock is not the installed reactor: the turn is its own timer.
+    clock = Clock()
+    ran: list[str] = []
+    handle = next_turn_scheduler(clock)(ran.append, "a")
+    assert len(clock.getDelayedCalls()) == 1 and ran == []
+    clock.advance(0)
+    assert ran == ["a"] and clock.getDelayedCalls() == []
+    handle.cancel()  # after the call ran: harmless
