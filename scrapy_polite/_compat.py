@@ -44,6 +44,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.deprecate import warn_on_deprecated_spider_attribute
 from twisted.internet import error as txerror
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
 from twisted.web.error import SchemeNotSupported
 from twisted.web.iweb import IAgentEndpointFactory
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from twisted.internet.defer import Deferred
-    from twisted.internet.interfaces import IStreamClientEndpoint
     from twisted.web.client import URI
     from twisted.web.iweb import IPolicyForHTTPS
 
@@ -79,7 +79,12 @@ _http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
 @implementer(IAgentEndpointFactory)
 class _PinnedEndpointFactory:
     """Twisted's standard endpoint factory (``_StandardEndpointFactory.endpointForURI``), connecting to
-    ``address`` instead of the URI's host. TLS (SNI, certificate checks) still uses the URI's host."""
+    ``address`` instead of the URI's host. TLS (SNI, certificate checks) still uses the URI's host.
+
+    ``Agent`` asks for an endpoint for every request, pooled connection or not, but uses it only when the pool
+    has no connection to reuse; a ``HostnameEndpoint`` costs an IDNA encoding of the host when it is built.
+    So the endpoint returned is :class:`_EndpointAtConnect`: the ``HostnameEndpoint`` (and its TLS wrapper) is
+    built only when a connection is made, and a request on a kept-alive connection builds none."""
 
     def __init__(self, *, reactor: Any, address: str, context_factory: IPolicyForHTTPS,
                  connect_timeout: float | None, bind_address: tuple[str, int] | None) -> None:
@@ -92,6 +97,11 @@ class _PinnedEndpointFactory:
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
         if uri.scheme not in (b"http", b"https"):
             raise SchemeNotSupported(f"Unsupported scheme: {uri.scheme!r}")
+        return cast("IStreamClientEndpoint", _EndpointAtConnect(self, uri))
+
+    def build(self, uri: URI) -> IStreamClientEndpoint:
+        """The endpoint of ``uri`` (an http or https URI): a ``HostnameEndpoint`` to the address (through the
+        reactor's name resolver, whose address rules apply once more), wrapped in TLS for https."""
         kwargs: dict[str, Any] = {"bindAddress": self._bind_address}
         if self._connect_timeout is not None:
             kwargs["timeout"] = self._connect_timeout
@@ -101,6 +111,20 @@ class _PinnedEndpointFactory:
             policy: Any = self._context_factory
             endpoint = wrapClientTLS(policy.creatorForNetloc(uri.host, uri.port), endpoint)
         return cast("IStreamClientEndpoint", endpoint)
+
+
+@implementer(IStreamClientEndpoint)
+class _EndpointAtConnect:
+    """An ``IStreamClientEndpoint`` that builds :meth:`_PinnedEndpointFactory.build`'s endpoint when, and each
+    time, it connects (public Twisted API: ``IStreamClientEndpoint.connect``)."""
+
+    def __init__(self, factory: _PinnedEndpointFactory, uri: URI) -> None:
+        self._factory = factory
+        self._uri = uri
+
+    def connect(self, protocol_factory: Any) -> Deferred[Any]:
+        endpoint: Any = self._factory.build(self._uri)
+        return cast("Deferred[Any]", endpoint.connect(protocol_factory))
 
 
 class _AddressKeyedPool:

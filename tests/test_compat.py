@@ -105,6 +105,41 @@ async def test_pinned_agent_pool_never_reuses_a_connection_across_addresses(two_
 
 
 @pytest_twisted.ensureDeferred
+async def test_pinned_agent_builds_its_endpoint_only_to_connect(two_addresses, monkeypatch):
+    # Agent asks for an endpoint per request; the HostnameEndpoint (an IDNA encoding each, and the resolver's
+    # check at connect time) is built only when a connection is made, never for a kept-alive connection.
+    from twisted.internet import reactor
+    from twisted.internet.endpoints import HostnameEndpoint
+
+    from scrapy_polite import _compat
+
+    built: list[str] = []
+
+    class Counted(HostnameEndpoint):
+        def __init__(self, reactor_, host, port, **kwargs):
+            built.append(host)
+            super().__init__(reactor_, host, port, **kwargs)
+
+    monkeypatch.setattr(_compat, "HostnameEndpoint", Counted)
+    low, _high = two_addresses
+    url = f"http://pinned.invalid:{low.port}/"
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    try:
+        assert [await _get(_agent(pool, "127.0.0.2"), url) for _ in range(3)] == [b"127.0.0.2"] * 3
+        assert built == ["127.0.0.2"]  # three requests, one connection, one endpoint built
+    finally:
+        await pool.closeCachedConnections()
+    # Negative control: a new connection (the pool emptied) builds its endpoint again.
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    try:
+        assert await _get(_agent(pool, "127.0.0.2"), url) == b"127.0.0.2"
+    finally:
+        await pool.closeCachedConnections()
+    assert built == ["127.0.0.2", "127.0.0.2"]
+    assert len({a.client_port for a in low.arrivals()}) == 2
+
+
+@pytest_twisted.ensureDeferred
 async def test_pinned_agent_pool_keys_by_local_bind_address(two_addresses):
     from twisted.internet import reactor
 
