@@ -29,11 +29,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Booker", "KNOWN_ROW_FRESH", "booking_update"]
-
-#: Seconds: how old this process's last record of a host may be for the early deferral to trust it instead of
-#: reading the table, when it says the host need not defer (:meth:`Booker.early_due`; docs/spec.md §5).
-KNOWN_ROW_FRESH = 1.0
+__all__ = ["Booker", "booking_update"]
 
 
 def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor: float, ip_interval: float
@@ -310,22 +306,10 @@ class Booker:
 
     async def early_due(self, request: Request, host: str) -> float | None:
         """When a request of a host that should defer now (docs/spec.md §2) may come back (this process's clock, epoch
-        s), counting the deferral; None when it need not defer.
-
-        The host's row as this process last recorded it (its counters' ``state``), when that record is at most
-        :data:`KNOWN_ROW_FRESH` seconds old and says the host need not defer, answers without reading the table
-        (docs/spec.md §5, "The early deferral"): a throttle another process recorded since is found by the
-        booking, which defers the request all the same. Any other case reads the table."""
-        override = self.override(host, request)
-        counters = self.report.hosts.get(host)
-        known = counters.state if counters is not None else None
-        if known is not None:
-            now = self.clock.store_now()
-            if now - known.updated <= KNOWN_ROW_FRESH and self.policy.defer_verdict(known, now,
-                                                                                     override=override) is None:
-                return None
+        s), counting the deferral; None when it need not defer."""
         snapshot = await self._read(host)
-        verdict = self.policy.defer_verdict(snapshot.states[host], snapshot.now, override=override)
+        verdict = self.policy.defer_verdict(snapshot.states[host], snapshot.now,
+                                            override=self.override(host, request))
         if verdict is None:
             return None
         due = self.clock.to_local(verdict.due)

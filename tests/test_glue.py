@@ -29,7 +29,7 @@ from twisted.internet import error as txerror
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
-from scrapy_polite.booking import KNOWN_ROW_FRESH, Booker
+from scrapy_polite.booking import Booker
 from scrapy_polite.lifecycle import Lifecycle, Stage
 from scrapy_polite.pacer import Pacer
 from scrapy_polite.policy import HostState, host_key
@@ -641,31 +641,6 @@ def test_early_due_counts_a_deferral_only_for_a_host_that_should_defer():
     assert g.stat("deferrals/throttled") == 1 and g.stat("deferrals") == 1
     assert inline(g.booker.due("p.example")) == T0 + 7
     assert inline(g.booker.due("new.example")) == T0
-
-
-def test_early_due_trusts_this_process_s_fresh_record_only_when_it_says_the_host_need_not_defer():
-    g = glue(addresses={"a.example": [A1]})
-    r = request("http://a.example/")
-    book(g, r)
-    g.clock.advance(0.2)
-    respond(g, r, status=200)  # this process's record: the host need not defer (its row, T0 + 1.2)
-    # Another process throttles the host behind our back: the fresh record answers, without a read ...
-    g.store.update("a.example", lambda s, now: (HostState(next_allowed=T0 + 30, consec=1, updated=now), None))
-    assert inline(g.booker.early_due(request("http://a.example/"), "a.example")) is None
-    assert g.stat("deferrals") is None
-    # ... and the booking still defers the request (the table's row decides there).
-    assert book(g, request("http://a.example/")) == Defer(due=T0 + 30, reason="throttled")
-    # Negative control: a record older than KNOWN_ROW_FRESH is not trusted; the table is read.
-    g.clock.advance(KNOWN_ROW_FRESH + 0.01)
-    assert inline(g.booker.early_due(request("http://a.example/"), "a.example")) == T0 + 30
-    # Negative control: a fresh record that says the host should defer is not trusted either (the table may
-    # have been reset since): the table's row decides, here that it need not.
-    b = glue(addresses={"b.example": [A1]})
-    rb = request("http://b.example/")
-    book(b, rb)
-    respond(b, rb, status=429)
-    b.store.update("b.example", lambda s, now: (HostState(updated=now), None))
-    assert inline(b.booker.early_due(request("http://b.example/"), "b.example")) is None
 
 
 # --------------------------------------------------------------------------------------------------
