@@ -90,6 +90,8 @@ class _PinnedEndpointFactory:
                  connect_timeout: float | None, bind_address: tuple[str, int] | None) -> None:
         self._reactor = reactor
         self._address = address
+        #: The IP address every endpoint connects to.
+        self.address = address
         self._context_factory = context_factory
         self._connect_timeout = connect_timeout
         self._bind_address = bind_address
@@ -100,8 +102,15 @@ class _PinnedEndpointFactory:
         return cast("IStreamClientEndpoint", _EndpointAtConnect(self, uri))
 
     def build(self, uri: URI) -> IStreamClientEndpoint:
-        """The endpoint of ``uri`` (an http or https URI): a ``HostnameEndpoint`` to the address (through the
-        reactor's name resolver, whose address rules apply once more), wrapped in TLS for https."""
+        """The endpoint of ``uri``: a ``HostnameEndpoint`` to the address (through the reactor's name resolver,
+        whose address rules apply once more), wrapped in TLS for https.
+
+        Raises:
+            SchemeNotSupported: a scheme other than http and https.
+            UnicodeError: (from the TLS setup) a host name IDNA refuses, e.g. with an underscore.
+        """
+        if uri.scheme not in (b"http", b"https"):
+            raise SchemeNotSupported(f"Unsupported scheme: {uri.scheme!r}")
         kwargs: dict[str, Any] = {"bindAddress": self._bind_address}
         if self._connect_timeout is not None:
             kwargs["timeout"] = self._connect_timeout
@@ -125,6 +134,9 @@ class _EndpointAtConnect:
     def connect(self, protocol_factory: Any) -> Deferred[Any]:
         endpoint: Any = self._factory.build(self._uri)
         return cast("Deferred[Any]", endpoint.connect(protocol_factory))
+
+    def __repr__(self) -> str:
+        return f"<endpoint to {self._factory.address}:{self._uri.port} for {self._uri.host!r}, built at connect>"
 
 
 class _AddressKeyedPool:
@@ -257,7 +269,9 @@ if HAS_H2:
             self._pin_key = (bind_address, address)
 
         def get_endpoint(self, uri: URI) -> Any:
-            return self._pinned.endpointForURI(uri)
+            # Built at once, not at connect: Scrapy's H2ConnectionPool marks the key pending before it connects,
+            # so an endpoint that failed to build there (an underscore in the host) would leave it pending.
+            return self._pinned.build(uri)
 
         def get_key(self, uri: URI) -> Any:
             return (*super().get_key(uri), *self._pin_key)

@@ -8,7 +8,7 @@ from typing import Any, TypeVar, cast
 from scrapy.utils.asyncio import CallLaterResult
 from scrapy.utils.asyncio import call_later as asyncio_call_later
 from scrapy.utils.defer import maybe_deferred_to_future
-from scrapy.utils.reactor import is_asyncio_reactor_installed
+from scrapy.utils.reactor import is_asyncio_reactor_installed, is_reactor_installed
 from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
@@ -61,7 +61,7 @@ def next_turn_scheduler(reactor: Any) -> Callable[..., CallLaterResult]:
     per group (docs/spec.md §6, "Group commit"). Any other reactor (a test's ``task.Clock``, the default
     reactor) gets ``reactor.callLater(0, ...)``.
     """
-    if reactor is installed_reactor() and is_asyncio_reactor_installed():
+    if is_reactor_installed() and reactor is installed_reactor() and is_asyncio_reactor_installed():
         def on_loop(fn: Callable[..., object], *args: Any) -> CallLaterResult:
             return asyncio_call_later(0, fn, *args)
 

@@ -763,10 +763,10 @@ class AsyncSQLiteStore(ThreadedStore):
 
     * **Group commit**: the updates (and the reads behind them) made in one reactor turn wait for the next
       turn (:func:`~scrapy_polite.reactor.next_turn_scheduler`), then run in call order in **one**
-      ``BEGIN IMMEDIATE`` transaction
-      (:meth:`SQLiteStore.run_group`, at most ``group_max`` calls), each caller getting its own result or its
-      own exception; a read with nothing waiting before it runs inline at once. The group is first tried
-      inline on a no-wait connection (a WAL transaction without fsync, tens of microseconds); when another
+      ``BEGIN IMMEDIATE`` transaction (:meth:`SQLiteStore.run_group`, at most ``group_max`` calls), each
+      caller getting its own result or its own exception; a read with nothing waiting before it runs inline
+      at once. The group is first tried inline on a no-wait connection (a WAL transaction without fsync, tens
+      of microseconds); when another
       writer holds the lock (:class:`~scrapy_polite.stores.base.StoreBusy`), the whole group runs on the
       store's own thread, which may wait for the lock; the calls made meanwhile wait on the reactor's side
       and then run inline again. Calls complete in call order.
