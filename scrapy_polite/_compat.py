@@ -107,7 +107,7 @@ class _PinnedEndpointFactory:
 
         Raises:
             SchemeNotSupported: a scheme other than http and https.
-            UnicodeError: (from the TLS setup) a host name IDNA refuses, e.g. with an underscore.
+            Exception: what the TLS setup raises for the URI's host (``creatorForNetloc``).
         """
         if uri.scheme not in (b"http", b"https"):
             raise SchemeNotSupported(f"Unsupported scheme: {uri.scheme!r}")
@@ -270,7 +270,7 @@ if HAS_H2:
 
         def get_endpoint(self, uri: URI) -> Any:
             # Built at once, not at connect: Scrapy's H2ConnectionPool marks the key pending before it connects,
-            # so an endpoint that failed to build there (an underscore in the host) would leave it pending.
+            # so an endpoint that failed to build there (its TLS setup raising) would leave it pending.
             return self._pinned.build(uri)
 
         def get_key(self, uri: URI) -> Any:

@@ -198,25 +198,32 @@ def test_protego_floor_reads_request_rates_in_seconds(line, expected):
     assert parse_robots_delay(f"User-agent: *\n{line}\n", "bot") == pytest.approx(expected)
 
 
+class _RefusingPolicy:
+    """An ``IPolicyForHTTPS`` whose TLS setup fails for every host (as a bad TLS setting would)."""
+
+    def creatorForNetloc(self, hostname: bytes, port: int):  # noqa: N802 - Twisted's interface
+        raise ValueError(f"no TLS for {hostname!r}")
+
+
 def test_the_pinned_h2_agent_builds_its_endpoint_at_once():
-    # Scrapy's H2ConnectionPool marks a key pending before it connects: an endpoint whose build fails (IDNA
-    # refuses an underscore in the TLS host name) must fail the request at once, never at connect time, or
-    # every later request of that key would wait on the pending entry until its download timeout.
+    # Scrapy's H2ConnectionPool marks a key pending before it connects: an endpoint whose build fails must fail
+    # the request at once, never at connect time, or every later request of that key would wait on the
+    # pending entry until its download timeout.
     pytest.importorskip("h2")
     from twisted.internet import reactor
     from twisted.web.client import URI
 
     from scrapy_polite._compat import _PinnedEndpointFactory, _PinnedH2Agent
 
-    uri = URI.fromBytes(b"https://a_b.example.com/")
-    agent = _PinnedH2Agent(reactor=reactor, pool=None, context_factory=BrowserLikePolicyForHTTPS(),
+    uri = URI.fromBytes(b"https://a.example.com/")
+    agent = _PinnedH2Agent(reactor=reactor, pool=None, context_factory=_RefusingPolicy(),
                            connect_timeout=5.0, bind_address=None, address="127.0.0.1")
-    with pytest.raises(UnicodeError):
+    with pytest.raises(ValueError, match="no TLS"):
         agent.get_endpoint(uri)
     # Negative control: HTTP/1.1's factory defers the build to the connect (Twisted's pool keeps nothing
-    # pending before it), so asking for the endpoint does not fail.
-    factory = _PinnedEndpointFactory(reactor=reactor, address="127.0.0.1", context_factory=BrowserLikePolicyForHTTPS(),
+    # pending before it), so asking for the endpoint does not fail; building it does.
+    factory = _PinnedEndpointFactory(reactor=reactor, address="127.0.0.1", context_factory=_RefusingPolicy(),
                                      connect_timeout=5.0, bind_address=None)
-    assert "a_b.example.com" in repr(factory.endpointForURI(uri))
-    with pytest.raises(UnicodeError):
+    assert "a.example.com" in repr(factory.endpointForURI(uri))
+    with pytest.raises(ValueError, match="no TLS"):
         factory.build(uri)
