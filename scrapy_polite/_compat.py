@@ -89,7 +89,6 @@ class _PinnedEndpointFactory:
     def __init__(self, *, reactor: Any, address: str, context_factory: IPolicyForHTTPS,
                  connect_timeout: float | None, bind_address: tuple[str, int] | None) -> None:
         self._reactor = reactor
-        self._address = address
         #: The IP address every endpoint connects to.
         self.address = address
         self._context_factory = context_factory
@@ -115,7 +114,7 @@ class _PinnedEndpointFactory:
         if self._connect_timeout is not None:
             kwargs["timeout"] = self._connect_timeout
         # Any: zope interfaces (IPolicyForHTTPS, IStreamClientEndpoint) type-check alike with or without mypy-zope.
-        endpoint: Any = HostnameEndpoint(self._reactor, self._address, uri.port, **kwargs)
+        endpoint: Any = HostnameEndpoint(self._reactor, self.address, uri.port, **kwargs)
         if uri.scheme == b"https":
             policy: Any = self._context_factory
             endpoint = wrapClientTLS(policy.creatorForNetloc(uri.host, uri.port), endpoint)

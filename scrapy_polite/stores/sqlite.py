@@ -766,10 +766,9 @@ class AsyncSQLiteStore(ThreadedStore):
       ``BEGIN IMMEDIATE`` transaction (:meth:`SQLiteStore.run_group`, at most ``group_max`` calls), each
       caller getting its own result or its own exception; a read with nothing waiting before it runs inline
       at once. The group is first tried inline on a no-wait connection (a WAL transaction without fsync, tens
-      of microseconds); when another
-      writer holds the lock (:class:`~scrapy_polite.stores.base.StoreBusy`), the whole group runs on the
-      store's own thread, which may wait for the lock; the calls made meanwhile wait on the reactor's side
-      and then run inline again. Calls complete in call order.
+      of microseconds); when another writer holds the lock (:class:`~scrapy_polite.stores.base.StoreBusy`),
+      the whole group runs on the store's own thread, which may wait for the lock; the calls made meanwhile
+      wait on the reactor's side and then run inline again. Calls complete in call order.
     * **Checkpoints**: the store's thread checkpoints the WAL in two phases: first while the calls go on
       (the bulk of the WAL is copied back: the crawl is not held), then, when writes landed meanwhile, once
       more while the calls made meanwhile wait on the reactor's side (it copies only those few pages, then
