@@ -593,8 +593,11 @@ class Pacer:
         a crawl refused at its start). Idempotent; later store calls fail with
         :class:`~scrapy_polite.stores.StoreClosed`, quietly."""
         self.closing = True
-        self.events.close()
-        self.guard.close()
+        try:
+            self.events.close()
+            self.guard.close()
+        finally:
+            _registry_lets_go(self)
 
     async def close_async(self) -> None:
         """Write the events still buffered, then close the pace table, without blocking the reactor (the
@@ -608,6 +611,8 @@ class Pacer:
             await await_deferred(self.guard.close_async())
         except Exception:
             logger.warning("scrapy-polite: the pace table %s did not close cleanly", self.store_uri, exc_info=True)
+        finally:
+            _registry_lets_go(self)
 
 
 def close_spider_soon(crawler: Crawler, reason: CloseReason) -> None:
@@ -672,8 +677,30 @@ def _modes(crawler: Crawler) -> dict[str, Any]:
         return {}
 
 
-#: One pacer per crawler, without a private attribute on the crawler.
-_PACERS: weakref.WeakKeyDictionary[Any, Pacer] = weakref.WeakKeyDictionary()
+#: One pacer per crawler, without a private attribute on the crawler. An open pacer is held here; a closed one
+#: only weakly (:func:`_registry_lets_go`): a pacer refers to its crawler, so a strong value would keep its own
+#: weak key alive, and every finished crawl of a process (its crawler, spider, stats, pacer and pace table
+#: object) would stay in memory until the process ends. After the close the crawler's components (the
+#: extension, the middleware) still hold the pacer, so :func:`find_pacer` finds it while the crawler lives.
+_PACERS: weakref.WeakKeyDictionary[Any, Pacer | weakref.ReferenceType[Pacer]] = weakref.WeakKeyDictionary()
+
+
+def _registered(crawler: Crawler) -> Pacer | None:
+    """The crawler's pacer in :data:`_PACERS` (open, or closed and still held by a component), or None."""
+    entry = _PACERS.get(crawler)
+    return entry() if isinstance(entry, weakref.ReferenceType) else entry
+
+
+def _registry_lets_go(pacer: Pacer) -> None:
+    """``pacer`` is closed: the registry holds it weakly from now on (:data:`_PACERS`), so its crawl's objects
+    are freed with its crawler."""
+    crawler = pacer.crawler
+    try:
+        registered = _PACERS.get(crawler) is pacer
+    except TypeError:  # not weakly referenceable: a pacer built without get_pacer (a test's stand-in crawler)
+        return
+    if registered:
+        _PACERS[crawler] = weakref.ref(pacer)
 
 
 def get_pacer(crawler: Crawler) -> Pacer:
@@ -683,7 +710,7 @@ def get_pacer(crawler: Crawler) -> Pacer:
         SettingsError: a bad ``POLITE_*`` setting.
         StoreError: the pace table cannot be opened (the crawl must not start).
     """
-    pacer = _PACERS.get(crawler)
+    pacer = _registered(crawler)
     if pacer is None:
         config = PoliteConfig.from_settings(crawler.settings)
         store = open_pace_table(config.store_uri or default_store_uri(), store_options(config))
@@ -700,7 +727,8 @@ def discard_pacer(crawler: Crawler) -> None:
     """Close the crawler's :class:`Pacer`, if :func:`get_pacer` built one, and forget it: for a crawl refused
     at its start, so that nothing the pace table started (threads, connections) outlives the refusal
     (docs/spec.md §7). A failure to close is logged at DEBUG, never raised (the refusal is the error)."""
-    pacer = _PACERS.pop(crawler, None)
+    pacer = _registered(crawler)
+    _PACERS.pop(crawler, None)
     if pacer is None:
         return
     try:
@@ -711,4 +739,4 @@ def discard_pacer(crawler: Crawler) -> None:
 
 def find_pacer(crawler: Crawler) -> Pacer | None:
     """The crawler's :class:`Pacer` if :func:`get_pacer` has built it, else None (never builds one)."""
-    return _PACERS.get(crawler)
+    return _registered(crawler)

@@ -15,7 +15,9 @@ the remaining pages not crawled).
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ import pytest_twisted
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import HtmlResponse
 
+from scrapy_polite.pacer import discard_pacer, find_pacer, get_pacer
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
@@ -183,3 +186,47 @@ async def test_held_requests_replaced_by_a_project_middleware_do_not_strand_the_
     assert paths(srv) == ["/a", "/b", "/c", "/new1", "/new2"]
     assert crawler.stats.get_value("polite/lifecycle/reclaimed") == 2
     assert_finished(crawler, elapsed)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_finished_crawl_is_freed_with_its_crawler(arrival_server, tmp_path):
+    """Nothing of a finished crawl outlives its crawler: once the caller drops it, the crawler, its spider and
+    its pacer (with the pace table object, the report and the held requests' queues) are freed. The pacer
+    refers to its crawler, so the registry holds a closed pacer only weakly; a process running crawl after
+    crawl (a ``CrawlerRunner`` service, a test suite) kept every one of them before. Negative control: while
+    the caller holds the crawler, ``find_pacer`` still finds its closed pacer (the components hold it)."""
+    srv = arrival_server("127.0.5.22")
+    srv.route("/robots.txt", Reply.robots("User-agent: *\nDisallow: /private\n"))
+    srv.route("/*", page())
+    urls = [srv.url(p) for p in ("/a", "/private", "/b", "/c")]
+    crawler, elapsed = await crawl(srv, tmp_path, urls, ROBOTSTXT_OBEY=True, HTTPCACHE_ENABLED=True,
+                                   HTTPCACHE_DIR=str(tmp_path / "cache"))
+    assert paths(srv) == ["/a", "/b", "/c"]
+    assert_finished(crawler, elapsed)
+    pacer = find_pacer(crawler)
+    assert pacer is not None and pacer.closing, "the closed pacer is not found while its crawler is held"
+    gc.collect()
+    assert find_pacer(crawler) is pacer
+    refs = {"crawler": weakref.ref(crawler), "spider": weakref.ref(crawler.spider), "pacer": weakref.ref(pacer)}
+    del crawler, pacer
+    gc.collect()
+    assert [name for name, ref in refs.items() if ref() is not None] == []
+
+
+def test_an_open_pacer_is_held_by_the_registry_a_closed_one_only_while_something_holds_it():
+    """The registry's own hold (:func:`~scrapy_polite.pacer.get_pacer`): an open pacer is kept with no other
+    reference to it (a component built later finds the same one, the pace table opened once); a closed one
+    goes once nothing else holds it, and a discarded one is forgotten at once."""
+    from scrapy.utils.test import get_crawler
+
+    crawler = get_crawler(settings_dict={"POLITE_STORE": "memory://"})  # no add-on: no resolver check
+    ref = weakref.ref(get_pacer(crawler))
+    gc.collect()
+    assert ref() is not None and find_pacer(crawler) is ref() and get_pacer(crawler) is ref()
+    find_pacer(crawler).close()
+    gc.collect()
+    assert ref() is None and find_pacer(crawler) is None
+    held = get_pacer(crawler)  # a new one for the same crawler (as on a first use)
+    assert held is not None and find_pacer(crawler) is held
+    discard_pacer(crawler)
+    assert held.closing and find_pacer(crawler) is None
