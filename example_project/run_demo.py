@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     from scrapy.crawler import CrawlerProcess
     from scrapy.utils.project import get_project_settings
 
-    from scrapy_polite.pacer import get_pacer
+    from scrapy_polite.pacer import find_pacer
     from scrapy_polite.robots import parse_robots_delay
 
     settings = get_project_settings()
@@ -446,11 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     host_interval = crawler.settings.getfloat("POLITE_HOST_INTERVAL")
     ip_interval = crawler.settings.getfloat("POLITE_IP_INTERVAL")
     finish_reason = crawler.stats.get_value("finish_reason") if crawler.stats else None
-    try:
-        report = get_pacer(crawler).host_report()
-    except Exception as exc:  # the crawl could not start (e.g. the pace table cannot be opened)
-        print(f"\nno scrapy-polite report: {exc}", file=sys.stderr)
-        report = {}
+    pacer = find_pacer(crawler)  # None when the crawl was refused at its start (the error was logged)
+    report = pacer.host_report() if pacer is not None else {}
+    if pacer is None:
+        print("\nno scrapy-polite report: the crawl did not start", file=sys.stderr)
     rows = read_pace_table(uri)
     results = host_results(servers, report, rows, host_interval=host_interval, ip_interval=ip_interval)
 

@@ -604,14 +604,16 @@ class Pacer:
         crawl's close: ``spider_closed``). A failure of either is logged, never raised."""
         self.closing = True
         try:
-            await await_deferred(self.events.close())
-        except Exception:
-            logger.warning("scrapy-polite: the last events could not be written", exc_info=True)
-        try:
-            await await_deferred(self.guard.close_async())
-        except Exception:
-            logger.warning("scrapy-polite: the pace table %s did not close cleanly", self.store_uri, exc_info=True)
-        finally:
+            try:
+                await await_deferred(self.events.close())
+            except Exception:
+                logger.warning("scrapy-polite: the last events could not be written", exc_info=True)
+            try:
+                await await_deferred(self.guard.close_async())
+            except Exception:
+                logger.warning("scrapy-polite: the pace table %s did not close cleanly", self.store_uri,
+                               exc_info=True)
+        finally:  # even when cancelled: the crawl's objects are freed with its crawler
             _registry_lets_go(self)
 
 
@@ -706,6 +708,10 @@ def _registry_lets_go(pacer: Pacer) -> None:
 def get_pacer(crawler: Crawler) -> Pacer:
     """The crawler's :class:`Pacer`, built (settings validated, store opened) on first use.
 
+    After the crawl, this is its closed pacer as long as the crawler's components (the extension, the
+    middleware) hold it. Once nothing holds it, it is freed, and a later call builds a new pacer and opens the
+    pace table again, which the caller then closes (:meth:`Pacer.close`); :func:`find_pacer` never builds one.
+
     Raises:
         SettingsError: a bad ``POLITE_*`` setting.
         StoreError: the pace table cannot be opened (the crawl must not start).
@@ -738,5 +744,6 @@ def discard_pacer(crawler: Crawler) -> None:
 
 
 def find_pacer(crawler: Crawler) -> Pacer | None:
-    """The crawler's :class:`Pacer` if :func:`get_pacer` has built it, else None (never builds one)."""
+    """The crawler's :class:`Pacer` if :func:`get_pacer` has built it (after the crawl: while the crawler's
+    components hold it), else None (never builds one)."""
     return _registered(crawler)

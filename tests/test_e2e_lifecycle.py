@@ -203,12 +203,14 @@ async def test_a_finished_crawl_is_freed_with_its_crawler(arrival_server, tmp_pa
                                    HTTPCACHE_DIR=str(tmp_path / "cache"))
     assert paths(srv) == ["/a", "/b", "/c"]
     assert_finished(crawler, elapsed)
-    pacer = find_pacer(crawler)
-    assert pacer is not None and pacer.closing, "the closed pacer is not found while its crawler is held"
+    found = find_pacer(crawler)
+    assert found is not None and found.closing
+    refs = {"crawler": weakref.ref(crawler), "spider": weakref.ref(crawler.spider), "pacer": weakref.ref(found),
+            "pace table": weakref.ref(found.store)}
+    del found  # the test holds no pacer now: only the crawler's components do
     gc.collect()
-    assert find_pacer(crawler) is pacer
-    refs = {"crawler": weakref.ref(crawler), "spider": weakref.ref(crawler.spider), "pacer": weakref.ref(pacer)}
-    del crawler, pacer
+    assert find_pacer(crawler) is refs["pacer"](), "the closed pacer is not found while its crawler is held"
+    del crawler
     gc.collect()
     assert [name for name, ref in refs.items() if ref() is not None] == []
 
@@ -226,7 +228,7 @@ def test_an_open_pacer_is_held_by_the_registry_a_closed_one_only_while_something
     find_pacer(crawler).close()
     gc.collect()
     assert ref() is None and find_pacer(crawler) is None
-    held = get_pacer(crawler)  # a new one for the same crawler (as on a first use)
-    assert held is not None and find_pacer(crawler) is held
+    held = get_pacer(crawler)  # a new one for the same crawler (as on a first use), open
+    assert not held.closing and find_pacer(crawler) is held
     discard_pacer(crawler)
     assert held.closing and find_pacer(crawler) is None
