@@ -24,7 +24,9 @@ per page, and the SQLite write transactions it ran per page (``transactions/page
 docs/spec.md §6, shows there; 0 for plain Scrapy and the memory store). Then the **medians** of each and the
 ratios to plain Scrapy: pages/s polite/plain and CPU per page polite − plain, against the targets
 (:data:`TARGETS`: SQLite ≥ 0.97× and ≤ +3 %, memory ≥ 0.98× and ≤ +2 %).
-A warm-up crawl runs first. ``-s NAME=VALUE`` adds a setting to the polite runs (``-s POLITE_EVENT_LOG=false``).
+A warm-up crawl runs first. ``--no-gc`` turns the cyclic garbage collector off during the measured crawls
+(what the code costs, without the collections its regime brings: bench/instructions.py).
+``-s NAME=VALUE`` adds a setting to the polite runs (``-s POLITE_EVENT_LOG=false``).
 ``--order host`` lists all URLs of one host, then the next (the add-on then defers the requests whose host's
 line is taken). ``--profile FILE`` runs one more polite crawl under ``cProfile`` and writes its stats to
 FILE (read with ``python -m pstats FILE``). Runs in about a minute on two cores.
@@ -108,8 +110,9 @@ class _GCCount:
 LAST_GC = _GCCount()
 
 
-async def crawl(settings, urls, profile: str | None = None):
-    """One crawl; ``(pages/s, CPU seconds per page, crawler)``; its garbage collections in ``LAST_GC``."""
+async def crawl(settings, urls, profile: str | None = None, collect: bool = True):
+    """One crawl; ``(pages/s, CPU seconds per page, crawler)``; its garbage collections in ``LAST_GC``.
+    ``collect=False``: the cyclic garbage collector is off during the crawl (``--no-gc``)."""
     global LAST_GC
     from scrapy_polite.stores import SQLiteStore
     from tests.support.crawl import ListSpider, run_crawl
@@ -122,11 +125,14 @@ async def crawl(settings, urls, profile: str | None = None):
         profiler.enable()
     LAST_GC = _GCCount()
     gc.callbacks.append(LAST_GC)
+    if not collect:
+        gc.disable()
     t0, c0, tx0 = time.time(), time.process_time(), SQLiteStore.write_transactions
     try:
         crawler = await run_crawl(ListSpider, settings, urls=urls, timeout=600)
     finally:
         gc.callbacks.remove(LAST_GC)
+        gc.enable()
     elapsed, cpu = time.time() - t0, time.process_time() - c0
     LAST_GC.transactions = SQLiteStore.write_transactions - tx0
     if profiler is not None:
@@ -190,7 +196,7 @@ async def main(args) -> None:
                     settings = {**plain, **SHELL_SETTINGS}
                 else:
                     settings = polite(str(run), "memory" if "memory" in name else "sqlite")
-                rate, cpu, crawler = await crawl(settings, urls)
+                rate, cpu, crawler = await crawl(settings, urls, collect=args.collect)
                 rates[name].append(rate)
                 cpus[name].append(cpu)
                 extra = ""
@@ -239,6 +245,8 @@ if __name__ == "__main__":
                         help="skip the extra polite run with the memory:// store (for comparison)")
     parser.add_argument("-s", "--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a setting of the polite runs (repeatable), e.g. -s POLITE_EVENT_LOG=false")
+    parser.add_argument("--no-gc", dest="collect", action="store_false",
+                        help="the garbage collector off during the measured crawls (bench/instructions.py)")
     parser.add_argument("--only", choices=["plain", "polite", "memory"],
                         help="run only this crawl (--repeat times), e.g. under a sampling profiler")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
