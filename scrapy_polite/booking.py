@@ -7,13 +7,15 @@ this module only orders the steps and waits without blocking the reactor.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
-from .lifecycle import Lifecycle
+from .lifecycle import Hold, Lifecycle
 from .outage import DeferredStore
 from .policy import Booking, HostState, PacingPolicy, ip_key
 from .reactor import await_deferred
@@ -31,9 +33,18 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Booker", "booking_update"]
 
+#: ``DOWNLOAD_TIMEOUT``'s default in Scrapy (seconds): the hold's bound when no valid timeout is known.
+DEFAULT_TIMEOUT = 180.0
 
-def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor: float, ip_interval: float
-                   ) -> tuple[list[str], ManyUpdateFn[tuple[Booking, float]]]:
+
+def _timeout(value: Any) -> float | None:
+    """A download timeout (seconds > 0, finite) from a setting or ``meta['download_timeout']``, or None."""
+    seconds = parse_seconds(value)
+    return seconds if seconds else None
+
+
+def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor: float, ip_interval: float,
+                   hold: tuple[int, float] | None = None) -> tuple[list[str], ManyUpdateFn[tuple[Booking, float]]]:
     """The booking transaction of one request (docs/spec.md §3): the keys to read (the host's row, then the
     ``ip:`` row of each of ``addresses``) and the update function to run on them with
     :meth:`~scrapy_polite.stores.PaceStore.update_many`, whose result is ``(booking, the store's now)``.
@@ -44,6 +55,8 @@ def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor:
         addresses: the addresses the request may be booked on, in order of preference (their lines free).
         floor: seconds, the request's interval override (0: none).
         ip_interval: ``POLITE_IP_INTERVAL``, seconds.
+        hold: ``(token, download timeout in seconds)``: hold the booked rows while the request is in flight
+            (docs/spec.md §3, "In flight"); None: hold nothing.
 
     Raises:
         ValueError: an address is not an IP address.
@@ -53,7 +66,7 @@ def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor:
     def fn(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState],
                                                                      tuple[Booking, float]]:
         booking = policy.book(states[host], {a: states[k] for a, k in keys.items()}, now=now,
-                              floor=floor, ip_interval=ip_interval)
+                              floor=floor, ip_interval=ip_interval, hold=hold)
         writes = {(host if a == "" else keys[a]): state for a, state in booking.writes.items()}
         return writes, (booking, now)
 
@@ -72,11 +85,13 @@ class Booker:
         clock: this process's clock (epoch s) and its offset to the table's clock.
         sleep: ``sleep(seconds) -> Deferred`` that never blocks the reactor.
         on_store_error: called with a :class:`~scrapy_polite.stores.StoreError` (stops the crawl).
+        download_timeout: ``DOWNLOAD_TIMEOUT``, seconds: with the row's interval, the bound of a booking's in-flight
+            hold when the request sets no ``download_timeout`` of its own (docs/spec.md §3, "In flight").
     """
 
     def __init__(self, config: PoliteConfig, store: DeferredStore, lifecycle: Lifecycle, resolution: Resolution,
                  report: Report, clock: ClockSync, sleep: Callable[[float], Deferred[None]],
-                 on_store_error: Callable[[StoreError], None]) -> None:
+                 on_store_error: Callable[[StoreError], None], download_timeout: float = DEFAULT_TIMEOUT) -> None:
         self.config = config
         self.policy: PacingPolicy = config.policy
         self.store = store
@@ -89,6 +104,9 @@ class Booker:
         self.scheduler: HoldingScheduler | None = None
         self.spider_delay: float | None = None
         self._warned_no_scheduler = False
+        self.download_timeout = _timeout(download_timeout) or DEFAULT_TIMEOUT
+        # Hold tokens: random in their high bits (another process's tokens differ), counted in the low ones.
+        self._tokens = itertools.count((int.from_bytes(os.urandom(4), "big") << 30) | 1)
 
     # -- inputs -----------------------------------------------------------------------------------------
 
@@ -219,7 +237,8 @@ class Booker:
                         return self.defer(host, None, "ip_line", request)
                     await await_deferred(lifecycle.wait_for(keys))
                     continue
-            booking, now = await self._transact(host, free, floor, ip_interval)
+            hold = (next(self._tokens), _timeout(request.meta.get("download_timeout")) or self.download_timeout)
+            booking, now = await self._transact(host, free, floor, ip_interval, hold)
             if booking.booked:
                 address = booking.address or (all_addresses[0] if all_addresses else None)
                 if ip_paced and address is not None:
@@ -233,7 +252,7 @@ class Booker:
                         while not lifecycle.take(key, request):
                             await await_deferred(lifecycle.wait_for([key]))
                         now = await self._address_free(host, key, request)
-                lifecycle.sent(request)
+                lifecycle.sent(request, self._hold_of(booking, host, hold[0]))
                 self.report.booked(host)
                 self.report.events.booking(host, request.url, at=now, address=address,
                                            due=booking.host.next_allowed if booking.host is not None else None,
@@ -245,6 +264,16 @@ class Booker:
             if verdict is not None and deferrable:
                 self.release(request, host)
                 return self.defer(host, self.clock.to_local(verdict.due), verdict.reason, request)
+            if booking.held:
+                # Another process's request is in flight on the host or the address (docs/spec.md §3, "In
+                # flight"): its end is not known, so ask again one interval later (the row is not free sooner
+                # after its release), out of the downloader when the request can leave it.
+                self.report.inc("held_in_flight")
+                if deferrable:
+                    self.release(request, host)
+                    return self.defer(host, self.clock.to_local(now + booking.poll), "line", request)
+                await self._wait(host, booking.poll, request)
+                continue
             # Waiting for an address's budget (not the host's): one request per address waits in line,
             # the next defers until that moment (docs/spec.md §5).
             waiting_key = ip_key(booking.address) if booking.address is not None else None
@@ -272,10 +301,10 @@ class Booker:
                 return snapshot.now
             await self._wait(host, min(ahead, self.policy.max_wait), request)
 
-    async def _transact(self, host: str, addresses: list[str], floor: float,
-                        ip_interval: float) -> tuple[Booking, float]:
+    async def _transact(self, host: str, addresses: list[str], floor: float, ip_interval: float,
+                        hold: tuple[int, float] | None = None) -> tuple[Booking, float]:
         """One booking transaction over the host's row and the rows of ``addresses``."""
-        keys, fn = booking_update(self.policy, host, addresses, floor, ip_interval)
+        keys, fn = booking_update(self.policy, host, addresses, floor, ip_interval, hold)
         try:
             booking, now = await await_deferred(self.store.update_many(keys, fn))
         except StoreError as exc:
@@ -284,15 +313,53 @@ class Booker:
         self.clock.observe(now)
         return booking, now
 
+    def _hold_of(self, booking: Booking, host: str, token: int) -> Hold | None:
+        """The in-flight hold ``booking`` took (the rows it wrote with ``token``), or None."""
+        keys = {(host if key == "" else ip_key(key)): (booking.interval if key == "" else self.config.ip_interval)
+                for key, row in booking.writes.items() if row.held_by == token}
+        return Hold(token, keys) if keys else None
+
     # -- after the request ------------------------------------------------------------------------------
+
+    def release_hold(self, request: Request) -> Deferred[Any] | None:
+        """Release the in-flight hold of ``request`` if its record did not (it ended without an answer the table
+        heard of: dropped after its booking, a failure before the server answered): each row is free of requests
+        one interval after now (docs/spec.md §3, "In flight"). Returns the write's Deferred (its failure is
+        logged: the hold then ends at its bound), or None when the request holds nothing."""
+        hold = self.lifecycle.take_hold(request)
+        return self._release_holds([hold]) if hold is not None else None
+
+    def release_holds(self) -> Deferred[Any] | None:
+        """Release every hold still taken (the crawl's close: requests cancelled in flight leave none behind)."""
+        holds = self.lifecycle.take_holds()
+        return self._release_holds(holds) if holds else None
+
+    def _release_holds(self, holds: list[Hold]) -> Deferred[Any]:
+        release = self.policy.release_hold
+        tokens = {key: (hold.token, interval) for hold in holds for key, interval in hold.keys.items()}
+
+        def fn(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState], int]:
+            writes = {}
+            for key, (token, interval) in tokens.items():
+                row = release(states[key], token, end=now, interval=interval)
+                if row is not None:
+                    writes[key] = row
+            return writes, len(writes)
+
+        d = self.store.update_many(list(tokens), fn)
+        d.addErrback(lambda failure: logger.debug("scrapy-polite: could not release the in-flight holds %s (they end "
+                                                  "at their bound): %s", sorted(tokens), failure.value))
+        return d
 
     def release(self, request: Request, host: str | None = None) -> None:
         """Free the host's line, the line of the address it was booked on and its claim, if ``request``
-        holds them (idempotent); unpin it; the lifecycle wakes what waited on them (docs/spec.md §5)."""
+        holds them (idempotent); release its in-flight hold in the table if it still has one; unpin it; the
+        lifecycle wakes what waited on them (docs/spec.md §5)."""
         if host is None:
             host = request.meta.get(HOST_META) or self.lifecycle.host_of(request)
             if host is None:
                 return
+        self.release_hold(request)
         address = request.meta.get(IP_META)
         if address:
             self.resolution.unpin(request, host)

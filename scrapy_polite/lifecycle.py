@@ -37,7 +37,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-__all__ = ["Stage", "Lifecycle", "Line"]
+__all__ = ["Hold", "Stage", "Lifecycle", "Line"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,21 @@ class Stage(str, enum.Enum):
 
 #: The stages a request has left the process's pacing in.
 ENDED = frozenset({Stage.FINISHED, Stage.DROPPED})
+
+
+@dataclass(slots=True)
+class Hold:
+    """The in-flight hold a booking of this process took on the pace table's rows (docs/spec.md §3, "In
+    flight"): released by the request's record, or by its end without one.
+
+    Attributes:
+        token: the hold's token in the rows (``HostState.held_by``).
+        keys: the rows held (the host's key, and the ``ip:`` key of the address it was booked on), each with the
+            interval (seconds) its release keeps it free of requests after an end without an answer.
+    """
+
+    token: int
+    keys: dict[str, float]
 
 
 @dataclass
@@ -102,6 +117,7 @@ class Lifecycle:
         self._stages: weakref.WeakKeyDictionary[Any, Stage] = weakref.WeakKeyDictionary()
         self._hosts: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._budget_waiters: dict[str, Any] = {}  # ip: key → the request waiting for its budget
+        self._holds: dict[Any, Hold] = {}  # request → the in-flight hold its booking took in the table
 
     # -- what is known -----------------------------------------------------------------------------------
 
@@ -206,9 +222,22 @@ class Lifecycle:
         """``request`` is booked in the table; it may still wait for its address's line (docs/spec.md §5)."""
         self._stages[request] = Stage.BOOKED
 
-    def sent(self, request: Any) -> None:
-        """``request`` goes to the download handler (``in flight``)."""
+    def sent(self, request: Any, hold: Hold | None = None) -> None:
+        """``request`` goes to the download handler (``in flight``), holding ``hold`` in the table (None: its
+        booking held no row)."""
         self._stages[request] = Stage.IN_FLIGHT
+        if hold is not None:
+            self._holds[request] = hold
+
+    def take_hold(self, request: Any) -> Hold | None:
+        """The in-flight hold of ``request``, now the caller's to release (its record, or the release of an end
+        without one); None when it holds none, or it was taken already."""
+        return self._holds.pop(request, None)
+
+    def take_holds(self) -> list[Hold]:
+        """Every hold still taken (the crawl's close releases them: nothing this process started outlives it)."""
+        holds, self._holds = list(self._holds.values()), {}
+        return holds
 
     def has_live_waiters(self, keys: Iterable[str]) -> bool:
         """Some request is waiting for one of these lines to free."""

@@ -42,7 +42,7 @@ from twisted.internet.defer import Deferred
 
 from ._compat import crawler_engine
 from .addresses import AddressFilter
-from .booking import Booker
+from .booking import DEFAULT_TIMEOUT, Booker
 from .browser import BrowserRequestGuard
 from .clock import process_clock
 from .events import EventLog
@@ -174,7 +174,8 @@ class Pacer:
                                inc=self.report.inc, table=table_name(self._backend))
         self.report.events = self.events
         self.booker = Booker(config, self.table, self.lifecycle, self.resolution, self.report, self.sync,
-                             sleep or reactor_sleep, self._store_failed)
+                             sleep or reactor_sleep, self._store_failed,
+                             download_timeout=crawler.settings.getfloat("DOWNLOAD_TIMEOUT", DEFAULT_TIMEOUT))
         self.recorder = Recorder(config, self.table, self.lifecycle, self.report, self.sync, self.booker.override,
                                  self.booker.end, self._store_failed, self.user_agent)
         self._reconciled = float("-inf")
@@ -604,6 +605,12 @@ class Pacer:
         crawl's close: ``spider_closed``). A failure of either is logged, never raised."""
         self.closing = True
         try:
+            try:  # the holds of requests cancelled in flight (no record came): nothing outlives the crawl
+                held = self.booker.release_holds()
+                if held is not None:
+                    await await_deferred(held)
+            except Exception:
+                logger.debug("scrapy-polite: the last in-flight holds were not released", exc_info=True)
             try:
                 await await_deferred(self.events.close())
             except Exception:

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .adaptive import AdaptivePolicy
 from .addresses import embedded_ipv4
@@ -60,6 +60,10 @@ FIRST_ANSWER_POLL = 0.05
 #: that ends without an answer the table hears of (refused by a later middleware, a crawl stopped while it was
 #: in flight) delays the host's next request this long at most.
 FIRST_ANSWER_TIMEOUT = 10.0
+
+#: The shortest (s) between two tries of a booking kept out by another process's in-flight hold (docs/spec.md §3,
+#: "In flight"); a try comes one interval of the held row later, at least this.
+HOLD_POLL = 0.05
 
 #: The exponent of a backoff is capped here (``2**10`` = 1024 × the interval), as in the reference.
 MAX_BACKOFF_EXPONENT = 10
@@ -98,6 +102,11 @@ class HostState:
         run_retry_after: seconds, the largest Retry-After of the current run of throttles while every
             throttle of it carried one (docs/spec.md §2, "Retry-After sets the scale"): the delay a success
             leaves is at most this. 0 = no run (``consec`` is 0), or a throttle of the run carried none.
+        held_until: epoch seconds, the bound of the **in-flight hold** (docs/spec.md §3, "In flight"): a request
+            booked on this row is on its way, in some process, and no process books the row until its outcome
+            is recorded (which releases the hold) or, should that process die, until this moment. 0 = not held.
+        held_by: the token of the booking that holds the row (0 = not held): a record releases only its own
+            hold, never a later booking's.
     """
 
     next_allowed: float = 0.0
@@ -117,6 +126,8 @@ class HostState:
     latency: float = 0.0
     strain: int = 0
     run_retry_after: float = 0.0
+    held_until: float = 0.0
+    held_by: int = 0
 
 
 #: A host never seen (every field its default); immutable, so shared.
@@ -196,6 +207,11 @@ class Booking:
             request, adaptive pacing and every floor included; the booking event's ``delay``; 0 when not booked),
             recorded in the event log for ``scrapy polite audit``; derived from ``writes``, so it takes no part
             in comparing two bookings.
+        held: not booked because the row that frees last (the host's, or the chosen address's) is held by a
+            request in flight (docs/spec.md §3, "In flight"): ``start`` is only the hold's bound, and the row
+            is released as soon as that request's outcome is recorded, so the caller asks again after ``poll``.
+        poll: seconds after which a caller kept out by a hold asks again (the interval of the held row: once
+            released, the row is not free sooner than that after the release); 0 when not held.
     """
 
     booked: bool
@@ -205,6 +221,8 @@ class Booking:
     address: str | None = None
     writes: Mapping[str, HostState] = field(default_factory=dict)
     interval: float = field(default=0.0, compare=False)
+    held: bool = False
+    poll: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -385,6 +403,9 @@ class PacingPolicy:
     throttle_retries: int = 10
     ratelimit_headers: bool = True
     adaptive: AdaptivePolicy | None = None
+    #: Hold a booked request's rows while it is in flight (docs/spec.md §3, "In flight"). Always on; a test
+    #: turns it off in a crawl's process to show what the hold prevents (its negative control).
+    in_flight_hold: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         for name in ("host_interval", "max_backoff", "max_wait", "max_retry_after", "max_failure_backoff"):
@@ -776,15 +797,18 @@ class PacingPolicy:
         return None
 
     def book(self, host: HostState | None, addresses: Mapping[str, HostState | None], *, now: float,
-             floor: float = 0.0, ip_interval: float = 0.0) -> Booking:
+             floor: float = 0.0, ip_interval: float = 0.0, hold: tuple[int, float] | None = None) -> Booking:
         """The booking step of docs/spec.md §3 (the reference's ``reserve``), run inside one store transaction.
 
         Over the host's addresses (sorted; the mapping's order is the order of preference, lowest
-        first) pick the one with the earliest ``free = max(now, host.next_allowed, ip.next_allowed)``;
+        first) pick the one with the earliest ``free = max(now, host.next_allowed, ip.next_allowed)``,
+        where a row held by a request in flight (:meth:`held_until`) is free only at its hold's bound;
         ties go to the first (lowest) address. When that moment is ``now``, the request is booked: the
         host for ``max(effective interval, floor)`` seconds and the address for ``ip_interval`` seconds, and
         one request is taken from the host's announced quota (:meth:`quota_booking`); a spent quota books
-        nothing and holds the host until its reset.
+        nothing and holds the host until its reset. With ``hold``, both rows are also **held** while the
+        request is in flight (docs/spec.md §3, "In flight"): no process books them until the request's outcome
+        releases the hold (:meth:`release_hold`), or for ``download_timeout`` plus the row's interval at most.
 
         Args:
             host: the host's row (None: never seen).
@@ -792,19 +816,30 @@ class PacingPolicy:
             now: the store's clock, epoch seconds.
             floor: seconds, the request's per-host, per-spider or per-request interval (0: none).
             ip_interval: ``POLITE_IP_INTERVAL``, seconds between two requests to one address.
+            hold: ``(token, download_timeout)``: the hold's token (an int ≠ 0, unique to this booking) and the
+                request's download timeout (seconds > 0); None: hold nothing (a booking that is not sent as one
+                request, e.g. a test of the interval alone).
 
         Returns:
             A :class:`Booking`; ``writes`` holds the rows to store (host key ``""`` is the host's row,
             other keys are addresses) — empty when nothing was booked or every interval is zero.
         """
-        host_free = max(now, host.next_allowed if host is not None else 0.0)
-        free_at, address = host_free, None
+        host_at, host_held = self.held_until(host, now)
+        host_free = max(now, host_at)
+        free_at, address, held = host_free, None, host_held
         for candidate, ip_state in addresses.items():
-            at = max(host_free, ip_state.next_allowed if ip_state is not None else 0.0)
+            ip_at, ip_held = self.held_until(ip_state, now)
+            at = max(host_free, ip_at)
             if address is None or at < free_at:
                 free_at, address = at, candidate
+                held = (host_held and at == host_free) or (ip_held and at == ip_at)
         if free_at > now:
-            return Booking(booked=False, host=host, start=free_at, host_free=host_free, address=address)
+            poll = 0.0
+            if held:  # ask again one interval of the held row later (never before its release: docs/spec.md §3)
+                poll = self.effective_interval(host, floor) if host_held and free_at == host_free else ip_interval
+                poll = min(max(poll, HOLD_POLL), self.max_wait)
+            return Booking(booked=False, host=host, start=free_at, host_free=host_free, address=address, held=held,
+                           poll=poll)
         counted, held_until = self.quota_booking(host or NEVER_SEEN, now=now)
         if held_until is not None:  # the announced quota is spent: the host is held (docs/spec.md §2)
             if counted.quota_reset > now:
@@ -813,20 +848,65 @@ class PacingPolicy:
             return Booking(booked=False, host=counted, start=held_until, host_free=held_until, address=address)
         writes: dict[str, HostState] = {}
         eff = self.effective_interval(host, floor)  # floor >= 0: an override of 0 changes nothing
+        holding = hold is not None and self.in_flight_hold
+        token, timeout = hold if hold is not None else (0, 0.0)
         # A zero interval books nothing in the future: no row needs writing for it, unless the host announces
         # a quota (its bookings are counted: the serial, ``booked``, grows with every one).
         if eff > 0 or (self.ratelimit_headers and host is not None and _announces_quota(host)):
-            writes[""] = self.reserve(counted, start=now, interval=eff)
+            row = self.reserve(counted, start=now, interval=eff)
+            if holding and eff > 0:
+                row = replace(row, held_until=now + timeout + eff, held_by=token)
+            writes[""] = row
         if address is not None and ip_interval > 0:
-            writes[address] = self.reserve(addresses[address], start=now, interval=ip_interval)
+            row = self.reserve(addresses[address], start=now, interval=ip_interval)
+            if holding:
+                row = replace(row, held_until=now + timeout + ip_interval, held_by=token)
+            writes[address] = row
         return Booking(booked=True, host=writes.get("", host), start=now, host_free=host_free,
                        address=address, writes=writes, interval=eff)
 
+    def held_until(self, state: HostState | None, now: float) -> tuple[float, bool]:
+        """When the row frees (epoch s, the table's clock), and whether an in-flight hold decides it: a row held
+        by a request in flight (``held_until > now``) frees at the hold's bound at the latest, and sooner when
+        the request's outcome releases it (docs/spec.md §3, "In flight"). Holds are ignored while
+        :attr:`in_flight_hold` is off (a test's negative control)."""
+        if state is None:
+            return 0.0, False
+        if self.in_flight_hold and state.held_until > now and state.held_until > state.next_allowed:
+            return state.held_until, True
+        return state.next_allowed, False
+
     @staticmethod
-    def finish_address(state: HostState | None, *, end: float, ip_interval: float) -> HostState:
+    def release_hold(state: HostState | None, token: int | None, *, end: float | None = None,
+                     interval: float = 0.0) -> HostState | None:
+        """The row with the in-flight hold of booking ``token`` released (docs/spec.md §3, "In flight"), or None
+        when the row is not held by that booking (a later booking's hold is never released: nothing to write).
+
+        Args:
+            state: the row.
+            token: the booking's hold token (None or 0: none).
+            end: epoch seconds at which the request ended without a recorded answer (it was dropped after its
+                booking, or failed before the server answered): the row is then also kept free of requests
+                until ``end + interval``, as after an answer. None: the caller's record set ``next_allowed``.
+            interval: seconds, the row's interval (with ``end``).
+        """
+        if state is None or not token or state.held_by != token:
+            return None
+        if end is None:
+            return replace(state, held_until=0.0, held_by=0)
+        return replace(state, held_until=0.0, held_by=0, next_allowed=max(state.next_allowed, end + interval),
+                       updated=end)
+
+    @staticmethod
+    def finish_address(state: HostState | None, *, end: float, ip_interval: float, hold: int | None = None
+                       ) -> HostState:
         """An address's row after a response from it ended at ``end`` (epoch s): the reference's
-        ``finish``, ``next_allowed >= end + ip_interval`` (docs/spec.md §3). Never shortens a recorded hold."""
+        ``finish``, ``next_allowed >= end + ip_interval`` (docs/spec.md §3), and the in-flight hold of booking
+        ``hold`` released (if it is still that booking's). Never shortens a recorded ``next_allowed``."""
         old = state or NEVER_SEEN
+        if hold and old.held_by == hold:
+            return replace(old, next_allowed=max(old.next_allowed, end + ip_interval), updated=end,
+                           held_until=0.0, held_by=0)
         return replace(old, next_allowed=max(old.next_allowed, end + ip_interval), updated=end)
 
     def robots_delay_update(self, state: HostState | None, delay: float | None, *,
@@ -855,13 +935,15 @@ class PacingPolicy:
         """Forget ``next_allowed``, ``consec``, ``ok_seen``, a spent quota's hold (``ratelimit_until``), what is
         left of it (``quota_left``, ``quota_reset``) and the adaptive ``latency`` and ``strain``; keep
         ``crawl_delay``, ``ratelimit_interval`` and the quota's size (``quota_limit``, ``quota_window``), the host's
-        own numbers, and the booking serial (``booked``, ``quota_serial``: requests in flight are still counted by
-        it) (docs/spec.md §2)."""
+        own numbers, the booking serial (``booked``, ``quota_serial``: requests in flight are still counted by
+        it) and an in-flight hold (``held_until``, ``held_by``: the request is still on its way) (docs/spec.md §2,
+        §3)."""
         if state is None:
             return HostState(updated=now)
         return HostState(crawl_delay=state.crawl_delay, ratelimit_interval=state.ratelimit_interval,
                          quota_limit=state.quota_limit, quota_window=state.quota_window,
-                         quota_serial=state.quota_serial, booked=state.booked, updated=now)
+                         quota_serial=state.quota_serial, booked=state.booked, updated=now,
+                         held_until=state.held_until, held_by=state.held_by)
 
     def retry_throttled(self, *, throttle: bool, retries: int) -> bool:
         """Whether the package retries a page whose response was judged a throttle (``throttle``), after

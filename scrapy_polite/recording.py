@@ -8,6 +8,7 @@ The new rows are decided by :class:`~scrapy_polite.policy.PacingPolicy` (``after
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import weakref
@@ -200,12 +201,20 @@ class Recorder:
         address_key = ip_key(address) if address else None
         ip_interval = self.config.ip_interval
         policy = self.policy
+        # The record releases the booking's in-flight hold, in the same transaction (docs/spec.md §3, "In flight").
+        hold = self.lifecycle.take_hold(request)
+        token = hold.token if hold is not None else None
 
         def fn(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState], Decision]:
             decision = step(states[host], now)  # the response ends now, by the table's clock
+            if token is not None:
+                released = policy.release_hold(decision.state, token)
+                if released is not None:
+                    decision = dataclasses.replace(decision, state=released)
             new = {host: decision.state}
             if address_key is not None:
-                new[address_key] = policy.finish_address(states[address_key], end=now, ip_interval=ip_interval)
+                new[address_key] = policy.finish_address(states[address_key], end=now, ip_interval=ip_interval,
+                                                         hold=token)
             return new, decision
 
         d = self.store.update_many([host, address_key] if address_key else [host], fn)

@@ -17,7 +17,6 @@ real ``redis-server``, and the checks read the **server-side** arrival log:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -29,11 +28,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.fleet import ROOT, Crawl
 from tests.support.redis_cluster import redis_cluster_url  # noqa: F401
 from tests.support.redis_server import RedisServer, free_port, redis_url, unique_prefix  # noqa: F401
 from tests.support.server import Arrival, Reply, RequestInfo, page, scripted
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Seconds of slack for the arrival log (timestamps taken by the server's threads; loopback latency).
 TOL = 0.03
@@ -46,29 +44,6 @@ H1_INTERVAL = 0.5
 #: Five hosts on four loopback addresses: h4 and h5 share one.
 HOSTS = {"h1.test": "127.0.9.1", "h2.test": "127.0.9.2", "h3.test": "127.0.9.3", "h4.test": "127.0.9.4",
          "h5.test": "127.0.9.4"}
-
-CRAWL = textwrap.dedent("""
-    import json, sys, time
-    config = json.load(open(sys.argv[1]))
-    _real_time = time.time
-    if config.get("skew"):  # this process's clock runs ahead (patched before anything reads it)
-        time.time = lambda: _real_time() + config["skew"]
-    sys.path.insert(0, config["root"])
-    from scrapy.crawler import CrawlerProcess
-    from tests.support.crawl import TEST_SETTINGS, ListSpider
-
-    process = CrawlerProcess({**TEST_SETTINGS, **config["settings"]})
-    crawler = process.create_crawler(ListSpider)
-    process.crawl(crawler, urls=config["urls"])
-    process.start()
-    stats = {k: v for k, v in crawler.stats.get_stats().items() if isinstance(v, (int, float, str))}
-    spider = crawler.spider
-    with open(config["out"], "w") as f:
-        json.dump({"stats": stats, "statuses": spider.statuses() if spider else [],
-                   "clock_ahead": time.time() - _real_time(),
-                   "failed": [x.error for x in spider.failed] if spider else []}, f)
-""")
-
 
 def settings(store: str, prefix: str, **overrides: Any) -> dict[str, Any]:
     s: dict[str, Any] = {
@@ -86,35 +61,6 @@ def settings(store: str, prefix: str, **overrides: Any) -> dict[str, Any]:
     }
     s.update(overrides)
     return s
-
-
-class Crawl:
-    """One Scrapy process started with :data:`CRAWL`; :meth:`result` waits for it."""
-
-    def __init__(self, tmp_path: Any, name: str, urls: list[str], settings: dict[str, Any], skew: float = 0.0):
-        self.out = tmp_path / f"{name}.json"
-        self.log = tmp_path / f"{name}.log"
-        config = tmp_path / f"{name}-config.json"
-        config.write_text(json.dumps({"root": ROOT, "settings": settings, "urls": urls, "out": str(self.out),
-                                      "skew": skew}))
-        script = tmp_path / "crawl.py"
-        if not script.exists():
-            script.write_text(CRAWL)
-        self._log = open(self.log, "w")
-        self.proc = subprocess.Popen([sys.executable, str(script), str(config)], cwd=str(tmp_path),
-                                     stdout=self._log, stderr=subprocess.STDOUT)
-
-    def result(self, timeout: float = 120.0) -> dict[str, Any]:
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"crawl did not finish in {timeout} s:\n{self.log.read_text()[-4000:]}") from None
-        finally:
-            self._log.close()
-        assert self.proc.returncode == 0, self.log.read_text()[-4000:]
-        return json.loads(self.out.read_text())  # type: ignore[no-any-return]
 
 
 def violations(arrivals: list[Arrival], interval: float) -> list[str]:

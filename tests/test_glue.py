@@ -12,6 +12,8 @@ time (tests/test_e2e_*.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -408,12 +410,21 @@ def test_reconcile_frees_the_lines_of_a_request_that_left_unseen():
     assert woken == ["a.example"]
 
 
+def unheld(state: HostState | None) -> HostState | None:
+    """The row without its in-flight hold (for checks of the interval alone)."""
+    return dataclasses.replace(state, held_until=0.0, held_by=0) if state is not None else None
+
+
 def test_a_free_host_goes_now_on_the_lowest_free_address():
     g = glue(addresses={"a.example": [A1, A2], "b.example": [A1, A2], "c.example": [A1, A2]})
     ra = request("http://a.example/")
     assert book(g, ra) == Go(sent_at=T0, address=A1)
-    assert g.row("a.example") == HostState(next_allowed=T0 + 1, updated=T0, booked=1)
-    assert g.row("ip:192.0.2.1") == HostState(next_allowed=T0 + 2, updated=T0)
+    # Booked for 1 s, and held while in flight: for the download timeout plus the interval at most (§3, "In flight").
+    row = g.row("a.example")
+    assert row is not None and row.held_by != 0 and row.held_until == T0 + 180 + 1
+    assert unheld(row) == HostState(next_allowed=T0 + 1, updated=T0, booked=1)
+    assert g.row("ip:192.0.2.1").held_by == row.held_by and g.row("ip:192.0.2.1").held_until == T0 + 180 + 2
+    assert unheld(g.row("ip:192.0.2.1")) == HostState(next_allowed=T0 + 2, updated=T0)
     assert g.lines.holds("a.example", ra) and g.lines.holds("ip:192.0.2.1", ra)
     assert not g.lines.busy("ip:192.0.2.2")
     assert (g.stat("requests"), g.report.counters("a.example").requests, g.sleep.calls) == (1, 1, [])
@@ -456,7 +467,7 @@ def test_a_second_request_of_a_busy_host_defers_with_reason_line():
     assert (g.stat("deferrals"), g.stat("deferrals/line")) == (1, 1)
     assert g.report.counters("a.example").deferral_reasons == Counter({"line": 1})
     assert g.lines.holds("a.example", r1)  # the holder keeps its line
-    assert g.row("a.example") == HostState(next_allowed=T0 + 1, updated=T0, booked=1)  # nothing booked for r2
+    assert unheld(g.row("a.example")) == HostState(next_allowed=T0 + 1, updated=T0, booked=1)  # nothing for r2
     # Negative control: another host is not in that line.
     assert book(g, request("http://b.example/")) == Go(sent_at=T0, address=None)
 
@@ -726,7 +737,7 @@ def test_a_dns_failure_is_not_a_throttle(exc):
     r = request("http://a.example/")
     book(g, r)
     assert g.recorder.record_failure(r, exc) is None
-    assert g.row("a.example") == HostState(next_allowed=T0 + 1, updated=T0, booked=1)  # as booked: untouched
+    assert unheld(g.row("a.example")) == HostState(next_allowed=T0 + 1, updated=T0, booked=1)  # as booked: untouched
     assert g.stat("throttles/failure") is None and "a.example" not in g.recorder.throttle_marks
     assert g.report.counters("a.example").statuses == Counter()
 
@@ -946,15 +957,13 @@ def test_set_crawl_delay_does_not_swallow_an_invalid_delay(caplog):
 
 
 @pytest_twisted.ensureDeferred
-async def test_an_address_line_taken_during_an_awaited_booking_is_waited_for_never_shared():
+async def test_an_address_booked_during_an_awaited_booking_is_held_never_shared():
     """a.example and b.example share A1 (2 s per address). Both compute A1 as free; a's booking transaction
-    completes first and a takes A1's line (in flight: a slow download); b's transaction stalls 2.5 s (a slow
-    pace table) and then books A1 — the table allows it, 2.5 s after a's booking. b must wait for A1's line
-    until a is done instead of being assigned it over a's head: never two requests of one process in
-    flight to one address (docs/spec.md §5: lines are taken, never assigned).
+    completes first and a goes (in flight: a slow download); b's transaction stalls 2.5 s (a slow pace table),
+    longer than the address's interval. The table holds A1 while a is in flight (docs/spec.md §3, "In flight"),
+    so b's booking is refused and b is deferred for the line: never two requests in flight to one address.
 
-    Fails when the address line is assigned after the awaited transaction: b goes at once, with a still
-    holding the line."""
+    Fails without the hold: the table allows b 2.5 s after a's booking, with a still in flight."""
     g = glue(addresses={"a.example": [A1], "b.example": [A1]}, gated=True)
     ra, rb = request("http://a.example/1"), request("http://b.example/1")
     g.astore.gated = True
@@ -971,23 +980,20 @@ async def test_an_address_line_taken_during_an_awaited_booking_is_waited_for_nev
     g.astore.gated = False
     call().chainDeferred(d)
     await settle()
-    assert not booking_b.called, "b was sent to A1 while a was still in flight there"
-    assert g.lines.holds("ip:192.0.2.1", ra) and g.stat("ip_line/retaken") == 1
-    respond(g, ra)  # a is done: A1's line frees and b takes it
-    await settle()
-    go_b = sent(g, rb, await booking_b)
-    assert go_b.address == A1 and g.lines.holds("ip:192.0.2.1", rb)
-    # negative control: the booking b made in the table stands (spaced after a's)
-    assert go_b.sent_at >= go_a.sent_at + 2.0
+    # Deferred until one interval of the address later, when it asks the table again.
+    assert await booking_b == Defer(due=T0 + 2.5 + 2.0, reason="line")
+    assert g.stat("held_in_flight") == 1 and g.stat("ip_line/retaken") is None
+    assert not g.lines.holds("ip:192.0.2.1", rb) and g.lines.holds("ip:192.0.2.1", ra)
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_retaken_address_line_still_keeps_the_interval_after_the_other_requests_end():
-    """The same stalled booking as above: when a's download ends, the address's next start is its end plus
-    ``POLITE_IP_INTERVAL`` (docs/spec.md §3). b, which waited for A1's line, goes no sooner than that, and its
-    ``polite_sent_at`` is the moment it really goes.
+async def test_a_released_address_keeps_the_interval_after_the_end_of_its_request():
+    """The same stalled booking as above: when a's download ends, its record releases A1's hold and the
+    address's next start is its end plus ``POLITE_IP_INTERVAL`` (docs/spec.md §3). b, asking again, goes no
+    sooner than that, and its ``polite_sent_at`` is the moment it really goes.
 
-    Fails when the request that won the line back goes at once on its old booking."""
+    Fails when the record does not release the hold (b stays out until the hold's bound) or when b goes at
+    once after a's end."""
     g = glue(addresses={"a.example": [A1], "b.example": [A1]}, gated=True, sleep="hand")
     ra, rb = request("http://a.example/1"), request("http://b.example/1")
     g.astore.gated = True
@@ -1002,14 +1008,15 @@ async def test_a_retaken_address_line_still_keeps_the_interval_after_the_other_r
     g.astore.gated = False
     call().chainDeferred(d)
     await settle()
-    assert not booking_b.called
+    assert isinstance(await booking_b, Defer)
     end_a = g.clock()
     respond(g, ra)
-    assert g.row("ip:192.0.2.1").next_allowed >= end_a + 2.0
+    row = g.row("ip:192.0.2.1")
+    assert row is not None and row.next_allowed >= end_a + 2.0 and row.held_by == 0 and row.held_until == 0
+    again = task(g.booker.before_request(rb, "b.example"))  # b comes back when the scheduler hands it out
     await settle()
-    assert not booking_b.called, "b went inside the address's interval after a's end"
-    assert g.stat("ip_line/retaken") == 1
+    assert not again.called, "b went inside the address's interval after a's end"
     g.sleep.wake()  # the wait for the address's next start ends
     await settle()
-    go_b = sent(g, rb, await booking_b)
+    go_b = sent(g, rb, await again)
     assert go_b.address == A1 and go_b.sent_at >= end_a + 2.0

@@ -121,6 +121,7 @@ _STATE_FIELDS: dict[str, str] = {
     "booked": "b",
     "latency": "l", "strain": "s",
     "run_retry_after": "m",
+    "held_until": "hu", "held_by": "hb",
 }
 _STATE_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(HostState)}
 if set(_STATE_FIELDS) != set(_STATE_TYPES):  # pragma: no cover - a development error, caught by any test run
@@ -795,7 +796,7 @@ class RedisStore(ServerClock, ExpiringRows, CallThreads, KeyPrefixed, SteppedSto
     def _expiry_ms(self, state: HostState, now: float) -> int:
         """When the row's key expires: ``POLITE_STORE_EXPIRE`` after the later of now, its write and its
         ``next_allowed`` (Unix ms); 0 for never (an expiry beyond what Redis can hold)."""
-        at = (max(now, state.updated, state.next_allowed) + self.expire_after) * 1000.0
+        at = (max(now, state.updated, state.next_allowed, state.held_until) + self.expire_after) * 1000.0
         return int(at) + 1 if at < 2**62 else 0
 
     def delete(self, key: str) -> bool:

@@ -59,7 +59,10 @@ T = TypeVar("T")
 #: (``run_retry_after``).
 #: 5: the ``openers`` table, one "running" mark per connection that opened the file (the crash window,
 #: docs/spec.md §6 "After a crash").
-SCHEMA_VERSION = 5
+#: 6: the in-flight hold of a host's and an address's row (``held_until``, ``held_by``: docs/spec.md §3, "In
+#: flight"), and the table's identity (table ``identity``, one random id written when the file is created:
+#: docs/spec.md §6, "A table that comes back empty").
+SCHEMA_VERSION = 6
 
 #: Seconds before an unclean stop within which a row's change may have been lost with it (docs/spec.md §6,
 #: "After a crash"): such rows are treated as just booked when the table is next opened.
@@ -144,8 +147,18 @@ CREATE TABLE IF NOT EXISTS openers (
 ) WITHOUT ROWID;
 """
 
+#: The in-flight hold (rows written before it are not held) and the table's identity, one random id (docs/spec.md
+#: §6, "A table that comes back empty"): a file that existed before it gets its id when it is migrated.
+_SCHEMA_V6 = """
+ALTER TABLE hosts ADD COLUMN held_until REAL NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN held_by INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS identity (id TEXT NOT NULL);
+INSERT INTO identity (id) SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM identity)
+"""
+
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
-_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5}
+_MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5,
+                               5: _SCHEMA_V6}
 
 #: An unclean stop's repair: every row changed since ``?`` (the window's start) is treated as just booked at
 #: ``?`` (the opening): its next allowed moment is at least the opening plus its interval as the row knows
@@ -162,7 +175,7 @@ _EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
 #: The ``hosts`` columns after ``host``, one per :class:`HostState` field, in this order.
 _HOST_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "throttled_at", "updated", "ratelimit_interval",
                 "ratelimit_until", "quota_left", "quota_reset", "quota_limit", "quota_window", "quota_serial", "booked",
-                "latency", "strain", "run_retry_after")
+                "latency", "strain", "run_retry_after", "held_until", "held_by")
 if set(_HOST_FIELDS) != {f.name for f in dataclasses.fields(HostState)}:  # pragma: no cover - a development error
     raise AssertionError("every HostState field needs a column in _HOST_FIELDS (and a migration)")
 _COLUMNS = ", ".join(_HOST_FIELDS)

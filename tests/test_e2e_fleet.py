@@ -1,0 +1,140 @@
+"""Every promise one process keeps, the fleet keeps: the in-flight hold (docs/spec.md §3, "In flight").
+
+Real Scrapy processes share one pace table (the default SQLite file, or Redis) and crawl one **slow** host,
+whose every answer takes longer than the interval. The checks read the **server's** arrival log:
+
+* two processes, the pages split between them: never two requests in progress at once, every start at
+  least one interval after the previous response *ended*, every page fetched, and the whole crawl within
+  1.1 × its ideal (each request one interval after the previous end: the waiting process takes the host
+  when it is released, not at the hold's bound). Negative control: the same crawl with the hold switched
+  off (the booking reserves the host for one interval from its start, as before) overlaps;
+* a process SIGKILLed with its request in flight: the other process books the host only once the hold's
+  bound (the request's download timeout plus the interval) has passed, never before — and soon after.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.support.fleet import Crawl
+from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
+from tests.support.server import Arrival, Reply, RequestInfo
+
+#: Seconds of slack for the arrival log (the issue's bound: every start ≥ the previous end + interval − 20 ms).
+TOL = 0.02
+INTERVAL = 0.5
+#: How long the slow host takes over each answer (longer than the interval).
+SLOW = 1.2
+PAGES = 4  # per process
+HOST = "slow.test"
+ADDRESS = "127.0.9.21"
+
+
+def fleet_settings(store: str, **overrides: Any) -> dict[str, Any]:
+    s: dict[str, Any] = {
+        "ADDONS": {"scrapy_polite.Addon": 0},
+        "POLITE_STORE": store,
+        "POLITE_HOST_INTERVAL": INTERVAL,
+        "POLITE_IP_INTERVAL": INTERVAL,
+        "POLITE_ALLOWED_NETWORKS": ["127.0.0.0/8"],
+        "POLITE_DNS_OVERRIDES": {HOST: [ADDRESS]},
+        "LOG_LEVEL": "INFO",
+    }
+    s.update(overrides)
+    return s
+
+
+def store_for(table: str, request: Any, tmp_path: Any) -> dict[str, Any]:
+    if table == "sqlite":
+        return {"store": f"sqlite:///{tmp_path}/polite.sqlite3"}
+    return {"store": request.getfixturevalue("redis_url"), "POLITE_STORE_PREFIX": unique_prefix("fleet")}
+
+
+def slow_server(arrival_server: Any, delay: float = SLOW) -> Any:
+    srv = arrival_server(ADDRESS)
+    srv.route("/*", lambda info, count: Reply.text(info.path, delay=delay), host=HOST)
+    return srv
+
+
+def overlaps_and_gaps(arrivals: list[Arrival]) -> tuple[list[str], list[str]]:
+    ordered = sorted(arrivals, key=lambda a: a.start)
+    overlaps = [f"{b.path} started {b.start:.3f} while {a.path} was in progress (ended {a.end:.3f})"
+                for a, b in zip(ordered, ordered[1:]) if b.start < a.end]
+    short = [f"{b.path} started {b.start - a.end:.3f} s after {a.path} ended"
+             for a, b in zip(ordered, ordered[1:]) if b.start - a.end < INTERVAL - TOL]
+    return overlaps, short
+
+
+def describe(arrivals: list[Arrival]) -> str:
+    return "\n".join(f"  {a.start:.3f}-{a.end:.3f} {a.status} {a.path}" for a in sorted(arrivals, key=lambda a: a.start))
+
+
+def run_two(tmp_path: Any, srv: Any, store: dict[str, Any], patch: list[str] | None = None) -> list[dict[str, Any]]:
+    settings = fleet_settings(store["store"], **{k: v for k, v in store.items() if k != "store"})
+    crawls = [Crawl(tmp_path, f"crawl{p}", [srv.url(f"/p{p}/{i}", host=HOST) for i in range(PAGES)], settings,
+                    patch=patch) for p in range(2)]
+    return [c.result() for c in crawls]
+
+
+@pytest.mark.parametrize("table", ["sqlite", "redis"])
+def test_two_processes_never_overlap_on_a_slow_host(table, request, arrival_server, tmp_path):
+    srv = slow_server(arrival_server)
+    results = run_two(tmp_path, srv, store_for(table, request, tmp_path))
+    hits = srv.arrivals()
+    assert sorted(a.path for a in hits) == sorted(f"/p{p}/{i}" for p in range(2) for i in range(PAGES)), describe(hits)
+    overlaps, short = overlaps_and_gaps(hits)
+    assert not overlaps and not short, "\n".join(overlaps + short) + "\n" + describe(hits)
+    # Both processes crawled (the host was shared, not waited out by one of them alone).
+    assert {a.path.split("/")[1] for a in hits} == {"p0", "p1"}
+    # The waiting process took the host when it was released, not at the hold's bound: within 1.1 × the ideal.
+    ordered = sorted(hits, key=lambda a: a.start)
+    ideal = sum(a.end - a.start for a in ordered) + INTERVAL * (len(ordered) - 1)
+    span = ordered[-1].end - ordered[0].start
+    assert span <= 1.1 * ideal, f"{span:.2f} s > 1.1 × {ideal:.2f} s\n{describe(hits)}"
+    assert all(r["stats"]["finish_reason"] == "finished" for r in results)
+
+
+@pytest.mark.parametrize("table", ["sqlite", "redis"])
+def test_negative_control_without_the_hold_a_slow_host_is_overlapped(table, request, arrival_server, tmp_path):
+    srv = slow_server(arrival_server)
+    run_two(tmp_path, srv, store_for(table, request, tmp_path), patch=["no_hold"])
+    overlaps, short = overlaps_and_gaps(srv.arrivals())
+    assert overlaps and short, describe(srv.arrivals())
+
+
+@pytest.mark.parametrize("table", ["sqlite", "redis"])
+def test_a_killed_process_holds_its_host_until_the_bound_and_no_longer(table, request, arrival_server, tmp_path):
+    timeout = 3.0
+    started: list[float] = []
+
+    def reply(info: RequestInfo, count: int) -> Reply:
+        if info.path.startswith("/killed/"):
+            started.append(info.start)
+            return Reply.text(info.path, delay=30.0)
+        return Reply.text(info.path)
+
+    srv = arrival_server(ADDRESS)
+    srv.route("/*", reply, host=HOST)
+    store = store_for(table, request, tmp_path)
+    settings = fleet_settings(store["store"], DOWNLOAD_TIMEOUT=timeout,
+                              **{k: v for k, v in store.items() if k != "store"})
+    # The host answered once before (its quota's first answer is known: docs/spec.md §2), then the killed request.
+    first = Crawl(tmp_path, "killed", [srv.url("/warm", host=HOST), srv.url("/killed/0", host=HOST)], settings)
+    deadline = time.time() + 60
+    while not started and time.time() < deadline:
+        time.sleep(0.05)
+    assert started, first.log.read_text()[-3000:]
+    first.kill()  # its request is in flight: it never records an answer
+    second = Crawl(tmp_path, "survivor", [srv.url("/survivor/0", host=HOST)], settings)
+    second.result()
+    survivor = [a for a in srv.arrivals() if a.path.startswith("/survivor/")]
+    assert len(survivor) == 1, describe(srv.arrivals())
+    bound = timeout + INTERVAL
+    waited = survivor[0].start - started[0]
+    # Never before the bound (the killed request might still be in progress at the server)...
+    assert waited >= bound - 0.1, f"booked {waited:.3f} s after the killed request's start, bound {bound} s"
+    # ...and taken soon after it: the hold of a dead process is released by itself.
+    assert waited <= bound + 3.0, f"booked {waited:.3f} s after the killed request's start, bound {bound} s"
