@@ -14,6 +14,8 @@ address rules the crawl ran with, and checks, per host and per address, the rule
   ``scrapy polite crawl-delay``);
 * ``ip_interval``: two requests to one address, through any hosts, no closer than the address's interval,
   and none before ``end₁ + POLITE_IP_INTERVAL`` (§3);
+* ``in_flight``, ``ip_in_flight``: no request to a host, or to an address, booked while another paced request to
+  it was in flight — booked, its answer not yet recorded — in any process (§3, "In flight");
 * ``address``: every address contacted allowed by the address rules (§4).
 
 A burst request (``polite_burst``, §5) is not booked: it is exempt from the intervals and the Crawl-delay, not
@@ -36,8 +38,8 @@ from .events import clock_time
 from .policy import ip_key
 from .stores.base import EVENT_KINDS, Event
 
-__all__ = ["AddressSummary", "AuditReport", "HostSummary", "LogError", "Throttle", "VIOLATION_KINDS", "Violation",
-           "audit", "format_report", "report_json"]
+__all__ = ["AddressSummary", "AuditReport", "HostSummary", "LogError", "Loss", "Throttle", "VIOLATION_KINDS",
+           "Violation", "audit", "format_report", "report_json"]
 
 #: Seconds two times may differ by and still count as equal: a booking at ``next_allowed`` exactly is
 #: ``start + interval`` computed in floating point (a requests exactly at the interval passes).
@@ -51,6 +53,8 @@ VIOLATION_KINDS = {
     "backoff": "inside a backoff",
     "crawl_delay": "Crawl-delay not honoured",
     "ip_interval": "short gap on an address",
+    "in_flight": "booked while another request was in flight",
+    "ip_in_flight": "booked on an address while another request was in flight there",
     "address": "address outside the rules",
 }
 
@@ -67,7 +71,7 @@ class Violation:
 
     Attributes:
         kind: a key of :data:`VIOLATION_KINDS`.
-        key: the host (or, for ``ip_interval`` and ``address``, the address) it concerns.
+        key: the host (or, for ``ip_interval``, ``ip_in_flight`` and ``address``, the address) it concerns.
         first: the earlier event the rule counts from (the previous request, or the response whose hold it
             broke); None for ``address``.
         second: the request that broke it (a ``booking`` event).
@@ -156,6 +160,24 @@ class AddressSummary:
     violations: int = 0
 
 
+@dataclass(frozen=True)
+class Loss:
+    """The pace table came back empty, and a process wrote back what it knew (docs/spec.md §6): the record
+    before that moment was lost with the table.
+
+    Attributes:
+        at: when the process restored it (epoch s, the store's clock).
+        source: the process.
+        rows: the rows it wrote back.
+        since: when that process last found the table whole (the loss came after it).
+    """
+
+    at: float
+    source: str
+    rows: int
+    since: float
+
+
 @dataclass
 class AuditReport:
     """The audit's result.
@@ -168,6 +190,8 @@ class AuditReport:
         addresses: per address, sorted.
         violations: every violation, in time order of the request that broke the rule.
         notes: what the audit could not check, in words (an older log without the recorded intervals).
+        losses: the times the table came back empty (:class:`Loss`): the record before each is lost, and the
+            audit cannot vouch for it.
     """
 
     events: int
@@ -178,11 +202,12 @@ class AuditReport:
     addresses: list[AddressSummary]
     violations: list[Violation]
     notes: list[str]
+    losses: list[Loss] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """No violation."""
-        return not self.violations
+        """No violation, and no span the audit cannot vouch for (a table that came back empty)."""
+        return not self.violations and not self.losses
 
 
 # -- reading the log ---------------------------------------------------------------------------------------
@@ -232,23 +257,32 @@ def _validate(event: Event) -> None:
 
 
 def _check_complete(events: Sequence[Event], *, windowed: bool) -> None:
-    """Every source's events numbered 0, 1, 2, ... without a gap (from its first, when ``windowed``).
+    """Every source's events numbered 0, 1, 2, ... without a gap (from its first, when ``windowed``); a source
+    that restored a table that came back empty (a ``restored`` event of the table) may miss the events numbered
+    before that one: they were lost with the table (docs/spec.md §8).
 
     Raises:
         LogError: a source's numbers leave a gap, repeat, or (unless ``windowed``) do not start at 0.
     """
     numbers: dict[str, list[int]] = defaultdict(list)
+    restored: dict[str, int] = {}
     for event in events:
         if event.seq is not None:
             numbers[event.source].append(event.seq)
+            if event.kind == "restored" and not event.host:
+                restored[event.source] = min(event.seq, restored.get(event.source, event.seq))
     for source, seqs in sorted(numbers.items()):
         seqs.sort()
-        if not windowed and seqs[0] > 0:
+        lost_below = restored.get(source, 0)
+        seqs = [seqs[0], *(n for n in seqs[1:] if n >= lost_below)] if lost_below else seqs
+        if not windowed and seqs[0] > 0 and seqs[0] > lost_below:
             raise LogError(
                 f"the log is truncated: the first {seqs[0]} events of {source} are missing (the oldest events are "
                 "deleted once the log holds POLITE_EVENT_LOG_SIZE). Fix: audit what is left with --since WHEN, a "
                 "moment after the first event kept, or raise POLITE_EVENT_LOG_SIZE for the next crawl")
         for before, after in itertools.pairwise(seqs):
+            if after <= lost_below:
+                continue  # events lost with the table, before its restore
             if after == before:
                 raise LogError(f"event #{after} of {source} appears twice: the log is corrupt")
             if after > before + 1:
@@ -281,6 +315,9 @@ def _is_throttle(event: Event) -> bool:
 def _hold_kind(hold: Event, at: float) -> tuple[str, float, str]:
     """Which rule a request at ``at`` broke inside ``hold``'s hold: ``(kind, required seconds, detail)``."""
     held = (hold.due if hold.due is not None else hold.at) - hold.at
+    if hold.kind == "restored":  # what a process knew of the host when the table came back empty
+        return ("backoff" if hold.steps else "interval"), held, \
+            "its next allowed, restored after the table came back empty"
     retry_after = hold.retry_after
     if retry_after is not None and retry_after > 0:
         window = min(retry_after, held)
@@ -305,11 +342,14 @@ class _HostAudit:
         self.crawl_delay = 0.0
         self.crawl_delay_since = -math.inf
         self.waiting: list[Throttle] = []  # throttles whose next request has not come yet
+        self.flying = _InFlight(host, report)
 
-    def feed(self, event: Event) -> None:
+    def feed(self, event: Event, answer: Event | None = None) -> None:
         kind = event.kind
         if kind == "booking":
             self.request(event)
+            if event.reason != "burst":
+                self.flying.booked(event, answer)
         elif kind in ("response", "failure"):
             self.response(event)
         elif kind == "robots_delay":
@@ -323,6 +363,11 @@ class _HostAudit:
                 self.crawl_delay, self.crawl_delay_since = event.delay or 0.0, event.at
         elif kind == "refusal":
             self.summary.refused += 1
+        elif kind == "restored":  # written back after the table came back empty (docs/spec.md §6)
+            if event.delay:
+                self.crawl_delay, self.crawl_delay_since = event.delay, event.at
+            if event.due is not None and event.due > event.at:
+                self.holds.append(_Hold(event, event.due))
 
     def request(self, event: Event) -> None:
         summary = self.summary
@@ -373,6 +418,41 @@ class _HostAudit:
             self.waiting.append(throttle)
 
 
+class _InFlight:
+    """The ``in_flight`` check of one host or address (docs/spec.md §3, "In flight"): the paced requests booked
+    on it whose answer was recorded later, each in flight from its booking to its answer."""
+
+    def __init__(self, key: str, report: Callable[[Violation], None], kind: str = "in_flight") -> None:
+        self.key = key
+        self.kind = kind
+        self.report = report
+        self.flying: list[tuple[Event, Event]] = []  # (booking, its answer), answered after the last booking
+
+    def booked(self, event: Event, answer: Event | None) -> None:
+        at = event.at
+        self.flying = [(b, r) for b, r in self.flying if r.at > at + TOLERANCE]
+        for booking, response in self.flying[:1]:  # one violation per request: the earliest still in flight
+            self.report(Violation(self.kind, self.key, booking, event, at - booking.at, response.at - booking.at,
+                                  f"{booking.url or '?'} was in flight until its answer at {clock_time(response.at)}"
+                                  f" ({booking.source or '?'})"))
+        if answer is not None:
+            self.flying.append((event, answer))
+
+
+def _answers(ordered: Sequence[Event]) -> dict[int, Event]:
+    """``id(booking)`` → the response or failure that answered it: the same process, host and URL, ``started`` at
+    the booking's moment. A booking without one (its process died, or it ended without an answer) is not held
+    to the ``in_flight`` rule: the log does not say how long it was in flight."""
+    bookings = {(e.source, e.host, e.url, e.at): e for e in ordered if e.kind == "booking" and e.reason != "burst"}
+    answers: dict[int, Event] = {}
+    for event in ordered:
+        if event.kind in ("response", "failure") and event.started is not None:
+            booking = bookings.get((event.source, event.host, event.url, event.started))
+            if booking is not None and event.at >= booking.at:
+                answers.setdefault(id(booking), event)
+    return answers
+
+
 def _interval(booking: Event) -> float:
     """The host interval a booking applied: recorded (``interval``), or in an older log its ``delay`` (the
     host's next allowed after it, less its time)."""
@@ -389,8 +469,9 @@ class _AddressAudit:
         self.report = report
         self.previous: Event | None = None
         self.free_at: tuple[float, Event] | None = None  # (end + ip interval, the response) of the last finish
+        self.flying = _InFlight(address, report, "ip_in_flight")
 
-    def request(self, event: Event, rules: str) -> None:
+    def request(self, event: Event, rules: str, answer: Event | None = None) -> None:
         summary = self.summary
         summary.requests += 1
         if event.host not in summary.hosts:
@@ -400,6 +481,8 @@ class _AddressAudit:
         if event.reason == "burst":
             return
         at = event.at
+        if event.ip_interval:
+            self.flying.booked(event, answer)
         if self.free_at is not None and event.ip_interval and at < self.free_at[0] - TOLERANCE:
             finish = self.free_at[1]
             required = finish.ip_interval or 0.0
@@ -467,14 +550,20 @@ def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str 
         return found
 
     old_intervals = old_addresses = 0
+    answers = _answers(ordered)
+    losses: list[Loss] = []
     for event in ordered:
         kind = event.kind
         if kind in ("wait", "deferral", "backoff"):
             continue  # a wait or a deferral contacts nobody; a backoff repeats its response
         if kind == "refusal" and not event.host:
             continue
-        if kind in ("booking", "response", "failure", "robots_delay", "operator", "refusal"):
-            host_audit(event.host).feed(event)
+        if kind == "restored" and not event.host:
+            losses.append(Loss(event.at, event.source, event.steps or 0, event.started or 0.0))
+            continue
+        answer = answers.get(id(event)) if kind == "booking" else None
+        if kind in ("booking", "response", "failure", "robots_delay", "operator", "refusal", "restored"):
+            host_audit(event.host).feed(event, answer)
         if event.address is None:
             continue
         if kind == "booking":
@@ -482,11 +571,11 @@ def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str 
                 old_intervals += 1
             if event.ip_interval is None:
                 old_addresses += 1
-            address_audit(event.address).request(event, rules)
+            address_audit(event.address).request(event, rules, answer)
         elif kind in ("response", "failure"):
             address_audit(event.address).response(event)
     for violation in violations:
-        if violation.kind in ("ip_interval", "address"):
+        if violation.kind in ("ip_interval", "ip_in_flight", "address"):
             addresses[violation.key].summary.violations += 1
         else:
             hosts[violation.key].summary.violations += 1
@@ -507,7 +596,8 @@ def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str 
         first=ordered[0].at if ordered else 0.0, last=ordered[-1].at if ordered else 0.0,
         hosts=[hosts[h].summary for h in sorted(hosts)
                if hosts[h].summary.requests or hosts[h].summary.throttles or hosts[h].summary.refused],
-        addresses=[addresses[a].summary for a in sorted(addresses)], violations=violations, notes=notes)
+        addresses=[addresses[a].summary for a in sorted(addresses)], violations=violations, notes=notes,
+        losses=losses)
 
 
 # -- words -------------------------------------------------------------------------------------------------
@@ -576,9 +666,16 @@ def format_report(report: AuditReport, *, store: str, throttles_shown: int = 5) 
         requests = _n(address.requests, "request")
         lines.append(f"address {address.address}: {requests} ({hosts}), {gap}, {allowed}{verdict}")
     lines.extend(f"note: {note}" for note in report.notes)
+    for loss in report.losses:
+        lines.append(f"LOST: the pace table came back empty between {clock_time(loss.since, date=True)} and "
+                     f"{clock_time(loss.at, date=True)} ({loss.source} restored {_n(loss.rows, 'row')} it knew): the "
+                     "record before that was lost with the table, and the audit cannot vouch for it")
     for violation in report.violations:
         lines.extend(_violation_words(violation))
-    if report.ok:
+    if report.losses and not report.violations:
+        lines.append(f"NOT VOUCHED FOR: no violation in the {_n(sum(h.requests for h in report.hosts), 'request')} "
+                     "recorded, but the table came back empty: the record before that is lost")
+    elif report.ok:
         lines.append(f"OK: no violation in {_n(sum(h.requests for h in report.hosts), 'request')} to "
                      f"{_n(len(report.hosts), 'host')}")
     else:
@@ -602,6 +699,8 @@ def report_json(report: AuditReport, *, store: str) -> dict[str, Any]:
     words of :func:`format_report`, underscored; durations in seconds, times in epoch seconds."""
     return {
         "store": store, "ok": report.ok, "events": report.events, "sources": report.sources,
+        "losses": [{"at": loss.at, "source": loss.source, "rows": loss.rows, "since": loss.since}
+                   for loss in report.losses],
         "first": report.first or None, "last": report.last or None, "notes": report.notes,
         "hosts": [{"host": h.host, "requests": h.requests, "bursts": h.bursts, "smallest_gap": h.smallest_gap,
                    "interval": h.gap_required, "addresses": h.addresses, "refused": h.refused,

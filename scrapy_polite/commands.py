@@ -53,7 +53,7 @@ from .frontier import waiting_in_redis
 from .pacer import default_store_uri
 from .policy import HostState, PacingPolicy, host_key, ip_key
 from .settings import PoliteConfig, SettingsError
-from .stores import Event, PaceStore, StoreCorrupt, StoreError, StoreOptions, open_store, sqlite_path
+from .stores import TABLE_KEY, Event, PaceStore, StoreCorrupt, StoreError, StoreOptions, open_store, sqlite_path
 from .summary import reset_command
 from .timeline import FORMATS, hosts_of, timeline_format, write_timeline
 from .vocabulary import parse_seconds
@@ -372,7 +372,7 @@ class _Operator:
     # -- hosts ----------------------------------------------------------------------------------------------
 
     def hosts(self) -> int:
-        rows = list(self.store.items())
+        rows = [(k, s) for k, s in self.store.items() if k != TABLE_KEY]  # the table's identity is not a host
         addresses = sum(1 for k, _ in rows if k.startswith("ip:"))
         hosts = [(k, s) for k, s in rows if not k.startswith("ip:")]
         if self.opts.throttled:
@@ -625,7 +625,9 @@ class _Operator:
         else:
             for line in format_report(report, store=uri):
                 self.print(line)
-        return EXIT_OK if report.ok else EXIT_VIOLATED
+        if report.ok:
+            return EXIT_OK
+        return EXIT_VIOLATED if report.violations else EXIT_BAD_LOG  # a lost span cannot be vouched for
 
 
 #: ``audit`` reads the whole log, whatever ``POLITE_EVENT_LOG_SIZE`` the crawl that wrote it had.

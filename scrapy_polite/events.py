@@ -24,12 +24,13 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
+from .policy import HostState
 from .seams import ClockSync
 from .stores.base import Event
 from .vocabulary import DeferralReason, RefusalReason
@@ -200,6 +201,21 @@ class EventLog:
         if self.enabled:
             self._add(Event(self.clock.store_now(), "refusal", host, url, None, None, None, reason, None, None,
                             None, None, self.source))
+
+    def restored(self, rows: Mapping[str, HostState], since: float) -> None:
+        """The table came back empty and this process wrote back ``rows`` (docs/spec.md §6, "A table that comes
+        back empty"): one event for the table (host ``""``, ``steps``: the rows written back, ``started``: the
+        table's time this process last found it whole), then one per host written back, with what ``scrapy polite
+        audit`` holds its next requests to (``delay``: its Crawl-delay, ``due``: its next allowed)."""
+        if not self.enabled:
+            return
+        at = self.clock.store_now()
+        self._add(Event(at, "restored", "", None, None, None, None, "table", None, len(rows), None, since,
+                        self.source))
+        for key, state in sorted(rows.items()):
+            if not key.startswith("ip:"):
+                self._add(Event(at, "restored", key, None, None, state.crawl_delay, state.next_allowed, None, None,
+                                state.consec, None, None, self.source))
 
     # -- writing -----------------------------------------------------------------------------------------
 

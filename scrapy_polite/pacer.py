@@ -48,7 +48,7 @@ from .clock import process_clock
 from .events import EventLog
 from .handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
 from .lifecycle import Lifecycle, Stage
-from .outage import DeferredStore, StoreGuard
+from .outage import DeferredStore, StoreGuard, TableWatch
 from .policy import Decision, HostState, PacingPolicy
 from .reactor import await_deferred, call_later, reactor_sleep
 from .recording import SERVER_SIDE_FAILURES, Recorder
@@ -173,6 +173,10 @@ class Pacer:
         self.events = EventLog(store if config.event_log else None, self.sync, call_later=call_later,
                                inc=self.report.inc, table=table_name(self._backend))
         self.report.events = self.events
+        if not has_ability(self._backend, ProcessLocal):  # a shared table may come back empty (docs/spec.md §6)
+            # A sharded Redis table keeps its identity in another slot than most rows: checked once a second.
+            self.table = TableWatch(self.table, report=self.report, restored=self.events.restored, clock=clock,
+                                    check_every=1.0 if getattr(self._backend, "sharded", False) else 0.0)
         self.booker = Booker(config, self.table, self.lifecycle, self.resolution, self.report, self.sync,
                              sleep or reactor_sleep, self._store_failed,
                              download_timeout=crawler.settings.getfloat("DOWNLOAD_TIMEOUT", DEFAULT_TIMEOUT))

@@ -945,6 +945,33 @@ class PacingPolicy:
                          quota_serial=state.quota_serial, booked=state.booked, updated=now,
                          held_until=state.held_until, held_by=state.held_by)
 
+    @staticmethod
+    def restore(current: HostState | None, known: HostState) -> HostState:
+        """A row written back into a table that came back empty (docs/spec.md §6, "A table that comes back
+        empty"): what this process knew of it (``known``, the last it read or wrote), merged with what the
+        table holds now (``current``: None, or a row another process wrote or restored since). Only more
+        waiting can follow: every hold and backoff as long as the longer of the two, every published number
+        (Crawl-delay, an announced quota's interval) the larger, the quota's count from the later-counted
+        response, the in-flight hold of the later booking."""
+        if current is None:
+            return known
+        newer, older = (known, current) if known.quota_serial > current.quota_serial else (current, known)
+        held = known if known.held_until > current.held_until else current
+        adaptive = known if known.updated > current.updated else current
+        return replace(
+            current, next_allowed=max(current.next_allowed, known.next_allowed),
+            consec=max(current.consec, known.consec),
+            crawl_delay=max(current.crawl_delay, known.crawl_delay), ok_seen=current.ok_seen or known.ok_seen,
+            throttled_at=max(current.throttled_at, known.throttled_at), updated=max(current.updated, known.updated),
+            ratelimit_interval=max(current.ratelimit_interval, known.ratelimit_interval),
+            ratelimit_until=max(current.ratelimit_until, known.ratelimit_until), quota_left=newer.quota_left,
+            quota_reset=newer.quota_reset, quota_limit=newer.quota_limit or older.quota_limit,
+            quota_window=newer.quota_window or older.quota_window, quota_serial=newer.quota_serial,
+            booked=max(current.booked, known.booked), latency=adaptive.latency,
+            strain=max(current.strain, known.strain),
+            run_retry_after=max(current.run_retry_after, known.run_retry_after),
+            held_until=held.held_until, held_by=held.held_by)
+
     def retry_throttled(self, *, throttle: bool, retries: int) -> bool:
         """Whether the package retries a page whose response was judged a throttle (``throttle``), after
         ``retries`` earlier throttle retries of that page (docs/spec.md §2, "A throttle is not a failure"):

@@ -95,7 +95,7 @@ REFUSAL_REASONS: Final[tuple[RefusalReason, ...]] = get_args(RefusalReason)
 #: The kinds of the event log's events, in the order a request meets them (README, "The event log";
 #: :class:`~scrapy_polite.stores.Event` describes the fields of each).
 EventKind = Literal["booking", "wait", "deferral", "response", "failure", "backoff", "robots_delay", "refusal",
-                    "operator"]
+                    "operator", "restored"]
 EVENT_KINDS: Final[tuple[EventKind, ...]] = get_args(EventKind)
 
 #: The reasons the add-on closes a spider with (README, "When scrapy-polite stops a crawl"): ``polite_deferred``

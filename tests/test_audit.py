@@ -326,3 +326,49 @@ def test_the_report_in_words_and_in_json():
     (violation,) = data["violations"]
     assert violation["kind"] == "retry_after" and violation["words"] == VIOLATION_KINDS["retry_after"]
     assert violation["first"]["status"] == 429 and violation["second"]["url"] == "http://a.example/2"
+
+
+# --------------------------------------------------------------------------------------------------
+# In flight (docs/spec.md §3, "In flight"): across processes
+
+
+def two_processes(second_at: float, *, ip_interval: float = 0.0) -> tuple[Log, Event, Event]:
+    """Process 1 books a slow request at 0, answered at 1.2 (next allowed 1.7); process 2 books at
+    ``second_at`` on the same host and address, each interval 0.5 s."""
+    one, two = Log("m:1"), Log("m:2")
+    first = one.book(0.0, interval=0.5, ip_interval=ip_interval, url="http://a.example/1")
+    one.respond(1.2, due=1.7, url="http://a.example/1", started=first.at, address="127.0.0.2",
+                ip_interval=ip_interval or None)
+    second = two.book(second_at, interval=0.5, ip_interval=ip_interval, url="http://a.example/2")
+    log = Log()
+    log.events = one.events + two.events
+    return log, first, second
+
+
+def test_a_request_booked_while_another_process_had_one_in_flight_is_named():
+    log, first, second = two_processes(0.7)  # past the first's interval, before its answer
+    violation = only(run(log), "in_flight")
+    assert (violation.first, violation.second) == (first, second)
+    assert violation.gap == pytest.approx(0.7) and violation.required == pytest.approx(1.2)
+    assert "http://a.example/1 was in flight" in violation.detail
+    # Negative control: booked after the answer's due moment, the same pair passes.
+    assert run(two_processes(1.7)[0]).ok
+
+
+def test_an_address_in_flight_is_checked_across_hosts_too():
+    log, _, second = two_processes(0.7, ip_interval=0.5)
+    kinds = [v.kind for v in run(log).violations]
+    assert kinds == ["in_flight", "ip_in_flight"]
+    (address,) = run(log).addresses
+    assert address.violations == 1
+
+
+def test_a_booking_without_its_answer_in_the_log_is_not_held_in_flight():
+    """A process that died (or a request that ended without an answer) leaves no answer: the log does not say
+    how long its request was in flight, so the audit does not guess (the interval rules still apply)."""
+    one, two = Log("m:1"), Log("m:2")
+    one.book(0.0, interval=0.5, url="http://a.example/1")
+    two.book(0.7, interval=0.5, url="http://a.example/2")
+    log = Log()
+    log.events = one.events + two.events
+    assert run(log).ok

@@ -8,6 +8,7 @@ whose every answer takes longer than the interval. The checks read the **server'
   1.1 × its ideal (each request one interval after the previous end: the waiting process takes the host
   when it is released, not at the hold's bound). Negative control: the same crawl with the hold switched
   off (the booking reserves the host for one interval from its start, as before) overlaps;
+* ``scrapy polite audit`` of the table's log: no violation with the hold, the ``in_flight`` pairs without it;
 * a process SIGKILLed with its request in flight: the other process books the host only once the hold's
   bound (the request's download timeout plus the interval) has passed, never before — and soon after.
 """
@@ -19,6 +20,9 @@ from typing import Any
 
 import pytest
 
+from scrapy_polite.addresses import AddressFilter
+from scrapy_polite.audit import AuditReport, audit, format_report
+from scrapy_polite.stores import StoreOptions, open_store
 from tests.support.fleet import Crawl
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
 from tests.support.server import Arrival, Reply, RequestInfo
@@ -72,6 +76,15 @@ def describe(arrivals: list[Arrival]) -> str:
     return "\n".join(f"  {a.start:.3f}-{a.end:.3f} {a.status} {a.path}" for a in sorted(arrivals, key=lambda a: a.start))
 
 
+def audited(store: dict[str, Any]) -> AuditReport:
+    """``scrapy polite audit`` of the table's event log (every process's events), with loopback allowed."""
+    table = open_store(store["store"], StoreOptions(prefix=store.get("POLITE_STORE_PREFIX", "polite:")))
+    try:
+        return audit(table.events(limit=100_000), AddressFilter(allowed_networks=["127.0.0.0/8"]).allows)
+    finally:
+        table.close()
+
+
 def run_two(tmp_path: Any, srv: Any, store: dict[str, Any], patch: list[str] | None = None) -> list[dict[str, Any]]:
     settings = fleet_settings(store["store"], **{k: v for k, v in store.items() if k != "store"})
     crawls = [Crawl(tmp_path, f"crawl{p}", [srv.url(f"/p{p}/{i}", host=HOST) for i in range(PAGES)], settings,
@@ -82,7 +95,8 @@ def run_two(tmp_path: Any, srv: Any, store: dict[str, Any], patch: list[str] | N
 @pytest.mark.parametrize("table", ["sqlite", "redis"])
 def test_two_processes_never_overlap_on_a_slow_host(table, request, arrival_server, tmp_path):
     srv = slow_server(arrival_server)
-    results = run_two(tmp_path, srv, store_for(table, request, tmp_path))
+    store = store_for(table, request, tmp_path)
+    results = run_two(tmp_path, srv, store)
     hits = srv.arrivals()
     assert sorted(a.path for a in hits) == sorted(f"/p{p}/{i}" for p in range(2) for i in range(PAGES)), describe(hits)
     overlaps, short = overlaps_and_gaps(hits)
@@ -95,14 +109,20 @@ def test_two_processes_never_overlap_on_a_slow_host(table, request, arrival_serv
     span = ordered[-1].end - ordered[0].start
     assert span <= 1.1 * ideal, f"{span:.2f} s > 1.1 × {ideal:.2f} s\n{describe(hits)}"
     assert all(r["stats"]["finish_reason"] == "finished" for r in results)
+    report = audited(store)
+    assert report.ok and len(report.sources) == 2, format_report(report, store=table)
 
 
 @pytest.mark.parametrize("table", ["sqlite", "redis"])
 def test_negative_control_without_the_hold_a_slow_host_is_overlapped(table, request, arrival_server, tmp_path):
     srv = slow_server(arrival_server)
-    run_two(tmp_path, srv, store_for(table, request, tmp_path), patch=["no_hold"])
+    store = store_for(table, request, tmp_path)
+    run_two(tmp_path, srv, store, patch=["no_hold"])
     overlaps, short = overlaps_and_gaps(srv.arrivals())
     assert overlaps and short, describe(srv.arrivals())
+    # The audit of the table's log names the overlapping pairs, whichever processes booked them.
+    kinds = {v.kind for v in audited(store).violations}
+    assert {"in_flight", "ip_in_flight"} <= kinds, format_report(audited(store), store=table)
 
 
 @pytest.mark.parametrize("table", ["sqlite", "redis"])

@@ -72,6 +72,7 @@ __all__ = [
     "StoreOptions",
     "StoreUnavailable",
     "SteppedStore",
+    "TABLE_KEY",
     "UpdateFn",
     "UpdateSteps",
     "ManyUpdateFn",
@@ -135,6 +136,11 @@ class Snapshot:
 
 
 
+#: The key of the table's identity row (docs/spec.md §6, "A table that comes back empty"): ``held_by`` is the
+#: table's random id, written when a crawl first finds the table without one; never stale (``updated`` is
+#: infinite). No host key starts with ``#`` (a forbidden host code point) and address keys start with ``ip:``.
+TABLE_KEY = "#table"
+
 #: ``POLITE_EVENT_LOG_SIZE``'s default: the most events one table keeps (the oldest are deleted first).
 DEFAULT_EVENTS_MAX = 100_000
 
@@ -157,7 +163,10 @@ class Event(NamedTuple):
             ``backoff`` (a throttle took a backoff step; ``reason``: its cause, the status or the failure's
             name; ``delay``, ``due``, ``steps``, ``retry_after``), ``robots_delay`` (a robots.txt delay
             adopted, ``delay``), ``refusal`` (a request refused, ``reason``: ``non_public`` or ``no_host``),
-            ``operator`` (``scrapy polite reset`` / ``crawl-delay``: ``reason`` names the verb).
+            ``operator`` (``scrapy polite reset`` / ``crawl-delay``: ``reason`` names the verb), ``restored``
+            (the table came back empty and this process wrote back what it knew, docs/spec.md §6: host ``""``
+            for the table, ``steps``: the rows restored, ``started``: when this process last found the table
+            whole; then one per host restored, ``delay``: its Crawl-delay, ``due``: its next allowed).
         host: the host key (``""`` for a URL without a host).
         url, status, delay, due, reason, retry_after, steps, address, started: see ``kind``; a ``response`` or
             ``failure`` also names the ``address`` its request was booked on.

@@ -17,6 +17,7 @@ import os
 import socket
 import sqlite3
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -155,6 +156,19 @@ ALTER TABLE hosts ADD COLUMN held_by INTEGER NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS identity (id TEXT NOT NULL);
 INSERT INTO identity (id) SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM identity)
 """
+
+#: Seconds between two looks at the path (one ``stat``), to find a file deleted or replaced under the crawl.
+FOLLOW_EVERY = 0.25
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path``, or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
 
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
 _MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5,
@@ -334,6 +348,10 @@ class SQLiteStore:
         self._nowait = nowait
         self._timeout = timeout
         self._clock = clock
+        #: The file the connection has open (device, inode), and when the path was last looked at
+        #: (:meth:`_follow`, ``time.monotonic``).
+        self._file: tuple[int, int] | None = None
+        self._looked = time.monotonic()
         self.events_max = max(0, int(events_max))
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -342,9 +360,11 @@ class SQLiteStore:
             #: The database's page size, bytes (a WAL frame holds one page).
             self.page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
             if nowait:  # the sibling already set the file up; never checkpoint here (that may fsync)
+                self._file = _file_id(self.path)
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA wal_autocheckpoint=0")
                 return
+            self._file = _file_id(self.path)
             self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._migrate()
@@ -511,10 +531,44 @@ class SQLiteStore:
             self._db.execute("ROLLBACK")
             raise
 
+    def _follow(self) -> None:
+        """Under the connection's lock: when the path no longer names the file the connection has open (the file
+        was deleted, or another put in its place, under the running crawl), open the file at the path — set up
+        and migrated like a new one — so this process shares the table the others now open (docs/spec.md §6, "A
+        table that comes back empty": the crawl's :class:`~scrapy_polite.outage.TableWatch` then finds the
+        table's identity gone and writes back what it knows). The path is looked at once per
+        :data:`FOLLOW_EVERY` seconds at most (one ``stat``)."""
+        now = time.monotonic()
+        if now - self._looked < FOLLOW_EVERY or self._closed:
+            return
+        self._looked = now
+        if _file_id(self.path) == self._file:
+            return
+        logger.warning("scrapy-polite: the pace table file %s was %s under the running crawl; opening the file now "
+                       "at that path", self.path, "deleted" if not os.path.exists(self.path) else "replaced")
+        old = self._db
+        self._db = sqlite3.connect(self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False,
+                                   cached_statements=64)
+        old.close()
+        self._file = _file_id(self.path)
+        self._db.execute("PRAGMA journal_mode=WAL").fetchone()
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._migrate()
+        if self._nowait:
+            self._db.execute("PRAGMA wal_autocheckpoint=0")
+            self._db.execute("PRAGMA busy_timeout = 0")
+        elif self._owns_mark:
+            now_store = self._clock()
+            self._db.execute("INSERT OR REPLACE INTO openers (token, pid, machine, boot, started, opened, beat) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?)", (self._token, os.getpid(), socket.gethostname(),
+                                                              _boot_id(), _start_time(os.getpid()) or 0, now_store,
+                                                              now_store))
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock; rolled back when the body raises."""
         with self._lock:
+            self._follow()
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             SQLiteStore.write_transactions += 1
@@ -539,6 +593,7 @@ class SQLiteStore:
     def read(self, keys: Sequence[str]) -> Snapshot:
         try:
             with self._lock:
+                self._follow()
                 db = self._db
                 if len(keys) == 1:  # autocommit: one statement is its own consistent read
                     return Snapshot({keys[0]: _state(db.execute(_SELECT_ONE, (keys[0],)).fetchone())},

@@ -35,8 +35,8 @@ class Log:
                         **fields)
 
     def respond(self, at: float, host: str = "a.example", *, status: int = 200, due: float, **fields: Any) -> Event:
-        return self.add(at, "response", host, url=f"http://{host}/r", status=status, delay=due - at, due=T0 + due,
-                        **fields)
+        fields.setdefault("url", f"http://{host}/r")
+        return self.add(at, "response", host, status=status, delay=due - at, due=T0 + due, **fields)
 
     def throttle(self, at: float, retry_after: float, host: str = "a.example", **fields: Any) -> Event:
         """A 429 response at ``at`` with ``Retry-After: retry_after`` (seconds), which holds the host until

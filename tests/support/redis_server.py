@@ -70,7 +70,8 @@ class RedisServer:
     """A ``redis-server`` on ``127.0.0.1:<port>`` in its own directory, for one test.
 
     Its data is in an append-only file synced on every write (``appendfsync always``), so :meth:`stop` then
-    :meth:`start` keeps every row that was acknowledged. Use as a context manager, or call :meth:`stop`.
+    :meth:`start` keeps every row that was acknowledged; with ``persist=False`` a restart starts empty. Use as a
+    context manager, or call :meth:`stop`.
 
     Args:
         port: the port (default: a free one); kept across restarts.
@@ -78,8 +79,11 @@ class RedisServer:
             :meth:`cleanup`).
     """
 
-    def __init__(self, port: int | None = None, directory: str | None = None) -> None:
+    def __init__(self, port: int | None = None, directory: str | None = None, *, persist: bool = True) -> None:
         self.binary = require_redis()
+        #: Keep the data across a restart (an append-only file synced on every write); False: a restart starts
+        #: empty, as a Redis run as a cache does.
+        self.persist = persist
         self.port = port or free_port()
         self._own_dir = directory is None
         self.directory = directory or tempfile.mkdtemp(prefix="polite-redis-")
@@ -100,9 +104,9 @@ class RedisServer:
         """
         if self.process is not None and self.process.poll() is None:
             return self
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else ["--appendonly", "no"]
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.directory,
-                "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
-                "--logfile", self.log, "--protected-mode", "yes"]
+                *persistence, "--save", "", "--daemonize", "no", "--logfile", self.log, "--protected-mode", "yes"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout
