@@ -13,7 +13,6 @@ time (tests/test_e2e_*.py).
 from __future__ import annotations
 
 import dataclasses
-
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
