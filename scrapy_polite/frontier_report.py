@@ -115,11 +115,12 @@ class WorkerLeases:
         return ago <= BEATS_BEFORE_STOPPED * beat_period(lease_time)
 
     def words(self, lease_time: float) -> str:
-        """``worker W: 14 requests, stopped renewing 3 s ago, back in 57 s`` (or ``…, renewing``)."""
+        """``worker W: 14 requests, stopped renewing 5 s ago, back in 55 s``, or ``worker W: 2 requests,
+        renewing (last 0.4 s ago)``."""
         head = f"worker {self.worker}: {self.leases} request{'' if self.leases == 1 else 's'}"
-        if self.renewing(lease_time):
-            return f"{head}, renewing"
         ago = self.renewed_ago
+        if self.renewing(lease_time):
+            return f"{head}, renewing" + (f" (last {ago:.1f} s ago)" if ago is not None else "")
         since = f" {ago:.0f} s ago" if ago is not None else ""
         return f"{head}, stopped renewing{since}, back in {self.back_in:.0f} s"
 
