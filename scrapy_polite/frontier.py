@@ -125,7 +125,8 @@ return 1
 """
 
 #: Renew this worker's deadline, return the leases of dead workers, report: KEYS = workers, returned, due,
-#: count, renewed; ARGV = worker ('' : renew nothing), lease seconds, lease key prefix. Returns {expired,
+#: count, renewed; ARGV = worker to renew ('': none), lease seconds, lease key prefix, this worker (its own
+#: leases are not listed). Returns {expired,
 #: returned, held, first due host, its delay from now (s, as a string), now (s, as a string), then four
 #: fields per other worker that leases requests (:data:`~scrapy_polite.frontier_report.LEASERS_LUA`)}.
 _RENEW = _NOW + LEASERS_LUA + """
@@ -148,7 +149,7 @@ local host, delay = '', ''
 if first[1] then host = first[1]; delay = tostring(tonumber(first[2]) - now) end
 local out = {expired, redis.call('LLEN', KEYS[2]), tonumber(redis.call('GET', KEYS[4]) or '0'), host, delay,
              tostring(now)}
-for _, v in ipairs(leasers(KEYS[1], KEYS[5], ARGV[3], ARGV[1])) do out[#out + 1] = v end
+for _, v in ipairs(leasers(KEYS[1], KEYS[5], ARGV[3], ARGV[4])) do out[#out + 1] = v end
 return out
 """
 
@@ -367,7 +368,7 @@ class RedisFrontier:
         waits (blocking: run it on a thread, or at an idle check). Counts ``polite/lease/expired``."""
         row = self._renew(keys=[self._workers_key, self._returned_key, self._due_key, self._count_key,
                                 self._renewed_key],
-                          args=[self.worker if alive else "", self.lease_time, f"{self.key}:lease:"])
+                          args=[self.worker if alive else "", self.lease_time, f"{self.key}:lease:", self.worker])
         expired, returned, held = int(row[0]), int(row[1]), int(row[2])
         delay, now = _text(row[4]), float(_text(row[5]))
         state = FrontierState(returned=returned, held=held, first_host=_text(row[3]),
