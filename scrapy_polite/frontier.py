@@ -126,9 +126,9 @@ return 1
 
 #: Renew this worker's deadline, return the leases of dead workers, report: KEYS = workers, returned, due,
 #: count, renewed; ARGV = worker to renew ('': none), lease seconds, lease key prefix, this worker (its own
-#: leases are not listed). Returns {expired,
-#: returned, held, first due host, its delay from now (s, as a string), now (s, as a string), then four
-#: fields per other worker that leases requests (:data:`~scrapy_polite.frontier_report.LEASERS_LUA`)}.
+#: leases are not listed). Returns {expired, returned, held, first due host, its delay from now (s, as a
+#: string), now (s, as a string), then four fields per other worker that leases requests
+#: (:data:`~scrapy_polite.frontier_report.LEASERS_LUA`)}.
 _RENEW = _NOW + LEASERS_LUA + """
 if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
