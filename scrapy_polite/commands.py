@@ -49,7 +49,7 @@ from scrapy.settings import BaseSettings, Settings
 
 from .audit import LogError, audit, format_report, report_json
 from .events import clock_time, describe, process_source
-from .frontier import waiting_in_redis
+from .frontier_report import waiting_in_redis
 from .pacer import default_store_uri
 from .policy import HostState, PacingPolicy, host_key, ip_key
 from .settings import PoliteConfig, SettingsError
@@ -930,8 +930,9 @@ def add_global_options(parser: argparse.ArgumentParser) -> None:
 
 def print_shared_frontier(settings: Any, config: PoliteConfig, out: IO[str], err: IO[str]) -> None:
     """With scrapy-redis's scheduler in the settings (``SCHEDULER`` or ``POLITE_SCHEDULER_BASE``) and the
-    shared frontier on, list what waits in Redis per host (docs/spec.md §5, "The shared frontier"); a Redis
-    that cannot be reached is reported on ``err`` (the pace table's listing stands)."""
+    shared frontier on, list what waits in Redis per host, and what each worker leases (renewing or not, and
+    when the leases of one that stopped renewing come back) (docs/spec.md §5, "The shared frontier"); a
+    Redis that cannot be reached is reported on ``err`` (the pace table's listing stands)."""
     names = {str(settings.get("SCHEDULER") or ""), str(config.scheduler_base)}
     if not config.shared_frontier or not any(n.startswith("scrapy_redis.") for n in names):
         return
@@ -942,13 +943,22 @@ def print_shared_frontier(settings: Any, config: PoliteConfig, out: IO[str], err
     except Exception as exc:  # ImportError without the extra, a RedisError: the listing above stands
         print(f"shared frontier: cannot be read ({exc})", file=err)
         return
-    for key, returned, hosts in frontiers:
+    for key, returned, hosts, workers in frontiers:
         held = sum(count for _, count, _ in hosts)
-        print(f"shared frontier {key}: {_count(held, 'request')} held in Redis, {returned} returned", file=out)
+        leased = sum(w.leases for w in workers)
+        print(f"shared frontier {key}: {_count(held, 'request')} held in Redis, {returned} returned, "
+              f"{leased} leased by {_count(len(workers), 'worker')}", file=out)
         if hosts:
             print(format_table([("host", "held", "due in"),
                                 *((host, str(count), f"{max(0.0, due):.0f} s") for host, count, due in hosts)]),
                   file=out)
+        if workers:
+            print(format_table([("worker", "leased", "last renewal", "state"),
+                                *((w.worker, str(w.leases),
+                                   "-" if w.renewed_ago is None else f"{w.renewed_ago:.0f} s ago",
+                                   "renewing" if w.renewing(config.lease_time)
+                                   else f"stopped renewing: its requests come back in {w.back_in:.0f} s")
+                                  for w in workers)]), file=out)
 
 
 def _print_usage_error(parser: argparse.ArgumentParser, message: str, err: IO[str]) -> None:

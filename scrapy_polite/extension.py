@@ -167,10 +167,10 @@ class PoliteExtension:
         self.pacer.reconcile(force=True)
         if not scheduler.held_count():
             # A shared frontier (scrapy-redis): stay open while Redis holds something this worker may take
-            # within its idle window (MAX_IDLE_TIME_BEFORE_CLOSE, else POLITE_MAX_IDLE_WAIT), or other
-            # workers lease requests that would come back if they died (docs/spec.md §5).
-            wait = scheduler.shared_wait()
-            if wait is not None and wait <= self._idle_window():
+            # within its idle window (MAX_IDLE_TIME_BEFORE_CLOSE, else POLITE_MAX_IDLE_WAIT), while other
+            # workers lease requests that would come back within it if they died, and, whatever the window,
+            # while a worker that stopped renewing leases requests (docs/spec.md §5, "Idle").
+            if scheduler.shared_wait(self._idle_window()) is not None:
                 raise DontCloseSpider
             return
         scheduler.unpark()

@@ -9,20 +9,28 @@ With scrapy-redis's scheduler (``scrapy_redis.scheduler.Scheduler``, wrapped by
 * ``<key>:held:<host>`` (a list per host, first in first out) and ``<key>:due`` (a sorted set: host →
   the moment it is due, the Redis server's clock, seconds): requests deferred until a moment (a throttle,
   a Crawl-delay beyond ``POLITE_MAX_WAIT``), taken by **any** worker once their host is due;
-* ``<key>:lease:<worker>`` (a hash: lease id → the request) and ``<key>:workers`` (a sorted set: worker →
-  its lease deadline): every request a worker takes — from scrapy-redis's queue, a held host or the
-  returned list — is **leased**, not popped: it is moved into the worker's lease hash in the same atomic
-  step (one Lua script). The response, a final error or a drop ends the lease; a deferral moves the
-  request from the lease into a held list (one script). A live worker renews its deadline every
-  second (every ``POLITE_LEASE_TIME / 3`` if shorter); any worker that finds a deadline passed (a dead
-  worker) moves that worker's leased requests to ``<key>:returned`` (counted in ``polite/lease/expired``), which every
-  worker takes from first;
+* ``<key>:lease:<worker>`` (a hash: lease id → the request), ``<key>:workers`` (a sorted set: worker → its
+  lease deadline) and ``<key>:renewed`` (worker → the moment it last renewed): every request a worker
+  takes — from scrapy-redis's queue, a held host or the returned list — is **leased**, not popped: it is
+  moved into the worker's lease hash in the same atomic step (one Lua script). The response, a final
+  error or a drop ends the lease; a deferral moves the request from the lease into a held list (one
+  script). A live worker renews its deadline every second (every ``POLITE_LEASE_TIME / 3`` if shorter);
+  any worker that finds a deadline passed (a dead worker) moves that worker's leased requests to
+  ``<key>:returned`` (counted in ``polite/lease/expired``), which every worker takes from first;
 * ``<key>:count``: how many requests the held lists hold.
+
+A worker's id is ``<hostname>-<pid>-<random>``: the scheduler logs it at start, and the leases in Redis (and
+``scrapy polite hosts``) name it, so a lease can be tied to its process. What is held and leased is read for
+the logs and reports by :mod:`scrapy_polite.frontier_report`.
 
 Requests are serialised by scrapy-redis's own serializer (``request.to_dict``: callbacks, errbacks,
 priority and meta, ``polite_throttle_retries`` included) and a request taken back never passes the
-dupefilter again. The guarantee is **at least once**: a page is fetched twice only when its worker died
-(or stalled longer than ``POLITE_LEASE_TIME``) after sending it and before its response ended the lease.
+dupefilter again. A deferred request is written back **as the scheduler handed it out** (the record this
+worker took, with its throttle-retry count): the headers, cookies and meta this worker's downloader
+middlewares added (its ``User-Agent``, its cookie jar's ``Cookie``, ``Authorization``, ``download_timeout``,
+…) stay with this worker's copy of the request and never reach another worker. The guarantee is **at
+least once**: a page is fetched twice only when its worker died (or stalled longer than
+``POLITE_LEASE_TIME``) after sending it and before its response ended the lease.
 
 Calls that take a request run where scrapy-redis's own ``next_request`` runs (the scheduler's synchronous
 interface, one round trip); deferrals, lease ends and renewals run on a thread.
@@ -31,33 +39,36 @@ interface, one round trip); deferrals, lease ends and renewals run on a thread.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.request import request_from_dict
 from twisted.internet import threads
 from twisted.internet.defer import Deferred, DeferredList
 
+from .frontier_report import LEASERS_LUA, NOW_LUA, FrontierState, describe_leases, leasers, read_hosts
 from .reactor import call_later
-from .vocabulary import LEASE_META
+from .vocabulary import LEASE_META, THROTTLE_RETRIES_META
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FrontierState", "RedisFrontier", "LEASE_META", "is_shared_scheduler", "queue_mode", "waiting_in_redis"]
+__all__ = ["FrontierState", "RedisFrontier", "LEASE_META", "is_shared_scheduler", "queue_mode", "worker_id"]
 
 # Each script reads the server's clock: every due time and deadline is the Redis server's.
-_NOW = "local t = redis.call('TIME'); local now = tonumber(t[1]) + tonumber(t[2]) / 1000000\n"
+_NOW = NOW_LUA
 
-#: Take one request, leased: KEYS = due, count, returned, lease hash, workers, scrapy-redis queue;
+#: Take one request, leased: KEYS = due, count, returned, lease hash, workers, scrapy-redis queue, renewed;
 #: ARGV = worker, lease seconds, lease id, held key prefix, queue mode (fifo/lifo/priority/none), then the
 #: hosts to skip (blocked in this worker). Returns {source, host, data} or nil.
 _TAKE = _NOW + """
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZADD', KEYS[7], now, ARGV[1])
 local data = redis.call('LPOP', KEYS[3])
 local source, host = 'returned', ''
 if not data then
@@ -92,10 +103,11 @@ redis.call('HSET', KEYS[4], ARGV[3], data)
 return {source, host, data}
 """
 
-#: Lease a request taken by scrapy-redis's own pop (a queue class of its own): KEYS = lease hash, workers;
-#: ARGV = worker, lease seconds, lease id, data.
+#: Lease a request taken by scrapy-redis's own pop (a queue class of its own): KEYS = lease hash, workers,
+#: renewed; ARGV = worker, lease seconds, lease id, data.
 _LEASE = _NOW + """
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZADD', KEYS[3], now, ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
 return 1
 """
@@ -113,10 +125,15 @@ return 1
 """
 
 #: Renew this worker's deadline, return the leases of dead workers, report: KEYS = workers, returned, due,
-#: count; ARGV = worker, lease seconds, lease key prefix. Returns {expired, returned, held, first due
-#: host, its delay from now (s, as a string), leases of other live workers}.
-_RENEW = _NOW + """
-if ARGV[1] ~= '' then redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1]) end
+#: count, renewed; ARGV = worker to renew ('': none), lease seconds, lease key prefix, this worker (its own
+#: leases are not listed). Returns {expired, returned, held, first due host, its delay from now (s, as a
+#: string), now (s, as a string), then four fields per other worker that leases requests
+#: (:data:`~scrapy_polite.frontier_report.LEASERS_LUA`)}.
+_RENEW = _NOW + LEASERS_LUA + """
+if ARGV[1] ~= '' then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('ZADD', KEYS[5], now, ARGV[1])
+end
 local expired = 0
 for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   for _, v in ipairs(redis.call('HVALS', ARGV[3] .. w)) do
@@ -125,37 +142,32 @@ for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   end
   redis.call('DEL', ARGV[3] .. w)
   redis.call('ZREM', KEYS[1], w)
-end
-local others = 0
-for _, w in ipairs(redis.call('ZRANGE', KEYS[1], 0, 99)) do
-  if w ~= ARGV[1] then others = others + redis.call('HLEN', ARGV[3] .. w) end
+  redis.call('ZREM', KEYS[5], w)
 end
 local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 local host, delay = '', ''
 if first[1] then host = first[1]; delay = tostring(tonumber(first[2]) - now) end
-return {expired, redis.call('LLEN', KEYS[2]), tonumber(redis.call('GET', KEYS[4]) or '0'), host, delay, others}
+local out = {expired, redis.call('LLEN', KEYS[2]), tonumber(redis.call('GET', KEYS[4]) or '0'), host, delay,
+             tostring(now)}
+for _, v in ipairs(leasers(KEYS[1], KEYS[5], ARGV[3], ARGV[4])) do out[#out + 1] = v end
+return out
 """
 
-#: Give back every request this worker leases (a stop): KEYS = lease hash, returned, workers; ARGV = worker.
+#: Give back every request this worker leases (a stop): KEYS = lease hash, returned, workers, renewed;
+#: ARGV = worker.
 _RELEASE = """
 local n = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[1])) do redis.call('RPUSH', KEYS[2], v); n = n + 1 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 return n
 """
 
-#: Per host: {host, held, due delay (s)} for the first 1,000 due hosts: KEYS = due; ARGV = held key prefix.
-_HOSTS = _NOW + """
-local out = {}
-local rows = redis.call('ZRANGE', KEYS[1], 0, 999, 'WITHSCORES')
-for i = 1, #rows, 2 do
-  out[#out + 1] = rows[i]
-  out[#out + 1] = redis.call('LLEN', ARGV[1] .. rows[i])
-  out[#out + 1] = tostring(tonumber(rows[i + 1]) - now)
-end
-return out
-"""
+
+def worker_id() -> str:
+    """A new worker's id: ``<hostname>-<pid>-<8 random hex digits>`` (names the process that holds a lease)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def is_shared_scheduler(scheduler: Any) -> bool:
@@ -172,37 +184,6 @@ def queue_mode(queue: Any) -> str:
         if cls.__module__ == "scrapy_redis.queue" and cls.__dict__.get("pop") is type(queue).pop:
             return {"FifoQueue": "fifo", "LifoQueue": "lifo", "PriorityQueue": "priority"}.get(cls.__name__, "none")
     return "none"
-
-
-@dataclass(frozen=True)
-class FrontierState:
-    """What the shared frontier holds, as last read (:meth:`RedisFrontier.read`).
-
-    Attributes:
-        returned: requests given back by stopped or dead workers, to be taken first.
-        held: requests held in Redis until their host is due.
-        first_host: the host due first ('' when nothing is held).
-        first_due: seconds from now until it is due (may be negative; None when nothing is held).
-        others_leased: requests other live workers lease (they may come back if a worker dies).
-        expired: leases of dead workers returned by this read.
-    """
-
-    returned: int = 0
-    held: int = 0
-    first_host: str = ""
-    first_due: float | None = None
-    others_leased: int = 0
-    expired: int = 0
-
-    @property
-    def takeable_in(self) -> float | None:
-        """Seconds until this worker may take something (0: now), None when nothing waits in Redis.
-        Another worker's leases count as due when they would expire (``lease``: the caller adds it)."""
-        if self.returned:
-            return 0.0
-        if self.first_due is not None:
-            return max(0.0, self.first_due)
-        return None
 
 
 class RedisFrontier:
@@ -228,20 +209,22 @@ class RedisFrontier:
         self.spider = spider
         self.key = key
         self.lease_time = lease_time
-        self.worker = uuid.uuid4().hex
+        self.worker = worker_id()
         self.mode = queue_mode(queue)
         self._inc = inc
         self._lease_key = f"{key}:lease:{self.worker}"
         self._held_prefix = f"{key}:held:"
         self._due_key, self._count_key = f"{key}:due", f"{key}:count"
         self._returned_key, self._workers_key = f"{key}:returned", f"{key}:workers"
+        self._renewed_key = f"{key}:renewed"
         self._take = server.register_script(_TAKE)
         self._lease = server.register_script(_LEASE)
         self._hold = server.register_script(_HOLD)
         self._renew = server.register_script(_RENEW)
         self._release = server.register_script(_RELEASE)
-        self._hosts = server.register_script(_HOSTS)
         self.leased: dict[str, str | None] = {}  # lease id → host (None: not yet known)
+        #: lease id → the record as taken (the request as the scheduler hands it out: docs/spec.md §5, "Held")
+        self._records: dict[str, bytes] = {}
         self._ending: set[str] = set()
         self._flush_call: Any = None
         self._pending: set[Deferred[Any]] = set()
@@ -260,7 +243,7 @@ class RedisFrontier:
         lease_id = uuid.uuid4().hex
         mode = self.mode if queue else "off"
         found = self._take(keys=[self._due_key, self._count_key, self._returned_key, self._lease_key,
-                                 self._workers_key, self.queue.key],
+                                 self._workers_key, self.queue.key, self._renewed_key],
                            args=[self.worker, self.lease_time, lease_id, self._held_prefix, mode, *sorted(skip)])
         if found is None:
             return None
@@ -270,6 +253,7 @@ class RedisFrontier:
             return self.take(skip, queue=queue)
         host = raw_host or None
         self.leased[lease_id] = host
+        self._records[lease_id] = data
         self._inc(f"frontier/taken/{source}", 1)
         return request, host
 
@@ -277,10 +261,12 @@ class RedisFrontier:
         """Lease a request scrapy-redis's own ``pop`` returned (a queue class :func:`queue_mode` does not
         know): one more round trip."""
         lease_id = uuid.uuid4().hex
-        self._lease(keys=[self._lease_key, self._workers_key],
-                    args=[self.worker, self.lease_time, lease_id, self._encode(request)])
+        data = self._encode(request)
+        self._lease(keys=[self._lease_key, self._workers_key, self._renewed_key],
+                    args=[self.worker, self.lease_time, lease_id, data])
         request.meta[LEASE_META] = lease_id
         self.leased[lease_id] = None
+        self._records[lease_id] = data
         self._inc("frontier/taken/queue", 1)
 
     def _decode(self, lease_id: str, data: bytes) -> Request | None:
@@ -298,6 +284,28 @@ class RedisFrontier:
         data: bytes = self.queue.serializer.dumps(request.to_dict(spider=self.spider))
         return data
 
+    def _as_handed_out(self, lease_id: str | None, request: Request) -> bytes:
+        """The record to write back for ``request``: the one this worker took (the request as the scheduler
+        handed it out, before this worker's downloader middlewares added its ``User-Agent``, its cookie jar's
+        ``Cookie``, ``Authorization``, ``download_timeout``, …), with the request's throttle-retry count,
+        the one thing about it that travels (docs/spec.md §5, "Held"). ``request`` itself is not changed.
+        Without a record (not taken here) the request is written as it is.
+
+        Raises:
+            ValueError: ``request`` cannot be serialised (a callback that is not a spider method).
+        """
+        taken = self._records.get(lease_id) if lease_id is not None else None
+        if taken is None:
+            return self._encode(request)
+        record = self.queue.serializer.loads(taken)
+        meta = dict(record.get("meta") or {})
+        meta.pop(LEASE_META, None)
+        if THROTTLE_RETRIES_META in request.meta:
+            meta[THROTTLE_RETRIES_META] = request.meta[THROTTLE_RETRIES_META]
+        record["meta"] = meta
+        data: bytes = self.queue.serializer.dumps(record)
+        return data
+
     def owns(self, request: Request) -> bool:
         """``request`` is leased to this worker (its lease may be ending this reactor turn: a throttle retry
         is held again right after its response ended it)."""
@@ -312,7 +320,7 @@ class RedisFrontier:
         this process; its lease stays)."""
         lease_id = request.meta.get(LEASE_META)
         try:
-            data = self._encode(request)
+            data = self._as_handed_out(lease_id if isinstance(lease_id, str) else None, request)
         except ValueError as exc:  # a callback that is not a spider method
             logger.warning("scrapy-polite: deferred %s cannot be written to the shared frontier (%s); it is "
                            "held in this process, leased", request, exc)
@@ -321,6 +329,7 @@ class RedisFrontier:
         if isinstance(lease_id, str):
             self._ending.discard(lease_id)
             self.leased.pop(lease_id, None)
+            self._records.pop(lease_id, None)
         self._background(self._hold, keys=[self._lease_key, self._due_key, self._count_key,
                                            self._held_prefix + host],
                          args=[lease_id if isinstance(lease_id, str) else "", host, max(0.0, delay), data])
@@ -341,6 +350,8 @@ class RedisFrontier:
     def _flush(self) -> None:
         self._flush_call = None
         ids, self._ending = sorted(self._ending), set()
+        for lease_id in ids:
+            self._records.pop(lease_id, None)
         if ids:
             self._background(self.server.hdel, self._lease_key, *ids)
 
@@ -355,13 +366,14 @@ class RedisFrontier:
     def renew(self, *, alive: bool = True) -> FrontierState:
         """Renew this worker's deadline (unless not ``alive``), return dead workers' leases, and read what
         waits (blocking: run it on a thread, or at an idle check). Counts ``polite/lease/expired``."""
-        row = self._renew(keys=[self._workers_key, self._returned_key, self._due_key, self._count_key],
-                          args=[self.worker if alive else "", self.lease_time, f"{self.key}:lease:"])
+        row = self._renew(keys=[self._workers_key, self._returned_key, self._due_key, self._count_key,
+                                self._renewed_key],
+                          args=[self.worker if alive else "", self.lease_time, f"{self.key}:lease:", self.worker])
         expired, returned, held = int(row[0]), int(row[1]), int(row[2])
-        delay = _text(row[4])
+        delay, now = _text(row[4]), float(_text(row[5]))
         state = FrontierState(returned=returned, held=held, first_host=_text(row[3]),
-                              first_due=float(delay) if delay else None, others_leased=int(row[5]),
-                              expired=expired)
+                              first_due=float(delay) if delay else None, elsewhere=leasers(list(row[6:]), now),
+                              expired=expired, now=now)
         if expired:
             logger.warning("scrapy-polite: %d requests leased by a worker that stopped renewing its lease were "
                            "returned to the shared frontier %s", expired, self.key)
@@ -377,15 +389,18 @@ class RedisFrontier:
     def hosts(self) -> list[tuple[str, int, float]]:
         """``(host, requests held in Redis, seconds until due)`` for the first 1,000 hosts, soonest first
         (blocking)."""
-        rows = self._hosts(keys=[self._due_key], args=[self._held_prefix])
-        return [(_text(rows[i]), int(rows[i + 1]), float(_text(rows[i + 2]))) for i in range(0, len(rows), 3)]
+        return read_hosts(self.server, self.key)
 
     def describe(self) -> str:
-        """What waits in the shared frontier, per host, for the log (blocking)."""
+        """What waits in the shared frontier, per host, and what other workers lease, per worker (renewing or
+        not, and when the leases of one that stopped renewing come back), for the log (blocking)."""
         state = self.renew(alive=False)
         parts = [f"{host}: {count} requests, due in {max(0.0, due):.0f} s" for host, count, due in self.hosts()[:20]]
         if state.returned:
             parts.insert(0, f"{state.returned} returned requests, due now")
+        leased = describe_leases(state.elsewhere, self.lease_time)
+        if leased:
+            parts.append(leased)
         return f"Waiting in the shared frontier {self.key}: " + ("; ".join(parts) if parts else "nothing")
 
     def _background(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -410,41 +425,17 @@ class RedisFrontier:
     def release(self) -> int:
         """Give back every request this worker still leases (to be taken first by any worker) and leave the
         worker set (blocking; the stop). Returns how many."""
-        count = int(self._release(keys=[self._lease_key, self._returned_key, self._workers_key], args=[self.worker]))
+        count = int(self._release(keys=[self._lease_key, self._returned_key, self._workers_key, self._renewed_key],
+                                  args=[self.worker]))
         self.leased.clear()
+        self._records.clear()
         return count
 
     def clear(self) -> None:
         """Delete the frontier's keys (``SCHEDULER_PERSIST = False``: scrapy-redis flushes its queue too)."""
-        keys = [self._due_key, self._count_key, self._returned_key, self._workers_key]
+        keys = [self._due_key, self._count_key, self._returned_key, self._workers_key, self._renewed_key]
         keys += [f"{self._held_prefix}{host}" for host, _, _ in self.hosts()]
         self.server.delete(*keys)
-
-
-def waiting_in_redis(server: Any, key_template: str, limit: int = 1000
-                     ) -> list[tuple[str, int, list[tuple[str, int, float]]]]:
-    """What waits in every shared frontier of a Redis server (``scrapy polite hosts``), without a crawl.
-
-    Args:
-        server: a ``redis.Redis`` client (scrapy-redis's ``REDIS_URL``).
-        key_template: ``POLITE_FRONTIER_KEY`` (``%(spider)s`` matches any spider).
-        limit: the most hosts listed per frontier.
-
-    Returns:
-        ``(frontier key, returned requests, [(host, held requests, seconds until due), …])`` per frontier,
-        sorted by key; each frontier's hosts soonest due first.
-
-    Raises:
-        redis.RedisError: the server cannot be reached.
-    """
-    pattern = key_template % {"spider": "*"} + ":due"
-    found = []
-    for raw in sorted(_text(k) for k in server.scan_iter(match=pattern, count=1000)):
-        key = raw[: -len(":due")]
-        rows = server.register_script(_HOSTS)(keys=[raw], args=[f"{key}:held:"])
-        hosts = [(_text(rows[i]), int(rows[i + 1]), float(_text(rows[i + 2]))) for i in range(0, len(rows), 3)]
-        found.append((key, int(server.llen(f"{key}:returned")), hosts[:limit]))
-    return found
 
 
 def _text(value: Any) -> str:

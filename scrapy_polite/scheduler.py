@@ -26,7 +26,11 @@ shared frontier"):
   response, final error or drop; a request deferred until a moment (throttle, Crawl-delay) goes back to
   Redis, held by host until due, for any worker to take; one deferred only for a line of this worker stays
   here, still leased;
-* at close, whatever it still leases is given back to Redis for the other workers.
+* it stays open, whatever its idle window, while another worker that has not renewed its leases since
+  this one went to close leases requests: they come back (at most ``POLITE_LEASE_TIME`` after that
+  worker's last renewal) and this worker crawls them;
+* at close, whatever it still leases is given back to Redis for the other workers, and the log names what
+  other workers still lease.
 """
 
 from __future__ import annotations
@@ -42,11 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.request import request_from_dict
-from twisted.internet import task, threads
+from twisted.internet import threads
 
 from ._compat import wake_engine
 from .contracts import fail_held_contract_requests
-from .frontier import FrontierState, RedisFrontier, is_shared_scheduler
+from .frontier import is_shared_scheduler
+from .frontier_worker import SharedWorker
 from .held import HELD_DIR, HeldRequests
 from .pacer import Pacer, get_pacer
 from .reactor import call_later, installed_reactor
@@ -89,11 +94,9 @@ class PoliteScheduler:
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
         self._timer: Any = None
         self._closing = False
-        #: The shared frontier (scrapy-redis's scheduler), set at open; None: held requests live here.
-        self.frontier: SharedFrontier | None = None
-        self._beat: task.LoopingCall | None = None
-        self._beating = False
-        self._cap = crawler.settings.getint("CONCURRENT_REQUESTS")
+        #: This worker's side of the shared frontier (scrapy-redis's scheduler), set at open; None: held
+        #: requests live here.
+        self.shared: SharedWorker | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -112,52 +115,39 @@ class PoliteScheduler:
         self.pacer.scheduler = self
         self._load()
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
-        shared = self.pacer.shared_frontier if is_shared_scheduler(self.inner) else None
-        if shared is not None:
-            self.frontier = RedisFrontier(self.inner.server, self.inner.queue, spider,
-                                          shared.key % {"spider": spider.name}, shared.lease_time,
-                                          self.pacer.inc)
-            self.frontier.renew()  # registers this worker, returns the leases of dead ones
-            self._beat = task.LoopingCall(self._heartbeat)
-            self._beat.clock = installed_reactor()
-            self._beat.start(min(1.0, shared.lease_time / 3), now=False)
-            logger.info("scrapy-polite: shared frontier %s (scrapy-redis): held and in-flight requests live in "
-                        "Redis, leased for %g s", self.frontier.key, shared.lease_time)
+        options = self.pacer.shared_frontier if is_shared_scheduler(self.inner) else None
+        if options is not None:
+            self.shared = SharedWorker.open(self.crawler, self.pacer, self.inner, spider, options)
         return result
+
+    @property
+    def frontier(self) -> SharedFrontier | None:
+        """The shared frontier (scrapy-redis's scheduler), None: held requests live in this process."""
+        return self.shared.frontier if self.shared is not None else None
 
     def close(self, reason: str) -> Any:
         self._closing = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
-        if self._beat is not None and self._beat.running:
-            self._beat.stop()
-        frontier = self.frontier
-        if frontier is not None:
+        shared = self.shared
+        if shared is not None:
+            shared.stop()
+            frontier = shared.frontier
             d = frontier.settle()
-            d.addCallback(lambda _: threads.deferToThread(self._close_shared, frontier))
+            d.addCallback(lambda _: threads.deferToThread(self._close_shared, shared))
             d.addErrback(lambda failure: logger.error("scrapy-polite: could not give back the requests leased in "
                                                       "the shared frontier %s: %s", frontier.key, failure.value))
             d.addBoth(lambda _: self._close_local(reason))
             return d
         return self._close_local(reason)
 
-    def _close_shared(self, frontier: SharedFrontier) -> None:
+    def _close_shared(self, shared: SharedWorker) -> None:
         """Give back every request this worker leases, held ones included (they are in Redis: not lost),
         and log what waits in the shared frontier (thread)."""
-        local = len(self._held)
-        returned = frontier.release()
+        shared.close(len(self._held))
         self._held.close()
         self._held = HeldRequests(self.crawler, max_in_memory=0, jobdir=None)
         self._due.clear()
-        stats = self.crawler.stats
-        if returned and stats is not None:
-            stats.set_value("polite/frontier/returned_at_close", returned)
-        if returned:
-            logger.info("scrapy-polite: %d requests this worker had taken (%d held for its lines) were given back "
-                        "to the shared frontier %s for the other workers", returned, local, frontier.key)
-        logger.info("scrapy-polite: %s", frontier.describe())
-        if not getattr(self.inner, "persist", True):  # SCHEDULER_PERSIST = False: scrapy-redis flushes too
-            frontier.clear()
 
     def _close_local(self, reason: str) -> Any:
         try:
@@ -203,42 +193,15 @@ class PoliteScheduler:
         self.pacer.reconcile()  # the backstop for a request that left by a path no middleware saw
         request = self._next_due()
         if request is None:
-            request = self._take_shared() if self.frontier is not None else self.inner.next_request()
+            if self.shared is not None:
+                request = self.shared.take({host for host, _ in self._held.items()}, len(self._held))
+            else:
+                request = self.inner.next_request()
             if request is None:
                 return None
         self._owned.add(request)
-        return request
-
-    def in_hand(self) -> int:
-        """The requests this worker has taken and not sent: those in its downloader (Scrapy's
-        ``Downloader.active``, waits in line included) and those it holds for its lines."""
-        engine = getattr(self.crawler, "engine", None)
-        active = getattr(getattr(engine, "downloader", None), "active", None)
-        return (len(active) if active is not None else 0) + len(self._held)
-
-    def _take_shared(self) -> Request | None:
-        """The next request from the shared frontier (returned, due held, then scrapy-redis's queue), leased;
-        None while this worker has ``CONCURRENT_REQUESTS`` in hand (docs/spec.md §5: a worker never takes
-        more than it can send)."""
-        frontier = self.frontier
-        assert frontier is not None
-        if 0 < self._cap <= self.in_hand():
-            self.pacer.inc("frontier/full")
-            return None
-        skip = self.pacer.blocked_hosts() | {host for host, _ in self._held.items()}
-        found = frontier.take(skip, queue=frontier.mode != "none")
-        if found is None:
-            if frontier.mode != "none":
-                return None
-            request: Request | None = self.inner.next_request()  # a queue class of its own: pop, then lease
-            if request is not None:
-                frontier.lease(request)
-            return request
-        request, host = found
-        if host is not None:
-            self.pacer.released(request, host)  # it claims its host until it is booked or leaves
-        elif self.crawler.stats is not None:  # as scrapy-redis's next_request counts it
-            self.crawler.stats.inc_value("scheduler/dequeued/redis")
+        if self.shared is not None:
+            self.shared.busy()
         return request
 
     def ended(self, request: Request) -> None:
@@ -247,42 +210,11 @@ class PoliteScheduler:
         if self.frontier is not None:
             self.frontier.end(request)
 
-    def shared_wait(self) -> float | None:
-        """Seconds until the shared frontier holds something this worker may take (0: now; the leases of
-        other live workers count as due when they would expire), None without one or when it is empty.
-        Reads Redis (blocking, one round trip, as scrapy-redis's own idle check does)."""
-        if self.frontier is None:
-            return None
-        state = self.frontier.renew()
-        self._wake_if_due(state)
-        wait = state.takeable_in
-        if state.others_leased:
-            wait = min(wait, self.frontier.lease_time) if wait is not None else self.frontier.lease_time
-        return wait
-
-    def _heartbeat(self) -> None:
-        """Renew this worker's leases and return dead workers' (on a thread); poke the engine when something
-        in the shared frontier is due."""
-        if self._beating or self.frontier is None:
-            return
-        self._beating = True
-        d = self.frontier.renew_soon()
-
-        def done(result: Any) -> None:
-            self._beating = False
-            if isinstance(result, FrontierState):
-                self._wake_if_due(result)
-
-        def failed(failure: Any) -> None:
-            self._beating = False
-            logger.warning("scrapy-polite: could not renew this worker's leases in the shared frontier: %s",
-                           failure.value)
-
-        d.addCallbacks(done, failed)
-
-    def _wake_if_due(self, state: FrontierState) -> None:
-        if not self._closing and state.takeable_in == 0.0:
-            wake_engine(self.crawler)
+    def shared_wait(self, window: float) -> float | None:
+        """Seconds this idle worker stays open for the shared frontier (``window``: its idle window, s), None
+        without one or when nothing there keeps it open (:meth:`SharedWorker.wait
+        <scrapy_polite.frontier_worker.SharedWorker.wait>`; docs/spec.md §5, "Idle")."""
+        return self.shared.wait(window) if self.shared is not None else None
 
     def __len__(self) -> int:
         return len(self.inner) + len(self._held)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from twisted.internet.defer import Deferred
 
-    from .frontier import FrontierState
+    from .frontier_report import FrontierState
 
 __all__ = ["Go", "Defer", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "SharedFrontier", "ClockSync"]
 
@@ -79,9 +79,9 @@ class HoldingScheduler(Protocol):
         shared frontier ends)."""
         ...
 
-    def shared_wait(self) -> float | None:
-        """Seconds until the shared frontier (docs/spec.md §5) has something this worker may take (0: now),
-        None without a shared frontier or when nothing waits in it."""
+    def shared_wait(self, window: float) -> float | None:
+        """Seconds this idle worker stays open for the shared frontier (docs/spec.md §5, "Idle"; ``window``:
+        its idle window, s), None without a shared frontier or when nothing there keeps it open."""
         ...
 
     def held_count(self) -> int:
@@ -118,6 +118,8 @@ class SharedFrontier(Protocol):
     key: str
     lease_time: float
     mode: str
+    worker: str  # this worker's id (``<hostname>-<pid>-<random>``), logged at start
+    state: FrontierState  # what it held at the last read
 
     def take(self, skip: set[str], *, queue: bool = True) -> tuple[Request, str | None] | None:
         """One request, leased to this worker: returned first, then of a due held host not in ``skip``,
@@ -133,8 +135,9 @@ class SharedFrontier(Protocol):
         ...
 
     def hold(self, request: Request, host: str, delay: float) -> bool:
-        """Move ``request`` from its lease to its host's held requests, due in ``delay`` s; False when it
-        cannot be written (it stays in this process, leased)."""
+        """Move ``request`` from its lease to its host's held requests, due in ``delay`` s, written as the
+        scheduler handed it out (not with this worker's headers or cookies); False when it cannot be written
+        (it stays in this process, leased)."""
         ...
 
     def end(self, request: Request) -> None:
@@ -158,7 +161,7 @@ class SharedFrontier(Protocol):
         ...
 
     def describe(self) -> str:
-        """What waits in the frontier, per host, for the log (blocking)."""
+        """What waits in the frontier, per host, and what other workers lease, for the log (blocking)."""
         ...
 
     def clear(self) -> None:

@@ -6,6 +6,7 @@ due, skip blocked hosts, return a dead worker's leases, end leases, give back at
 from __future__ import annotations
 
 import io
+import os
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -13,10 +14,12 @@ from typing import Any
 import pytest
 from scrapy import Request
 from scrapy.core.scheduler import Scheduler
+from scrapy.settings import Settings
 from twisted.internet import defer
 
 from scrapy_polite.commands import run_command
 from scrapy_polite.frontier import LEASE_META, RedisFrontier, is_shared_scheduler, queue_mode
+from scrapy_polite.frontier_worker import SharedWorker
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
 
 redis = pytest.importorskip("redis")
@@ -151,3 +154,156 @@ def test_scrapy_polite_hosts_lists_what_waits_in_redis_per_host(redis_url):
     out = io.StringIO()
     assert run_command(["hosts", "--store", "memory://"], {"REDIS_URL": redis_url}, out=out, err=err) == 0
     assert "shared frontier" not in out.getvalue()
+
+
+# --------------------------------------------------------------------------------------------------
+# A deferred request is written back as the scheduler handed it out (issue 30, finding 5)
+
+
+def this_workers_middlewares(request: Request, agent: str) -> None:
+    """What Scrapy's downloader middlewares of one worker do to a request before it is sent: its
+    ``User-Agent`` (UserAgentMiddleware), the ``Cookie`` of its jar, which the host filled with a Set-Cookie
+    (CookiesMiddleware), ``download_timeout`` (DownloadTimeoutMiddleware), and an ``Authorization`` header as
+    HttpAuthMiddleware sets it."""
+    from scrapy.downloadermiddlewares.cookies import CookiesMiddleware
+    from scrapy.downloadermiddlewares.downloadtimeout import DownloadTimeoutMiddleware
+    from scrapy.downloadermiddlewares.useragent import UserAgentMiddleware
+    from scrapy.http import HtmlResponse
+    from scrapy.utils.test import get_crawler
+
+    crawler = get_crawler(settings_dict={"USER_AGENT": agent, "DOWNLOAD_TIMEOUT": 7})
+    cookies = CookiesMiddleware.from_crawler(crawler)
+    first_page = Request("http://a.test/")
+    cookies.process_response(first_page, HtmlResponse("http://a.test/", request=first_page,
+                                                      headers={"Set-Cookie": "session=first-worker-secret"}))
+    for mw in (UserAgentMiddleware.from_crawler(crawler), cookies, DownloadTimeoutMiddleware.from_crawler(crawler)):
+        if hasattr(mw, "spider_opened") and mw is not cookies:
+            mw.spider_opened(SimpleNamespace(name="s"))
+        assert mw.process_request(request) is None
+    request.headers[b"Authorization"] = b"Basic Zmlyc3Q6c2VjcmV0"
+
+
+@pytest.mark.parametrize("ended_first", [False, True])
+def test_a_deferred_request_is_written_back_as_the_scheduler_handed_it_out(redis_url, ended_first):
+    """The record another worker takes has none of the headers, cookies or meta the first worker's downloader
+    middlewares added (its User-Agent, its jar's Cookie, Authorization, download_timeout), keeps what the
+    spider gave the request and its throttle-retry count; the first worker's own request is not changed.
+    ``ended_first``: a throttle retry, whose response ended the lease on the same reactor turn.
+    Negative control: before the fix, the mutated request was serialised, and this test fails on its
+    User-Agent, Cookie and Authorization."""
+    farm = Farm(redis_url)
+    farm.queue.push(Request("http://a.test/p", headers={"X-Spider": "mine"}, cookies={"spider": "1"},
+                            meta={"feed": "x"}))
+    first, second = farm.worker(), farm.worker()
+    request, _ = first.take(set())
+    this_workers_middlewares(request, "first-worker")
+    assert request.headers[b"User-Agent"] == b"first-worker"  # the middlewares did run
+    assert b"first-worker-secret" in request.headers[b"Cookie"] and request.meta["download_timeout"] == 7
+    request.meta["polite_throttle_retries"] = 1  # its response was a throttle
+    if ended_first:
+        first.end(request)
+    assert first.hold(request, "a.test", 0.0)
+    first.settle()
+    again, host = second.take(set(), queue=False)
+    assert (again.url, host) == ("http://a.test/p", "a.test")
+    sent = {k.decode().lower(): v for k, v in again.headers.items()}
+    assert "user-agent" not in sent and "cookie" not in sent and "authorization" not in sent, sent
+    assert sent["x-spider"] == [b"mine"] and again.cookies == {"spider": "1"}
+    assert "download_timeout" not in again.meta, again.meta
+    assert again.meta["feed"] == "x" and again.meta["polite_throttle_retries"] == 1
+    assert again.meta[LEASE_META] != request.meta[LEASE_META]  # the second worker's own lease
+    # The first worker's request is as its middlewares left it.
+    assert request.headers[b"User-Agent"] == b"first-worker" and b"Cookie" in request.headers
+    assert request.meta["download_timeout"] == 7
+
+
+# --------------------------------------------------------------------------------------------------
+# Leases per worker, live or not (issue 30, finding 3)
+
+
+def stop_renewing(farm: Farm, frontier: RedisFrontier, ago: float, back_in: float) -> None:
+    """Make ``frontier`` look like a worker that last renewed ``ago`` s ago and whose leases come back in
+    ``back_in`` s (the server's clock), as a worker killed ``ago`` s ago with a lease of ``ago + back_in`` s."""
+    seconds, micros = farm.client.time()
+    now = seconds + micros / 1e6
+    farm.client.zadd(f"{frontier.key}:renewed", {frontier.worker: now - ago})
+    farm.client.zadd(f"{frontier.key}:workers", {frontier.worker: now + back_in})
+
+
+def test_leases_are_listed_per_worker_renewing_or_not(redis_url):
+    """The closing log and ``scrapy polite hosts`` list what each other worker leases, whether it renews, and
+    when the leases of one that stopped renewing come back. Negative control: a frontier holding only leases
+    (nothing held, nothing returned) was not listed at all before (the command looked for held hosts only)."""
+    farm = Farm(redis_url, lease_time=30.0)
+    for i in range(3):
+        farm.queue.push(Request(f"http://a.test/{i}"))
+    dead, alive, closing = farm.worker(), farm.worker(), farm.worker()
+    dead.take(set())
+    dead.take(set())
+    alive.take(set())
+    stop_renewing(farm, dead, ago=20.0, back_in=10.0)
+    state = closing.renew()
+    rows = {w.worker: w for w in state.elsewhere}
+    assert set(rows) == {dead.worker, alive.worker} and state.others_leased == 3
+    assert rows[dead.worker].leases == 2 and not rows[dead.worker].renewing(30.0)
+    assert 19 <= rows[dead.worker].renewed_ago <= 21 and 9 <= rows[dead.worker].back_in <= 10
+    assert rows[alive.worker].leases == 1 and rows[alive.worker].renewing(30.0)
+    text = closing.describe()
+    assert f"worker {dead.worker}: 2 requests, stopped renewing 20 s ago, back in 10 s" in text, text
+    assert f"worker {alive.worker}: 1 request, renewing (last " in text, text
+    assert "3 requests leased by other workers" in text, text
+    assert len(dead.worker.split("-")) >= 3 and dead.worker.split("-")[-2] == str(os.getpid())
+    out, err = io.StringIO(), io.StringIO()
+    settings = {"SCHEDULER": "scrapy_redis.scheduler.Scheduler", "REDIS_URL": redis_url,
+                "POLITE_FRONTIER_KEY": f"{farm.spider.name}:polite", "POLITE_LEASE_TIME": 30.0}
+    assert run_command(["hosts", "--store", "memory://"], settings, out=out, err=err) == 0, err.getvalue()
+    text = out.getvalue()
+    assert f"shared frontier {farm.spider.name}:polite: 0 requests held in Redis, 0 returned, 3 leased by 2 workers" \
+        in text, text
+    lines = {line.split()[0]: line for line in text.splitlines() if line.split()[:1] in ([dead.worker],
+                                                                                           [alive.worker])}
+    assert lines[dead.worker].split()[1:4] == ["2", "20", "s"] and "come back in 10 s" in lines[dead.worker], text
+    assert lines[alive.worker].split()[1] == "1" and lines[alive.worker].endswith("renewing"), text
+
+
+def idle_worker(farm: Farm) -> SharedWorker:
+    """A worker's side of the frontier (its idle decision), with a crawler that has no engine to wake."""
+    crawler = SimpleNamespace(settings=Settings({"CONCURRENT_REQUESTS": 16}), stats=None, engine=None)
+    pacer = SimpleNamespace(inc=lambda key, count=1: farm.stats.__setitem__(key, farm.stats.get(key, 0) + count))
+    return SharedWorker(crawler, pacer, farm.worker(), inner=None)  # type: ignore[arg-type]
+
+
+def test_an_idle_worker_stays_for_the_leases_of_a_worker_that_stopped_renewing_whatever_its_window(redis_url):
+    """Idle window 2 s, leases of 30 s: the idle worker's first check finds only other workers' leases and
+    stays one beat; the next finds the live one renewed (its requests are its own) and the dead one not: it
+    stays until the dead one's leases come back, then takes them. Negative controls: once the other worker
+    renews too, the idle worker may close; with the lease time within the window, the old rule (stay for
+    any lease) holds."""
+    farm = Farm(redis_url, lease_time=30.0)
+    for i in range(3):
+        farm.queue.push(Request(f"http://a.test/{i}"))
+    survivor = idle_worker(farm)
+    dead, live = farm.worker(), farm.worker()
+    dead.take(set())
+    dead.take(set())
+    live.take(set())
+    try:
+        assert survivor.wait(2.0) == 1.0  # the first decision: one beat for the others to show they live
+        live.renew()
+        stay = survivor.wait(2.0)  # the dead worker did not renew since
+        assert stay is not None and 25 <= stay <= 30, stay
+        assert survivor.wait(2.0) is not None  # and stays while it does not
+        # Negative control: a worker that renews again is alive: nothing keeps the idle worker.
+        dead.renew()
+        assert survivor.wait(2.0) is None
+        # With POLITE_LEASE_TIME within the window, any other worker's leases keep it (the old rule).
+        assert survivor.wait(60.0) == 30.0
+        # The dead worker's leases come back: any renewal returns them, and the idle worker takes them.
+        assert survivor.wait(2.0) == 1.0  # a new decision: one beat
+        live.renew()
+        stop_renewing(farm, dead, ago=31.0, back_in=-1.0)
+        assert survivor.wait(2.0) == 0.0 and farm.stats["lease/expired"] == 2
+        taken = sorted(survivor.frontier.take(set())[0].url for _ in range(2))
+        assert taken == ["http://a.test/0", "http://a.test/1"]
+    finally:
+        survivor.stop()

@@ -119,7 +119,7 @@ class FakeScheduler:
     def ended(self, request: Any) -> None:
         pass
 
-    def shared_wait(self) -> float | None:
+    def shared_wait(self, window: float) -> float | None:
         return None
 
     def held_count(self) -> int:

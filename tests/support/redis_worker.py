@@ -12,7 +12,10 @@ worker starts reading its start URLs once each ``<label>.ready`` file has existe
 that workers started together start together, or one a known time after another), ``fetched`` (a file each parsed page is appended to, ``<status> <url>``, one
 ``write`` per page to a file opened with ``O_APPEND``, with the page's ``meta['feed']`` and its throttle
 retries, so a killed worker's pages are known) and ``out``
-(the stats and ``finish_reason`` as JSON, written when the crawl ends).
+(the stats and ``finish_reason`` as JSON, written when the crawl ends). ``"lease_wait": false`` (a negative
+control of ``tests/test_e2e_frontier_handoff.py``) switches off the idle worker's wait for the leases of a
+worker that stopped renewing: it then closes as before issue 30, when its idle window is shorter than
+``POLITE_LEASE_TIME``.
 """
 
 from __future__ import annotations
@@ -87,6 +90,10 @@ def barrier(config: dict[str, Any]) -> Callable[..., Any]:
 def main() -> None:
     with open(sys.argv[1]) as f:
         config = json.load(f)
+    if config.get("lease_wait") is False:
+        from scrapy_polite import frontier_worker
+
+        frontier_worker.stopped_leasers = lambda *args, **kwargs: []  # type: ignore[assignment]
     settings = {**FARM_SETTINGS, "USER_AGENT": config["worker"], **config["settings"]}
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(spider_class(config))
