@@ -21,7 +21,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from twisted.internet.defer import Deferred, ensureDeferred, fail
+from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.defer import Deferred, fail
 from twisted.python.failure import Failure
 
 from .policy import HostState, PacingPolicy
@@ -356,7 +357,7 @@ class TableWatch:
     def _after_loss(self, again: Callable[[], Deferred[T]]) -> Deferred[T]:
         """Restore the table (once, whatever the number of calls that found it lost), then ``again()``."""
         if self._restoring is None:
-            restoring = ensureDeferred(self._restore())
+            restoring: Deferred[None] = deferred_from_coro(self._restore())
             if restoring.called:  # an inline store: already restored
                 return restoring.addCallback(lambda _: again())
             self._restoring = restoring

@@ -10,11 +10,17 @@ whose every answer takes longer than the interval. The checks read the **server'
   off (the booking reserves the host for one interval from its start, as before) overlaps;
 * ``scrapy polite audit`` of the table's log: no violation with the hold, the ``in_flight`` pairs without it;
 * a process SIGKILLed with its request in flight: the other process books the host only once the hold's
-  bound (the request's download timeout plus the interval) has passed, never before — and soon after.
+  bound (the request's download timeout plus the interval) has passed, never before — and soon after;
+* a table that comes back empty (§6): a Redis without persistence restarted mid-crawl, a SQLite file deleted
+  under the crawl — the Crawl-delay learned before still holds after it, one WARNING, the audit names the loss.
+  Negative controls: the same crawls with the table's identity never read forget the Crawl-delay.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import time
 from typing import Any
 
@@ -24,7 +30,7 @@ from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.audit import AuditReport, audit, format_report
 from scrapy_polite.stores import StoreOptions, open_store
 from tests.support.fleet import Crawl
-from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
+from tests.support.redis_server import RedisServer, redis_url, unique_prefix  # noqa: F401
 from tests.support.server import Arrival, Reply, RequestInfo
 
 #: Seconds of slack for the arrival log (the issue's bound: every start ≥ the previous end + interval − 20 ms).
@@ -158,3 +164,129 @@ def test_a_killed_process_holds_its_host_until_the_bound_and_no_longer(table, re
     assert waited >= bound - 0.1, f"booked {waited:.3f} s after the killed request's start, bound {bound} s"
     # ...and taken soon after it: the hold of a dead process is released by itself.
     assert waited <= bound + 3.0, f"booked {waited:.3f} s after the killed request's start, bound {bound} s"
+
+
+# --------------------------------------------------------------------------------------------------
+# A table that comes back empty (docs/spec.md §6)
+
+DELAYED = "delayed.test"
+DELAYED_ADDRESS = "127.0.9.31"
+CRAWL_DELAY = 1.5
+DELAYED_PAGES = 8
+
+
+def delayed_server(arrival_server: Any, on_page: Any) -> Any:
+    """A host whose robots.txt says ``Crawl-delay: 1.5``; ``on_page(n)`` runs before the n-th page is answered."""
+    srv = arrival_server(DELAYED_ADDRESS)
+    srv.route("/robots.txt", Reply.robots(f"User-agent: *\nCrawl-delay: {CRAWL_DELAY}\n"), host=DELAYED)
+    seen = [0]
+
+    def reply(info: RequestInfo, count: int) -> Reply:
+        seen[0] += 1
+        on_page(seen[0])
+        return Reply.text(info.path)
+
+    srv.route("/p/*", reply, host=DELAYED)
+    return srv
+
+
+def delayed_settings(store: str, **overrides: Any) -> dict[str, Any]:
+    return fleet_settings(store, ROBOTSTXT_OBEY=True, POLITE_DNS_OVERRIDES={DELAYED: [DELAYED_ADDRESS]},
+                          **overrides)
+
+
+def page_gaps(srv: Any) -> list[float]:
+    pages = sorted((a for a in srv.arrivals() if a.path.startswith("/p/")), key=lambda a: a.start)
+    return [b.start - a.end for a, b in zip(pages, pages[1:])]
+
+
+def restart_empty(tmp_path: Any, arrival_server: Any, patch: list[str] | None = None
+                  ) -> tuple[Any, dict[str, Any], str, str]:
+    """One crawl of the Crawl-delay host on a Redis without persistence, restarted (empty) after the 3rd page.
+    Returns the server, the crawl's result, its log and the table's URL (the server still running)."""
+    redis_server = RedisServer(persist=False).start()
+    stopped = threading.Event()
+
+    def stop_at_3rd(n: int) -> None:
+        if n == 3 and not stopped.is_set():
+            redis_server.stop()
+            stopped.set()
+
+    srv = delayed_server(arrival_server, stop_at_3rd)
+    crawl = Crawl(tmp_path, "restarted", [srv.url(f"/p/{i}", host=DELAYED) for i in range(DELAYED_PAGES)],
+                  delayed_settings(redis_server.url, POLITE_STORE_PREFIX="t:", POLITE_STORE_TIMEOUT=30), patch=patch)
+    assert stopped.wait(60), crawl.log.read_text()[-3000:]
+    time.sleep(1.0)
+    redis_server.start()  # empty: no persistence (from the main thread: see RedisServer.start)
+    try:
+        result = crawl.result()
+    except BaseException:
+        redis_server.cleanup()
+        raise
+    return srv, result, crawl.log.read_text(), redis_server
+
+
+def test_a_redis_restarted_empty_mid_crawl_gets_back_what_the_crawl_knew(arrival_server, tmp_path):
+    srv, result, log, redis_server = restart_empty(tmp_path, arrival_server)
+    try:
+        table = {"store": redis_server.url, "POLITE_STORE_PREFIX": "t:"}
+        report = audited(table)
+    finally:
+        redis_server.cleanup()
+    gaps = page_gaps(srv)
+    assert len(gaps) == DELAYED_PAGES - 1
+    # The Crawl-delay learned before the restart still held after it.
+    assert min(gaps) >= CRAWL_DELAY - TOL, (gaps, log[-3000:])
+    stats = result["stats"]
+    assert stats["finish_reason"] == "finished" and stats["polite/store/restores"] == 1, stats
+    assert log.count("came back empty") == 1, log[-3000:]
+    # The audit names the loss instead of a truncated log, and does not vouch for the crawl: no violation since.
+    assert len(report.losses) == 1 and not report.violations and not report.ok
+    assert any(line.startswith("NOT VOUCHED FOR") for line in format_report(report, store="redis"))
+
+
+def test_negative_control_unwatched_a_redis_restarted_empty_forgets_the_crawl_delay(arrival_server, tmp_path):
+    srv, _, log, redis_server = restart_empty(tmp_path, arrival_server, patch=["no_watch"])
+    redis_server.cleanup()
+    assert min(page_gaps(srv)) < CRAWL_DELAY - 0.5, page_gaps(srv)
+    assert "came back empty" not in log
+
+
+def delete_under(tmp_path: Any, arrival_server: Any, patch: list[str] | None = None) -> tuple[Any, dict[str, Any],
+                                                                                                 str, str]:
+    """One crawl of the Crawl-delay host on a SQLite file deleted (with its -wal and -shm) after the 3rd page."""
+    path = str(tmp_path / "polite.sqlite3")
+
+    def delete_at_3rd(n: int) -> None:
+        if n == 3:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path + suffix)
+
+    srv = delayed_server(arrival_server, delete_at_3rd)
+    crawl = Crawl(tmp_path, "deleted", [srv.url(f"/p/{i}", host=DELAYED) for i in range(DELAYED_PAGES)],
+                  delayed_settings(f"sqlite:///{path}"), patch=patch)
+    result = crawl.result()
+    return srv, result, crawl.log.read_text(), path
+
+
+def test_a_sqlite_file_deleted_under_the_crawl_gets_back_what_the_crawl_knew(arrival_server, tmp_path):
+    srv, result, log, path = delete_under(tmp_path, arrival_server)
+    gaps = page_gaps(srv)
+    assert len(gaps) == DELAYED_PAGES - 1 and min(gaps) >= CRAWL_DELAY - TOL, (gaps, log[-3000:])
+    assert "was deleted under the running crawl" in log and log.count("came back empty") == 1, log[-3000:]
+    assert result["stats"]["polite/store/restores"] == 1
+    # The file at the path now holds what the crawl knew: the next run starts from it.
+    table = open_store(f"sqlite:///{path}")
+    try:
+        row = table.get(DELAYED)
+        assert row is not None and row.crawl_delay == CRAWL_DELAY
+    finally:
+        table.close()
+
+
+def test_negative_control_unwatched_a_sqlite_file_deleted_under_the_crawl_forgets_the_crawl_delay(arrival_server,
+                                                                                                  tmp_path):
+    srv, _, log, path = delete_under(tmp_path, arrival_server, patch=["no_watch"])
+    assert min(page_gaps(srv)) < CRAWL_DELAY - 0.5, page_gaps(srv)
+    assert "came back empty" not in log

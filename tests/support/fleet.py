@@ -2,9 +2,9 @@
 
 :class:`Crawl` starts one ``CrawlerProcess`` in a subprocess with :data:`CRAWL` and the settings given;
 :meth:`Crawl.result` waits for it and returns its stats, the statuses its spider saw and how far its clock
-ran ahead. A config's ``patch`` names test-only changes made before the crawl starts (``"no_hold"``: the
-booking holds no row while its request is in flight, the behaviour before the in-flight hold, for negative
-controls).
+ran ahead. A config's ``patch`` names test-only changes made before the crawl starts, for negative controls:
+``"no_hold"`` (the booking holds no row while its request is in flight, the behaviour before the in-flight hold),
+``"no_watch"`` (the table's identity is never read: a table that comes back empty goes unseen, as before).
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ def apply_patches(names: list[str]) -> None:
             from scrapy_polite import policy
 
             policy.PacingPolicy.in_flight_hold = False  # type: ignore[attr-defined]
+        elif name == "no_watch":  # the table's identity is never read: a table that comes back empty goes unseen
+            from scrapy_polite import outage
+
+            outage.TableWatch._checks = lambda self: False  # type: ignore[method-assign]
         else:  # pragma: no cover - a test's typo
             raise ValueError(f"unknown patch {name!r}")
 
