@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredList
 
 from .lifecycle import Hold, Lifecycle
 from .outage import DeferredStore
@@ -105,6 +105,8 @@ class Booker:
         self.spider_delay: float | None = None
         self._warned_no_scheduler = False
         self.download_timeout = _timeout(download_timeout) or DEFAULT_TIMEOUT
+        #: Releases of in-flight holds still being written (awaited at the crawl's close).
+        self._releasing: set[Deferred[Any]] = set()
         # Hold tokens: random in their high bits (another process's tokens differ), counted in the low ones.
         self._tokens = itertools.count((int.from_bytes(os.urandom(4), "big") << 30) | 1)
 
@@ -330,9 +332,13 @@ class Booker:
         return self._release_holds([hold]) if hold is not None else None
 
     def release_holds(self) -> Deferred[Any] | None:
-        """Release every hold still taken (the crawl's close: requests cancelled in flight leave none behind)."""
+        """Release every hold still taken, and wait for the releases under way (the crawl's close: requests
+        cancelled in flight leave none behind). None when there is nothing to wait for."""
         holds = self.lifecycle.take_holds()
-        return self._release_holds(holds) if holds else None
+        if holds:
+            self._release_holds(holds)
+        pending = list(self._releasing)
+        return DeferredList(pending, consumeErrors=True) if pending else None
 
     def _release_holds(self, holds: list[Hold]) -> Deferred[Any]:
         release = self.policy.release_hold
@@ -349,6 +355,14 @@ class Booker:
         d = self.store.update_many(list(tokens), fn)
         d.addErrback(lambda failure: logger.debug("scrapy-polite: could not release the in-flight holds %s (they end "
                                                   "at their bound): %s", sorted(tokens), failure.value))
+        if not d.called:
+            self._releasing.add(d)
+
+            def written(result: Any) -> Any:
+                self._releasing.discard(d)
+                return result
+
+            d.addBoth(written)
         return d
 
     def release(self, request: Request, host: str | None = None) -> None:

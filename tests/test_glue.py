@@ -1019,3 +1019,45 @@ async def test_a_released_address_keeps_the_interval_after_the_end_of_its_reques
     await settle()
     go_b = sent(g, rb, await again)
     assert go_b.address == A1 and go_b.sent_at >= end_a + 2.0
+
+
+# --------------------------------------------------------------------------------------------------
+# The in-flight hold's release (docs/spec.md §3, "In flight")
+
+
+def test_a_response_releases_the_hold_in_its_own_transaction():
+    g = glue(addresses={"a.example": [A1]})
+    r = request("http://a.example/")
+    book(g, r)
+    assert g.row("a.example").held_by != 0 and g.row("ip:192.0.2.1").held_by != 0
+    g.clock.advance(5.0)  # a slow answer: longer than both intervals
+    respond(g, r)
+    host, address = g.row("a.example"), g.row("ip:192.0.2.1")
+    assert (host.held_by, host.held_until, address.held_by, address.held_until) == (0, 0.0, 0, 0.0)
+    assert host.next_allowed == T0 + 5.0 + 1.0 and address.next_allowed == T0 + 5.0 + 2.0  # from the end
+
+
+def test_a_request_dropped_after_its_booking_releases_its_hold_one_interval_after_the_drop():
+    g = glue(settings={"POLITE_IP_INTERVAL": 0})
+    r = request("http://a.example/")
+    book(g, r)
+    g.clock.advance(3.0)
+    g.booker.end(r, dropped=True)  # e.g. a later middleware answered it: no download, no record
+    row = g.row("a.example")
+    assert (row.held_by, row.held_until) == (0, 0.0) and row.next_allowed == T0 + 3.0 + 1.0
+    # Negative control: a request that never booked has nothing to release.
+    other = request("http://b.example/")
+    g.booker.end(other, dropped=True)
+    assert g.row("b.example") is None
+
+
+def test_the_crawls_close_releases_the_holds_of_requests_still_in_flight():
+    g = glue(settings={"POLITE_IP_INTERVAL": 0})
+    ra, rb = request("http://a.example/"), request("http://b.example/")
+    book(g, ra)
+    book(g, rb)
+    g.clock.advance(1.5)
+    d = g.booker.release_holds()
+    assert d is None or d.called  # an inline store: written at once
+    assert g.row("a.example").held_by == 0 and g.row("b.example").held_by == 0
+    assert g.booker.release_holds() is None  # nothing left
