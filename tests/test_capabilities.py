@@ -20,7 +20,7 @@ from scrapy.utils.test import get_crawler
 from twisted.internet import defer
 
 from scrapy_polite.events import EventLog
-from scrapy_polite.outage import StoreGuard
+from scrapy_polite.outage import StoreGuard, TableWatch
 from scrapy_polite.pacer import Pacer, open_pace_table
 from scrapy_polite.policy import HostState
 from scrapy_polite.seams import ClockSync
@@ -380,7 +380,8 @@ async def test_a_store_without_a_server_clock_is_on_this_process_clock_and_fails
     pacer = _pacer(store)
     try:
         assert not pacer.server_clock
-        assert not isinstance(pacer.table, StoreGuard)  # its errors stop the crawl at once: no outage to wait out
+        # Its errors stop the crawl at once: no outage to wait out (behind the watch of a table that comes back empty).
+        assert isinstance(pacer.table, TableWatch) and not isinstance(pacer.table.store, StoreGuard)
         offset, rows = await deferred_from_coro(pacer.hosts_in_backoff())  # an asyncio task, as the crawl's
         assert offset == 0.0 and [key for key, _ in rows] == backing
     finally:
@@ -393,7 +394,7 @@ async def test_negative_control_a_server_clock_is_converted_and_its_outages_wait
     _fill(store)
     pacer = _pacer(store)
     try:
-        assert pacer.server_clock and isinstance(pacer.table, StoreGuard)
+        assert pacer.server_clock and isinstance(pacer.table, TableWatch) and isinstance(pacer.table.store, StoreGuard)
         offset, _rows = await deferred_from_coro(pacer.hosts_in_backoff())
         assert offset == pytest.approx(100.0)  # the table's times + 100 s are this process's
     finally:
