@@ -1,6 +1,7 @@
 """Every promise one process keeps, the fleet keeps: the in-flight hold (docs/spec.md §3, "In flight").
 
-Real Scrapy processes share one pace table (the default SQLite file, or Redis) and crawl one **slow** host,
+Real Scrapy processes share one pace table (the default SQLite file, or Redis; and two scrapy-redis workers on one
+Redis, the setup README's "Running many crawlers" shows) and crawl one **slow** host,
 whose every answer takes longer than the interval. The checks read the **server's** arrival log:
 
 * two processes, the pages split between them: never two requests in progress at once, every start at
@@ -29,6 +30,7 @@ import pytest
 from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.audit import AuditReport, audit, format_report
 from scrapy_polite.stores import StoreOptions, open_store
+from tests.support.farm import Worker, farm_name, farm_settings, push_requests
 from tests.support.fleet import Crawl
 from tests.support.redis_server import RedisServer, redis_url, unique_prefix  # noqa: F401
 from tests.support.server import Arrival, Reply, RequestInfo
@@ -290,3 +292,42 @@ def test_negative_control_unwatched_a_sqlite_file_deleted_under_the_crawl_forget
     srv, _, log, path = delete_under(tmp_path, arrival_server, patch=["no_watch"])
     assert min(page_gaps(srv)) < CRAWL_DELAY - 0.5, page_gaps(srv)
     assert "came back empty" not in log
+
+
+# --------------------------------------------------------------------------------------------------
+# Two scrapy-redis workers, one slow host (the setup README's "Running many crawlers" shows)
+
+FARM_ADDRESS = "127.0.18.9"
+
+
+def slow_farm(tmp_path: Any, arrival_server: Any, redis_url: str, patch: list[str] | None = None) -> Any:
+    srv = arrival_server(FARM_ADDRESS)
+    srv.route("/*", lambda info, count: Reply.text(info.path, delay=SLOW))
+    name = farm_name()
+    push_requests(redis_url, name, [srv.url(f"/p/{i}") for i in range(2 * PAGES)])
+    settings = farm_settings(redis_url, unique_prefix("farm"), POLITE_HOST_INTERVAL=INTERVAL,
+                             POLITE_IP_INTERVAL=INTERVAL, MAX_IDLE_TIME_BEFORE_CLOSE=4)
+    labels = [f"w{i}-{name[-6:]}" for i in range(2)]
+    workers = [Worker(tmp_path, label, name, settings, [[other, 0.0] for other in labels],
+                      extra={"patch": patch or []}) for label in labels]
+    for worker in workers:
+        worker.stats(timeout=120)
+    return srv, workers
+
+
+def test_two_scrapy_redis_workers_never_overlap_on_a_slow_host(arrival_server, redis_url, tmp_path):  # noqa: F811
+    srv, workers = slow_farm(tmp_path, arrival_server, redis_url)
+    hits = srv.arrivals()
+    assert sorted(a.path for a in hits) == sorted(f"/p/{i}" for i in range(2 * PAGES)), describe(hits)
+    overlaps, short = overlaps_and_gaps(hits)
+    assert not overlaps and not short, "\n".join(overlaps + short) + "\n" + describe(hits)
+    ordered = sorted(hits, key=lambda a: a.start)
+    ideal = sum(a.end - a.start for a in ordered) + INTERVAL * (len(ordered) - 1)
+    assert ordered[-1].end - ordered[0].start <= 1.1 * ideal, describe(hits)
+
+
+def test_negative_control_two_scrapy_redis_workers_without_the_hold_overlap(arrival_server, redis_url,  # noqa: F811
+                                                                            tmp_path):
+    srv, _ = slow_farm(tmp_path, arrival_server, redis_url, patch=["no_hold"])
+    overlaps, short = overlaps_and_gaps(srv.arrivals())
+    assert overlaps and short, describe(srv.arrivals())

@@ -15,7 +15,7 @@ retries, so a killed worker's pages are known) and ``out``
 (the stats and ``finish_reason`` as JSON, written when the crawl ends). ``"lease_wait": false`` (a negative
 control of ``tests/test_e2e_frontier_handoff.py``) switches off the idle worker's wait for the leases of a
 worker that stopped renewing: it then closes as before issue 30, when its idle window is shorter than
-``POLITE_LEASE_TIME``.
+``POLITE_LEASE_TIME``. ``"patch"``: the names of :func:`tests.support.fleet.apply_patches` (``["no_hold"]``).
 """
 
 from __future__ import annotations
@@ -90,6 +90,9 @@ def barrier(config: dict[str, Any]) -> Callable[..., Any]:
 def main() -> None:
     with open(sys.argv[1]) as f:
         config = json.load(f)
+    from tests.support.fleet import apply_patches
+
+    apply_patches(config.get("patch", []))  # test-only changes (negative controls), as tests/support/fleet.py's
     if config.get("lease_wait") is False:
         from scrapy_polite import frontier_worker
 
