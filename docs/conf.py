@@ -22,7 +22,7 @@ import scrapy_polite  # noqa: E402
 
 project = "scrapy-polite"
 author = "the scrapy-polite developers"
-copyright = "the scrapy-polite developers"  # noqa: A001
+copyright = "the scrapy-polite developers"
 release = version = scrapy_polite.__version__
 
 extensions = [

@@ -667,7 +667,8 @@ def _field_words(name: str, value: Any, now: float) -> str:
 
 # -- the command line: argparse sub-commands ---------------------------------------------------------------------
 
-#: Each verb's line in ``scrapy polite --help`` (README's command section says the same, word for word).
+#: Each verb's line in ``scrapy polite --help`` (docs/guides/operating.md's command block says the same, word for
+#: word).
 VERB_HELP = {
     "hosts": "every host, sorted by when it is due",
     "show": "one host, its address rows, its recent events",

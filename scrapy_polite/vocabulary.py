@@ -35,7 +35,7 @@ __all__ = [
     "LEASE_META",
     "PINNED_META",
     "PROXY_COUNTED_META",
-    "PUBLIC_META",
+    "META_MEANINGS",
     "QUOTA_SERIAL_META",
     "REFUSAL_REASONS",
     "RefusalReason",
@@ -85,7 +85,7 @@ PROXY_COUNTED_META: Final = "_polite_proxy_counted"
 #: The meta keys a user may read or set, each with what it means (the reference lists them, in this order):
 #: the constant's name → (who sets it, its meaning). The package's own marks (leading underscore) and the
 #: frontier's lease are not listed.
-PUBLIC_META: Final[Mapping[str, tuple[str, str]]] = MappingProxyType({
+META_MEANINGS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType({
     "DELAY_META": ("you", "seconds: a larger interval after this request's response (e.g. an expensive search "
                           "page); a value that is not a number of seconds >= 0 is ignored, logged and counted "
                           "(`polite/invalid_meta`)"),

@@ -3,7 +3,7 @@
 * ``reference/generated/settings.md`` from :data:`scrapy_polite.settings.SETTINGS` (name, type, default, doc,
   caveats as admonitions) and :data:`~scrapy_polite.settings.DEFAULTS`;
 * ``reference/generated/stats.md`` from :data:`scrapy_polite.vocabulary.STATS`;
-* ``reference/generated/meta.md`` from :data:`scrapy_polite.vocabulary.PUBLIC_META` and the ``*_META`` constants;
+* ``reference/generated/meta.md`` from :data:`scrapy_polite.vocabulary.META_MEANINGS` and the ``*_META`` constants;
 * ``reference/generated/reasons.md``: the close reasons (:data:`~scrapy_polite.vocabulary.CLOSE_REASON_MEANINGS`),
   the deferral and refusal reasons and the event kinds (:mod:`scrapy_polite.events`' words), and the Scrapy
   signals the add-on connects to (found in its source);
@@ -25,6 +25,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from scrapy_polite import commands, events, vocabulary
+from scrapy_polite import settings as polite_settings
 
 DOCS = Path(__file__).resolve().parent.parent
 PACKAGE = DOCS.parent / "scrapy_polite"
@@ -61,8 +64,7 @@ def _admonition(kind: str, text: str) -> str:
 
 
 def settings_page() -> str:
-    from scrapy_polite.settings import DEFAULTS, SETTINGS
-
+    DEFAULTS, SETTINGS = polite_settings.DEFAULTS, polite_settings.SETTINGS  # noqa: N806 (the module's names)
     names = [s.name for s in SETTINGS]
     if sorted(names) != sorted(DEFAULTS):  # the table and the defaults name the same settings, each once
         raise ValueError("scrapy_polite.settings.SETTINGS and DEFAULTS differ: "
@@ -92,8 +94,7 @@ def settings_page() -> str:
 
 
 def stats_page() -> str:
-    from scrapy_polite.vocabulary import STATS
-
+    STATS = vocabulary.STATS  # noqa: N806
     lines = [_GENERATED, "# Stats\n\n",
              "Every `polite/...` key scrapy-polite sets in the crawl's stats (Scrapy's stats collector; printed at "
              "the crawl's close with the others). `<reason>`, `<status>` and `<handler>` stand for one word each. "
@@ -108,15 +109,13 @@ def stats_page() -> str:
 
 
 def meta_page() -> str:
-    from scrapy_polite import vocabulary
-
     lines = [_GENERATED, "# Request meta keys\n\n",
              "Each key is named once, in {py:mod}`scrapy_polite.vocabulary` (the constant shown), so a spider can "
              "write `meta={DELAY_META: 5}` instead of spelling the key. Scrapy's own `dont_retry` is honoured too: "
              "with it, scrapy-polite does not retry the request's throttled responses either.\n\n"]
     for who, title in (("you", "Keys you set"), ("the package", "Keys the package sets on a request it paces")):
         lines.append(f"## {title}\n\n")
-        for name, (setter, meaning) in vocabulary.PUBLIC_META.items():
+        for name, (setter, meaning) in vocabulary.META_MEANINGS.items():
             if setter == who:
                 key = getattr(vocabulary, name)
                 lines.append(f"```{{meta}} {key}\n```\n`{key}` ({{py:data}}`~scrapy_polite.vocabulary.{name}`)\n"
@@ -153,9 +152,8 @@ def connected_signals() -> list[str]:
 
 
 def reasons_page() -> str:
-    from scrapy_polite import events
-    from scrapy_polite.vocabulary import CLOSE_REASON_MEANINGS, CLOSE_REASONS, EVENT_KINDS, FAILED_CLOSE_REASONS
-
+    CLOSE_REASON_MEANINGS, CLOSE_REASONS = vocabulary.CLOSE_REASON_MEANINGS, vocabulary.CLOSE_REASONS  # noqa: N806
+    EVENT_KINDS, FAILED_CLOSE_REASONS = vocabulary.EVENT_KINDS, vocabulary.FAILED_CLOSE_REASONS  # noqa: N806
     if list(CLOSE_REASON_MEANINGS) != list(CLOSE_REASONS):
         raise ValueError("CLOSE_REASON_MEANINGS must give every close reason, in CLOSE_REASONS' order")
     lines = [_GENERATED, "# Close reasons, signals and the words of the log\n\n", "## Close reasons\n\n",
@@ -204,18 +202,14 @@ EXIT_WORDS = {
 
 def verb_help(verb: str | None) -> str:
     """What ``scrapy polite [VERB] --help`` prints."""
-    from scrapy_polite.commands import run_command
-
     out, err = io.StringIO(), io.StringIO()
-    status = run_command([verb, "--help"] if verb else ["--help"], out=out, err=err)
+    status = commands.run_command([verb, "--help"] if verb else ["--help"], out=out, err=err)
     if status != 0:
         raise ValueError(f"scrapy polite {verb} --help exited {status}: {err.getvalue()}")
     return out.getvalue().rstrip()
 
 
 def command_page() -> str:
-    from scrapy_polite import commands
-
     constants = [n for n in commands.__all__ if n.startswith("EXIT_")]
     if set(constants) != set(EXIT_WORDS):
         raise ValueError(f"EXIT_WORDS must give every exit status of scrapy_polite.commands: {sorted(constants)}")
