@@ -83,17 +83,17 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_MAX_FAILURE_BACKOFF": 60.0,  # the backoff cap after download failures (a host that is down)
     "POLITE_THROTTLE_RETRIES": 10,  # retries of a throttled page by the package, besides RETRY_TIMES
     "POLITE_RATELIMIT_HEADERS": True,  # read RateLimit-Policy / RateLimit / X-RateLimit-* (announced quotas)
-    "POLITE_ADAPTIVE": False,  # latency-aware pacing inside the floor (README, "Adaptive pacing")
+    "POLITE_ADAPTIVE": False,  # latency-aware pacing inside the floor (docs/guides/adaptive.md)
     "POLITE_ADAPTIVE_FACTOR": 2.0,  # the interval is at least this many times the host's smoothed latency
     "POLITE_ADAPTIVE_MAX": 60.0,  # the largest interval adaptive pacing sets (a larger floor still wins)
     "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE": False,  # run POLITE_ADAPTIVE and AUTOTHROTTLE_ENABLED together
     "POLITE_MAX_IDLE_WAIT": 300.0,
-    "POLITE_MAX_HELD_IN_MEMORY": 10_000,  # held requests beyond it are kept on disk (README)
+    "POLITE_MAX_HELD_IN_MEMORY": 10_000,  # held requests beyond it are kept on disk (docs/guides/throttles.md)
     "POLITE_STORE": None,  # None: sqlite in the project's data dir (.scrapy/polite.sqlite3)
     "POLITE_STORE_EXPIRE": 30 * 24 * 3600.0,
     "POLITE_STORE_PREFIX": "polite:",  # the keys of a table in a shared server (Redis)
     "POLITE_STORE_TIMEOUT": 60.0,
-    "POLITE_EVENT_LOG": True,  # the event log beside the pace table (README, "The event log")
+    "POLITE_EVENT_LOG": True,  # the event log beside the pace table (docs/guides/operating.md, "The event log")
     "POLITE_EVENT_LOG_SIZE": 100_000,  # the most events one table keeps; the oldest are deleted first
     "POLITE_HOST_DELAYS": {},
     "POLITE_SCHEDULER_BASE": "scrapy.core.scheduler.Scheduler",
@@ -102,7 +102,7 @@ DEFAULTS: dict[str, Any] = {
     "POLITE_LEASE_TIME": 60.0,  # seconds a worker's leases last without renewal (renewed every second)
     "POLITE_ALLOW_PRIVATE": False,
     "POLITE_ALLOWED_NETWORKS": [],
-    "POLITE_CHECKED_HANDLERS": [],  # download handlers accepted with the weaker "checked" address rule (README)
+    "POLITE_CHECKED_HANDLERS": [],  # handlers accepted with the weaker "checked" rule (docs/guides/safety.md)
     "POLITE_DNS_OVERRIDES": {},
     "POLITE_DNS_NAMESERVERS": [],
     "POLITE_DNS_TIMEOUT": 5.0,
@@ -727,7 +727,7 @@ def _store_prefix(settings: BaseSettings) -> str:
 
 
 def _adaptive(settings: BaseSettings) -> AdaptivePolicy | None:
-    """``POLITE_ADAPTIVE``'s rules, or None when it is off (README, "Adaptive pacing").
+    """``POLITE_ADAPTIVE``'s rules, or None when it is off (docs/guides/adaptive.md).
 
     Raises:
         SettingsError: a ``POLITE_ADAPTIVE_FACTOR`` <= 0 or a bad ``POLITE_ADAPTIVE_MAX``; ``AUTOTHROTTLE_ENABLED``
