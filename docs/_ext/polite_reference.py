@@ -11,7 +11,7 @@
   and the exit statuses (:mod:`scrapy_polite.commands`).
 
 As a Sphinx extension it writes the pages when the build starts (only those whose text changed), and declares
-the object types ``setting``, ``stat``, ``meta`` and ``closereason``: the pages declare each name
+the cross-reference types ``setting``, ``stat``, ``meta`` and ``closereason``: the pages declare each name
 (```` ```{setting} POLITE_HOST_INTERVAL ```` ), and every other page cites one with a role
 (``{setting}`POLITE_HOST_INTERVAL``), which ``sphinx-build -n`` checks. tests/test_docs.py imports the same
 functions to check the pages against the code.
@@ -265,7 +265,7 @@ def _restore_data_doc(app: Any, what: str, name: str, obj: Any, options: Any, li
 
 def setup(app: Any) -> dict[str, Any]:
     for name, index in OBJECT_TYPES:
-        app.add_object_type(name, name, index)
+        app.add_crossref_type(name, name, index)  # a target and an index entry, nothing shown
     app.connect("builder-inited", lambda _app: write_pages())
     app.connect("autodoc-process-docstring", _keep_data_doc, priority=400)
     app.connect("autodoc-process-docstring", _restore_data_doc, priority=600)
