@@ -8,7 +8,8 @@ It installs
 * :class:`~scrapy_polite.extension.PoliteExtension`;
 * :class:`~scrapy_polite.scheduler.PoliteScheduler` as ``SCHEDULER``, wrapping the project's own scheduler
   (moved to ``POLITE_SCHEDULER_BASE``);
-* the ``POLITE_*`` defaults (README), at add-on priority, so project and spider settings override them;
+* the ``POLITE_*`` defaults (:data:`scrapy_polite.settings.DEFAULTS`), at add-on priority, so project and
+  spider settings override them;
 * the ``scrapy check`` contracts ``@polite_delay``, ``@public_only`` and ``@paced_requests``
   (:mod:`scrapy_polite.contracts`) in ``SPIDER_CONTRACTS`` of the process settings.
 
@@ -60,7 +61,7 @@ PLAYWRIGHT_CONTEXTS = "PLAYWRIGHT_CONTEXTS"
 MIDDLEWARE_PRIORITY = 950
 EARLY_MIDDLEWARE = "scrapy_polite.middleware.PoliteEarlyDeferMiddleware"
 EARLY_MIDDLEWARE_PRIORITY = 50
-#: The ``scrapy check`` contracts (README, "Contracts"), by ``SPIDER_CONTRACTS`` priority.
+#: The ``scrapy check`` contracts (docs/guides/contracts.md), by ``SPIDER_CONTRACTS`` priority.
 CONTRACTS = {
     "scrapy_polite.contracts.PoliteDelayContract": 50,
     "scrapy_polite.contracts.PublicOnlyContract": 51,

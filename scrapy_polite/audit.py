@@ -1,4 +1,5 @@
-"""The audit of a crawl's event log (docs/spec.md §8, README "Auditing a crawl"): pure functions, no I/O.
+"""The audit of a crawl's event log (docs/spec.md §8, docs/guides/operating.md, "Auditing a crawl"): pure functions,
+no I/O.
 
 :func:`audit` takes the events of a store's log (:class:`~scrapy_polite.stores.Event`, oldest first) and the
 address rules the crawl ran with, and checks, per host and per address, the rules the crawl promised to keep:
@@ -636,7 +637,7 @@ def _violation_words(violation: Violation) -> list[str]:
 
 def format_report(report: AuditReport, *, store: str, throttles_shown: int = 5) -> list[str]:
     """The audit in words, one line per host and per address, then every violation with its two requests
-    (README, "Auditing a crawl").
+    (docs/guides/operating.md, "Auditing a crawl").
 
     Args:
         report: :func:`audit`'s result.
@@ -695,8 +696,8 @@ def _event_json(event: Event | None) -> dict[str, Any] | None:
 
 
 def report_json(report: AuditReport, *, store: str) -> dict[str, Any]:
-    """The audit as JSON data (``scrapy polite audit --json``; README, "Auditing a crawl"): the keys are the
-    words of :func:`format_report`, underscored; durations in seconds, times in epoch seconds."""
+    """The audit as JSON data (``scrapy polite audit --json``; docs/guides/operating.md, "Auditing a crawl"): the keys
+    are the words of :func:`format_report`, underscored; durations in seconds, times in epoch seconds."""
     return {
         "store": store, "ok": report.ok, "events": report.events, "sources": report.sources,
         "losses": [{"at": loss.at, "source": loss.source, "rows": loss.rows, "since": loss.since}

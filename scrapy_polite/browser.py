@@ -12,9 +12,9 @@ every one of them (and about the page request itself) before the browser sends i
 each counted in ``polite/unpinned/browser_aborted``. A page's direct request for ``169.254.169.254`` is
 then aborted; but Playwright asks the predicate only about the first URL of a redirect chain (an allowed URL
 redirecting to an internal address reaches it), and popups (``window.open``), WebSockets and service workers
-are not intercepted (the add-on blocks service workers in ``PLAYWRIGHT_CONTEXTS``): README, "Known limits of
-the browser guard". The browser resolves names itself, so, as for every *checked* handler, a DNS answer that
-changes between the check and the browser's own lookup is not caught.
+are not intercepted (the add-on blocks service workers in ``PLAYWRIGHT_CONTEXTS``): docs/guides/safety.md,
+"Known limits of the browser guard". The browser resolves names itself, so, as for every *checked* handler, a DNS
+answer that changes between the check and the browser's own lookup is not caught.
 
 The guard needs no import of Playwright: it reads only the request's ``url``.
 """

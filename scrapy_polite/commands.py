@@ -1,4 +1,4 @@
-"""``scrapy polite`` — the operator command for the pace table and its event log (README, "The operator command").
+"""``scrapy polite`` — the operator command for the pace table and its event log (docs/guides/operating.md).
 
 Usage (inside a Scrapy project, or with ``--store URI`` / ``-s POLITE_STORE=...``; every store URI works)::
 
@@ -327,7 +327,7 @@ _SHOWN_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "updated", 
 
 
 def _quota_cells(state: HostState, now: float) -> list[tuple[str, str]]:
-    """The announced quota's lines of ``show`` (README, "Announced quotas"): ``rate limit`` (the interval its
+    """The announced quota's lines of ``show`` (docs/guides/quotas.md): ``rate limit`` (the interval its
     quota allows, seconds) when recorded, and ``quota spent`` (held until its reset) while the hold lasts."""
     cells = []
     if state.ratelimit_interval:
@@ -667,7 +667,8 @@ def _field_words(name: str, value: Any, now: float) -> str:
 
 # -- the command line: argparse sub-commands ---------------------------------------------------------------------
 
-#: Each verb's line in ``scrapy polite --help`` (README's command section says the same, word for word).
+#: Each verb's line in ``scrapy polite --help`` (docs/guides/operating.md's command block says the same, word for
+#: word).
 VERB_HELP = {
     "hosts": "every host, sorted by when it is due",
     "show": "one host, its address rows, its recent events",

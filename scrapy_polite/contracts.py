@@ -1,4 +1,4 @@
-"""Contracts for ``scrapy check`` (README, "Contracts"): a spider states how politely it crawls, and
+"""Contracts for ``scrapy check`` (docs/guides/contracts.md): a spider states how politely it crawls, and
 ``scrapy check`` asserts it on a real request.
 
 The add-on registers them in ``SPIDER_CONTRACTS`` (``ADDONS = {"scrapy_polite.Addon": 0}`` in the project

@@ -1,5 +1,5 @@
-"""The event log of a crawl (README, "The event log"): what happened to each host and when, by the store's
-clock, kept beside the pace table and shared by every process that uses the same store.
+"""The event log of a crawl (docs/guides/operating.md, "The event log"): what happened to each host and when, by the
+store's clock, kept beside the pace table and shared by every process that uses the same store.
 
 The glue units call one small seam, an :class:`EventLog` (``Report.events``): each call appends one
 :class:`~scrapy_polite.stores.Event` to a buffer in memory, nothing more, so the reactor's hot path pays for a
@@ -281,7 +281,7 @@ class EventLog:
         return self.flush()
 
 
-#: The user's words for a deferral reason and a refusal reason (the closing summary's, README "Stats").
+#: The user's words for a deferral reason and a refusal reason (the closing summary's, docs/getting-started.md).
 DEFERRAL_WORDS = {"throttled": "throttled", "ratelimit": "rate limit", "crawl_delay": "Crawl-delay",
                   "line": "line busy", "ip_line": "address busy"}
 REFUSAL_WORDS = {"non_public": "non-public", "no_host": "no host", "invalid_host": "invalid host"}

@@ -7,7 +7,8 @@
   hosts that start in backoff from the persisted table are listed once at INFO, with the
   ``scrapy polite reset`` command that clears them; a progress line is logged at INFO every
   ``LOGSTATS_INTERVAL`` seconds while requests are held or hosts back off (:mod:`scrapy_polite.summary`);
-* ``spider_closed`` — the INFO summary in README's words (:func:`~scrapy_polite.summary.format_summary`)
+* ``spider_closed`` — the INFO summary in the documentation's words (docs/getting-started.md,
+  :func:`~scrapy_polite.summary.format_summary`)
   and the store is closed. A crawl the add-on stopped (``polite_store_error``, ``polite_resolver_missing``)
   is counted as failed, so that ``scrapy crawl`` exits with status 1 (docs/spec.md §7).
 
@@ -17,7 +18,7 @@ pace table it opened, so that the refused process exits.
 
 Responses and failures are recorded by the pacer (:meth:`Pacer.response_downloaded
 <scrapy_polite.pacer.Pacer.response_downloaded>`, connected by the pacing middleware). Stats are under
-``polite/`` (see README).
+``polite/`` (:data:`scrapy_polite.vocabulary.STATS`).
 """
 
 from __future__ import annotations

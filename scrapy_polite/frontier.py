@@ -1,5 +1,5 @@
 """The shared frontier: deferred and in-flight requests of a scrapy-redis crawl live in Redis
-(docs/spec.md §5, "The shared frontier"; README "Running many crawlers").
+(docs/spec.md §5, "The shared frontier"; docs/guides/many-crawlers.md).
 
 With scrapy-redis's scheduler (``scrapy_redis.scheduler.Scheduler``, wrapped by
 :class:`~scrapy_polite.scheduler.PoliteScheduler`), every worker shares one queue in Redis. The

@@ -1,6 +1,6 @@
 """What a shared frontier holds, read from Redis: per host (held requests), per worker (leased requests), and
-the words the logs and ``scrapy polite hosts`` use for them (docs/spec.md §5, "The shared frontier"; README
-"Running many crawlers").
+the words the logs and ``scrapy polite hosts`` use for them (docs/spec.md §5, "The shared frontier";
+docs/guides/many-crawlers.md).
 
 :mod:`scrapy_polite.frontier` takes, holds and ends requests; this module only reads. Its Lua fragments are
 shared by the frontier's scripts (:data:`NOW_LUA`, :data:`LEASERS_LUA`), so that a worker deciding whether

@@ -1,5 +1,5 @@
-"""This worker's side of the shared frontier (docs/spec.md §5, "The shared frontier"; README "Running many
-crawlers"): what :class:`~scrapy_polite.scheduler.PoliteScheduler` does with a scrapy-redis scheduler.
+"""This worker's side of the shared frontier (docs/spec.md §5, "The shared frontier"; docs/guides/many-crawlers.md):
+what :class:`~scrapy_polite.scheduler.PoliteScheduler` does with a scrapy-redis scheduler.
 
 * it **takes** from the frontier (:class:`~scrapy_polite.frontier.RedisFrontier`) only while the requests in
   its downloader plus those it holds for its lines are fewer than ``CONCURRENT_REQUESTS``;

@@ -72,7 +72,7 @@ class _Family:
     replacement: str | None = None
 
 
-#: Every handler the add-on knows (README, "Download handlers"), by import path.
+#: Every handler the add-on knows (docs/guides/safety.md, "Download handlers"), by import path.
 HANDLER_FAMILIES: dict[str, _Family] = {
     "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER),
     "scrapy.core.downloader.handlers.http.HTTPDownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER),
@@ -172,13 +172,13 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
                 f"scrapy-polite does not know DOWNLOAD_HANDLERS[{scheme!r}] = {path!r}: that handler may resolve "
                 "host names itself, so non-public addresses could be reached. Remove that DOWNLOAD_HANDLERS "
                 f"entry (scrapy-polite installs {PINNED_HTTP11_HANDLER}), or accept it with its weaker address "
-                f"check: POLITE_CHECKED_HANDLERS = [{path!r}] (README, \"Download handlers\").")
+                f"check: POLITE_CHECKED_HANDLERS = [{path!r}] (docs/guides/safety.md, \"Download handlers\").")
     return modes
 
 
 def log_modes(modes: dict[str, SchemeMode]) -> None:
     """Log the start-up line naming each scheme's mode, and one INFO line per checked handler saying what
-    remains unguaranteed (README, "Download handlers")."""
+    remains unguaranteed (docs/guides/safety.md, "Download handlers")."""
     logger.info("scrapy-polite: address rules per scheme: %s",
                 ", ".join(f"{m.scheme}: {m.mode} ({m.label})" for m in modes.values()))
     seen: set[str] = set()

@@ -10,9 +10,9 @@ throttle is not passed on: the same request goes back to the scheduler to be hel
 to ``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.retrying`), so throttles never use up
 ``RETRY_TIMES``.
 
-Settings: ``POLITE_ENABLED`` and the ``POLITE_*`` table in README. Request meta: ``polite_delay``
-(seconds, a larger interval for this request's host), ``polite_burst`` (segments of one stream: skip the
-ordinary interval unless the host is throttling), ``dont_pace`` (exempt, counted in stats).
+Settings: ``POLITE_ENABLED`` and the ``POLITE_*`` settings (:data:`scrapy_polite.settings.SETTINGS`).
+Request meta: ``polite_delay`` (seconds, a larger interval for this request's host), ``polite_burst`` (segments of
+one stream: skip the ordinary interval unless the host is throttling), ``dont_pace`` (exempt, counted in stats).
 
 Enable it with the add-on (``ADDONS = {"scrapy_polite.Addon": 0}``), which puts it at priority 950: after
 the HTTP cache (a cached response is not a request to the host) and closest to the download handler.

@@ -169,7 +169,8 @@ class Pacer:
         # Only a server store (Redis: it has a clock of its own) has outages to wait out; the embedded
         # stores (SQLite, memory) fail closed at once, so their calls skip the guard.
         self.table: DeferredStore = self.guard if self.sync.server_clock else store
-        #: The event log (README, "The event log"): batches written beside the pace table, off the hot path.
+        #: The event log (docs/guides/operating.md, "The event log"): batches written beside the pace table, off the
+        #: hot path.
         self.events = EventLog(store if config.event_log else None, self.sync, call_later=call_later,
                                inc=self.report.inc, table=table_name(self._backend))
         self.report.events = self.events

@@ -1,7 +1,7 @@
 """What one crawl saw, per host: the counters behind the closing summary, the example's table and the
-``polite/...`` stats (README, "Stats").
+``polite/...`` stats (docs/reference: stats).
 
-The counters speak the user's words, the same in README ("Stats"), the closing summary
+The counters speak the user's words, the same in the documentation (docs/getting-started.md), the closing summary
 (:mod:`scrapy_polite.summary`), the progress lines and ``scrapy polite``:
 
 * **requests** — requests sent to the host (booked on it);

@@ -1,8 +1,8 @@
-"""What the crawl tells its user at INFO, in the words of README ("Stats"): the closing summary, the live
-progress line (every ``LOGSTATS_INTERVAL`` seconds) and the hosts that start in backoff.
+"""What the crawl tells its user at INFO, in the words of docs/getting-started.md ("The words"): the closing summary,
+the live progress line (every ``LOGSTATS_INTERVAL`` seconds) and the hosts that start in backoff.
 
 Pure formatting: counters (:class:`~scrapy_polite.reporting.Report`) and times in, text out. The words are
-the same everywhere (README, the summary, ``scrapy polite``): **requests**, **given up**, **throttles**,
+the same everywhere (the documentation, the summary, ``scrapy polite``): **requests**, **given up**, **throttles**,
 **backoff steps**, **backing off**, **turn waits**, **deferred** (``throttled``, ``Crawl-delay``),
 **refused** (``non-public``, ``no host``), **held**, **due**.
 """
@@ -30,7 +30,7 @@ __all__ = [
 #: How a deferral reason is named to the user (one table for the summary, the event log and the timeline).
 REASON_WORDS = DEFERRAL_WORDS
 
-#: The per-host columns of the summary (README, "Stats").
+#: The per-host columns of the summary (docs/reference: stats).
 COLUMNS = ("host", "requests", "given up", "throttles", "backoff steps", "backing off", "turn waits",
            "deferred", "refused")
 

@@ -1,4 +1,4 @@
-"""The timeline picture of the event log (``scrapy polite timeline``, README "The timeline").
+"""The timeline picture of the event log (``scrapy polite timeline``, docs/guides/operating.md, "The timeline").
 
 :func:`timeline_html` draws events (:class:`~scrapy_polite.stores.Event`) as **one self-contained HTML file**:
 inline SVG, CSS and a few lines of script, a ``Content-Security-Policy`` of ``default-src 'none'``, so opening
@@ -211,7 +211,7 @@ def _shape(tag: str, attrs: str, tip: str, standalone: bool) -> str:
 
 def _legend(top: float) -> str:
     """The legend as SVG: the outcome colours, then the windows, waits, deferrals and points (same words as
-    README "The timeline")."""
+    docs/guides/operating.md, "The timeline")."""
     items: list[tuple[str, str]] = [
         (f'<rect width="14" height="12" rx="2" fill="{colour}"/>', name) for name, colour in OUTCOME_COLOURS.items()]
     items += [(f'<rect width="14" height="12" rx="2" fill="{_WINDOW_FILL["backoff"]}"/>', "backoff window"),

@@ -515,14 +515,15 @@ def verb_lines(text: str) -> dict[str, str]:
     return {m[1]: m[2] for m in re.finditer(r"^  ([a-z-]+) {2,}(\S.*)$", text, re.M) if m[1] in VERBS}
 
 
-def readme_verb_lines() -> dict[str, str]:
-    """The verbs and their comments in README's command block (``scrapy polite VERB ...  # words``)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def guide_verb_lines() -> dict[str, str]:
+    """The verbs and their comments in the operating guide's command block (``scrapy polite VERB ...  # words``;
+    docs/guides/operating.md)."""
+    text = (ROOT / "docs" / "guides" / "operating.md").read_text(encoding="utf-8")
     block = text.split("## The operator command\n\n```sh\n", 1)[1].split("```", 1)[0]
     return {m[1]: m[2] for m in re.finditer(r"^scrapy polite ([a-z-]+) .*?  # (.*)$", block, re.M) if m[1] in VERBS}
 
 
-def test_help_lists_every_verb_in_the_readme_words(tmp_path):
+def test_help_lists_every_verb_in_the_guide_s_words(tmp_path):
     missing = f"sqlite:///{tmp_path}/missing.sqlite3"
     for argv in (["--help"], ["-h"], ["--store", missing, "--help"], ["-s", "POLITE_ENABLED=1", "-h"]):
         out, err = io.StringIO(), io.StringIO()
@@ -532,7 +533,7 @@ def test_help_lists_every_verb_in_the_readme_words(tmp_path):
         assert verb_lines(text) == VERB_HELP, text  # every verb, one line each, in VERB_HELP's words
         assert "--store URI" in text and "-s NAME=VALUE" in text and "exit status:" in text
     assert list(VERB_HELP) == list(VERBS)
-    assert readme_verb_lines() == VERB_HELP  # README's command section says the same, word for word
+    assert guide_verb_lines() == VERB_HELP  # the operating guide's command block says the same, word for word
     assert not (tmp_path / "missing.sqlite3").exists()  # help opens no store
 
 

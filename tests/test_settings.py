@@ -430,7 +430,7 @@ def test_warn_unknown_settings_logs_one_warning_per_name(caplog):
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [r.getMessage() for r in warnings] == [
         "scrapy-polite: unknown setting POLITE_HOST_INTERVALS (did you mean POLITE_HOST_INTERVAL?)",
-        "scrapy-polite: unknown setting POLITE_ZZZ (not a scrapy-polite setting; README lists them)",
+        "scrapy-polite: unknown setting POLITE_ZZZ (not a scrapy-polite setting; the settings reference lists them)",
     ]
 
 

@@ -1,5 +1,6 @@
 """The shared vocabulary (:mod:`scrapy_polite.vocabulary`): "seconds >= 0" read once, the request meta keys named
-once (no other module spells one), the reasons and kinds each listing matches, and README cites the names.
+once (no other module spells one), the reasons and kinds each listing matches, and the documentation's reference
+pages (generated from this module by docs/_ext/polite_reference.py) cite the names.
 Scrapy-free, except for reading the package's source."""
 
 from __future__ import annotations
@@ -23,7 +24,19 @@ from scrapy_polite.vocabulary import (
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "scrapy_polite"
-README = (ROOT / "README.md").read_text()
+
+def _reference_pages() -> tuple[str, str]:
+    """The generated reference pages of meta keys and of close reasons (docs/_ext/polite_reference.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("polite_reference_v", ROOT / "docs" / "_ext" / "polite_reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.meta_page(), module.reasons_page()
+
+
+META_PAGE, REASONS_PAGE = _reference_pages()
 
 # -- parse_seconds ----------------------------------------------------------------------------------------
 
@@ -55,6 +68,7 @@ def test_parse_seconds_boundaries():
 # -- the meta keys are named once ---------------------------------------------------------------------------
 
 META_NAMES = {name: getattr(vocabulary, name) for name in vocabulary.__all__ if name.endswith("_META")}
+assert all(isinstance(v, str) for v in META_NAMES.values())
 
 
 def _spelled_meta_keys(source: str) -> list[tuple[int, str]]:
@@ -115,16 +129,19 @@ def test_the_meta_keys_are_distinct_and_prefixed():
 
 @pytest.mark.parametrize("name", ["DELAY_META", "BURST_META", "DONT_PACE_META", "HOST_META", "IP_META",
                                   "SENT_AT_META", "QUOTA_SERIAL_META", "THROTTLE_RETRIES_META"])
-def test_readme_cites_each_public_meta_key_with_its_constant(name):
-    section = README.split("### Request meta keys", 1)[1].split("\n## ", 1)[0]
-    assert f"`{META_NAMES[name]}`" in section and f"`{name}`" in section
+def test_the_reference_cites_each_public_meta_key_with_its_constant(name):
+    assert f"`{META_NAMES[name]}`" in META_PAGE and f"scrapy_polite.vocabulary.{name}`" in META_PAGE
 
 
-def test_readme_does_not_cite_the_private_marks():
-    section = README.split("### Request meta keys", 1)[1].split("\n## ", 1)[0]
+def test_the_reference_does_not_cite_the_private_marks():
     for name, value in META_NAMES.items():
         if value.startswith("_"):
-            assert value not in section and name not in section
+            assert value not in META_PAGE and name not in META_PAGE
+
+
+def test_the_meta_page_is_checked_against_the_constants():
+    """The negative control: a key the page would lack is caught (the page is built from META_MEANINGS)."""
+    assert "`polite_delay`" in META_PAGE and "`polite_no_such_key`" not in META_PAGE
 
 
 def test_older_names_are_the_vocabulary_s():
@@ -155,7 +172,7 @@ def test_the_store_s_event_kinds_are_the_vocabulary_s():
 def test_close_reasons_are_documented():
     assert FAILED_CLOSE_REASONS < set(CLOSE_REASONS)
     for reason in CLOSE_REASONS:
-        assert f"`{reason}`" in README, reason
+        assert f"`{reason}`" in REASONS_PAGE, reason
 
 
 def test_polite_enabled_is_spelled_in_settings_only():
@@ -165,4 +182,4 @@ def test_polite_enabled_is_spelled_in_settings_only():
     spelled = [(path.name, node.lineno) for path in sorted(PACKAGE.rglob("*.py"))
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.Constant) and node.value == "POLITE_ENABLED"]
-    assert [name for name, _ in spelled] == ["settings.py", "settings.py"], spelled  # DEFAULTS, polite_enabled
+    assert [name for name, _ in spelled] == ["settings.py"] * 3, spelled  # DEFAULTS, SETTINGS, polite_enabled

@@ -146,7 +146,7 @@ DEFAULT_EVENTS_MAX = 100_000
 
 
 class Event(NamedTuple):
-    """One entry of the event log kept beside the pace table (README, "The event log").
+    """One entry of the event log kept beside the pace table (docs/guides/operating.md, "The event log").
 
     Every time is Unix epoch seconds of **the store's clock** (the one bookings use); every duration is seconds.
     Fields a kind does not use are None.
