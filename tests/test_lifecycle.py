@@ -24,6 +24,7 @@ import math
 from typing import Any
 from unittest import mock
 
+import pytest_twisted
 import scrapy
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -520,3 +521,38 @@ def test_a_claim_is_ended_whatever_host_the_request_arrives_for():
     lc.release(r, "a.example")
     lc.arrive(r, "b.example")
     assert not lc.blocked("a.example") and woken == ["a.example"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_pacers_reconcile_releases_the_reclaimed_requests_pin_and_hold():
+    """The same through :meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`, the one the scheduler and
+    the extension call: it must hand the booking's release to the lifecycle, or a reclaimed request keeps its pin
+    (the resolver answers only that address for its host) and its in-flight hold in the table (docs/spec.md §3)."""
+    from types import SimpleNamespace
+
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_polite.pacer import Pacer
+    from scrapy_polite.settings import PoliteConfig
+    from scrapy_polite.stores import AsyncStore, MemoryStore
+    from tests.test_glue import FakeResolution, request
+
+    crawler = get_crawler(settings_dict={"POLITE_STORE": "memory://", "POLITE_ALLOWED_NETWORKS": ["192.0.2.0/24"]})
+    store = MemoryStore()
+    pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), AsyncStore(store))
+    try:
+        pacer.booker.resolution = resolution = FakeResolution({"a.example": ["192.0.2.1"]})
+        active: set[Any] = set()
+        crawler.engine = SimpleNamespace(downloader=SimpleNamespace(active=active))
+        ra = request("http://a.example/1")
+        active.add(ra)
+        go = await pacer.before_request(ra, "a.example")
+        resolution.pin(ra, "a.example", go.address)  # what the middleware does with a Go
+        assert resolution.pins[("a.example", "192.0.2.1")] == 1 and store.get("a.example").held_by != 0
+        assert pacer.reconcile(force=True) == 0  # negative control: still in the downloader
+        active.clear()  # it left by a path no middleware saw
+        assert pacer.reconcile(force=True) == 1
+        assert resolution.pins[("a.example", "192.0.2.1")] == 0
+        assert store.get("a.example").held_by == 0 and store.get("ip:192.0.2.1").held_by == 0
+    finally:
+        pacer.close()
