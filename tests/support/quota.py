@@ -30,6 +30,11 @@ Forms (what the response says; every reset is exact, so a client that honours it
 
 A refused request gets ``429`` with the same fields and a ``Retry-After`` (whole seconds, rounded up).
 ``enforce=False`` announces the quota but never refuses.
+
+``rounding="down"`` announces every reset in whole seconds **truncated** (``int(seconds)``, the epoch second the
+window ends in), as many servers do (Flask-Limiter's ``int(reset_time)``, ``int(reset - now)``): the quota is
+then replenished up to 1 s after the moment announced. ``window_announced=False`` leaves the window out of
+``RateLimit-Limit`` (``RateLimit-Limit: Q``, the drafts' plain form).
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ class Quota:
         enforce: answer 429 beyond the quota (False: announce it only).
         mode: ``"bucket"`` or ``"window"`` (None: by the form, see the module docstring).
         extra: more headers for every response (e.g. a malformed field).
+        rounding: ``"up"`` (every reset rounded up: never early) or ``"down"`` (whole seconds, truncated).
+        window_announced: the ``draft`` form's ``RateLimit-Limit`` names the window (``Q, Q;w=W``); False: ``Q``.
     """
 
     form: str = "ietf"
@@ -71,12 +78,16 @@ class Quota:
     enforce: bool = True
     mode: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    rounding: str = "up"
+    window_announced: bool = True
     served: int = 0
     refused: int = 0
 
     def __post_init__(self) -> None:
         if self.form not in FORMS:
             raise ValueError(f"unknown form {self.form!r}; one of {FORMS}")
+        if self.rounding not in ("up", "down"):
+            raise ValueError(f"rounding must be 'up' or 'down', got {self.rounding!r}")
         if self.mode is None:
             self.mode = "bucket" if self.form in ("ietf", "draft") else "window"
         self._lock = threading.Lock()
@@ -121,18 +132,20 @@ class Quota:
         """The rate-limit fields of one response."""
         q, w = self.quota, self.window
         w_int = int(w) if float(w).is_integer() else math.ceil(w)
+        down = self.rounding == "down"
+        seconds = int(reset) if down else int(_up(reset))  # whole seconds
         if self.form == "ietf":
             out = {"RateLimit-Policy": f'"default";q={q};w={w_int}',
-                   "RateLimit": f'"default";r={remaining};t={int(_up(reset))}'}
+                   "RateLimit": f'"default";r={remaining};t={seconds}'}
         elif self.form == "draft":
-            out = {"RateLimit-Limit": f"{q}, {q};w={w_int}", "RateLimit-Remaining": str(remaining),
-                   "RateLimit-Reset": str(int(_up(reset)))}
+            limit = f"{q}, {q};w={w_int}" if self.window_announced else str(q)
+            out = {"RateLimit-Limit": limit, "RateLimit-Remaining": str(remaining), "RateLimit-Reset": str(seconds)}
         elif self.form == "x-delta":
             out = {"X-RateLimit-Limit": str(q), "X-RateLimit-Remaining": str(remaining),
-                   "X-RateLimit-Reset": f"{_up(reset, 3):.3f}"}
+                   "X-RateLimit-Reset": str(seconds) if down else f"{_up(reset, 3):.3f}"}
         elif self.form == "x-epoch":
             out = {"X-RateLimit-Limit": str(q), "X-RateLimit-Remaining": str(remaining),
-                   "X-RateLimit-Reset": str(math.ceil(reset_at - 1e-9))}
+                   "X-RateLimit-Reset": str(math.floor(reset_at) if down else math.ceil(reset_at - 1e-9))}
         elif self.form == "discord":
             out = {"X-RateLimit-Limit": str(q), "X-RateLimit-Remaining": str(remaining),
                    "X-RateLimit-Reset": f"{_up(reset_at, 3):.3f}", "X-RateLimit-Reset-After": f"{_up(reset, 3):.3f}"}
