@@ -31,6 +31,10 @@ Forms (what the response says; every reset is exact, so a client that honours it
 A refused request gets ``429`` with the same fields and a ``Retry-After`` (whole seconds, rounded up).
 ``enforce=False`` announces the quota but never refuses.
 
+``quiet=N`` answers the N requests after the first answer that says nothing remains **without** any rate-limit
+field (a caching proxy or an error page in front of the server may drop them; the server still counts the
+requests).
+
 ``rounding="down"`` announces every reset in whole seconds **truncated** (``int(seconds)``, the epoch second the
 window ends in), as many servers do (Flask-Limiter's ``int(reset_time)``, ``int(reset - now)``): the quota is
 then replenished up to 1 s after the moment announced. ``window_announced=False`` leaves the window out of
@@ -70,6 +74,7 @@ class Quota:
         extra: more headers for every response (e.g. a malformed field).
         rounding: ``"up"`` (every reset rounded up: never early) or ``"down"`` (whole seconds, truncated).
         window_announced: the ``draft`` form's ``RateLimit-Limit`` names the window (``Q, Q;w=W``); False: ``Q``.
+        quiet: how many answers after the first that says nothing remains carry no rate-limit field.
     """
 
     form: str = "ietf"
@@ -80,6 +85,7 @@ class Quota:
     extra: dict[str, str] = field(default_factory=dict)
     rounding: str = "up"
     window_announced: bool = True
+    quiet: int = 0
     served: int = 0
     refused: int = 0
 
@@ -95,6 +101,9 @@ class Quota:
         self._filled_at = time.time()
         self._window_start = 0.0
         self._used = 0
+        self._spent_seen = False
+        #: How many answers went out without their rate-limit fields (``quiet``).
+        self.quieted = 0
 
     def ideal(self, requests: int) -> float:
         """Seconds the quota allows ``requests`` requests at its sustained rate: ``requests × w / q``."""
@@ -159,6 +168,12 @@ class Quota:
         def handle(info: RequestInfo, count: int) -> Reply:
             allowed, remaining, reset, reset_at = self._take(time.time())
             headers = self.headers(remaining, reset, reset_at)
+            with self._lock:
+                if self._spent_seen and self.quieted < self.quiet:
+                    self.quieted += 1
+                    headers = {}
+                elif remaining == 0:
+                    self._spent_seen = True
             if not allowed:
                 return Reply.text("quota exceeded", status=429,
                                   headers={**headers, "Retry-After": str(int(_up(reset)) or 1)})
