@@ -720,7 +720,7 @@ class PacingPolicy:
           :data:`FIRST_ANSWER_POLL` seconds.
 
         Every moment returned is after ``now``: a held host is due then (the two waits for an answer are the
-        only moments that are tries again, each bounded as said).
+        only moments that are tries again, each bounded as said, and never past its bound).
 
         ``booked`` (the serial) grows by one with every booking, quota or not (while ``ratelimit_headers``
         is on).
@@ -734,12 +734,12 @@ class PacingPolicy:
             return new, None
         answer_by = new.updated + min(self.max_wait, FIRST_ANSWER_TIMEOUT)
         if new.booked > 0 and new.quota_serial == 0 and now < answer_by:
-            return new, now + FIRST_ANSWER_POLL  # the host has not answered yet: its quota is not known
+            return new, min(now + FIRST_ANSWER_POLL, answer_by)  # not answered yet: its quota is not known
         if new.quota_reset > 0 and now >= new.quota_reset:
             new = self._refill(new, now)
         if new.quota_left == 0 and new.quota_reset == 0:  # spent, its reset not known
             if new.booked > new.quota_serial and now < answer_by:
-                return new, now + FIRST_ANSWER_POLL  # an answer to a request booked since may say more
+                return new, min(now + FIRST_ANSWER_POLL, answer_by)  # an answer to one booked since may say more
             new = replace(new, quota_left=-1)  # nothing can say more: the quota is unknown
         if new.quota_left < 0:
             return replace(new, booked=new.booked + 1), None
