@@ -622,6 +622,8 @@ class PacingPolicy:
           and whole-second ``X-RateLimit-Reset``) may have been truncated by the server, so the quota is taken
           as replenished ``reset + resolution`` seconds after the response — but no later than one window
           (``w`` of its policy, when announced) unless the reset itself says more (:func:`_replenished_by`).
+        * **The same reset said again**: the responses of one window each bound its reset; the earliest bound
+          holds (:func:`_same_reset`), so a server that rounds up costs at most one resolution per window.
         * **A spent quota whose reset is not said** is held one window (``w`` of its policy), or, with no window
           announced, ``max_wait`` seconds (not a real reset: not refilled, the quota is unknown after it). Every
           spent quota thus has a due moment; none waits for an answer that may never come.
