@@ -10,6 +10,7 @@ Everything that decides *how long* a host must be left alone lives here:
   :meth:`~PacingPolicy.defer_verdict`, :meth:`~PacingPolicy.book` (the booking step over a host's
   addresses), :meth:`~PacingPolicy.finish_address`, :meth:`~PacingPolicy.robots_delay_update`;
   :meth:`~PacingPolicy.after_ratelimit` (announced quotas, parsed by :mod:`scrapy_polite.ratelimit`),
+  :meth:`~PacingPolicy.quota_booking` and :meth:`~PacingPolicy.answered_without_quota` (the quota's count),
   :meth:`~PacingPolicy.retry_throttled` (the package's own retries of throttled responses), and
   :meth:`~PacingPolicy.takes_step` / :meth:`~PacingPolicy.success_delay` (no dead steps, and Retry-After sets
   the scale);
