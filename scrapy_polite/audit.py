@@ -14,7 +14,9 @@ address rules the crawl ran with, and checks, per host and per address, the rule
 * ``crawl_delay``: two requests to one host no closer than its Crawl-delay in force (robots.txt, or
   ``scrapy polite crawl-delay``);
 * ``ip_interval``: two requests to one address, through any hosts, no closer than the address's interval,
-  and none before ``end₁ + POLITE_IP_INTERVAL`` (§3);
+  and none before ``end₁ + POLITE_IP_INTERVAL`` (§3); a pair whose first request was booked with
+  ``POLITE_IP_INTERVAL = 0`` is not paced by address, so it is not judged per address: it is counted
+  (:attr:`AddressSummary.unpaced`) and the report says so;
 * ``in_flight``, ``ip_in_flight``: no request to a host, or to an address, booked while another paced request to
   it was in flight — booked, its answer not yet recorded — in any process (§3, "In flight");
 * ``address``: every address contacted allowed by the address rules (§4).
@@ -150,6 +152,8 @@ class AddressSummary:
         gap_required: the address interval that gap was held to, seconds.
         allowed: the address rules allow it.
         violations: how many violations name it.
+        unpaced: pairs of consecutive requests whose first was booked with ``POLITE_IP_INTERVAL = 0``: not paced
+            by address, so not judged per address (their host's rules still judge them); not in ``smallest_gap``.
     """
 
     address: str
@@ -159,6 +163,7 @@ class AddressSummary:
     gap_required: float | None = None
     allowed: bool = True
     violations: int = 0
+    unpaced: int = 0
 
 
 @dataclass(frozen=True)
@@ -490,6 +495,8 @@ class _AddressAudit:
             self.report(Violation("ip_interval", summary.address, finish, event, at - finish.at, required,
                                   f"POLITE_IP_INTERVAL {required:g} s after the response from {finish.host} ended"))
         previous = self.previous
+        if previous is not None and previous.ip_interval == 0:
+            summary.unpaced += 1  # booked with POLITE_IP_INTERVAL = 0: no address interval to judge the pair by
         if previous is not None and previous.ip_interval:
             gap = at - previous.at
             required = previous.ip_interval
@@ -661,6 +668,9 @@ def format_report(report: AuditReport, *, store: str, throttles_shown: int = 5) 
     for address in report.addresses:
         gap = ("smallest gap -" if address.smallest_gap is None else
                f"smallest gap {_s(address.smallest_gap)} (interval {_s(address.gap_required)})")
+        if address.unpaced:
+            gap += (f", {_n(address.unpaced, 'pair')} booked with POLITE_IP_INTERVAL 0: not judged per address "
+                    "(their hosts' rules judge them)")
         allowed = "allowed" if address.allowed else "NOT ALLOWED"
         verdict = f", {_n(address.violations, 'VIOLATION')}" if address.violations else ", ok"
         hosts = ", ".join(address.hosts)
@@ -710,7 +720,8 @@ def report_json(report: AuditReport, *, store: str) -> dict[str, Any]:
                                   "held": t.held, "honoured": t.honoured} for t in h.throttles]}
                   for h in report.hosts],
         "addresses": [{"address": a.address, "requests": a.requests, "hosts": a.hosts, "smallest_gap": a.smallest_gap,
-                       "interval": a.gap_required, "allowed": a.allowed, "violations": a.violations}
+                       "interval": a.gap_required, "unpaced_pairs": a.unpaced, "allowed": a.allowed,
+                       "violations": a.violations}
                       for a in report.addresses],
         "violations": [{"kind": v.kind, "words": VIOLATION_KINDS[v.kind], "key": v.key, "gap": v.gap,
                         "required": v.required, "detail": v.detail, "first": _event_json(v.first),

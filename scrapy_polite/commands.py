@@ -48,7 +48,7 @@ from scrapy.exceptions import UsageError
 from scrapy.settings import BaseSettings, Settings
 
 from .audit import LogError, audit, format_report, report_json
-from .events import clock_time, describe, process_source
+from .events import clock_time, describe, process_source, throttle_cause
 from .frontier_report import waiting_in_redis
 from .pacer import default_store_uri
 from .policy import HostState, PacingPolicy, host_key, ip_key
@@ -254,10 +254,14 @@ def _since_form(text: str) -> float:
 # -- the rows --------------------------------------------------------------------------------------------------
 
 def _last_throttle(store: PaceStore, key: str, state: HostState) -> Event | None:
-    """The ``backoff`` event of the host's last throttle step (its cause), from the event log."""
+    """The event of the host's last throttle (its cause), from the event log: the throttled response, failure or
+    backoff step recorded at the row's ``throttled_at`` (the latest before it when none is exactly there). A
+    throttle past the step cap writes no ``backoff`` event; its response says the cause
+    (:func:`~scrapy_polite.events.throttle_cause`)."""
     if not state.throttled_at:
         return None
-    found = [e for e in store.events(since=state.throttled_at - 1.0, host=key, limit=100_000) if e.kind == "backoff"]
+    found = [e for e in store.events(since=state.throttled_at - 1.0, host=key, limit=100_000)
+             if e.at <= state.throttled_at and throttle_cause(e) is not None]
     exact = [e for e in found if e.at == state.throttled_at]
     chosen = exact or found
     return chosen[-1] if chosen else None
@@ -267,9 +271,9 @@ def _throttle_words(event: Event | None, state: HostState, now: float) -> str:
     if not state.throttled_at:
         return "-"
     when = _relative(state.throttled_at, now)
-    if event is None:
+    cause = throttle_cause(event) if event is not None else None
+    if event is None or cause is None:
         return f"{when} (cause not in the event log)"
-    cause = event.reason or "?"
     if event.retry_after is not None and event.retry_after > 0:
         cause += f", Retry-After {event.retry_after:g} s"
     return f"{cause}, {when}"
@@ -306,9 +310,16 @@ def _host_json(key: str, state: HostState, now: float, throttle: Event | None,
         "ratelimit_until_at": _iso(state.ratelimit_until),
         "latency": state.latency or None,
         "strain": state.strain,
+        "quota_left": state.quota_left if state.quota_left >= 0 else None,
+        "quota_reset": state.quota_reset or None,
+        "quota_reset_at": _iso(state.quota_reset),
+        "quota_limit": state.quota_limit or None,
+        "quota_window": state.quota_window or None,
+        "booked": state.booked,
+        "quota_serial": state.quota_serial,
         "last_throttle": None if not state.throttled_at else {
             "at": state.throttled_at, "at_iso": _iso(state.throttled_at),
-            "cause": throttle.reason if throttle is not None else None,
+            "cause": throttle_cause(throttle) if throttle is not None else None,
             "retry_after": throttle.retry_after if throttle is not None else None,
             "delay": throttle.delay if throttle is not None else None},
     }
@@ -321,19 +332,68 @@ def _host_cells(key: str, state: HostState, now: float, throttle: Event | None,
             _relative(state.updated, now), _throttle_words(throttle, state, now))
 
 
-#: The row's fields ``show`` names in its own words (the host columns and the announced quota).
+#: The row's fields ``show`` names in its own words (the host columns, the announced quota and its count,
+#: adaptive pacing's numbers, the Retry-After scale); any other is shown by its name.
 _SHOWN_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "updated", "throttled_at",
-                 "ratelimit_interval", "ratelimit_until", "run_retry_after")
+                 "ratelimit_interval", "ratelimit_until", "run_retry_after", "quota_left", "quota_reset",
+                 "quota_limit", "quota_window", "quota_serial", "booked", "latency", "strain", "held_until",
+                 "held_by")
 
 
 def _quota_cells(state: HostState, now: float) -> list[tuple[str, str]]:
-    """The announced quota's lines of ``show`` (docs/guides/quotas.md): ``rate limit`` (the interval its
-    quota allows, seconds) when recorded, and ``quota spent`` (held until its reset) while the hold lasts."""
+    """The announced quota's lines of ``show`` (docs/guides/operating.md, "The other fields show prints", and
+    docs/guides/quotas.md), each only when it holds something:
+
+    * ``rate limit``: the interval its quota allows (``w / q``, seconds);
+    * ``quota spent``: the host is held until its reset, while the hold lasts;
+    * ``quota left``: the requests its quota still allows before its reset, as the table counts them (every
+      request booked since the answer that said it taken off); not shown while no quota is known (-1);
+    * ``quota reset``: when the quota is replenished next (the moment passed: the next booking refills it);
+    * ``quota size``: ``q`` requests per ``w`` seconds, as announced;
+    * ``booked``: how many requests were booked on the host (their serial numbers), and which one's answer
+      counted the quota last (``quota_serial``): the requests booked since are on their way, or were never
+      answered with a quota.
+    """
     cells = []
     if state.ratelimit_interval:
         cells.append(("rate limit", f"1 request per {state.ratelimit_interval:g} s"))
     if state.ratelimit_until > now:  # a hold whose reset has passed is history: nothing to show
         cells.append(("quota spent", f"until {_due(state.ratelimit_until, now)}"))
+    if state.quota_left >= 0:
+        until = "its reset" if state.quota_reset else "its reset (not known)"
+        cells.append(("quota left", f"{_count(state.quota_left, 'request')} until {until}"))
+    if state.quota_reset:
+        when = (_due(state.quota_reset, now) if state.quota_reset > now
+                else f"{_relative(state.quota_reset, now)} (the next booking refills the quota)")
+        cells.append(("quota reset", when))
+    if state.quota_limit:
+        per = f" per {_duration(state.quota_window)}" if state.quota_window else " (no window announced)"
+        cells.append(("quota size", f"{_count(state.quota_limit, 'request')}{per}"))
+    if state.booked:
+        since = state.booked - state.quota_serial
+        counted = (f"the answer to request {state.quota_serial} counted the quota last, {since} booked since"
+                   if state.quota_serial else "no answer counted yet")
+        cells.append(("booked", f"{_count(state.booked, 'request')} ({counted})"))
+    return cells
+
+
+def _hold_cells(state: HostState, now: float) -> list[tuple[str, str]]:
+    """The in-flight hold's line of ``show`` (docs/spec.md §3, "In flight"), while it lasts: ``in flight`` (a
+    request booked on the host is on its way; no process books it before its answer, or this bound)."""
+    if state.held_until <= now:
+        return []
+    return [("in flight", f"a request is on its way: no booking before its answer, or before "
+                          f"{_due(state.held_until, now)} should its process have died")]
+
+
+def _adaptive_cells(state: HostState) -> list[tuple[str, str]]:
+    """Adaptive pacing's lines of ``show`` (docs/spec.md §2, "Adaptive pacing"), when measured: ``latency`` (the
+    smoothed download time, seconds) and ``strain`` (5xx answers and failures not yet earned back)."""
+    cells = []
+    if state.latency:
+        cells.append(("latency", f"{state.latency:.3f} s (smoothed download time)"))
+    if state.strain:
+        cells.append(("strain", f"{state.strain} (5xx answers and failures not yet earned back)"))
     return cells
 
 
@@ -406,8 +466,8 @@ class _Operator:
                 f"{reset_command(shown, self.opts.store)}")
 
     def last_throttles(self, hosts: list[tuple[str, HostState]]) -> dict[str, Event | None]:
-        """The ``backoff`` event of each host's last throttle: one query per host for a few, else one pass over
-        the whole log (a query per host would scan it once each)."""
+        """The event of each host's last throttle (:func:`_last_throttle`): one query per host for a few, else one
+        pass over the whole log (a query per host would scan it once each)."""
         throttled = {k: s for k, s in hosts if s.throttled_at}
         found: dict[str, Event | None] = dict.fromkeys(k for k, _ in hosts)
         if len(throttled) <= 20:
@@ -416,7 +476,7 @@ class _Operator:
         since = min(s.throttled_at for s in throttled.values()) - 1.0
         for event in self.store.events(since=since, limit=self.config.event_log_size):
             state = throttled.get(event.host)
-            if event.kind == "backoff" and state is not None and event.at <= state.throttled_at:
+            if state is not None and event.at <= state.throttled_at and throttle_cause(event) is not None:
                 found[event.host] = event  # the log is in time order: the last one at or before wins
         return found
 
@@ -466,7 +526,8 @@ class _Operator:
             width = max(len(c) for c in (*HOST_COLUMNS[1:], "Retry-After scale"))
             for column, cell in zip(HOST_COLUMNS[1:], cells[1:]):
                 self.print(f"  {column:<{width}}  {cell}")
-            for label, cell in _quota_cells(state, self.now):
+            for label, cell in (*_quota_cells(state, self.now), *_adaptive_cells(state),
+                                *_hold_cells(state, self.now)):
                 self.print(f"  {label:<{width}}  {cell}")
             if state.consec > 0 and state.run_retry_after:
                 self.print(f"  {'Retry-After scale':<{width}}  {state.run_retry_after:g} s (the largest Retry-After of "
@@ -962,6 +1023,50 @@ def print_shared_frontier(settings: Any, config: PoliteConfig, out: IO[str], err
                                   for w in workers)]), file=out)
 
 
+class _ReaderMayLeave:
+    """The command's output, whose reader may stop reading early (``scrapy polite hosts | head``): once a write
+    finds the pipe closed (``BrokenPipeError``), the rest of the output is dropped, quietly, and the stream's file
+    descriptor is pointed at the null device so that no later flush (the interpreter's, at exit) fails again —
+    the pattern of Python's documentation ("Note on SIGPIPE", the ``signal`` module). The verb goes on and its
+    exit status is its own (0 for ``hosts`` and ``show``; README, "Exit status")."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        #: The reader has gone: nothing more is written.
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self._left()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._left()
+
+    def _left(self) -> None:
+        self.gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        except OSError:  # pragma: no cover - no null device: the interpreter's own flush may complain
+            return
+        try:
+            os.dup2(devnull, self.stream.fileno())
+        except (AttributeError, OSError, ValueError):  # not a file (a test's buffer): nothing to silence
+            pass
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def _print_usage_error(parser: argparse.ArgumentParser, message: str, err: IO[str]) -> None:
     """A usage error as argparse prints one: the parser's usage line, then ``PROG: error: MESSAGE``."""
     parser.print_usage(err)
@@ -978,10 +1083,21 @@ def execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO
         args: the verb and its arguments (what Scrapy's parser left, :func:`add_global_options`).
         opts: the options Scrapy's parser took (``store``, ``verb_help``).
         settings: the Scrapy settings (``POLITE_*``).
-        out, err: where results and problems are written.
+        out, err: where results and problems are written; a reader of ``out`` that stops reading early (a closed
+            pipe) ends the output quietly, and the status is the verb's own (:class:`_ReaderMayLeave`).
         store: an open store to use instead of opening ``--store`` / ``POLITE_STORE`` (tests, a ``memory://``
             table of this process); it is not closed.
     """
+    reader = _ReaderMayLeave(out)
+    try:
+        return _execute(args, opts, settings, out=reader, err=err, store=store)  # type: ignore[arg-type]
+    finally:
+        reader.flush()  # a reader gone before the last line: quiet, as above
+
+
+def _execute(args: list[str], opts: argparse.Namespace, settings: Any, *, out: IO[str], err: IO[str],
+             store: PaceStore | None) -> int:
+    """:func:`execute` on an output whose reader may leave."""
     parsers = VerbParsers(out)
     if getattr(opts, "verb_help", False):
         args = [*args, "--help"]

@@ -35,7 +35,8 @@ from .seams import ClockSync
 from .stores.base import Event
 from .vocabulary import DeferralReason, RefusalReason
 
-__all__ = ["DEFERRAL_WORDS", "EventLog", "EventWriter", "REFUSAL_WORDS", "clock_time", "describe", "process_source"]
+__all__ = ["DEFERRAL_WORDS", "EventLog", "EventWriter", "REFUSAL_WORDS", "clock_time", "describe", "process_source",
+           "throttle_cause"]
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +293,20 @@ def clock_time(t: float, *, date: bool = False) -> str:
     local = time.localtime(t)
     text = time.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S", local)
     return f"{text}.{int((t % 1) * 1000):03d}"
+
+
+def throttle_cause(event: Event) -> str | None:
+    """The cause of the throttle an event records, or None when it records none (README, "The operator command"):
+    a throttled ``response``'s status (``"429"``), a ``failure``'s name (every failure recorded reached the
+    server's side: a throttle), a ``backoff`` step's cause. A throttle past the backoff's step cap takes no step
+    and writes no ``backoff`` event: its ``response`` is the record of it."""
+    if event.kind == "response":
+        return str(event.status) if (event.reason or "").startswith("throttle") else None
+    if event.kind == "failure":
+        return event.reason or "failure"
+    if event.kind == "backoff":
+        return event.reason or (str(event.status) if event.status is not None else "?")
+    return None
 
 
 def describe(event: Event) -> str:

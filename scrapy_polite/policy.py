@@ -10,6 +10,7 @@ Everything that decides *how long* a host must be left alone lives here:
   :meth:`~PacingPolicy.defer_verdict`, :meth:`~PacingPolicy.book` (the booking step over a host's
   addresses), :meth:`~PacingPolicy.finish_address`, :meth:`~PacingPolicy.robots_delay_update`;
   :meth:`~PacingPolicy.after_ratelimit` (announced quotas, parsed by :mod:`scrapy_polite.ratelimit`),
+  :meth:`~PacingPolicy.quota_booking` and :meth:`~PacingPolicy.answered_without_quota` (the quota's count),
   :meth:`~PacingPolicy.retry_throttled` (the package's own retries of throttled responses), and
   :meth:`~PacingPolicy.takes_step` / :meth:`~PacingPolicy.success_delay` (no dead steps, and Retry-After sets
   the scale);
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from .adaptive import AdaptivePolicy
 from .addresses import embedded_ipv4
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
-from .ratelimit import REQUESTS, RateLimits
+from .ratelimit import REQUESTS, RateLimits, ServiceLimit
 from .vocabulary import DeferralReason, parse_seconds
 
 __all__ = [
@@ -525,10 +526,8 @@ class PacingPolicy:
         if ratelimits and self.ratelimit_headers:
             quota = self.after_ratelimit(state, ratelimits, end=end, serial=serial)
             old = quota.state
-        elif old.quota_left == 0 and old.quota_reset == 0 and serial is not None and serial > old.quota_serial:
-            # Spent, its reset unknown, and a request booked since says nothing more: the quota is unknown
-            # (docs/spec.md §2, "Quota booking"), so the host is not held for ever.
-            old = replace(old, quota_left=-1)
+        else:  # an answer without a quota still tells when its request was counted (docs/spec.md §2)
+            old = self.answered_without_quota(old, end=end, serial=serial)
         if old.quota_serial == 0 and old.booked > 0 and self.ratelimit_headers:
             # The host's first answer: the others may be booked now (the serial not known: all so far answered).
             old = replace(old, quota_serial=serial if serial is not None else old.booked)
@@ -641,6 +640,15 @@ class PacingPolicy:
         * A service limit with nothing left (``left = 0``, in-flight requests counted) holds the host until its
           reset: ``next_allowed`` and ``ratelimit_until`` become at least ``end + reset`` (the largest such
           reset), so no request goes before the quota is replenished, before any 429 arrives.
+        * **The reset's resolution**: a reset stated to ``resolution`` seconds (1 s for ``t``, ``RateLimit-Reset``
+          and whole-second ``X-RateLimit-Reset``) may have been truncated by the server, so the quota is taken
+          as replenished ``reset + resolution`` seconds after the response — but no later than one window
+          (``w`` of its policy, when announced) unless the reset itself says more (:func:`_replenished_by`).
+        * **The same reset said again**: the responses of one window each bound its reset; the earliest bound
+          holds (:func:`_same_reset`), so a server that rounds up costs at most one resolution per window.
+        * **A spent quota whose reset is not said** is held one window (``w`` of its policy), or, with no window
+          announced, ``max_wait`` seconds (not a real reset: not refilled, the quota is unknown after it). Every
+          spent quota thus has a due moment; none waits for an answer that may never come.
         * Both are capped at ``max_retry_after``, like a Retry-After; a clamped reset is not refilled (the
           quota is unknown after it, until a response says again).
 
@@ -662,51 +670,71 @@ class PacingPolicy:
         # Only the answer to a request booked after the one last counted says something newer (None: not known).
         counted = serial is None or serial > old.quota_serial
         after = max(old.booked - serial, 0) if serial is not None and counted else 0
-        hold = None
-        binding: tuple[int, float, int, float] | None = None  # (left, reset, quota, window)
+        # Each limit: (left, seconds until it is replenished: -1 when not said, a guess when spent).
+        spent: list[tuple[int, float]] = []
+        binding: tuple[int, float, int, float, float] | None = None  # (left, reset, quota, window, resolution)
+        binding_at = -1
         for limit in limits.limits:
             quota, window, unit = _policy_of(limits, limit.name)
             requests = unit == REQUESTS
             left = max(limit.remaining - after, 0) if requests else limit.remaining
-            reset = limit.reset if limit.reset is not None else -1.0  # -1: not said
-            if left <= 0 and reset > 0:
-                hold = max(hold or 0.0, reset)
+            reset = _replenished_by(limit, window)  # -1: not said
+            if left <= 0 and reset < 0:  # spent, its reset not said: a window at most, else max_wait (no refill)
+                reset, quota = (window, quota) if window > 0 else (self.max_wait, 0)
             if requests and (binding is None or (left, -reset) < (binding[0], -binding[1])):
-                binding = (left, reset, quota, window)
+                binding, binding_at = (left, reset, quota, window, limit.resolution), len(spent)
+            spent.append((left, reset))
         clamped = False
         if interval is not None and interval > self.max_retry_after:
             interval, clamped = self.max_retry_after, True
-        if hold is not None and hold > self.max_retry_after:
-            hold, clamped = self.max_retry_after, True
         new = old
         changed = interval is not None and interval != old.ratelimit_interval
         if interval is not None and changed:
             new = replace(new, ratelimit_interval=interval, updated=end)
         if binding is not None and counted:
-            left, reset, quota, window = binding
+            left, reset, quota, window, resolution = binding
             if reset > self.max_retry_after:
                 reset, quota, clamped = self.max_retry_after, 0, True  # not the real reset: no refill there
             if serial is None and old.quota_left >= 0 and old.quota_reset > end:
                 left = min(left, old.quota_left)  # unknown order: never more than already counted
-            new = replace(new, quota_left=left, quota_reset=end + reset if reset >= 0 else 0.0, quota_limit=quota,
+            reset_at = end + reset if reset >= 0 else 0.0
+            if _same_reset(old, left, reset_at, resolution, end=end):
+                reset_at = min(reset_at, old.quota_reset)  # the same reset said again: the earliest bound holds
+            new = replace(new, quota_left=left, quota_reset=reset_at, quota_limit=quota,
                           quota_window=window, quota_serial=serial if serial is not None else old.quota_serial,
                           updated=end)
+            # The recorded quota decides the binding limit's hold: spent (in-flight requests counted) until its reset.
+            spent[binding_at] = (left, reset_at - end if reset_at > 0 else -1.0)
+        hold = None
+        for left, reset in spent:
+            if left <= 0 and reset > 0:
+                hold = max(hold or 0.0, reset)
         if hold is not None:
+            if hold > self.max_retry_after:
+                hold, clamped = self.max_retry_after, True
             until = end + hold
             new = replace(new, ratelimit_until=max(new.ratelimit_until, until),
                           next_allowed=max(new.next_allowed, until), updated=end)
         return RateLimitDecision(state=new, interval=interval, hold=hold, clamped=clamped, changed=changed)
 
     def quota_booking(self, state: HostState, *, now: float) -> tuple[HostState, float | None]:
-        """Take one request from the host's announced quota at ``now`` (docs/spec.md §2, "Quota booking"),
-        part of :meth:`book`.
+        """Take one request from the host's announced quota at ``now`` (epoch s; docs/spec.md §2, "Quota
+        booking"), part of :meth:`book`.
 
         * A reset that has passed replenishes the quota: ``quota_left`` becomes its ``quota_limit`` less the
-          requests booked since the last counted response (they may fall in the new window), and the next reset
-          is one ``quota_window`` later (not known without a window); without a known limit the quota is
-          unknown (``quota_left = -1``) until a response says again.
-        * Nothing left: no booking before the reset (or, the reset unknown, before ``now + eff``, until a
-          response says more, and for ``max_wait`` seconds after the row's last write at most).
+          requests booked since the last counted response (they may reach the server after the reset), and the
+          next reset is one ``quota_window`` later (not known without a window); without a known limit the quota
+          is unknown (``quota_left = -1``) until a response says again.
+        * **One window at most**: requests booked before a reset can fall into the window that follows it, never
+          into a later one, so from the second window after the recorded reset on they are not subtracted: a
+          refill that leaves nothing (as many in flight, or never answered, as the quota) holds the host until the
+          next reset and no longer, though this hold is never written (the row keeps the reset it recorded).
+        * Nothing left with the reset known: no booking before the reset (a moment after ``now``: a reset that
+          has passed was refilled above).
+        * Nothing left with the reset not known (a refill without a window, then spent): while requests booked
+          since the last counted response are unanswered, no booking until one answers (tried every
+          :data:`FIRST_ANSWER_POLL` s) or for :data:`FIRST_ANSWER_TIMEOUT` s (at most ``max_wait``) after the row's
+          last write; with none unanswered, nothing can say more: the quota is unknown and the booking goes.
         * Otherwise one is taken; taking the last holds the host until the reset (``ratelimit_until``,
           ``next_allowed``), so every later request, in any process, waits or is deferred.
 
@@ -714,6 +742,9 @@ class PacingPolicy:
           second booking, in any process, until it answers (its quota is known only then) or for
           :data:`FIRST_ANSWER_TIMEOUT` (at most ``max_wait``) seconds; the others try again every
           :data:`FIRST_ANSWER_POLL` seconds.
+
+        Every moment returned is after ``now``: a held host is due then (the two waits for an answer are the
+        only moments that are tries again, each bounded as said, and never past its bound).
 
         ``booked`` (the serial) grows by one with every booking, quota or not (while ``ratelimit_headers``
         is on).
@@ -725,32 +756,63 @@ class PacingPolicy:
         new = state
         if not self.ratelimit_headers:
             return new, None
-        first_answer_by = new.updated + min(self.max_wait, FIRST_ANSWER_TIMEOUT)
-        if new.booked > 0 and new.quota_serial == 0 and now < first_answer_by:
-            return new, now + FIRST_ANSWER_POLL  # the host has not answered yet: its quota is not known
+        answer_by = new.updated + min(self.max_wait, FIRST_ANSWER_TIMEOUT)
+        if new.booked > 0 and new.quota_serial == 0 and now < answer_by:
+            return new, min(now + FIRST_ANSWER_POLL, answer_by)  # not answered yet: its quota is not known
         if new.quota_reset > 0 and now >= new.quota_reset:
-            if new.quota_limit > 0:
-                since = max(new.booked - new.quota_serial, 0)
-                reset = 0.0
-                if new.quota_window > 0:
-                    periods = math.floor((now - new.quota_reset) / new.quota_window) + 1
-                    reset = new.quota_reset + periods * new.quota_window
-                new = replace(new, quota_left=max(new.quota_limit - since, 0), quota_reset=reset,
-                              quota_serial=new.booked)
-            else:
-                new = replace(new, quota_left=-1, quota_reset=0.0)
-        if new.quota_left == 0 and new.quota_reset == 0 and now >= new.updated + self.max_wait:
-            new = replace(new, quota_left=-1)  # spent, its reset never said: not held for longer than max_wait
+            new = self._refill(new, now)
+        if new.quota_left == 0 and new.quota_reset == 0:  # spent, its reset not known
+            if new.booked > new.quota_serial and now < answer_by:
+                return new, min(now + FIRST_ANSWER_POLL, answer_by)  # an answer to one booked since may say more
+            new = replace(new, quota_left=-1)  # nothing can say more: the quota is unknown
         if new.quota_left < 0:
             return replace(new, booked=new.booked + 1), None
         if new.quota_left == 0:
-            return new, new.quota_reset if new.quota_reset > now else now + self.effective_interval(new)
+            return new, new.quota_reset  # after now: a reset that has passed was refilled
         left = new.quota_left - 1
         new = replace(new, quota_left=left, booked=new.booked + 1)
         if left == 0 and new.quota_reset > now:
             new = replace(new, ratelimit_until=max(new.ratelimit_until, new.quota_reset),
                           next_allowed=max(new.next_allowed, new.quota_reset))
         return new, None
+
+    @staticmethod
+    def _refill(state: HostState, now: float) -> HostState:
+        """The quota replenished at its reset, ``now`` (epoch s) being at or after ``state.quota_reset``
+        (docs/spec.md §2, "Quota booking"; see :meth:`quota_booking`)."""
+        if state.quota_limit <= 0:
+            return replace(state, quota_left=-1, quota_reset=0.0)  # its size not known: the quota is unknown
+        since = max(state.booked - state.quota_serial, 0)
+        reset = 0.0
+        if state.quota_window > 0:
+            periods = math.floor((now - state.quota_reset) / state.quota_window) + 1
+            reset = state.quota_reset + periods * state.quota_window
+            if periods > 1:
+                since = 0  # booked before the recorded reset: in the window after it at the latest
+        return replace(state, quota_left=max(state.quota_limit - since, 0), quota_reset=reset,
+                       quota_serial=state.booked)
+
+    def answered_without_quota(self, state: HostState, *, end: float, serial: int | None) -> HostState:
+        """The host's row after an answer that announced no quota (no rate-limit field, or a download failure) to
+        the request of booking serial ``serial``, ending at ``end`` (epoch s; docs/spec.md §2, "Quota booking").
+
+        * The request reached the server (if it did) before ``end``: an answer before the recorded reset (or with
+          none recorded) says the request was counted in the window the row counts, never the next one, so it is
+          no longer subtracted at the refill (``quota_serial`` becomes ``serial``; ``quota_left`` already counted
+          it when it was booked).
+        * Spent with its reset not known: such an answer says nothing more, and the quota is unknown
+          (``quota_left = -1``): the host is not held for ever.
+
+        Only an answer to a request booked after the one last counted (``serial > quota_serial``) changes the row.
+        """
+        if not self.ratelimit_headers or serial is None or serial <= state.quota_serial \
+                or (state.quota_left < 0 and state.quota_limit <= 0):  # no quota counted: nothing to tell
+            return state
+        if state.quota_left == 0 and state.quota_reset == 0:
+            return replace(state, quota_left=-1)
+        if state.quota_reset == 0 or end < state.quota_reset:
+            return replace(state, quota_serial=serial)
+        return state
 
     # -- before a request -------------------------------------------------------------------------
 
@@ -1024,6 +1086,32 @@ def _policy_of(limits: RateLimits, name: str | None) -> tuple[int, float, str]:
             window = policy.window
         unit = policy.unit if policy.unit != REQUESTS else unit
     return quota, window, unit
+
+
+def _same_reset(old: HostState, left: int, reset_at: float, resolution: float, *, end: float) -> bool:
+    """Whether a response ending at ``end`` (epoch s) that leaves ``left`` and bounds the reset at ``reset_at``
+    (epoch s, its resolution ``resolution`` seconds included) says again the reset the row recorded: the recorded
+    one has not passed, the quota did not go up (a new window would have), and both bounds lie within two
+    resolutions (a reset ``R`` stated to the second is bounded in ``[R, R + 2 s)``: ``R`` rounded either way, plus
+    the second; the next window's lies a window later). Only then is the earlier bound kept (docs/spec.md §2,
+    "Announced quotas")."""
+    return (resolution > 0 and reset_at > 0 and old.quota_reset > end and 0 <= left <= old.quota_left
+            and abs(reset_at - old.quota_reset) < 2 * resolution)
+
+
+def _replenished_by(limit: ServiceLimit, window: float) -> float:
+    """Seconds from the response by which the service limit's quota is surely replenished (docs/spec.md §2,
+    "Announced quotas"), or -1 when its reset is not said.
+
+    The announced reset plus its resolution (a server may truncate ``t`` = 2.7 s to 2), but never more than the
+    policy's ``window`` (s, 0 = not known; a quota of ``q`` per ``w`` seconds is replenished within ``w``) unless
+    the reset itself says more (a server may hold a client past its window)."""
+    if limit.reset is None:
+        return -1.0
+    by = limit.reset + limit.resolution
+    if window > 0:
+        by = min(by, max(limit.reset, window))
+    return by
 
 
 @lru_cache(maxsize=16384)  # called for every booking and release: parse each address once

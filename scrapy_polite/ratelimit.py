@@ -17,6 +17,12 @@ A server may announce its quota before it has to refuse a request. Three familie
   response's ``Date`` agrees with it to within :data:`CLOCK_AGREEMENT` seconds, else against ``Date`` (the
   server's clock). Discord's ``X-RateLimit-Reset-After`` (delta seconds) wins over ``X-RateLimit-Reset``.
 
+Every reset is read with its **resolution** (:attr:`ServiceLimit.resolution`): the seconds to which the field
+states it. ``t``, ``RateLimit-Reset`` and a reset without decimals are whole seconds (resolution 1 s), three
+decimals are 0.001 s, epoch milliseconds 0.001 s. The drafts do not say which way a server rounds a reset to
+its resolution, and many truncate (``int(reset_time)``), so the policy holds a spent quota to the end of the
+announced resolution (docs/spec.md §2, "Announced quotas").
+
 Nothing here decides a duration: :meth:`PacingPolicy.after_ratelimit
 <scrapy_polite.policy.PacingPolicy.after_ratelimit>` turns the values into a hold and an interval. A field
 that is present but malformed is ignored, as the drafts require, and named in :attr:`RateLimits.malformed`.
@@ -33,7 +39,7 @@ import email.utils
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import http_sf
@@ -43,6 +49,7 @@ __all__ = [
     "EPOCH_THRESHOLD",
     "EPOCH_MS_THRESHOLD",
     "RATELIMIT_FIELDS",
+    "WHOLE_SECONDS",
     "QuotaPolicy",
     "RateLimits",
     "ServiceLimit",
@@ -63,6 +70,9 @@ EPOCH_MS_THRESHOLD = 1e12
 #: Seconds within which the response's ``Date`` and the local clock count as the same clock (``Date`` has a
 #: resolution of one second, and the response took a moment to arrive).
 CLOCK_AGREEMENT = 2.0
+
+#: The resolution (seconds) of a reset stated in whole seconds (``t``, ``RateLimit-Reset``, ``X-RateLimit-Reset: 3``).
+WHOLE_SECONDS = 1.0
 
 #: The quota unit a pace can be derived from (the other registered units: ``content-bytes``,
 #: ``concurrent-requests``).
@@ -97,11 +107,16 @@ class ServiceLimit:
         reset: seconds from the response until more units are made available (``t``, ``RateLimit-Reset``,
             ``X-RateLimit-Reset`` converted), ≥ 0, or None when not announced.
         name: the policy it belongs to, or None.
+        resolution: seconds, the precision the reset was stated to (1.0: whole seconds; 0.001: three decimals
+            or epoch milliseconds; 0.0: exact or not announced). The server may have truncated the reset, so more
+            units may come up to ``reset + resolution`` seconds from the response (docs/spec.md §2, "Announced
+            quotas"). Not part of equality (two limits announcing the same reset are the same limit).
     """
 
     remaining: int
     reset: float | None = None
     name: str | None = None
+    resolution: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -174,7 +189,8 @@ def parse_rate_limits(fields: Mapping[str, Sequence[str | bytes]], *, now: float
             reset = read("x-ratelimit-reset", _x_reset, now, date)
             reset = after if after is not None else reset
         if remaining is not None:
-            limits.append(ServiceLimit(remaining=remaining, reset=reset))
+            seconds, resolution = reset if reset is not None else (None, 0.0)
+            limits.append(ServiceLimit(remaining=remaining, reset=seconds, resolution=resolution))
     return RateLimits(policies=tuple(policies), limits=tuple(limits), malformed=tuple(malformed))
 
 
@@ -260,7 +276,7 @@ def _ietf_limits(text: str) -> tuple[list[QuotaPolicy], list[ServiceLimit]]:
         remaining = _required(params, "r")
         reset = _int_param(params, "t")
         limits.append(ServiceLimit(remaining=remaining, reset=float(reset) if reset is not None else None,
-                                   name=_name(value)))
+                                   name=_name(value), resolution=WHOLE_SECONDS if reset is not None else 0.0))
     return [], limits
 
 
@@ -276,7 +292,8 @@ def _draft7_limits(text: str) -> tuple[list[QuotaPolicy], list[ServiceLimit]]:
     limit = _required(params, "limit")  # draft -07 §3.1: "limit" and "reset" are required, "remaining" optional
     reset = _required(params, "reset")
     remaining = _int_param(params, "remaining")
-    limits = [ServiceLimit(remaining=remaining, reset=float(reset))] if remaining is not None else []
+    limits = ([ServiceLimit(remaining=remaining, reset=float(reset), resolution=WHOLE_SECONDS)]
+              if remaining is not None else [])
     return [QuotaPolicy(quota=limit)], limits
 
 
@@ -297,8 +314,9 @@ def _sf_count(text: str) -> int:
     return _integer(value, "the value")
 
 
-def _sf_delay(text: str) -> float:
-    return float(_sf_count(text))
+def _sf_delay(text: str) -> tuple[float, float]:
+    """``RateLimit-Reset``: an Integer of seconds, as ``(seconds, resolution)``."""
+    return float(_sf_count(text)), WHOLE_SECONDS
 
 
 # -- the X- fields: plain numbers -------------------------------------------------------------------------
@@ -318,21 +336,32 @@ def _count(text: str) -> int:
     return int(_number(text))
 
 
-def _delay(text: str) -> float:
-    return _number(text)
+def _resolution(text: str) -> float:
+    """The precision (seconds) of a plain number as written: 1.0 for ``"3"``, 0.001 for ``"3.000"``."""
+    _, dot, decimals = text.strip().partition(".")
+    return 10.0 ** -len(decimals) if dot else WHOLE_SECONDS
 
 
-def _x_reset(text: str, now: float, date: str | bytes | None) -> float:
-    """``X-RateLimit-Reset`` as seconds from now: delta seconds, an epoch time or epoch milliseconds."""
+def _delay(text: str) -> tuple[float, float]:
+    """Delta seconds (``X-RateLimit-Reset-After``), as ``(seconds, resolution)``."""
+    return _number(text), _resolution(text)
+
+
+def _x_reset(text: str, now: float, date: str | bytes | None) -> tuple[float, float]:
+    """``X-RateLimit-Reset`` as ``(seconds from now, resolution in seconds)``: delta seconds, an epoch time or
+    epoch milliseconds. A reset in the past is 0 seconds away."""
     value = _number(text)
+    resolution = _resolution(text)
     if value < EPOCH_THRESHOLD:
-        return value
-    epoch = value / 1000.0 if value >= EPOCH_MS_THRESHOLD else value
+        return value, resolution
+    epoch = value
+    if value >= EPOCH_MS_THRESHOLD:
+        epoch, resolution = value / 1000.0, resolution / 1000.0
     reference = now
     server = _http_date(date)
     if server is not None and abs(server - now) > CLOCK_AGREEMENT:
         reference = server  # the clocks disagree: the reset is a moment of the server's clock
-    return max(0.0, epoch - reference)
+    return max(0.0, epoch - reference), resolution
 
 
 def _http_date(value: str | bytes | None) -> float | None:

@@ -222,6 +222,34 @@ def test_the_ip_interval_counts_from_the_end_of_the_response_on_the_address():
     assert run(log).ok
 
 
+def test_pairs_booked_without_an_ip_interval_are_said_not_judged_per_address():
+    """Issue 30 finding 6: pairs booked with POLITE_IP_INTERVAL = 0 are not paced by address: the report says
+    they are not judged per address (and how many), instead of leaving them out of the smallest gap in silence."""
+    log = Log()
+    for at in (0.0, 1.0, 2.0):
+        log.book(at, "a.example", ip_interval=0.0)
+    report = run(log)
+    (address,) = report.addresses
+    assert address.unpaced == 2 and address.smallest_gap is None and report.ok
+    line = format_report(report, store="x")[2]
+    assert "smallest gap -, 2 pairs booked with POLITE_IP_INTERVAL 0: not judged per address" in line, line
+    assert report_json(report, store="x")["addresses"][0]["unpaced_pairs"] == 2
+    # Mixed: the paced pair is judged and gives the smallest gap; the unpaced one is counted, not judged.
+    log = Log()
+    log.book(0.0, "a.example", ip_interval=0.0)
+    log.book(0.5, "b.example", ip_interval=2.0)
+    log.book(2.5, "a.example", ip_interval=2.0)
+    (address,) = run(log).addresses
+    assert (address.unpaced, address.smallest_gap, address.gap_required) == (1, 2.0, 2.0)
+    # Negative control: every pair paced by address, nothing to say.
+    log = Log()
+    log.book(0.0, "a.example", ip_interval=1.0)
+    log.book(1.0, "a.example", ip_interval=1.0)
+    report = run(log)
+    assert report.addresses[0].unpaced == 0 and "not judged per address" not in "\n".join(
+        format_report(report, store="x"))
+
+
 # --------------------------------------------------------------------------------------------------
 # Bursts
 
@@ -315,7 +343,8 @@ def test_the_report_in_words_and_in_json():
     assert lines[0].startswith("audit of the event log of sqlite:///x: 3 events from 1 process, ")
     assert lines[1] == ("host a.example: 2 requests, smallest gap 1.000 s (interval 1.000 s), 1 throttle (429, "
                         "Retry-After 2 s: held 2.000 s, next request after 0.800 s), 1 VIOLATION")
-    assert lines[2] == "address 127.0.0.2: 2 requests (a.example), smallest gap -, allowed, ok"
+    assert lines[2] == ("address 127.0.0.2: 2 requests (a.example), smallest gap -, 1 pair booked with "
+                        "POLITE_IP_INTERVAL 0: not judged per address (their hosts' rules judge them), allowed, ok")
     assert lines[3].startswith("VIOLATION retry_after (inside a Retry-After hold): a.example: 0.800 s between them, "
                                "2.000 s required (429, Retry-After 2 s)")
     assert lines[4].startswith("  first:  ") and "429 response http://a.example/r" in lines[4]

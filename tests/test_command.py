@@ -183,7 +183,8 @@ def test_hosts_json_has_the_columns_as_keys(table):
     assert set(busy) == {"host", "next_allowed", "next_allowed_at", "next_allowed_in", "backoff_steps", "crawl_delay",
                          "after_success", "retry_after_scale", "2xx_seen", "updated", "updated_at",
                          "ratelimit_interval", "ratelimit_until", "ratelimit_until_at", "latency", "strain",
-                         "last_throttle"}
+                         "quota_left", "quota_reset", "quota_reset_at", "quota_limit", "quota_window", "booked",
+                         "quota_serial", "last_throttle"}
     assert set(busy) >= {c.lower().replace(" ", "_").replace("-", "_") for c in HOST_COLUMNS}
     assert busy["next_allowed"] == pytest.approx(table.now + 250) and 240 < busy["next_allowed_in"] <= 250
     assert busy["backoff_steps"] == 3 and busy["crawl_delay"] is None and busy["2xx_seen"] is True
@@ -658,3 +659,164 @@ def test_the_real_command_line_help_and_options_on_either_side_of_the_verb(tmp_p
     assert wrong.code == 2 and wrong.err.splitlines() == [
         "usage: scrapy polite hosts [-h] [--throttled] [--json]",
         "scrapy polite hosts: error: --clear does not apply to `hosts` (it is an option of crawl-delay)"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Issue 30, finding 6
+
+
+def past_the_step_cap(store, now: float, host: str = "capped.example", runs: int = 48) -> None:
+    """A host at its step cap answering ``429, Retry-After 3 s`` ``runs`` times: throttles past the cap take no
+    step, so the crawl writes their responses (``throttle_counted_before``) and no ``backoff`` event; the last
+    backoff step was long before."""
+    state = HostState(next_allowed=now + 3, consec=9, ok_seen=True, throttled_at=now - 5, updated=now - 5,
+                      run_retry_after=3.0)
+    store.update(host, lambda old, now_: (state, None))
+    url = f"http://{host}/p"
+    events = [Event(now - 900, "backoff", host, url, status=503, delay=256.0, due=now - 644, reason="503", steps=9,
+                    source="m:1")]
+    for i in range(runs):
+        at = now - 5 - 4.0 * (runs - 1 - i)
+        events.append(Event(at, "response", host, url, status=429, delay=3.0, due=at + 3, reason="throttle_counted_before",
+                            retry_after=3.0, steps=9, source="m:1"))
+    store.append_events(events)
+
+
+def test_the_last_throttle_cause_is_found_past_the_step_cap(table):
+    """48 records of "429, Retry-After 3 s" and no backoff event at the last throttle: the cause is the latest
+    throttled response, not "not in the event log" (nor the older backoff step's 503)."""
+    past_the_step_cap(table.store, table.now)
+    shown = table.run("show", "capped.example")
+    assert shown.code == EXIT_OK, shown.err
+    assert re.search(r"^  last throttle\s{2,}429, Retry-After 3 s, 5\.\d s ago$", shown.out, re.M), shown.out
+    listed = table.run("hosts")
+    assert re.search(r"429, Retry-After 3 s, 5\.\d s ago", listed.out) and "cause not in the event log" not in listed.out
+    data = json.loads(table.run("hosts", "--json").out)
+    capped = next(h for h in data["hosts"] if h["host"] == "capped.example")
+    assert capped["last_throttle"]["cause"] == "429" and capped["last_throttle"]["retry_after"] == 3.0
+    # Negative controls: an answer that was not a throttle is no cause, and a log without the throttle says so.
+    table.store.update("quiet.example", lambda old, now_: (HostState(consec=1, throttled_at=table.now - 5,
+                                                                     updated=table.now - 5), None))
+    table.store.append_events([Event(table.now - 5, "response", "quiet.example", status=200, delay=1.0,
+                                     source="m:1")])
+    quiet = table.run("show", "quiet.example").out
+    assert re.search(r"^  last throttle\s{2,}5\.\d s ago \(cause not in the event log\)$", quiet, re.M), quiet
+
+
+def test_the_last_throttle_cause_past_the_step_cap_in_one_pass_over_the_log():
+    store = MemoryStore()
+    now = store.now()
+    for i in range(25):  # more hosts than the command looks up one by one
+        past_the_step_cap(store, now, host=f"h{i}.example", runs=3)
+    out = io.StringIO()
+    assert run_command(["hosts", "--json"], store=store, out=out, err=io.StringIO()) == EXIT_OK
+    causes = {h["last_throttle"]["cause"] for h in json.loads(out.getvalue())["hosts"]}
+    assert causes == {"429"}
+
+
+class ClosingPipe(io.StringIO):
+    """A pipe whose reader goes away (``| head``) after ``keep`` characters: every later write fails as a closed
+    pipe does (``BrokenPipeError``)."""
+
+    def __init__(self, keep: int) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def write(self, text: str) -> int:
+        if self.tell() + len(text) > self.keep:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+    def fileno(self) -> int:  # not a file: nothing to point at the null device
+        raise io.UnsupportedOperation("fileno")
+
+
+@pytest.mark.parametrize("argv", [["hosts"], ["hosts", "--json"], ["show", "capped.example", "--events", "100"],
+                                  ["show", "capped.example", "--json"]])
+def test_a_reader_that_stops_early_ends_the_command_quietly_with_its_own_status(argv):
+    """Issue 30 finding 6: ``scrapy polite hosts --json | head``: no BrokenPipeError, and the verb's own status
+    (``show`` exited 1, "no such host", when its reader left)."""
+    store = MemoryStore()
+    now = store.now()
+    past_the_step_cap(store, now)
+    for i in range(200):
+        store.update(f"h{i}.example", lambda old, now_: (HostState(next_allowed=now + 1, updated=now), None))
+    err = io.StringIO()
+    out = ClosingPipe(keep=80)
+    assert run_command(argv, store=store, out=out, err=err) == EXIT_OK
+    assert err.getvalue() == "" and 0 < len(out.getvalue()) <= 80
+    # Negative control: the whole output, when the reader stays, is longer than what was kept.
+    full = io.StringIO()
+    assert run_command(argv, store=store, out=full, err=io.StringIO()) == EXIT_OK and len(full.getvalue()) > 80
+
+
+def test_a_reader_that_stops_early_keeps_the_audit_verdict():
+    """The status stays the verb's: an audit that found a violation is 1 whoever reads it (README, "Exit status")."""
+    store = MemoryStore()
+    now = store.now()
+    store.append_events([Event(now - 10, "booking", "a.example", "http://a.example/1", delay=5.0, due=now - 5,
+                               address="127.0.0.2", interval=5.0, ip_interval=0.0, source="m:1", seq=0),
+                         Event(now - 9, "booking", "a.example", "http://a.example/2", delay=5.0, due=now - 4,
+                               address="127.0.0.2", interval=5.0, ip_interval=0.0, source="m:1", seq=1)])
+    settings = {"POLITE_ALLOWED_NETWORKS": ["127.0.0.0/8"]}
+    assert run_command(["audit"], settings, store=store, out=ClosingPipe(keep=20), err=io.StringIO()) == 1
+
+
+def test_the_real_command_line_into_a_closed_pipe(tmp_path):
+    """The real ``scrapy polite hosts --json | head -1`` and ``show HOST | head -1``: exit 0, no traceback."""
+    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+    store = SQLiteStore(str(tmp_path / "pace.sqlite3"))
+    now = time.time()
+    past_the_step_cap(store, now, runs=400)
+    rows = {f"h{i}.example": HostState(next_allowed=now + i, updated=now) for i in range(1500)}
+    store.update_many(list(rows), lambda states, now_: (rows, None))
+    store.close()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    for argv in (["hosts", "--json"], ["show", "capped.example", "--events", "400"]):
+        proc = subprocess.Popen([sys.executable, "-m", "scrapy", "polite", *argv, "--store", uri], cwd=tmp_path,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()  # the reader goes away, as `head -1` does
+        try:
+            code = proc.wait(timeout=120)
+        finally:
+            proc.kill()
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+        assert first and code == 0 and "Traceback" not in err and "BrokenPipe" not in err, (argv, code, err)
+
+
+def test_show_says_every_field_in_words(table):
+    """Issue 30 finding 6: ``show`` printed "quota left -1", "quota serial", "booked" raw; each field it prints
+    is now in words, and README explains them ("The operator command")."""
+    now = table.now
+    quota = HostState(next_allowed=now + 2, ok_seen=True, updated=now - 1, ratelimit_interval=0.8, quota_left=2,
+                      quota_reset=now + 3, quota_limit=5, quota_window=4.0, quota_serial=14, booked=16,
+                      latency=0.123, strain=2)
+    table.store.update("quota.example", lambda old, now_: (quota, None))
+    text = table.run("show", "quota.example").out
+    lines = dict(re.findall(r"^  ([a-zA-Z -]+?)\s{2,}(.*)$", text, re.M))
+    assert lines["quota left"] == "2 requests until its reset"
+    assert lines["quota reset"].startswith("in 3.0 s (at ")
+    assert lines["quota size"] == "5 requests per 4.0 s"
+    assert lines["booked"] == "16 requests (the answer to request 14 counted the quota last, 2 booked since)"
+    assert lines["latency"] == "0.123 s (smoothed download time)"
+    assert lines["strain"] == "2 (5xx answers and failures not yet earned back)"
+    assert "quota serial" not in text and "quota limit" not in text and "quota window" not in text
+    data = json.loads(table.run("show", "quota.example", "--json").out)["row"]
+    assert (data["quota_left"], data["quota_limit"], data["quota_window"], data["booked"], data["quota_serial"]) == (
+        2, 5, 4.0, 16, 14)
+    # No quota known (quota_left -1): no quota line at all (the old show printed "quota left  -1").
+    plain = HostState(next_allowed=now, ok_seen=True, updated=now - 1, quota_left=-1, booked=3, quota_serial=3)
+    table.store.update("plain.example", lambda old, now_: (plain, None))
+    text = table.run("show", "plain.example").out
+    assert "quota left" not in text and not re.search(r"\s-1$", text, re.M), text
+    assert re.search(r"^  booked\s{2,}3 requests \(the answer to request 3 counted the quota last, 0 booked since\)$",
+                     text, re.M), text
+    # Every field show names is in README's list of show's fields.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for label in ("quota left", "quota reset", "quota size", "booked", "latency", "strain", "rate limit",
+                  "quota spent", "Retry-After scale"):
+        assert f"`{label}`" in readme, label

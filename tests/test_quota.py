@@ -126,16 +126,52 @@ def test_the_reset_replenishes_the_quota_less_what_was_booked_since_and_moves_on
 
 
 def test_spent_with_its_reset_unknown_waits_for_an_answer_not_for_ever():
+    """A refill without a window, then spent: the reset is not known (docs/spec.md §2, "Quota booking")."""
     state = HostState(quota_left=0, quota_reset=0.0, quota_limit=5, quota_serial=3, booked=8, updated=T0)
+    # Requests booked since the last counted answer (4 to 8) are unanswered: one of them may say more.
     ok, _, start = book(state, T0)
-    assert not ok and start == T0 + POLICY.effective_interval(state)  # tries again, no hold recorded
+    assert not ok and start == T0 + FIRST_ANSWER_POLL  # tries again, no hold recorded
     # A request booked since answers without a quota: the quota is unknown, the host books again.
     plain = POLICY.after_response(state, status=200, end=T0 + 1, serial=5).state
     assert plain.quota_left == -1 and book(plain, plain.next_allowed)[0]
-    # Nothing answers at all: held for max_wait after the row's last write at most.
-    assert book(state, T0 + 59.99)[0] is False and book(state, T0 + 60.0)[0] is True
+    # Nothing answers at all: held FIRST_ANSWER_TIMEOUT after the row's last write at most (not max_wait).
+    assert book(state, T0 + FIRST_ANSWER_TIMEOUT - 0.01)[0] is False and book(state, T0 + FIRST_ANSWER_TIMEOUT)[0]
+    # Nothing unanswered: nothing can say more, the booking goes at once (the quota is unknown).
+    assert book(replace(state, quota_serial=8), T0)[0] is True
     # Negative control: an answer to a request booked before the last counted one changes nothing.
     assert POLICY.after_response(state, status=200, end=T0 + 1, serial=2).state.quota_left == 0
+
+
+def test_a_refill_that_leaves_nothing_holds_one_window_at_most():
+    """As many requests unanswered at the reset as the quota (in flight, or never answered): the window after the
+    reset may be theirs, so the host is held until the next reset, and not one window longer: they were booked
+    before the reset (issue 30 finding 4: the row recorded no hold, so the refill was computed again from it at
+    every try, and the host was held window after window, for ever)."""
+    state = HostState(quota_left=0, quota_reset=T0 + 4, quota_limit=5, quota_window=4.0, quota_serial=10, booked=15,
+                      ratelimit_until=T0 + 4, next_allowed=T0 + 4, updated=T0)
+    ok, held, start = book(state, T0 + 4.0)
+    assert not ok and start == T0 + 8.0
+    verdict = POLICY.defer_verdict(held, T0 + 4.0)
+    assert verdict is not None and verdict.reason == "ratelimit" and verdict.due == T0 + 8.0
+    ok, new, _ = book(state, T0 + 8.0)  # the same row (a hold is never written): due, and booked
+    assert ok and new.quota_left == 4 and new.quota_reset == T0 + 12.0
+    # Negative control: fewer unanswered than the quota leave some at the reset.
+    assert book(replace(state, quota_serial=11), T0 + 4.0)[0]  # 5, less 4 unanswered: one left, booked
+
+
+def test_an_answer_without_a_quota_before_the_reset_is_not_counted_again_at_it():
+    """An answer without rate-limit fields (or a failure) before the recorded reset: its request was counted in
+    the window before it, not subtracted from the next (docs/spec.md §2, "Quota booking")."""
+    state = HostState(quota_left=2, quota_reset=T0 + 4, quota_limit=5, quota_window=4.0, quota_serial=10, booked=13,
+                      updated=T0)
+    before = POLICY.after_response(state, status=200, end=T0 + 1, serial=13).state
+    assert before.quota_serial == 13 and before.quota_left == 2
+    assert book(before, T0 + 4.0)[1].quota_left == 4  # 5, less this booking
+    # Negative controls: answered after the reset, it may have reached the server in the new window ...
+    after = POLICY.after_response(state, status=200, end=T0 + 4.5, serial=13).state
+    assert after.quota_serial == 10 and book(after, T0 + 4.6)[1].quota_left == 1  # 5 - 3 - this one
+    # ... and an answer to a request booked before the last counted one says nothing.
+    assert POLICY.after_response(state, status=200, end=T0 + 1, serial=9).state.quota_serial == 10
 
 
 def test_the_first_answer_waits_at_most_its_timeout():
@@ -204,18 +240,21 @@ DATE = email.utils.formatdate(NOW, usegmt=True)
                   "X-RateLimit-Reset": [str(int((NOW + 3) * 1000))]}, id="X- epoch milliseconds"),
 ])
 def test_every_reset_form_holds_the_host_until_its_reset(fields):
+    """``end + reset + resolution``: 1 s for whole seconds, 0.001 s for epoch milliseconds."""
     limits = parse_rate_limits({**fields, "Date": [DATE]}, now=NOW, date=DATE)
     end = T0  # the store's clock: the reset is a duration from the response
     state = answered(HostState(booked=1), end=end, serial=1, limits=limits)
     assert state.quota_left == 0 and state.quota_limit == 5
-    assert state.quota_reset == pytest.approx(end + 3.0, abs=1e-6)
+    # Until the end of the second (or millisecond) the reset is stated to: a server may have truncated it.
+    by = end + 3.0 + limits.limits[0].resolution
+    assert state.quota_reset == pytest.approx(by, abs=1e-6)
     assert state.ratelimit_until == state.next_allowed == state.quota_reset
-    assert book(state, end + 2.999)[0] is False and book(state, end + 3.0)[0] is True
+    assert book(state, by - 0.001)[0] is False and book(state, by)[0] is True
     # Negative control: one remaining books at once, and holds after it.
     one = answered(HostState(booked=1), end=end, serial=1,
                    limits=replace(limits, limits=tuple(replace(lim, remaining=1) for lim in limits.limits)))
     ok, after, _ = book(one, end + 1.0)  # after the w / q of the IETF form (0.8 s)
-    assert ok and after.next_allowed == pytest.approx(end + 3.0, abs=1e-6)
+    assert ok and after.next_allowed == pytest.approx(by, abs=1e-6)
 
 
 # --------------------------------------------------------------------------------------------------

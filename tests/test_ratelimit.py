@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import email.utils
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
@@ -220,10 +221,80 @@ def test_a_spent_quota_holds_the_host_until_its_reset():
                                                                ServiceLimit(5, 60.0))), end=T0)
     assert decision.hold == 12.0
     assert decision.state.next_allowed == T0 + 12.0 and decision.state.ratelimit_until == T0 + 12.0
-    # Negative controls: quota left, or no reset announced, hold nothing.
-    for limit in (ServiceLimit(1, 12.0), ServiceLimit(0, None), ServiceLimit(0, 0.0)):
+    # Negative controls: quota left, or an exact reset of 0 (the quota is replenished at once), hold nothing.
+    for limit in (ServiceLimit(1, 12.0), ServiceLimit(0, 0.0)):
         new = POLICY.after_ratelimit(state, limits_of(limits=(limit,)), end=T0).state
         assert (new.next_allowed, new.ratelimit_until) == (state.next_allowed, state.ratelimit_until)
+
+
+def test_a_spent_quota_whose_reset_is_not_said_is_held_a_window_or_max_wait():
+    """docs/spec.md §2, "Announced quotas": every spent quota has a due moment, none waits for an answer."""
+    state = HostState(next_allowed=T0 + 1, updated=T0 - 1)
+    windowed = POLICY.after_ratelimit(state, limits_of(QuotaPolicy(5, 4.0), limits=(ServiceLimit(0, None),)), end=T0)
+    assert windowed.hold == 4.0 and windowed.state.quota_reset == T0 + 4.0 and windowed.state.quota_limit == 5
+    bare = POLICY.after_ratelimit(state, limits_of(QuotaPolicy(5), limits=(ServiceLimit(0, None),)), end=T0)
+    assert bare.hold == POLICY.max_wait and bare.state.ratelimit_until == T0 + POLICY.max_wait
+    assert bare.state.quota_limit == 0  # a guess, not a reset: nothing is refilled there
+    # Negative control: with units left, an unsaid reset holds nothing and is not known.
+    left = POLICY.after_ratelimit(state, limits_of(QuotaPolicy(5, 4.0), limits=(ServiceLimit(2, None),)), end=T0)
+    assert left.hold is None and left.state.quota_reset == 0.0 and left.state.next_allowed == T0 + 1
+
+
+@pytest.mark.parametrize("fields, resolution", [
+    pytest.param({"RateLimit-Policy": ['"d";q=5'], "RateLimit": ['"d";r=0;t=3']}, 1.0, id="IETF t"),
+    pytest.param({"RateLimit-Remaining": ["0"], "RateLimit-Reset": ["3"]}, 1.0, id="RateLimit-Reset"),
+    pytest.param({"RateLimit": ["limit=5, remaining=0, reset=3"]}, 1.0, id="draft -07 dictionary"),
+    pytest.param({"X-RateLimit-Remaining": ["0"], "X-RateLimit-Reset": ["3"]}, 1.0, id="X- whole seconds"),
+    pytest.param({"X-RateLimit-Remaining": ["0"], "X-RateLimit-Reset": ["3.000"]}, 0.001, id="X- three decimals"),
+    pytest.param({"X-RateLimit-Remaining": ["0"], "X-RateLimit-Reset-After": ["3.0"]}, 0.1, id="Reset-After"),
+    pytest.param({"X-RateLimit-Remaining": ["0"], "X-RateLimit-Reset": [str(int(T0) + 3)]}, 1.0,
+                 id="X- epoch seconds"),
+    pytest.param({"X-RateLimit-Remaining": ["0"], "X-RateLimit-Reset": [str((int(T0) + 3) * 1000)]}, 0.001,
+                 id="X- epoch milliseconds"),
+])
+def test_every_reset_is_read_with_its_resolution(fields, resolution):
+    limit = parse_rate_limits(fields, now=float(int(T0))).limits[0]
+    assert limit.reset == pytest.approx(3.0) and limit.resolution == pytest.approx(resolution)
+
+
+def test_a_whole_second_reset_is_held_to_the_end_of_its_second():
+    """A server that truncates 3.9 s to ``t=3`` is replenished up to 1 s after ``end + 3``: the hold ends at
+    ``end + 4`` (docs/spec.md §2, "The reset's resolution"), and no later than its window unless ``t`` says more."""
+    whole = parse_rate_limits({"X-RateLimit-Remaining": ["0"], "X-RateLimit-Reset": ["3"]}, now=T0)
+    assert POLICY.after_ratelimit(None, whole, end=T0).state.next_allowed == T0 + 4.0
+    exact = parse_rate_limits({"X-RateLimit-Remaining": ["0"], "X-RateLimit-Reset": ["3.000"]}, now=T0)
+    assert POLICY.after_ratelimit(None, exact, end=T0).state.next_allowed == pytest.approx(T0 + 3.001)
+    # t = 0 (less than a second left, truncated) still holds that second; a reset in the past is 0 s away.
+    zero = parse_rate_limits({"RateLimit-Policy": ['"d";q=5'], "RateLimit": ['"d";r=0;t=0']}, now=T0)
+    assert POLICY.after_ratelimit(None, zero, end=T0).hold == 1.0
+    past = parse_rate_limits({"X-RateLimit-Remaining": ["0"], "X-RateLimit-Reset": [str(int(T0) - 60)]}, now=T0)
+    assert POLICY.after_ratelimit(None, past, end=T0).hold == 1.0
+    # The window bounds it: 5 per 4 s is replenished within 4 s (t = 4 holds 4 s, not 5) ...
+    windowed = parse_rate_limits({"RateLimit-Policy": ['"d";q=5;w=4'], "RateLimit": ['"d";r=0;t=4']}, now=T0)
+    assert POLICY.after_ratelimit(None, windowed, end=T0).hold == 4.0
+    # ... unless the reset says more (a server may hold a client past its window).
+    longer = parse_rate_limits({"RateLimit-Policy": ['"d";q=5;w=4'], "RateLimit": ['"d";r=0;t=30']}, now=T0)
+    assert POLICY.after_ratelimit(None, longer, end=T0).hold == 30.0
+
+
+def test_the_same_reset_said_again_keeps_its_earliest_bound():
+    """Each response of one window bounds its reset (``end + t + 1`` when ``t`` is whole seconds); the bounds of
+    one reset lie within 2 s of each other, and the earliest holds (docs/spec.md §2, "The reset's resolution")."""
+    def say(state: HostState | None, end: float, remaining: int, t: int) -> HostState:
+        fields = {"RateLimit-Policy": ['"d";q=5'], "RateLimit": [f'"d";r={remaining};t={t}']}
+        serial = (state.booked if state is not None else 0) + 1
+        return POLICY.after_ratelimit(replace(state or HostState(), booked=serial), parse_rate_limits(fields, now=end),
+                                      end=end, serial=serial).state
+    state = say(None, T0 + 0.2, 3, 3)            # the window ends at T0 + 3.5: bound T0 + 4.2
+    state = say(state, T0 + 1.4, 2, 3)           # bound T0 + 5.4: the same reset, the earlier bound kept
+    assert state.quota_reset == pytest.approx(T0 + 4.2)
+    state = say(state, T0 + 3.2, 0, 1)           # spent: held until the earliest bound, not T0 + 5.2
+    assert state.quota_reset == pytest.approx(T0 + 4.2) and state.next_allowed == pytest.approx(T0 + 4.2)
+    # Negative controls: the next window (the quota went up, or its bound lies a window later) is its own.
+    after = say(state, T0 + 4.3, 4, 4)
+    assert after.quota_reset == pytest.approx(T0 + 9.3)
+    far = say(say(None, T0, 3, 3), T0 + 0.5, 2, 10)
+    assert far.quota_reset == pytest.approx(T0 + 11.5)
 
 
 def test_a_hold_never_shortens_a_recorded_one():

@@ -30,6 +30,15 @@ Forms (what the response says; every reset is exact, so a client that honours it
 
 A refused request gets ``429`` with the same fields and a ``Retry-After`` (whole seconds, rounded up).
 ``enforce=False`` announces the quota but never refuses.
+
+``quiet=N`` answers the N requests after the first answer that says nothing remains **without** any rate-limit
+field (a caching proxy or an error page in front of the server may drop them; the server still counts the
+requests).
+
+``rounding="down"`` announces every reset in whole seconds **truncated** (``int(seconds)``, the epoch second the
+window ends in), as many servers do (Flask-Limiter's ``int(reset_time)``, ``int(reset - now)``): the quota is
+then replenished up to 1 s after the moment announced. ``window_announced=False`` leaves the window out of
+``RateLimit-Limit`` (``RateLimit-Limit: Q``, the drafts' plain form).
 """
 
 from __future__ import annotations
@@ -63,6 +72,9 @@ class Quota:
         enforce: answer 429 beyond the quota (False: announce it only).
         mode: ``"bucket"`` or ``"window"`` (None: by the form, see the module docstring).
         extra: more headers for every response (e.g. a malformed field).
+        rounding: ``"up"`` (every reset rounded up: never early) or ``"down"`` (whole seconds, truncated).
+        window_announced: the ``draft`` form's ``RateLimit-Limit`` names the window (``Q, Q;w=W``); False: ``Q``.
+        quiet: how many answers after the first that says nothing remains carry no rate-limit field.
     """
 
     form: str = "ietf"
@@ -71,12 +83,17 @@ class Quota:
     enforce: bool = True
     mode: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    rounding: str = "up"
+    window_announced: bool = True
+    quiet: int = 0
     served: int = 0
     refused: int = 0
 
     def __post_init__(self) -> None:
         if self.form not in FORMS:
             raise ValueError(f"unknown form {self.form!r}; one of {FORMS}")
+        if self.rounding not in ("up", "down"):
+            raise ValueError(f"rounding must be 'up' or 'down', got {self.rounding!r}")
         if self.mode is None:
             self.mode = "bucket" if self.form in ("ietf", "draft") else "window"
         self._lock = threading.Lock()
@@ -84,6 +101,9 @@ class Quota:
         self._filled_at = time.time()
         self._window_start = 0.0
         self._used = 0
+        self._spent_seen = False
+        #: How many answers went out without their rate-limit fields (``quiet``).
+        self.quieted = 0
 
     def ideal(self, requests: int) -> float:
         """Seconds the quota allows ``requests`` requests at its sustained rate: ``requests × w / q``."""
@@ -121,18 +141,20 @@ class Quota:
         """The rate-limit fields of one response."""
         q, w = self.quota, self.window
         w_int = int(w) if float(w).is_integer() else math.ceil(w)
+        down = self.rounding == "down"
+        seconds = int(reset) if down else int(_up(reset))  # whole seconds
         if self.form == "ietf":
             out = {"RateLimit-Policy": f'"default";q={q};w={w_int}',
-                   "RateLimit": f'"default";r={remaining};t={int(_up(reset))}'}
+                   "RateLimit": f'"default";r={remaining};t={seconds}'}
         elif self.form == "draft":
-            out = {"RateLimit-Limit": f"{q}, {q};w={w_int}", "RateLimit-Remaining": str(remaining),
-                   "RateLimit-Reset": str(int(_up(reset)))}
+            limit = f"{q}, {q};w={w_int}" if self.window_announced else str(q)
+            out = {"RateLimit-Limit": limit, "RateLimit-Remaining": str(remaining), "RateLimit-Reset": str(seconds)}
         elif self.form == "x-delta":
             out = {"X-RateLimit-Limit": str(q), "X-RateLimit-Remaining": str(remaining),
-                   "X-RateLimit-Reset": f"{_up(reset, 3):.3f}"}
+                   "X-RateLimit-Reset": str(seconds) if down else f"{_up(reset, 3):.3f}"}
         elif self.form == "x-epoch":
             out = {"X-RateLimit-Limit": str(q), "X-RateLimit-Remaining": str(remaining),
-                   "X-RateLimit-Reset": str(math.ceil(reset_at - 1e-9))}
+                   "X-RateLimit-Reset": str(math.floor(reset_at) if down else math.ceil(reset_at - 1e-9))}
         elif self.form == "discord":
             out = {"X-RateLimit-Limit": str(q), "X-RateLimit-Remaining": str(remaining),
                    "X-RateLimit-Reset": f"{_up(reset_at, 3):.3f}", "X-RateLimit-Reset-After": f"{_up(reset, 3):.3f}"}
@@ -146,6 +168,12 @@ class Quota:
         def handle(info: RequestInfo, count: int) -> Reply:
             allowed, remaining, reset, reset_at = self._take(time.time())
             headers = self.headers(remaining, reset, reset_at)
+            with self._lock:
+                if self._spent_seen and self.quieted < self.quiet:
+                    self.quieted += 1
+                    headers = {}
+                elif remaining == 0:
+                    self._spent_seen = True
             if not allowed:
                 return Reply.text("quota exceeded", status=429,
                                   headers={**headers, "Retry-After": str(int(_up(reset)) or 1)})
