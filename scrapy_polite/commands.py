@@ -382,8 +382,8 @@ def _hold_cells(state: HostState, now: float) -> list[tuple[str, str]]:
     request booked on the host is on its way; no process books it before its answer, or this bound)."""
     if state.held_until <= now:
         return []
-    return [("in flight", f"a request is on its way: no booking before its answer, or before "
-                          f"{_due(state.held_until, now)} should its process have died")]
+    return [("in flight", f"a request is on its way: no booking before its answer (should its process have "
+                          f"died, its hold ends {_due(state.held_until, now)})")]
 
 
 def _adaptive_cells(state: HostState) -> list[tuple[str, str]]:
