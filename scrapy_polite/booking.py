@@ -208,7 +208,7 @@ class Booker:
                 break
             if deferrable:
                 return self.defer(host, self.clock.to_local(verdict.due), verdict.reason, request)
-            await self._wait(host, min(verdict.due - snapshot.now, self.policy.max_wait), request)
+            await self._wait(host, self.policy.wait(snapshot.states[host], snapshot.now), request)
         addresses = await self.resolution.addresses(request, host)  # resolved at the decision (docs/spec.md §3)
         self.report.inc("burst")
         self.lifecycle.sent(request)

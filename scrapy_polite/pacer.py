@@ -370,10 +370,6 @@ class Pacer:
         """Count a deferral of ``host`` (``polite/deferrals/<reason>``) and return it."""
         return self.booker.defer(host, due, reason)
 
-    def line_busy(self, host: str) -> bool:
-        """A request of this process holds the host's line."""
-        return self.lifecycle.busy(host)
-
     def override(self, host: str, request: Request | None = None) -> float | None:
         """See :meth:`Booker.override <scrapy_polite.booking.Booker.override>`."""
         return self.booker.override(host, request)
@@ -516,10 +512,6 @@ class Pacer:
     async def finish(self, request: Request) -> Decision | None:
         """See :meth:`Recorder.finish <scrapy_polite.recording.Recorder.finish>`."""
         return await self.recorder.finish(request)
-
-    def throttle_retry_due(self, request: Request, decision: Decision | None) -> float | None:
-        """See :meth:`ThrottleRetries.due <scrapy_polite.retrying.ThrottleRetries.due>`."""
-        return self.retries.due(request, decision)
 
     def throttled_since(self, request: Request) -> bool:
         """See :meth:`Recorder.throttled_since <scrapy_polite.recording.Recorder.throttled_since>`."""

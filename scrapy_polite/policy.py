@@ -5,8 +5,7 @@ Everything that decides *how long* a host must be left alone lives here:
 * :func:`host_key` — the pacing key of a URL (docs/spec.md §1);
 * :func:`parse_retry_after` — the ``Retry-After`` header (RFC 9110 §10.2.3);
 * :class:`PacingPolicy` — the configuration (intervals and caps, in seconds) and the rules:
-  :meth:`~PacingPolicy.after_response`, :meth:`~PacingPolicy.wait`,
-  :meth:`~PacingPolicy.should_defer`, :meth:`~PacingPolicy.reset`;
+  :meth:`~PacingPolicy.after_response`, :meth:`~PacingPolicy.wait`, :meth:`~PacingPolicy.reset`;
   :meth:`~PacingPolicy.defer_verdict`, :meth:`~PacingPolicy.book` (the booking step over a host's
   addresses), :meth:`~PacingPolicy.finish_address`, :meth:`~PacingPolicy.robots_delay_update`;
   :meth:`~PacingPolicy.after_ratelimit` (announced quotas, parsed by :mod:`scrapy_polite.ratelimit`),
@@ -464,14 +463,6 @@ class PacingPolicy:
         limit = self.max_backoff if cap is None else cap
         return consec < MAX_BACKOFF_EXPONENT and eff * 2.0 ** consec < limit
 
-    def steps_cap(self, eff: float, *, cap: float | None = None) -> int:
-        """The most backoff steps a host can hold at interval ``eff`` (seconds): with the defaults (1 s,
-        300 s) 9, the step whose backoff is the cap (docs/spec.md §2, "No dead steps")."""
-        consec = 0
-        while self.takes_step(eff, consec, cap=cap):
-            consec += 1
-        return consec
-
     # -- after a response -------------------------------------------------------------------------
 
     def is_throttle(self, status: int, state: HostState | None) -> bool:
@@ -817,15 +808,11 @@ class PacingPolicy:
     # -- before a request -------------------------------------------------------------------------
 
     def wait(self, state: HostState | None, now: float) -> float:
-        """``clamp(next_allowed - now, 0, max_wait)`` in seconds (docs/spec.md §2)."""
+        """``clamp(next_allowed - now, 0, max_wait)`` in seconds (docs/spec.md §2): how long a request of the
+        host waits in line now, at most (no state: no wait)."""
         if state is None:
             return 0.0
         return min(max(state.next_allowed - now, 0.0), self.max_wait)
-
-    def should_defer(self, state: HostState | None, now: float, *, override: float | None = None) -> bool:
-        """``defer_verdict(...) is not None``: leave the downloader (True) or wait in line (False).
-        See :meth:`defer_verdict`."""
-        return self.defer_verdict(state, now, override=override) is not None
 
     def defer_verdict(self, state: HostState | None, now: float, *,
                       override: float | None = None) -> Deferral | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .addresses import AddressFilter
 from .reactor import await_deferred, installed_reactor
@@ -144,7 +144,3 @@ class Resolution:
         address = request.meta.get(IP_META)
         if address and request.meta.pop(PINNED_META, False) and self._resolver is not None:
             self._resolver.unpin(host, address)
-
-    def current(self) -> Any:
-        """The resolver in use, or None before the first request."""
-        return self._resolver

@@ -43,7 +43,7 @@ def test_throttles_without_retry_after_step_up_to_the_cap_and_no_further():
     assert [d for d, _, _ in trace] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300, 300, 300]
     # consec 9 is the step whose backoff is the cap (256 < 300 steps once more, 512 ≥ 300 does not)
     assert [c for _, c, _ in trace] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 9, 9]
-    assert state.consec == 9 and POLICY.steps_cap(1.0) == 9
+    assert state.consec == 9 and next(c for c in range(20) if not POLICY.takes_step(1.0, c)) == 9
 
 
 def test_recovery_from_the_cap_is_one_step_per_success():
@@ -75,7 +75,7 @@ def test_the_first_throttle_always_steps_even_above_the_cap():
     assert (first.delay, first.state.consec) == (600.0, 1)
     second = POLICY.after_response(first.state, status=429, end=T0 + 1000)
     assert (second.delay, second.state.consec) == (600.0, 1)
-    assert POLICY.should_defer(first.state, T0 + 1)
+    assert POLICY.defer_verdict(first.state, T0 + 1) is not None
 
 
 def test_a_raised_interval_lowers_the_step_cap():

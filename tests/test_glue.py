@@ -843,7 +843,7 @@ def test_the_pacer_paces_a_host_on_the_fake_clock():
     clock.advance(0.5)
     pacer.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "3"}, request=r1))
     inline(pacer.finish(r1))
-    assert not pacer.line_busy("a.example") and pacer.scheduler.wakes == ["a.example"]
+    assert not pacer.lifecycle.busy("a.example") and pacer.scheduler.wakes == ["a.example"]
     r2 = request("http://a.example/2", proxy="http://proxy.example:3128")
     assert inline(pacer.before_request(r2, "a.example")) == Defer(due=T0 + 3.5, reason="throttled")
     report = pacer.host_report()["a.example"]
@@ -861,7 +861,7 @@ def test_a_store_error_stops_the_pacer():
         inline(pacer.before_request(r, "a.example"))
     assert pacer.failed is raised.value
     assert pacer.crawler.stats.get_value("polite/store_errors") == 1
-    assert not pacer.line_busy("a.example")  # the line is not leaked
+    assert not pacer.lifecycle.busy("a.example")  # the line is not leaked
     # Nothing goes out after it, and the table is not asked again.
     calls = broken.calls
     with pytest.raises(StoreError) as again:

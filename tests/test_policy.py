@@ -241,7 +241,7 @@ def test_reset_keeps_crawl_delay_and_forgets_the_rest():
     assert reset.ok_seen is False
     # After a reset a 403 is a refusal again (ok_seen forgotten), and the host does not defer.
     assert POLICY.after_response(reset, status=403, end=T0 + 2).throttle is False
-    assert POLICY.should_defer(reset, T0 + 1) is False
+    assert (POLICY.defer_verdict(reset, T0 + 1) is not None) is False
 
 
 def test_reset_of_unknown_host_is_a_blank_row():
@@ -283,29 +283,29 @@ def test_r13_fixtures_reach_their_preconditions():
 
 
 def test_r13_throttled_host_defers():
-    assert POLICY.should_defer(_throttled_fixture(T0), T0) is True
+    assert (POLICY.defer_verdict(_throttled_fixture(T0), T0) is not None) is True
 
 
 def test_r13_polite_host_with_the_same_wait_does_not_defer():
     polite = _polite_fixture(T0)
     assert POLICY.wait(polite, T0) == POLICY.wait(_throttled_fixture(T0), T0)  # precondition
-    assert POLICY.should_defer(polite, T0) is False
+    assert (POLICY.defer_verdict(polite, T0) is not None) is False
 
 
 def test_r13_unknown_host_never_defers():
-    assert POLICY.should_defer(None, T0) is False
+    assert (POLICY.defer_verdict(None, T0) is not None) is False
 
 
 def test_r13_throttled_host_whose_backoff_was_served_proceeds():
     served = replace(_throttled_fixture(T0), next_allowed=1.0)  # the gate writes next_allowed = 1 (long past)
-    assert POLICY.should_defer(served, T0) is False
+    assert (POLICY.defer_verdict(served, T0) is not None) is False
     assert served.consec == 1  # ...and it still carries consec 1: not a no-history pass
 
 
 def test_r13_backoff_served_exactly_at_next_allowed_proceeds():
     state = _throttled_fixture(T0)
-    assert POLICY.should_defer(state, state.next_allowed - 0.001) is True
-    assert POLICY.should_defer(state, state.next_allowed) is False
+    assert (POLICY.defer_verdict(state, state.next_allowed - 0.001) is not None) is True
+    assert (POLICY.defer_verdict(state, state.next_allowed) is not None) is False
 
 
 def test_r13b_predicate_on_a_persisted_state_equals_the_state_in_hand(tmp_path):
@@ -318,10 +318,10 @@ def test_r13b_predicate_on_a_persisted_state_equals_the_state_in_hand(tmp_path):
         store.update("r13polite.example.test", lambda s, now: (polite, None))
         persisted_throttled = store.get("r13throttled.example.test")
         persisted_polite = store.get("r13polite.example.test")
-        assert POLICY.should_defer(persisted_throttled, T0) is POLICY.should_defer(throttled, T0) is True
-        assert POLICY.should_defer(persisted_polite, T0) is POLICY.should_defer(polite, T0) is False
+        assert POLICY.defer_verdict(persisted_throttled, T0) == POLICY.defer_verdict(throttled, T0) is not None
+        assert POLICY.defer_verdict(persisted_polite, T0) is POLICY.defer_verdict(polite, T0) is None
         # A missing row (the gate's NULL table) defers nothing.
-        assert POLICY.should_defer(store.get("r13unknown.example.test"), T0) is False
+        assert (POLICY.defer_verdict(store.get("r13unknown.example.test"), T0) is not None) is False
     finally:
         store.close()
 
@@ -339,16 +339,16 @@ def test_r14_fixture_reaches_its_preconditions():
 
 
 def test_r14_delay_above_the_cap_defers():
-    assert POLICY.should_defer(_polite_fixture(T0, crawl_delay=MAX_WAIT + 0.001), T0) is True
+    assert (POLICY.defer_verdict(_polite_fixture(T0, crawl_delay=MAX_WAIT + 0.001), T0) is not None) is True
 
 
 def test_r14_delay_at_the_cap_does_not_defer():
-    assert POLICY.should_defer(_polite_fixture(T0, crawl_delay=MAX_WAIT), T0) is False
+    assert (POLICY.defer_verdict(_polite_fixture(T0, crawl_delay=MAX_WAIT), T0) is not None) is False
 
 
 def test_r14_interval_elapsed_proceeds():
     slow = replace(_polite_fixture(T0, crawl_delay=MAX_WAIT + 0.001), next_allowed=1.0)
-    assert POLICY.should_defer(slow, T0) is False
+    assert (POLICY.defer_verdict(slow, T0) is not None) is False
     assert slow.crawl_delay == MAX_WAIT + 0.001  # ...and it still publishes cap + 1 ms
 
 
@@ -357,8 +357,8 @@ def test_r14_slow_host_defers_until_its_own_interval_has_elapsed():
     state = PacingPolicy.with_crawl_delay(None, 120.0, now=T0)
     state = POLICY.after_response(state, status=200, end=T0).state
     assert state.next_allowed == T0 + 120.0  # the published 120 s, not truncated to the 60 s wait cap
-    assert POLICY.should_defer(state, T0 + 119.9) is True
-    assert POLICY.should_defer(state, T0 + 120.0) is False
+    assert (POLICY.defer_verdict(state, T0 + 119.9) is not None) is True
+    assert (POLICY.defer_verdict(state, T0 + 120.0) is not None) is False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -459,7 +459,7 @@ def test_success_sent_before_a_recorded_throttle_takes_no_step_off():
     assert late.state.consec == 1  # unchanged
     assert late.state.next_allowed >= throttled.next_allowed  # not shortened
     assert late.state.next_allowed >= T0 + 120.0
-    assert POLICY.should_defer(late.state, T0 + 1) is True
+    assert (POLICY.defer_verdict(late.state, T0 + 1) is not None) is True
 
 
 def test_success_sent_before_a_recorded_throttle_keeps_a_deep_streak():

@@ -270,11 +270,6 @@ def test_verdict_a_polite_host_with_the_same_wait_is_not_deferred():
     assert POLICY.defer_verdict(row(T0 + 100, consec=0, crawl_delay=2.0), T0) is None
 
 
-def test_should_defer_is_the_verdict_as_a_bool():
-    cases = [None, row(T0 + 5, consec=1), row(T0 + 90, crawl_delay=90.0), row(T0 + 5), row(T0 - 1, consec=4)]
-    assert [POLICY.should_defer(s, T0) for s in cases] == [False, True, True, False, False]
-
-
 # --------------------------------------------------------------------------------------------------
 # ip_key(): one row per reachable IPv4 address, canonical IPv6
 
