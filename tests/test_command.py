@@ -751,7 +751,7 @@ def test_a_reader_that_stops_early_ends_the_command_quietly_with_its_own_status(
 
 
 def test_a_reader_that_stops_early_keeps_the_audit_verdict():
-    """The status stays the verb's: an audit that found a violation is 1 whoever reads it (README, "Exit status")."""
+    """The status stays the verb's: an audit that found a violation is 1 whoever reads it (docs/guides/operating.md, "Exit status")."""
     store = MemoryStore()
     now = store.now()
     store.append_events([Event(now - 10, "booking", "a.example", "http://a.example/1", delay=5.0, due=now - 5,
@@ -790,7 +790,7 @@ def test_the_real_command_line_into_a_closed_pipe(tmp_path):
 
 def test_show_says_every_field_in_words(table):
     """Issue 30 finding 6: ``show`` printed "quota left -1", "quota serial", "booked" raw; each field it prints
-    is now in words, and README explains them ("The operator command")."""
+    is now in words, and the operating guide explains them ("The other fields show prints")."""
     now = table.now
     quota = HostState(next_allowed=now + 2, ok_seen=True, updated=now - 1, ratelimit_interval=0.8, quota_left=2,
                       quota_reset=now + 3, quota_limit=5, quota_window=4.0, quota_serial=14, booked=16,
@@ -815,8 +815,8 @@ def test_show_says_every_field_in_words(table):
     assert "quota left" not in text and not re.search(r"\s-1$", text, re.M), text
     assert re.search(r"^  booked\s{2,}3 requests \(the answer to request 3 counted the quota last, 0 booked since\)$",
                      text, re.M), text
-    # Every field show names is in README's list of show's fields.
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    # Every line show names is in the operating guide's list of show's lines.
+    guide = (ROOT / "docs" / "guides" / "operating.md").read_text(encoding="utf-8")
     for label in ("quota left", "quota reset", "quota size", "booked", "latency", "strain", "rate limit",
-                  "quota spent", "Retry-After scale"):
-        assert f"`{label}`" in readme, label
+                  "quota spent", "Retry-After scale", "in flight"):
+        assert f"| `{label}` |" in guide, label
