@@ -301,17 +301,27 @@ FARM_ADDRESS = "127.0.18.9"
 
 
 def slow_farm(tmp_path: Any, arrival_server: Any, redis_url: str, patch: list[str] | None = None) -> Any:
+    """Two workers (each takes one request in hand at a time, so both crawl, side by side) share the slow host's 8 pages; the
+    server records which worker (its User-Agent) sent each request."""
     srv = arrival_server(FARM_ADDRESS)
-    srv.route("/*", lambda info, count: Reply.text(info.path, delay=SLOW))
+    agents: dict[str, str] = {}
+
+    def reply(info: RequestInfo, count: int) -> Reply:
+        agents[info.path] = info.headers.get("user-agent", "")
+        return Reply.text(info.path, delay=SLOW)
+
+    srv.route("/*", reply)
+    srv.agents = agents
     name = farm_name()
     push_requests(redis_url, name, [srv.url(f"/p/{i}") for i in range(2 * PAGES)])
     settings = farm_settings(redis_url, unique_prefix("farm"), POLITE_HOST_INTERVAL=INTERVAL,
-                             POLITE_IP_INTERVAL=INTERVAL, MAX_IDLE_TIME_BEFORE_CLOSE=4)
+                             POLITE_IP_INTERVAL=INTERVAL, MAX_IDLE_TIME_BEFORE_CLOSE=4, CONCURRENT_REQUESTS=1)
     labels = [f"w{i}-{name[-6:]}" for i in range(2)]
     workers = [Worker(tmp_path, label, name, settings, [[other, 0.0] for other in labels],
                       extra={"patch": patch or []}) for label in labels]
     for worker in workers:
         worker.stats(timeout=120)
+    assert set(agents.values()) == set(labels), agents  # both workers crawled the host
     return srv, workers
 
 
