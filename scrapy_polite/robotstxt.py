@@ -121,6 +121,11 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         assert self.pacer is not None
         return (self.clock or self.pacer.clock)()
 
+    def _offset(self) -> float:
+        """This middleware's clock minus the pacer's (0 unless a test injected a clock)."""
+        assert self.pacer is not None
+        return 0.0 if self.clock is None else self.clock() - self.pacer.clock()
+
     def state(self, origin: str) -> RobotsState | None:
         """The origin's robots.txt state (``scheme://host:port`` as the request's URL has it; for tests and reports)."""
         return self._states.get(origin)
@@ -153,7 +158,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 continue
             assert isinstance(action, Hold)
             if host is not None and pacer.failed is None and pacer.can_defer(request):
-                due = pacer.clock() + (action.until - now)
+                due = action.until - self._offset()
                 pacer.defer(host, due, "robots_unreachable", request)
                 _hold(pacer, request, host, due)
                 return request  # the engine hands it back to the scheduler, which holds it until due
@@ -271,7 +276,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 due = await pacer.due(host)
             except StoreError:
                 continue  # the crawl is being stopped (logged once); the floor is enough for what is left of it
-            at = max(at, now + (due - pacer.clock()))
+            at = max(at, due + self._offset())
         return at
 
     def _report(self, origin: str, before: RobotsState | None, state: RobotsState | None, answer: Answer,
@@ -294,7 +299,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                             "asking again in %.1f s", origin, answer.cause, state.failures,
                             now - (state.since if state.since is not None else now), wait)
             if host is not None and state.holds and state.since is not None:
-                pacer.robots_unreachable(host, pacer.clock() - (now - state.since), answer.cause)
+                pacer.robots_unreachable(host, state.since - self._offset(), answer.cause)
             return
         if answer.kind == "unavailable":
             pacer.inc("robots/unavailable")
