@@ -182,7 +182,8 @@ def _install_robots_middleware(settings: Settings) -> None:
     ``ROBOTSTXT_OBEY`` is on: the RFC 9309 lifecycle is then not in force)."""
     scrapy_cls = load_object(SCRAPY_ROBOTS_MIDDLEWARE)
     ours_cls = load_object(ROBOTS_MIDDLEWARE)
-    if any(value is None and _loads_to(key, ours_cls) for key, value in settings.getdict("DOWNLOADER_MIDDLEWARES").items()):
+    listed = settings.getdict("DOWNLOADER_MIDDLEWARES")
+    if any(value is None and _loads_to(key, ours_cls) for key, value in listed.items()):
         return  # the project turned ours off (``{PoliteRobotsTxtMiddleware: None}``): its choice
     enabled = {}  # the robots.txt middlewares in force: class → key, over the base and the project's lists
     for key, priority in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items():

@@ -62,7 +62,6 @@ from .robots import (
     classify_status,
     decide,
     fetching,
-    given_up,
     reask_floor,
     truncate,
 )
@@ -133,7 +132,8 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
     async def process_request(self, request: Request) -> Request | None:  # type: ignore[override]
         pacer = self.pacer
         if pacer is None:
-            return await super().process_request(request)  # type: ignore[no-any-return]
+            await super().process_request(request)
+            return None
         if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
             return None
         url = urlparse_cached(request)
@@ -328,7 +328,7 @@ async def _download(crawler: Crawler, request: Request) -> Response:
     download_async = getattr(engine, "download_async", None)
     if download_async is not None:
         return await download_async(request)  # type: ignore[no-any-return]
-    return await maybe_deferred_to_future(engine.download(request))  # type: ignore[no-any-return]
+    return await maybe_deferred_to_future(engine.download(request))
 
 
 async def _send_robots_parsed(crawler: Crawler, parser: Any, request: Request) -> None:

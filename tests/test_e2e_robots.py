@@ -31,7 +31,7 @@ from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 
 from scrapy_polite.robotstxt import PoliteRobotsTxtMiddleware
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
-from tests.support.server import Arrival, ArrivalServer, Reply, RequestInfo, page
+from tests.support.server import Arrival, ArrivalServer, Reply, RequestInfo
 
 #: Lower-bound tolerance (seconds) on server-side gaps: clock granularity only.
 TOL = 0.05
