@@ -318,3 +318,30 @@ def test_constants_meet_rfc_9309():
 
     assert ROBOTS_TTL <= 24 * 3600 and ROBOTS_MAX_BYTES >= 500 * 1024 and ROBOTS_MAX_REDIRECTS >= 5
     assert not math.isinf(ROBOTS_TTL)
+
+
+# -- the words: progress line and summary ---------------------------------------------------------------------------
+
+
+def test_the_progress_line_and_the_summary_name_an_unreachable_robots_txt():
+    from scrapy_polite.reporting import Report
+    from scrapy_polite.summary import HeldHost, format_progress, format_summary
+
+    t = [1_800_000_000.0]
+    report = Report(None, lambda: t[0])
+    report.deferred("down.example", "robots_unreachable", "http://down.example/a", t[0] + 4)
+    report.robots_unreachable("down.example", t[0], "503")
+    report.deferred("slow.example", "crawl_delay", "http://slow.example/a", t[0] + 4)
+    t[0] += 12
+    held = [HeldHost("down.example", 3, t[0] + 4), HeldHost("slow.example", 2, t[0] + 4)]
+    busy = format_progress(report, held, now=t[0], idle=False)
+    assert busy is not None and "5 requests held (3 for robots.txt unreachable: down.example)" in busy
+    idle = format_progress(report, held, now=t[0], idle=True)
+    assert idle is not None and "down.example (robots.txt unreachable (503) for 12.0 s, 3 held)" in idle
+    summary = format_summary(report, now=t[0])
+    assert "2 deferred (1 Crawl-delay, 1 robots.txt unreachable)" in summary
+    assert "down.example: robots.txt unreachable (503) for 12.0 s at close" in summary
+    # The negative control: once robots.txt answered, neither line names it.
+    report.robots_unreachable("down.example", None)
+    assert "robots.txt unreachable:" not in (format_progress(report, held, now=t[0], idle=False) or "")
+    assert "at close" not in format_summary(report, now=t[0])
