@@ -108,6 +108,7 @@ async def test_an_unreachable_robots_txt_holds_the_host_until_it_answers(arrival
     # The re-asks follow the host's backoff: 1 s, then 2 s, then 4 s after each 503's end.
     waits = [b.start - a.end for a, b in zip(robots, robots[1:])]
     assert len(robots) == 4 and all(w >= 2 ** i - TOL for i, w in enumerate(waits)), (waits, log)
+    assert waits[0] < 2.5, (waits, log)  # without Retry-After the first re-ask is one interval later (next test)
     stats = polite_stats(crawler)
     assert stats.get("robotstxt/forbidden") == 1, stats
     assert stats.get("polite/robots/unreachable") == 3, stats
@@ -150,6 +151,25 @@ async def test_the_retry_after_of_a_robots_txt_503_is_honoured(arrival_server):
     assert sorted(a.path for a in pages(srv)) == ["/a", "/b", "/c"], log
     assert all(a.start >= robots[1].end for a in pages(srv)), log
     assert crawler.stats.get_value("polite/retry_after/honoured") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_robots_txt_500_is_asked_again_at_a_doubling_pace_too(arrival_server):
+    """robots.txt answers 500 twice, then the rules. A 500 is not a throttle in the pace table
+    (``POLITE_THROTTLE_STATUSES`` is 429, 503), yet robots.txt is asked again 1 s, then 2 s, after each 500 (the
+    re-ask's own doubling), and no page arrives before its 200."""
+    srv = arrival_server("127.0.33.19")
+    srv.route("/robots.txt", lambda info, count: Reply.html("<p>oops</p>", status=500) if count < 2
+              else Reply.robots(RULES))
+    t0 = time.time()
+    crawler = await run_crawl(ListSpider, settings(), urls=[srv.url(p) for p in FOUR], timeout=40)
+    log = describe(srv, t0)
+    robots = robots_hits(srv)
+    assert [a.status for a in robots] == [500, 500, 200], log
+    assert robots[1].start - robots[0].end >= 1.0 - TOL and robots[2].start - robots[1].end >= 2.0 - TOL, log
+    assert sorted(a.path for a in pages(srv)) == ["/a", "/b", "/c"], log
+    assert all(a.start >= robots[2].end for a in pages(srv)), log
+    assert not crawler.stats.get_value("polite/backoff_steps"), "a 500 is not a throttle of the pace table"
 
 
 @pytest_twisted.ensureDeferred
