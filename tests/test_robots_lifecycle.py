@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import pytest
+import pytest_twisted
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Request
 from scrapy.robotstxt import PythonRobotParser
 from scrapy.settings import Settings
 from scrapy.utils.conf import build_component_list
@@ -345,3 +348,68 @@ def test_the_progress_line_and_the_summary_name_an_unreachable_robots_txt():
     report.robots_unreachable("down.example", None)
     assert "robots.txt unreachable:" not in (format_progress(report, held, now=t[0], idle=False) or "")
     assert "at close" not in format_summary(report, now=t[0])
+
+
+# -- a request the scheduler cannot hold waits ------------------------------------------------------------------------
+
+
+class ScriptedEngine:
+    """Answers each robots.txt request with the next of ``statuses`` (the last one for ever)."""
+
+    def __init__(self, *statuses: int, body: bytes = b"User-agent: *\nDisallow: /private\n") -> None:
+        self.statuses, self.body, self.asked = list(statuses), body, []
+
+    async def download_async(self, request):  # noqa: ANN001, ANN201 - Scrapy's engine's signature
+        from scrapy.http import TextResponse
+
+        self.asked.append(time.monotonic())
+        status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+        return TextResponse(request.url, status=status, body=self.body if status == 200 else b"<p>busy</p>",
+                            request=request)
+
+
+def as_the_downloader_runs_it(middleware: PoliteRobotsTxtMiddleware, request: Request) -> object:
+    """``process_request`` run as the downloader runs it (an asyncio task under the asyncio reactor)."""
+    from scrapy.utils.defer import deferred_from_coro
+
+    return deferred_from_coro(middleware.process_request(request))
+
+
+def waiting_middleware(engine: ScriptedEngine, **settings: object) -> PoliteRobotsTxtMiddleware:
+    crawler = get_crawler(settings_dict={"ROBOTSTXT_OBEY": True, "POLITE_STORE": "memory://",
+                                         "POLITE_ALLOW_PRIVATE": True, "POLITE_HOST_INTERVAL": 0.2, **settings})
+    crawler.engine = engine  # type: ignore[assignment]
+    return PoliteRobotsTxtMiddleware.from_crawler(crawler)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_the_scheduler_cannot_hold_waits_for_robots_txt_then_is_judged():
+    """No PoliteScheduler hands the request out (``engine.download()``, a project without the add-on's scheduler):
+    robots.txt answers 503, so the request waits — it is neither sent nor dropped — until robots.txt is asked again
+    (0.2 s later: the interval) and answers; then its rules judge it (disallowed), and the next request goes."""
+    engine = ScriptedEngine(503, 200)
+    middleware = waiting_middleware(engine)
+    try:
+        with pytest.raises(IgnoreRequest, match="Forbidden by robots.txt"):
+            await as_the_downloader_runs_it(middleware, Request("http://h.example/private/1"))
+        assert len(engine.asked) == 2 and engine.asked[1] - engine.asked[0] >= 0.2 - 0.02
+        assert await as_the_downloader_runs_it(middleware, Request("http://h.example/a")) is None
+        assert len(engine.asked) == 2
+    finally:
+        discard_pacer(middleware.crawler)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_waiting_request_is_dropped_once_robots_txt_was_unreachable_past_the_idle_wait():
+    """The same with a robots.txt that stays 503 and ``POLITE_MAX_IDLE_WAIT = 0.5``: the request waits through
+    the re-asks (0.2 s, 0.4 s after each), then is dropped (``polite/robots/given_up``) — not sent."""
+    engine = ScriptedEngine(503)
+    middleware = waiting_middleware(engine, POLITE_MAX_IDLE_WAIT=0.5)
+    try:
+        with pytest.raises(IgnoreRequest, match="unreachable for longer than POLITE_MAX_IDLE_WAIT"):
+            await as_the_downloader_runs_it(middleware, Request("http://h.example/a"))
+        assert len(engine.asked) >= 2
+        assert middleware.crawler.stats.get_value("polite/robots/given_up") == 1
+        assert middleware.crawler.stats.get_value("polite/robots/unreachable") == len(engine.asked)
+    finally:
+        discard_pacer(middleware.crawler)
