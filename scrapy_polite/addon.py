@@ -5,6 +5,9 @@ It installs
 * :class:`~scrapy_polite.middleware.PoliteDownloaderMiddleware` at downloader-middleware priority 950 (or
   after the last other downloader middleware configured above that), and
   :class:`~scrapy_polite.middleware.PoliteEarlyDeferMiddleware` at 50 (before robots.txt handling);
+* :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` in place of Scrapy's ``RobotsTxtMiddleware`` (same
+  priority; the robots.txt lifecycle of RFC 9309, docs/spec.md §5, "The robots.txt lifecycle"), unless robots.txt
+  handling is disabled or is a project's own subclass of Scrapy's;
 * :class:`~scrapy_polite.extension.PoliteExtension`;
 * :class:`~scrapy_polite.scheduler.PoliteScheduler` as ``SCHEDULER``, wrapping the project's own scheduler
   (moved to ``POLITE_SCHEDULER_BASE``);
@@ -19,9 +22,11 @@ ERROR line (:func:`~scrapy_polite.startup.refuse_to_start`).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.misc import load_object
 
 from .browser import BrowserRequestGuard
 from .handlers import (
@@ -48,6 +53,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Addon", "CONTRACTS", "UnsafeHandlerError", "check_resolver"]
 
+logger = logging.getLogger(__name__)
+
 MIDDLEWARE = "scrapy_polite.middleware.PoliteDownloaderMiddleware"
 EXTENSION = "scrapy_polite.extension.PoliteExtension"
 SCHEDULER = "scrapy_polite.scheduler.PoliteScheduler"
@@ -61,6 +68,8 @@ PLAYWRIGHT_CONTEXTS = "PLAYWRIGHT_CONTEXTS"
 MIDDLEWARE_PRIORITY = 950
 EARLY_MIDDLEWARE = "scrapy_polite.middleware.PoliteEarlyDeferMiddleware"
 EARLY_MIDDLEWARE_PRIORITY = 50
+ROBOTS_MIDDLEWARE = "scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware"
+SCRAPY_ROBOTS_MIDDLEWARE = "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware"
 #: The ``scrapy check`` contracts (docs/guides/contracts.md), by ``SPIDER_CONTRACTS`` priority.
 CONTRACTS = {
     "scrapy_polite.contracts.PoliteDelayContract": 50,
@@ -121,6 +130,7 @@ class Addon:
         log_modes(modes)
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)
         settings["DOWNLOADER_MIDDLEWARES"][EARLY_MIDDLEWARE] = EARLY_MIDDLEWARE_PRIORITY
+        _install_robots_middleware(settings)
         settings["EXTENSIONS"][EXTENSION] = 0
         current = settings.get("SCHEDULER")
         current_path = current if isinstance(current, str) else f"{current.__module__}.{current.__qualname__}"
@@ -159,6 +169,55 @@ def _install_browser_guard(settings: Settings) -> None:
         return
     settings.set(PLAYWRIGHT_ABORT, BrowserRequestGuard(then=current),
                  priority=max(settings.getpriority(PLAYWRIGHT_ABORT) or 0, SETTINGS_PRIORITIES["addon"]))
+
+
+def _install_robots_middleware(settings: Settings) -> None:
+    """Put :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` in place of Scrapy's ``RobotsTxtMiddleware``
+    with Scrapy's add-on helper (``replace_in_component_priority_dict``), at its priority, in
+    ``DOWNLOADER_MIDDLEWARES_BASE`` and, when the project lists Scrapy's there too, in ``DOWNLOADER_MIDDLEWARES``.
+
+    Left alone: robots.txt handling disabled (Scrapy's set to None), ours set to None by the project (its opt-out),
+    ours (or a subclass of ours) configured already
+    (Scrapy's is then disabled: one robots.txt gate), a project's own subclass of Scrapy's (kept, with a WARNING when
+    ``ROBOTSTXT_OBEY`` is on: the RFC 9309 lifecycle is then not in force)."""
+    scrapy_cls = load_object(SCRAPY_ROBOTS_MIDDLEWARE)
+    ours_cls = load_object(ROBOTS_MIDDLEWARE)
+    listed = settings.getdict("DOWNLOADER_MIDDLEWARES")
+    if any(value is None and _loads_to(key, ours_cls) for key, value in listed.items()):
+        return  # the project turned ours off (``{PoliteRobotsTxtMiddleware: None}``): its choice
+    enabled = {}  # the robots.txt middlewares in force: class → key, over the base and the project's lists
+    for key, priority in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items():
+        try:
+            cls = load_object(key) if isinstance(key, str) else key
+        except (ImportError, NameError, ValueError, AttributeError):
+            continue  # Scrapy reports it when it builds the middlewares
+        if isinstance(cls, type) and issubclass(cls, scrapy_cls) and priority is not None:
+            enabled[cls] = key
+    if any(issubclass(cls, ours_cls) for cls in enabled):
+        for cls, key in enabled.items():
+            if cls is scrapy_cls:
+                settings["DOWNLOADER_MIDDLEWARES"][key] = None
+        return
+    others = [cls for cls in enabled if cls is not scrapy_cls]
+    if others:
+        if settings.getbool("ROBOTSTXT_OBEY"):
+            logger.warning("scrapy-polite: robots.txt is handled by %s, not by %s: a robots.txt answered 5xx or that "
+                           "cannot be reached is not read as \"disallow everything\" (RFC 9309), nor asked again",
+                           ", ".join(component_name(c) for c in others), ROBOTS_MIDDLEWARE)
+        return
+    if scrapy_cls not in enabled:
+        return  # robots.txt handling is disabled
+    for name in ("DOWNLOADER_MIDDLEWARES_BASE", "DOWNLOADER_MIDDLEWARES"):
+        # Both, when the project lists Scrapy's too: else the base's entry would come back from under it.
+        if any(_loads_to(key, scrapy_cls) and value is not None for key, value in settings.getdict(name).items()):
+            settings.replace_in_component_priority_dict(name, scrapy_cls, ours_cls)
+
+
+def _loads_to(key: Any, cls: type) -> bool:
+    try:
+        return (load_object(key) if isinstance(key, str) else key) is cls
+    except (ImportError, NameError, ValueError, AttributeError):
+        return False
 
 
 def _register_contracts(settings: BaseSettings) -> None:

@@ -176,6 +176,16 @@ class PoliteExtension:
             return
         scheduler.unpark()
         earliest = scheduler.earliest_due()
+        given_up = self.pacer.robots_given_up()
+        if given_up:
+            # A robots.txt unreachable for longer than POLITE_MAX_IDLE_WAIT keeps nothing open: its held requests
+            # end like requests deferred beyond it (docs/spec.md §5, "The robots.txt lifecycle").
+            dues = [due for host, _, due in scheduler.held_hosts() if host not in given_up]
+            if not dues:
+                logger.info("scrapy-polite: everything left waits for a robots.txt unreachable for longer than "
+                            "POLITE_MAX_IDLE_WAIT=%g s; closing. %s", self.pacer.max_idle_wait, scheduler.describe())
+                raise CloseSpider("polite_deferred")
+            earliest = min(dues)
         if earliest == float("inf"):
             logger.error("scrapy-polite: the held requests wait for lines that nothing in the downloader will free; "
                          "closing. %s", scheduler.describe())

@@ -264,6 +264,11 @@ class Pacer:
         return self.policy.adaptive is not None
 
     @property
+    def max_backoff(self) -> float:
+        """``POLITE_MAX_BACKOFF``, seconds: the cap of a host's backoff after throttles (docs/spec.md §2)."""
+        return self.policy.max_backoff
+
+    @property
     def host_interval(self) -> float:
         """``POLITE_HOST_INTERVAL``, seconds: the base interval between two requests to one host
         (docs/spec.md §2)."""
@@ -366,9 +371,9 @@ class Pacer:
         """See :meth:`Booker.can_defer <scrapy_polite.booking.Booker.can_defer>`."""
         return self.booker.can_defer(request)
 
-    def defer(self, host: str, due: float | None, reason: DeferralReason) -> Defer:
-        """Count a deferral of ``host`` (``polite/deferrals/<reason>``) and return it."""
-        return self.booker.defer(host, due, reason)
+    def defer(self, host: str, due: float | None, reason: DeferralReason, request: Request | None = None) -> Defer:
+        """Count a deferral of ``host`` (of ``request``, when known: ``polite/deferrals/<reason>``) and return it."""
+        return self.booker.defer(host, due, reason, request)
 
     def override(self, host: str, request: Request | None = None) -> float | None:
         """See :meth:`Booker.override <scrapy_polite.booking.Booker.override>`."""
@@ -494,6 +499,19 @@ class Pacer:
         <scrapy_polite.retrying.ThrottleRetries.response_received>` (a page whose throttle retries are spent is
         given up)."""
         self.retries.response_received(response, request)
+
+    def robots_unreachable(self, host: str, since: float | None, cause: str | None = None) -> None:
+        """The host's robots.txt is unreachable since ``since`` (this process's epoch s), with no rules read before:
+        its requests are held (docs/spec.md §5, "The robots.txt lifecycle"); ``cause``: its last answer; None: it
+        answered. Read by the progress line, the closing summary and the idle check."""
+        self.report.robots_unreachable(host, since, cause)
+
+    def robots_given_up(self) -> set[str]:
+        """The hosts whose robots.txt has been unreachable (their requests held) for longer than
+        ``POLITE_MAX_IDLE_WAIT``: the idle check does not keep the spider open for them."""
+        now = self.clock()
+        return {host for host, c in self.report.hosts.items()
+                if c.robots_unreachable_since is not None and now - c.robots_unreachable_since > self.max_idle_wait}
 
     def robots_status(self, host: str) -> int | None:
         """The status of the host's last downloaded robots.txt (None: none was downloaded)."""

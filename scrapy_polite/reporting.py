@@ -115,7 +115,10 @@ class HostCounters:
         throttle_cause: what the last throttle was (``"429, Retry-After 30 s"``, ``"a TimeoutError"``,
             ``"3 backoff steps already in the pace table"``), None before any;
         backoff_due: this process's epoch s at which the host's backoff ends (None: not backing off);
-        backing_off: the windows of this crawl during which the host was in backoff.
+        backing_off: the windows of this crawl during which the host was in backoff;
+        robots_unreachable_since: this process's epoch s since which the host's robots.txt has been unreachable
+            with no rules read before, so that its requests are held (None: it is not);
+        robots_cause: that robots.txt's last answer, in words (``"503"``, ``"TimeoutError"``).
     """
 
     requests: int = 0
@@ -138,6 +141,8 @@ class HostCounters:
     throttle_cause: str | None = None
     backoff_due: float | None = None
     backing_off: Span = field(default_factory=Span)
+    robots_unreachable_since: float | None = None
+    robots_cause: str | None = None
 
     @property
     def turn_waits(self) -> int:
@@ -288,6 +293,13 @@ class Report:
         self.counters(host).refusals[reason] += 1
         self.events.refusal(host, url, reason)
         self.inc("blocked/private_address" if reason == "non_public" else f"refused/{reason}")
+
+    def robots_unreachable(self, host: str, since: float | None, cause: str | None = None) -> None:
+        """The host's robots.txt is unreachable since ``since`` (this process's epoch s; its requests are held),
+        its last answer ``cause``; None: it is not (any more)."""
+        counters = self.counters(host)
+        counters.robots_unreachable_since = since
+        counters.robots_cause = cause if since is not None else None
 
     def deferred(self, host: str, reason: DeferralReason, url: str | None = None, due: float | None = None) -> None:
         """A request of ``host`` (``url``, when known) was deferred for ``reason`` until ``due`` (this process's

@@ -1,4 +1,6 @@
-"""The delay a robots.txt asks of a user agent, read with Protego (the parser Scrapy uses).
+"""robots.txt: the delay it asks of a user agent, read with Protego (the parser Scrapy uses), and the lifecycle of
+RFC 9309 as a pure state machine per origin (:func:`decide`, :func:`answered`; docs/spec.md §5, "The robots.txt
+lifecycle").
 
 ``Crawl-delay`` is not in RFC 9309; it is the de-facto extension every major crawler honours, and
 ``Request-rate: n/s`` means one request every ``s/n`` seconds. When a group has both, the slower one
@@ -7,8 +9,11 @@ applies (both are limits the site published).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any
+import math
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 from protego import Protego
 
@@ -16,7 +21,29 @@ from .vocabulary import parse_seconds
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["robots_delay", "parse_robots_delay"]
+__all__ = [
+    "ALLOW_ALL",
+    "Action",
+    "Answer",
+    "Apply",
+    "Fetch",
+    "Hold",
+    "ROBOTS_MAX_BYTES",
+    "ROBOTS_MAX_REDIRECTS",
+    "ROBOTS_TTL",
+    "RobotsState",
+    "Rules",
+    "Wait",
+    "answered",
+    "classify_status",
+    "decide",
+    "fetching",
+    "given_up",
+    "parse_robots_delay",
+    "reask_floor",
+    "robots_delay",
+    "truncate",
+]
 
 
 def robots_delay(parser: Any, user_agent: str) -> float | None:
@@ -61,3 +88,195 @@ def _call(rp: Any, name: str, user_agent: str) -> Any:
     if method is None:
         return None
     return method(user_agent)
+
+
+# -- the robots.txt lifecycle (RFC 9309; docs/spec.md §5, "The robots.txt lifecycle") ----------------------------
+#
+# One small state machine per origin (scheme://host:port), pure: states and times in, an action out. The middleware
+# (:class:`scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware`) owns the table of states and does what the actions
+# say; the clock is injected (every function takes ``now``).
+
+#: Seconds a read robots.txt (its rules, or "unavailable") is used before it is asked again: RFC 9309 §2.4
+#: ("crawlers SHOULD NOT use the cached version for more than 24 hours").
+ROBOTS_TTL: Final = 24 * 3600.0
+#: Bytes of a robots.txt that are parsed: RFC 9309 §2.5 ("crawlers MUST parse at least 500 kibibytes"). The rest,
+#: from the last line break within the limit, is ignored (as Google does).
+ROBOTS_MAX_BYTES: Final = 500 * 1024
+#: Redirects followed to reach a robots.txt: RFC 9309 §2.3.1.2 ("at least five consecutive redirects"); a sixth
+#: means "unavailable".
+ROBOTS_MAX_REDIRECTS: Final = 5
+
+#: A robots.txt state's phase: ``fetching`` (a robots.txt request is out), ``parsed`` (its rules apply until
+#: ``expires_at``), ``unavailable`` (4xx: everything allowed until ``expires_at``), ``unreachable`` (5xx, 429, a
+#: network error or a timeout: everything disallowed — held — until it answers; asked again at ``retry_at``).
+Phase = Literal["fetching", "parsed", "unavailable", "unreachable"]
+#: What one robots.txt answer means: ``parsed`` (2xx), ``unavailable`` (4xx but 429, or more than
+#: :data:`ROBOTS_MAX_REDIRECTS` redirects), ``unreachable`` (5xx, 429, any other status, a network error, a
+#: timeout), ``none`` (no request reached a server: the host does not exist, or its robots.txt was refused like
+#: its pages would be; nothing is learnt, the requests that waited go on and meet the same refusal).
+AnswerKind = Literal["parsed", "unavailable", "unreachable", "none"]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The rules read from a robots.txt: a Scrapy ``RobotParser`` (None: everything is allowed, "unavailable")."""
+
+    parser: Any = None
+
+
+#: Everything allowed (an unavailable robots.txt, RFC 9309 §2.3.1.3).
+ALLOW_ALL: Final = Rules(None)
+
+
+@dataclass(frozen=True)
+class RobotsState:
+    """What is known of one origin's robots.txt.
+
+    Attributes:
+        phase: see :data:`Phase`.
+        rules: ``parsed`` / ``unavailable``: the rules in force; ``fetching`` / ``unreachable``: the rules read
+            last, if any (a re-ask after :data:`ROBOTS_TTL` that finds robots.txt unreachable keeps using them,
+            RFC 9309 §2.4), else None (never read: everything is disallowed).
+        expires_at: ``parsed`` / ``unavailable``: when the rules are too old to use (the clock's seconds).
+        retry_at: ``unreachable``: when robots.txt is asked again (the host's backoff).
+        since: ``unreachable`` (and ``fetching`` again after it): the first unreachable answer of this spell.
+        failures: unreachable answers in a row.
+        cause: the last unreachable answer, in words (``"503"``, ``"TimeoutError"``).
+    """
+
+    phase: Phase
+    rules: Rules | None = None
+    expires_at: float = math.inf
+    retry_at: float = 0.0
+    since: float | None = None
+    failures: int = 0
+    cause: str | None = None
+
+    @property
+    def holds(self) -> bool:
+        """Requests of the origin are held (not merely waiting for a fetch): unreachable, no rules to fall back on."""
+        return self.phase == "unreachable" and self.rules is None
+
+
+@dataclass(frozen=True)
+class Apply:
+    """The request is judged by ``rules`` now (allowed, or dropped as disallowed)."""
+
+    rules: Rules
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Ask robots.txt now (the request then waits for the answer); ``expired``: the rules read were older than
+    :data:`ROBOTS_TTL`."""
+
+    expired: bool = False
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A robots.txt request is out: wait for its answer, then decide again."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """robots.txt is unreachable and nothing was read before: hold the request until ``until`` (when robots.txt is
+    asked again); ``since``: when the unreachable spell began."""
+
+    until: float
+    since: float
+
+
+Action = Apply | Fetch | Wait | Hold
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One robots.txt answer, classified (:data:`AnswerKind`); ``rules`` for ``parsed`` and ``unavailable``;
+    ``cause``: the status or failure, in words."""
+
+    kind: AnswerKind
+    rules: Rules | None = None
+    cause: str | None = None
+
+
+def decide(state: RobotsState | None, now: float) -> Action:
+    """What to do with a request of an origin whose robots.txt is in ``state`` (None: never asked) at ``now``.
+
+    The RFC 9309 rules: rules younger than :data:`ROBOTS_TTL` apply (§2.4), older ones are asked again; while a
+    robots.txt request is out, requests wait for it; an unreachable robots.txt disallows everything (§2.3.1.4) —
+    the request is held until ``retry_at``, when it is asked again — unless rules were read before (§2.4 allows
+    the cached copy while robots.txt is unreachable)."""
+    if state is None:
+        return Fetch()
+    if state.phase == "fetching":
+        return Wait()
+    if state.phase in ("parsed", "unavailable"):
+        if now < state.expires_at:
+            return Apply(state.rules or ALLOW_ALL)
+        return Fetch(expired=True)
+    if now >= state.retry_at:
+        return Fetch()
+    if state.rules is not None:
+        return Apply(state.rules)
+    return Hold(until=state.retry_at, since=state.since if state.since is not None else now)
+
+
+def fetching(state: RobotsState | None) -> RobotsState:
+    """The state while a robots.txt request is out: what was known stays (the rules read last, the spell)."""
+    if state is None:
+        return RobotsState("fetching")
+    return dataclasses.replace(state, phase="fetching", expires_at=math.inf, retry_at=0.0)
+
+
+def answered(state: RobotsState | None, answer: Answer, now: float, retry_at: float) -> RobotsState | None:
+    """The state after ``answer`` came at ``now`` (``retry_at``: when an unreachable robots.txt is asked again, the
+    host's backoff). None for an answer that taught nothing (``none``: asked again by the next request)."""
+    if answer.kind in ("parsed", "unavailable"):
+        return RobotsState(answer.kind, rules=answer.rules or ALLOW_ALL, expires_at=now + ROBOTS_TTL)
+    if answer.kind == "none":
+        return None
+    previous = state if state is not None else RobotsState("fetching")
+    return RobotsState("unreachable", rules=previous.rules, retry_at=max(retry_at, now),
+                       since=previous.since if previous.since is not None else now,
+                       failures=previous.failures + 1, cause=answer.cause)
+
+
+def classify_status(status: int) -> AnswerKind:
+    """A robots.txt response's status as RFC 9309 §2.3.1 reads it: 2xx ``parsed``; 4xx ``unavailable``, except 429
+    (a throttle: ``unreachable``, asked again with the host's backoff); a 3xx that is not followed
+    ``unavailable`` (§2.3.1.2); 5xx and anything else ``unreachable``."""
+    if 200 <= status < 300:
+        return "parsed"
+    if status == 429:
+        return "unreachable"
+    if 300 <= status < 500:
+        return "unavailable"
+    return "unreachable"
+
+
+def reask_floor(failures: int, interval: float, cap: float) -> float:
+    """The least seconds between an unreachable answer and the next ask: ``interval × 2^(failures − 1)``, capped
+    at ``cap`` — the pace table's doubling, for the 5xx answers the table does not count as throttles
+    (``POLITE_THROTTLE_STATUSES``: 500, 502, 504); the table's own backoff (429, 503, ``Retry-After``, network
+    failures) is honoured on top."""
+    if failures <= 0:
+        return 0.0
+    return min(cap, interval * 2.0 ** min(failures - 1, 60))
+
+
+def given_up(state: RobotsState | None, now: float, limit: float) -> bool:
+    """The origin's robots.txt has been unreachable, with no rules to fall back on, for longer than ``limit``
+    seconds (``POLITE_MAX_IDLE_WAIT``): the crawl stops waiting for it."""
+    return (state is not None and state.rules is None and state.since is not None
+            and state.phase in ("unreachable", "fetching") and now - state.since > limit)
+
+
+def truncate(body: bytes, limit: int = ROBOTS_MAX_BYTES) -> bytes:
+    """The part of a robots.txt body that is parsed: all of it up to ``limit`` bytes, else up to the last line
+    break within ``limit`` (RFC 9309 §2.5: at least 500 KiB)."""
+    if len(body) <= limit:
+        return body
+    head = body[:limit]
+    cut = max(head.rfind(b"\n"), head.rfind(b"\r"))
+    return head[:cut + 1] if cut >= 0 else head

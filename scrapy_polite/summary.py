@@ -131,7 +131,9 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
         parts = []
         for h in waiting:
             c = report.hosts.get(h.host)
-            if c is not None and c.in_backoff(now):
+            if c is not None and c.robots_unreachable_since is not None:
+                why = _robots_words(c, now)
+            elif c is not None and c.in_backoff(now):
                 why = f"backing off after {_backoff_words(c)}"
             elif c is not None and c.state is not None and c.state.crawl_delay:
                 why = f"Crawl-delay {c.state.crawl_delay:g} s"
@@ -139,7 +141,12 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
                 why = "its turn"
             parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(due_of(h), now)}")
         return "scrapy-polite: only waiting on backoffs and delays: " + "; ".join(parts) + forgive
-    line = f"scrapy-polite: {_count(total, 'request')} held, {_count(len(backing), 'host')} in backoff"
+    line = f"scrapy-polite: {_count(total, 'request')} held"
+    robots = [h for h in held if (c := report.hosts.get(h.host)) is not None and c.robots_unreachable_since is not None]
+    if robots:
+        line += (f" ({sum(h.count for h in robots)} for robots.txt unreachable: "
+                 + ", ".join(sorted(h.host for h in robots)) + ")")
+    line += f", {_count(len(backing), 'host')} in backoff"
     if waiting:
         first = waiting[0]
         line += f"; next due: {first.host} {format_due(due_of(first), now)}"
@@ -149,6 +156,13 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
         host, c = min(backing.items(), key=lambda item: item[1].backoff_due or 0.0)
         line += f"; next due: {host} {format_due(c.backoff_due or now, now)} ({_backoff_words(c)})"
     return line + forgive
+
+
+def _robots_words(c: HostCounters, now: float) -> str:
+    """``robots.txt unreachable (503) for 12.0 s``: why a host's requests are held (docs/spec.md §5)."""
+    since = c.robots_unreachable_since if c.robots_unreachable_since is not None else now
+    cause = f" ({c.robots_cause})" if c.robots_cause else ""
+    return f"robots.txt unreachable{cause} for {format_duration(now - since)}"
 
 
 def _count(n: int, word: str) -> str:
@@ -225,6 +239,9 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
                          f"{c.turn_waits} ({format_duration(c.turn_wait_seconds)})" if c.turn_waits else "-",
                          _cell_deferred(c), _cell_refused(c)))
         lines.extend(_table(rows))
+    for host, c in sorted(hosts.items()):
+        if c.robots_unreachable_since is not None:
+            lines.append(f"  {host}: {_robots_words(c, now)} at close: its requests were held, not sent")
     for host, c in sorted(hosts.items()):
         if c.given_up:
             more = f" and {c.given_up - len(c.given_up_urls)} more" if c.given_up > len(c.given_up_urls) else ""

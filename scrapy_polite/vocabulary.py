@@ -119,7 +119,9 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
     "polite/deferrals/<reason>": "requests deferred, by reason: `throttled` (the host is backing us off), "
                                  "`ratelimit` (its announced quota is spent, or slower than `POLITE_MAX_WAIT`), "
                                  "`crawl_delay` (a published delay longer than `POLITE_MAX_WAIT`), `line` (another "
-                                 "request of the host is in flight), `ip_line` (every address of the host is busy)",
+                                 "request of the host is in flight), `ip_line` (every address of the host is busy), "
+                                 "`robots_unreachable` (its robots.txt answered 5xx or 429, or could not be reached: "
+                                 "everything is disallowed until it answers)",
     "polite/deferred/max_held": "the most requests held at once",
     "polite/held_in_flight": "bookings kept out because another request to the host or address was in flight (in "
                              "another process, or in this one behind a slow pace table): the request asks again one "
@@ -172,7 +174,16 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
     "polite/ratelimit/clamped": "announced intervals or holds clamped to `POLITE_MAX_RETRY_AFTER`",
     "polite/ratelimit/malformed": "malformed rate-limit fields (ignored)",
     "polite/crawl_delay/adopted": "robots.txt delays recorded",
-    "polite/robots/unreachable": "robots.txt answered 5xx or 429 (the delay recorded before is kept)",
+    "polite/robots/unreachable": "robots.txt answers that left it unreachable: 5xx, 429, a network error or a "
+                                 "timeout (the host's requests are held until it answers; the delay recorded before "
+                                 "is kept)",
+    "polite/robots/unavailable": "robots.txt answered 4xx (not 429), or redirected more than 5 times: everything "
+                                 "allowed",
+    "polite/robots/expired": "robots.txt rules older than 24 hours asked again (RFC 9309 §2.4)",
+    "polite/robots/redirects": "redirects followed to reach a robots.txt",
+    "polite/robots/truncated": "robots.txt files longer than 500 KiB: the first 500 KiB parsed, the rest ignored",
+    "polite/robots/given_up": "requests that could not be held, dropped because their robots.txt stayed unreachable "
+                              "longer than `POLITE_MAX_IDLE_WAIT`",
     "polite/robots/errors": "robots.txt parsers whose delay could not be read",
     "polite/burst": "requests sent as burst (`meta['polite_burst']`)",
     "polite/dont_pace": "requests exempted from pacing (`meta['dont_pace']`)",
@@ -214,8 +225,9 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
 #: Why a request left the downloader (``polite/deferrals/<reason>``; docs/spec.md §2 and §5): ``throttled`` (the
 #: host is backing us off), ``ratelimit`` (its announced quota is spent or too slow), ``crawl_delay`` (a published
 #: delay longer than ``POLITE_MAX_WAIT``), ``line`` / ``ip_line`` (another request of the host / of its address
-#: is in flight).
-DeferralReason = Literal["throttled", "ratelimit", "crawl_delay", "line", "ip_line"]
+#: is in flight), ``robots_unreachable`` (its robots.txt is unreachable: everything is disallowed until it answers,
+#: RFC 9309 §2.3.1.4; docs/spec.md §5, "The robots.txt lifecycle").
+DeferralReason = Literal["throttled", "ratelimit", "crawl_delay", "line", "ip_line", "robots_unreachable"]
 #: Every deferral reason, in order.
 DEFERRAL_REASONS: Final[tuple[DeferralReason, ...]] = get_args(DeferralReason)
 #: The deferral reasons that only mean "wait for the host's turn"; the others are the host slowing us down.

@@ -7,7 +7,7 @@ the *fixed* behaviour.
 * a deferred request that cannot be saved under ``JOBDIR`` does not lose the others nor the inner
   scheduler's state;
 * a per-host delay above ``POLITE_MAX_WAIT`` defers instead of waiting in line;
-* a robots.txt answered 5xx keeps the recorded Crawl-delay (a 4xx clears it);
+* a robots.txt answered 5xx keeps the recorded Crawl-delay (a 4xx clears it), and holds the page;
 * hosts still throttled from an earlier run do not stall a healthy host when ``ROBOTSTXT_OBEY`` is on;
 * ``POLITE_MAX_WAIT = 0`` is refused at start;
 * a downloader middleware after the add-on's is named in a start-up warning.
@@ -344,15 +344,16 @@ async def test_host_delay_above_max_wait_defers(arrival_server):
 # 5. An unreachable robots.txt keeps the recorded Crawl-delay
 
 
-async def _crawl_with_robots(srv, tmp_path, robots: Reply):
+async def _crawl_with_robots(srv, tmp_path, robots: Reply, *, pages: int):
     srv.route("/robots.txt", robots)
     srv.route("/*", page())
     uri = sqlite_uri(tmp_path)
     now = time.time()
     seed(uri, {srv.address: HostState(crawl_delay=5.0, ok_seen=True, updated=now)})
-    crawler = await run_crawl(ListSpider, settings(POLITE_STORE=uri, ROBOTSTXT_OBEY=True),
+    # POLITE_MAX_IDLE_WAIT=2: a page held for an unreachable robots.txt (asked again 5 s later) ends the crawl.
+    crawler = await run_crawl(ListSpider, settings(POLITE_STORE=uri, ROBOTSTXT_OBEY=True, POLITE_MAX_IDLE_WAIT=2),
                               urls=[srv.url("/a")], timeout=30)
-    assert srv.hits("/robots.txt") == 1 and len(hits(srv)) == 1, f"unexpected arrivals: {srv.arrivals()}"
+    assert srv.hits("/robots.txt") == 1 and len(hits(srv)) == pages, f"unexpected arrivals: {srv.arrivals()}"
     return crawler, row(uri, srv.address)
 
 
@@ -360,12 +361,14 @@ async def _crawl_with_robots(srv, tmp_path, robots: Reply):
 async def test_robots_503_keeps_recorded_crawl_delay(arrival_server, tmp_path):
     """127.0.4.40 published ``Crawl-delay: 5`` in an earlier run (pre-seeded row); now its robots.txt answers
     503. An unreachable robots.txt says nothing new (RFC 9309 §2.3.1.4): the recorded delay stays 5 and
-    ``polite/robots/unreachable == 1``.
+    ``polite/robots/unreachable == 1``; the page is held (everything is disallowed until robots.txt answers,
+    tests/test_e2e_robots.py), and with robots.txt due again beyond ``POLITE_MAX_IDLE_WAIT`` the crawl ends.
 
     Fails when a 5xx robots.txt is parsed like an empty one (Scrapy treats it as "allow all"): the delay
     is erased to 0 and the stat is missing."""
     srv = arrival_server("127.0.4.40")
-    crawler, state = await _crawl_with_robots(srv, tmp_path, Reply.throttle(503, None, body="<html>busy</html>"))
+    crawler, state = await _crawl_with_robots(srv, tmp_path, Reply.throttle(503, None, body="<html>busy</html>"),
+                                              pages=0)
     assert state is not None and state.crawl_delay == 5.0, (
         f"a 503 robots.txt must keep the recorded Crawl-delay of 5 s: row {state}")
     assert crawler.stats.get_value("polite/robots/unreachable") == 1, (
@@ -379,7 +382,7 @@ async def test_robots_404_clears_recorded_crawl_delay(arrival_server, tmp_path):
 
     Fails when every robots.txt status keeps the old delay (an over-broad fix)."""
     srv = arrival_server("127.0.4.41")
-    crawler, state = await _crawl_with_robots(srv, tmp_path, Reply.not_found())
+    crawler, state = await _crawl_with_robots(srv, tmp_path, Reply.not_found(), pages=1)
     assert state is not None and state.crawl_delay == 0, f"a 404 robots.txt must clear the Crawl-delay: row {state}"
     assert not crawler.stats.get_value("polite/robots/unreachable"), (
         f"a 404 robots.txt is not unreachable: {polite_stats(crawler)}")

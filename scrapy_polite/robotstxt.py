@@ -1,0 +1,341 @@
+"""The robots.txt lifecycle of RFC 9309 (docs/spec.md §5, "The robots.txt lifecycle"): Scrapy's
+``RobotsTxtMiddleware``, extended.
+
+The add-on installs :class:`PoliteRobotsTxtMiddleware` in place of Scrapy's (same priority, 100), so users keep
+``ROBOTSTXT_OBEY``, ``ROBOTSTXT_PARSER`` and ``ROBOTSTXT_USER_AGENT``. Per origin (scheme, host and port) it keeps
+a :class:`~scrapy_polite.robots.RobotsState` and does what the pure :func:`~scrapy_polite.robots.decide` says:
+
+* **2xx**: the rules apply for 24 hours (§2.4), then robots.txt is asked again and the new rules and Crawl-delay
+  apply (``polite/robots/expired``);
+* **4xx** but 429: "unavailable", everything allowed (§2.3.1.3), for 24 hours too (``polite/robots/unavailable``);
+* **5xx, 429, a network error, a timeout**: "unreachable", everything disallowed (§2.3.1.4): the origin's
+  requests are **held** by :class:`~scrapy_polite.scheduler.PoliteScheduler` (deferral reason
+  ``robots_unreachable``), not dropped, and robots.txt is asked again when the host's backoff ends (the pace
+  table's, ``Retry-After`` honoured; :func:`~scrapy_polite.robots.reask_floor` for 5xx the table does not count
+  as throttles); its answer then applies to the held requests. A request the scheduler cannot hold waits. A
+  robots.txt unreachable for longer than ``POLITE_MAX_IDLE_WAIT`` ends like deferred requests do (the idle
+  check closes the spider ``polite_deferred``; a waiting request is dropped, ``polite/robots/given_up``). A
+  re-ask after 24 hours that finds robots.txt unreachable keeps the rules read before (§2.4);
+* up to :data:`~scrapy_polite.robots.ROBOTS_MAX_REDIRECTS` redirects are followed (§2.3.1.2), across hosts: each
+  hop is a request to its own host, booked and paced there; the robots.txt reached is the original origin's;
+* the first :data:`~scrapy_polite.robots.ROBOTS_MAX_BYTES` are parsed (§2.5).
+
+robots.txt requests are not retried by Scrapy's ``RetryMiddleware`` (``dont_retry``) nor redirected by its
+``RedirectMiddleware`` (``dont_redirect``): the re-asks at the host's backoff replace Scrapy's immediate retries,
+and the redirects are followed here, whatever ``REDIRECT_ENABLED`` / ``REDIRECT_MAX_TIMES`` say.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urljoin, urlsplit
+
+from scrapy import signals
+from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Request
+from scrapy.http.request import NO_CALLBACK
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import build_from_crawler
+from twisted.internet.defer import Deferred
+
+from .middleware import _hold
+from .pacer import Pacer, get_pacer
+from .policy import host_key
+from .reactor import await_deferred, reactor_sleep
+from .resolver import HostNotFound, InvalidHostName
+from .robots import (
+    ALLOW_ALL,
+    ROBOTS_MAX_BYTES,
+    ROBOTS_MAX_REDIRECTS,
+    Answer,
+    Apply,
+    Fetch,
+    Hold,
+    RobotsState,
+    Rules,
+    Wait,
+    answered,
+    classify_status,
+    decide,
+    fetching,
+    reask_floor,
+    truncate,
+)
+from .settings import polite_enabled
+from .stores import StoreError
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PoliteRobotsTxtMiddleware", "answer_of_failure"]
+
+#: Request meta of every robots.txt request: not judged by robots.txt, not retried by ``RetryMiddleware`` (the
+#: re-ask at the host's backoff replaces that), not redirected by ``RedirectMiddleware`` (followed here).
+_ROBOTS_META = {"dont_obey_robotstxt": True, "dont_retry": True, "dont_redirect": True}
+
+
+def answer_of_failure(exc: BaseException) -> Answer:
+    """A robots.txt download that failed, classified: no request reached a server (``IgnoreRequest``: refused like
+    its pages would be, or the crawl stopping; NXDOMAIN or an invalid host name) → ``none``; anything else (a
+    refused, reset or timed-out connection, a DNS server failure, a TLS error) → ``unreachable`` (RFC 9309
+    §2.3.1.4: "server or network errors")."""
+    if isinstance(exc, (IgnoreRequest, HostNotFound, InvalidHostName)):
+        return Answer("none", cause=type(exc).__name__)
+    return Answer("unreachable", cause=type(exc).__name__)
+
+
+class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
+    """Scrapy's ``RobotsTxtMiddleware`` with the robots.txt lifecycle of RFC 9309 (module docstring).
+
+    Raises:
+        NotConfigured: ``ROBOTSTXT_OBEY`` is False (Scrapy's rule).
+
+    Attributes:
+        clock: the clock of the rules' ages and re-ask times (seconds; None: the pacer's process clock). Tests
+            inject one (a subclass setting it) to age rules by 24 hours without waiting.
+    """
+
+    clock: Callable[[], float] | None = None
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        #: None with ``POLITE_ENABLED = False``: Scrapy's own behaviour.
+        self.pacer: Pacer | None = get_pacer(crawler) if polite_enabled(crawler.settings) else None
+        self._states: dict[str, RobotsState] = {}
+        #: origin → the host key its held requests are held under (for the report).
+        self._hosts: dict[str, str] = {}
+        self._waiters: dict[str, list[Deferred[Rules | None]]] = {}
+        maxsize = crawler.settings.getint("DOWNLOAD_MAXSIZE")
+        #: A robots.txt is downloaded up to at least ROBOTS_MAX_BYTES whatever DOWNLOAD_MAXSIZE says (0: no limit).
+        self._maxsize = 0 if maxsize <= 0 else max(maxsize, ROBOTS_MAX_BYTES)
+
+    def _now(self) -> float:
+        assert self.pacer is not None
+        return (self.clock or self.pacer.clock)()
+
+    def _offset(self) -> float:
+        """This middleware's clock minus the pacer's (0 unless a test injected a clock)."""
+        assert self.pacer is not None
+        return 0.0 if self.clock is None else self.clock() - self.pacer.clock()
+
+    def state(self, origin: str) -> RobotsState | None:
+        """The origin's robots.txt state (``scheme://host:port`` as the request's URL has it; for tests and reports)."""
+        return self._states.get(origin)
+
+    async def process_request(self, request: Request) -> Request | None:  # type: ignore[override]
+        pacer = self.pacer
+        if pacer is None:
+            await super().process_request(request)
+            return None
+        if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
+            return None
+        url = urlparse_cached(request)
+        origin = f"{url.scheme}://{url.netloc}"
+        host = host_key(request.url)
+        while True:
+            now = self._now()
+            action = decide(self._states.get(origin), now)
+            if isinstance(action, Apply):
+                self.process_request_2(action.rules.parser, request)  # IgnoreRequest when disallowed
+                return None
+            if isinstance(action, Fetch):
+                self._start(origin, host, request, expired=action.expired)
+                continue
+            if isinstance(action, Wait):
+                waiter: Deferred[Rules | None] = Deferred()
+                self._waiters.setdefault(origin, []).append(waiter)
+                rules = await maybe_deferred_to_future(waiter)
+                if rules is not None:  # an answer that taught nothing: the requests that waited for it go on
+                    self.process_request_2(rules.parser, request)
+                    return None
+                continue
+            assert isinstance(action, Hold)
+            if host is not None and pacer.failed is None and pacer.can_defer(request):
+                due = action.until - self._offset()
+                pacer.defer(host, due, "robots_unreachable", request)
+                _hold(pacer, request, host, due)
+                return request  # the engine hands it back to the scheduler, which holds it until due
+            # Not from our scheduler: it waits, as a request that cannot be deferred waits for its host's turn.
+            limit = pacer.max_idle_wait
+            if now - action.since > limit:
+                pacer.inc("robots/given_up")
+                raise IgnoreRequest(f"scrapy-polite: the robots.txt of {origin} has been unreachable for longer than "
+                                    f"POLITE_MAX_IDLE_WAIT={limit:g} s; {request} was not sent")
+            await await_deferred(reactor_sleep(max(0.0, min(action.until, action.since + limit + 0.001) - now)))
+
+    # -- asking robots.txt --------------------------------------------------------------------------------------
+
+    def _start(self, origin: str, host: str | None, request: Request, *, expired: bool) -> None:
+        """Ask the origin's robots.txt now, on behalf of ``request``: the state is ``fetching`` until it answers."""
+        assert self.pacer is not None
+        self._states[origin] = fetching(self._states.get(origin))
+        if host is not None:
+            self._hosts[origin] = host
+        if expired:
+            self.pacer.inc("robots/expired")
+            logger.info("scrapy-polite: the robots.txt of %s was read more than 24 hours ago: asking it again "
+                        "(RFC 9309 §2.4)", origin)
+        d = deferred_from_coro(self._ask(origin, request))
+        d.addErrback(lambda failure: logger.error("scrapy-polite: could not read the robots.txt of %s", origin,
+                                                  exc_info=failure.value))
+
+    async def _ask(self, origin: str, request: Request) -> None:
+        """Fetch the origin's robots.txt, move its state, wake the requests waiting for it."""
+        assert self.pacer is not None
+        before = self._states.get(origin)
+        # Should reading fail unexpectedly (logged by the caller), the origin stays unreachable for an interval.
+        state: RobotsState | None = answered(before, Answer("unreachable", cause="error"), self._now(),
+                                             self._now() + self.pacer.host_interval)
+        waiters_get: Rules | None = None
+        try:
+            answer, hosts = await self._read(origin)
+            now = self._now()
+            retry_at = now
+            if answer.kind == "unreachable":
+                failures = (before.failures if before is not None else 0) + 1
+                retry_at = await self._retry_at(hosts, failures, now)
+            elif answer.kind in ("parsed", "unavailable"):
+                # The delay is recorded before any waiting request goes on (it is booked after it).
+                parser = answer.rules.parser if answer.rules is not None and answer.rules.parser is not None \
+                    else build_from_crawler(self._parserimpl, self.crawler, b"")
+                await _send_robots_parsed(self.crawler, parser, request)
+            else:
+                waiters_get = ALLOW_ALL
+            state = answered(before, answer, now, retry_at)
+            self._report(origin, before, state, answer, now)
+        finally:
+            if state is None:
+                self._states.pop(origin, None)
+            else:
+                self._states[origin] = state
+            for waiter in self._waiters.pop(origin, []):
+                waiter.callback(waiters_get)
+
+    async def _read(self, origin: str) -> tuple[Answer, list[str]]:
+        """Download the origin's robots.txt, following up to ROBOTS_MAX_REDIRECTS redirects; its answer and the
+        hosts its requests went to."""
+        assert self.pacer is not None
+        stats = self._stats
+        url = f"{origin}/robots.txt"
+        hosts: list[str] = []
+        for hop in range(ROBOTS_MAX_REDIRECTS + 1):
+            host = host_key(url)
+            if host is not None:
+                hosts.append(host)
+            meta: dict[str, Any] = dict(_ROBOTS_META)
+            if self._maxsize:
+                meta["download_maxsize"] = self._maxsize
+            robots_request = Request(url, priority=self.DOWNLOAD_PRIORITY, meta=meta, callback=NO_CALLBACK)
+            stats.inc_value("robotstxt/request_count")
+            try:
+                response = await _download(self.crawler, robots_request)
+            except Exception as exc:
+                if not isinstance(exc, IgnoreRequest):
+                    stats.inc_value(f"robotstxt/exception_count/{type(exc)}")
+                return answer_of_failure(exc), hosts
+            stats.inc_value("robotstxt/response_count")
+            stats.inc_value(f"robotstxt/response_status_count/{response.status}")
+            location = _location(response)
+            if location is None or hop == ROBOTS_MAX_REDIRECTS:
+                return self._answer(response, redirected_too_often=location is not None), hosts
+            self.pacer.inc("robots/redirects")
+            url = location
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _answer(self, response: Response, *, redirected_too_often: bool) -> Answer:
+        kind = classify_status(response.status)
+        if kind != "parsed":
+            if redirected_too_often:
+                logger.info("scrapy-polite: robots.txt redirected more than %d times (last %s): unavailable, "
+                            "everything allowed (RFC 9309 §2.3.1.2)", ROBOTS_MAX_REDIRECTS, response.url)
+            return Answer(kind, rules=ALLOW_ALL if kind == "unavailable" else None, cause=str(response.status))
+        body = truncate(response.body)
+        if len(body) < len(response.body):
+            assert self.pacer is not None
+            self.pacer.inc("robots/truncated")
+            logger.info("scrapy-polite: %s is %d bytes: only the first %d are parsed (RFC 9309 §2.5)", response.url,
+                        len(response.body), len(body))
+        return Answer("parsed", rules=Rules(build_from_crawler(self._parserimpl, self.crawler, body)))
+
+    async def _retry_at(self, hosts: list[str], failures: int, now: float) -> float:
+        """When an unreachable robots.txt is asked again (this middleware's clock): when every host its requests
+        went to is due in the pace table (its backoff, ``Retry-After`` included), and no sooner than
+        :func:`~scrapy_polite.robots.reask_floor` after ``now``."""
+        pacer = self.pacer
+        assert pacer is not None
+        at = now + reask_floor(failures, pacer.host_interval, pacer.max_backoff)
+        for host in hosts:
+            try:
+                due = await pacer.due(host)
+            except StoreError:
+                continue  # the crawl is being stopped (logged once); the floor is enough for what is left of it
+            at = max(at, due + self._offset())
+        return at
+
+    def _report(self, origin: str, before: RobotsState | None, state: RobotsState | None, answer: Answer,
+                now: float) -> None:
+        """Count, log and tell the report what an answer did (``before``: the state while it was asked)."""
+        pacer = self.pacer
+        assert pacer is not None
+        host = self._hosts.get(origin)
+        if answer.kind == "unreachable" and state is not None:
+            pacer.inc("robots/unreachable")
+            wait = state.retry_at - now
+            if state.rules is not None:
+                logger.info("scrapy-polite: the robots.txt of %s is unreachable (%s): keeping the rules read before "
+                            "(RFC 9309 §2.4), asking again in %.1f s", origin, answer.cause, wait)
+            elif state.failures == 1:
+                logger.warning("scrapy-polite: the robots.txt of %s is unreachable (%s): its requests are held until "
+                               "it answers (RFC 9309 §2.3.1.4); asking again in %.1f s", origin, answer.cause, wait)
+            else:
+                logger.info("scrapy-polite: the robots.txt of %s is still unreachable (%s, %d answers in %.1f s): "
+                            "asking again in %.1f s", origin, answer.cause, state.failures,
+                            now - (state.since if state.since is not None else now), wait)
+            if host is not None and state.holds and state.since is not None:
+                pacer.robots_unreachable(host, state.since - self._offset(), answer.cause)
+            return
+        if answer.kind == "unavailable":
+            pacer.inc("robots/unavailable")
+        if before is not None and before.since is not None:
+            logger.info("scrapy-polite: the robots.txt of %s answered (%s) after %.1f s unreachable: it now decides "
+                        "the requests held for it", origin, answer.cause or "2xx", now - before.since)
+        if host is not None:
+            pacer.robots_unreachable(host, None)
+
+
+def _location(response: Response) -> str | None:
+    """The absolute http(s) URL a redirect response points to, or None (not a redirect, or not to http(s))."""
+    if response.status not in (301, 302, 303, 307, 308):
+        return None
+    raw = response.headers.get(b"Location")
+    if not raw:
+        return None
+    target = urljoin(response.url, raw.decode("latin-1").strip())
+    return target if urlsplit(target).scheme in ("http", "https") else None
+
+
+async def _download(crawler: Crawler, request: Request) -> Response:
+    """``crawler.engine.download_async(request)`` (Scrapy ≥ 2.19: its ``download`` returns a Deferred)."""
+    engine = crawler.engine
+    assert engine is not None
+    download_async = getattr(engine, "download_async", None)
+    if download_async is not None:
+        return await download_async(request)  # type: ignore[no-any-return]
+    return await maybe_deferred_to_future(engine.download(request))
+
+
+async def _send_robots_parsed(crawler: Crawler, parser: Any, request: Request) -> None:
+    """Send ``robots_parsed`` as Scrapy's middleware does (the extension records the delay), and wait for it."""
+    send = getattr(crawler.signals, "send_catch_log_async", None)
+    if send is not None:
+        await send(signal=signals.robots_parsed, robotparser=parser, request=request)
+    else:  # pragma: no cover - older Scrapy
+        await maybe_deferred_to_future(crawler.signals.send_catch_log_deferred(
+            signal=signals.robots_parsed, robotparser=parser, request=request))

@@ -1,0 +1,415 @@
+"""The robots.txt lifecycle's pure state machine (:mod:`scrapy_polite.robots`: ``decide``, ``answered``,
+``classify_status``, ``reask_floor``, ``given_up``, ``truncate``), a Hypothesis state machine whose invariants are
+RFC 9309's, and the add-on's installation of :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` in place
+of Scrapy's (docs/spec.md §5, "The robots.txt lifecycle"). Each rule has its negative control beside it; the crawls
+are in tests/test_e2e_robots.py."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import pytest
+import pytest_twisted
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Request
+from scrapy.robotstxt import PythonRobotParser
+from scrapy.settings import Settings
+from scrapy.utils.conf import build_component_list
+from scrapy.utils.misc import load_object
+from scrapy.utils.test import get_crawler
+from twisted.internet.error import ConnectionRefusedError, TimeoutError
+
+from scrapy_polite import robots as robots_module
+from scrapy_polite.addon import Addon, _install_robots_middleware
+from scrapy_polite.pacer import discard_pacer
+from scrapy_polite.resolver import DNSServerFailure, HostNotFound
+from scrapy_polite.robots import (
+    ALLOW_ALL,
+    ROBOTS_MAX_BYTES,
+    ROBOTS_TTL,
+    Answer,
+    Apply,
+    Fetch,
+    Hold,
+    RobotsState,
+    Rules,
+    Wait,
+    answered,
+    classify_status,
+    decide,
+    fetching,
+    given_up,
+    reask_floor,
+    truncate,
+)
+from scrapy_polite.robotstxt import PoliteRobotsTxtMiddleware, answer_of_failure
+
+RULES = Rules(parser="rules")  # any object: the machine never looks inside
+
+
+# -- decide ---------------------------------------------------------------------------------------------------
+
+
+def test_an_unknown_origin_asks_and_a_fetching_one_waits():
+    assert decide(None, 0.0) == Fetch()
+    assert decide(fetching(None), 0.0) == Wait()
+
+
+@pytest.mark.parametrize("phase", ["parsed", "unavailable"])
+def test_rules_apply_until_they_are_24_hours_old_then_are_asked_again(phase):
+    state = answered(fetching(None), Answer(phase, rules=RULES if phase == "parsed" else ALLOW_ALL), 100.0, 0.0)
+    assert state is not None and state.expires_at == 100.0 + ROBOTS_TTL
+    assert decide(state, 100.0 + ROBOTS_TTL - 0.001) == Apply(RULES if phase == "parsed" else ALLOW_ALL)
+    assert decide(state, 100.0 + ROBOTS_TTL) == Fetch(expired=True)  # the negative control: one moment later
+
+
+def test_an_unreachable_robots_txt_holds_until_it_is_asked_again():
+    state = answered(fetching(None), Answer("unreachable", cause="503"), 10.0, 12.5)
+    assert state == RobotsState("unreachable", retry_at=12.5, since=10.0, failures=1, cause="503")
+    assert state.holds
+    assert decide(state, 12.4) == Hold(until=12.5, since=10.0)
+    assert decide(state, 12.5) == Fetch()  # the negative control: at retry_at it asks
+
+
+def test_an_unreachable_re_ask_keeps_the_rules_read_before():
+    """RFC 9309 §2.4: the cached copy may be used while robots.txt is unreachable; the negative control is the
+    test above (nothing read before: held)."""
+    parsed = answered(fetching(None), Answer("parsed", rules=RULES), 0.0, 0.0)
+    again = answered(fetching(parsed), Answer("unreachable", cause="TimeoutError"), ROBOTS_TTL + 1, ROBOTS_TTL + 3)
+    assert again is not None and again.rules == RULES and not again.holds
+    assert decide(again, ROBOTS_TTL + 2) == Apply(RULES)
+    assert decide(again, ROBOTS_TTL + 3) == Fetch()
+
+
+def test_an_unreachable_spell_counts_its_answers_and_keeps_its_start():
+    state = None
+    for i, t in enumerate([1.0, 2.0, 4.0]):
+        state = answered(fetching(state), Answer("unreachable", cause="500"), t, t + 1)
+        assert state is not None and state.failures == i + 1 and state.since == 1.0
+    state = answered(fetching(state), Answer("parsed", rules=RULES), 9.0, 0.0)
+    assert state == RobotsState("parsed", rules=RULES, expires_at=9.0 + ROBOTS_TTL)  # the spell is over
+
+
+def test_an_answer_no_server_gave_forgets_the_origin():
+    assert answered(fetching(None), Answer("none", cause="HostNotFound"), 1.0, 1.0) is None
+
+
+def test_retry_at_is_never_in_the_past():
+    state = answered(fetching(None), Answer("unreachable", cause="503"), 10.0, 5.0)
+    assert state is not None and state.retry_at == 10.0
+
+
+# -- classifying answers ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, kind", [
+    (200, "parsed"), (203, "parsed"), (299, "parsed"),
+    (300, "unavailable"), (301, "unavailable"), (304, "unavailable"),  # a redirect not followed (§2.3.1.2)
+    (400, "unavailable"), (401, "unavailable"), (403, "unavailable"), (404, "unavailable"), (410, "unavailable"),
+    (428, "unavailable"), (430, "unavailable"), (499, "unavailable"),
+    (429, "unreachable"),  # a throttle, not "unavailable": the negative control of the 4xx rows
+    (500, "unreachable"), (502, "unreachable"), (503, "unreachable"), (504, "unreachable"), (599, "unreachable"),
+    (100, "unreachable"), (199, "unreachable"), (600, "unreachable"),
+])
+def test_statuses_are_read_as_rfc_9309_says(status, kind):
+    assert classify_status(status) == kind
+
+
+@pytest.mark.parametrize("exc, kind", [
+    (TimeoutError(), "unreachable"), (ConnectionRefusedError(), "unreachable"),
+    (DNSServerFailure("SERVFAIL"), "unreachable"), (RuntimeError("TLS"), "unreachable"),
+    (IgnoreRequest("refused"), "none"), (HostNotFound("NXDOMAIN"), "none"),
+])
+def test_failures_are_unreachable_unless_no_server_was_asked(exc, kind):
+    answer = answer_of_failure(exc)
+    assert answer.kind == kind and answer.cause == type(exc).__name__
+
+
+# -- the re-ask's floor, giving up, truncation --------------------------------------------------------------------
+
+
+def test_the_re_ask_floor_doubles_up_to_the_cap():
+    assert [reask_floor(n, 1.0, 10.0) for n in range(6)] == [0.0, 1.0, 2.0, 4.0, 8.0, 10.0]
+    assert reask_floor(10_000, 1.0, 300.0) == 300.0  # no overflow
+
+
+def test_a_host_is_given_up_only_when_held_longer_than_the_limit():
+    held = answered(fetching(None), Answer("unreachable", cause="503"), 0.0, 1.0)
+    assert not given_up(held, 300.0, 300.0) and given_up(held, 300.1, 300.0)
+    assert given_up(fetching(held), 301.0, 300.0)  # asking again does not end the spell
+    parsed = answered(fetching(None), Answer("parsed", rules=RULES), 0.0, 0.0)
+    fallback = answered(fetching(parsed), Answer("unreachable", cause="503"), 0.0, 1.0)
+    assert not given_up(fallback, 1000.0, 300.0) and not given_up(parsed, 1000.0, 300.0) and not given_up(None, 1e9, 1)
+
+
+def test_truncate_keeps_500_kib_to_the_last_line_break():
+    assert truncate(b"a\nb", 10) == b"a\nb"
+    body = b"x" * (ROBOTS_MAX_BYTES - 3) + b"ab\ncd\n"
+    assert truncate(body) == b"x" * (ROBOTS_MAX_BYTES - 3) + b"ab\n"  # the last whole line within the limit
+    exact = b"y" * (ROBOTS_MAX_BYTES - 1) + b"\n"
+    assert truncate(exact + b"z\n") == exact and truncate(exact) == exact
+    assert truncate(b"z" * (ROBOTS_MAX_BYTES + 5)) == b"z" * ROBOTS_MAX_BYTES  # one endless line: cut at the limit
+
+
+# -- the state machine against RFC 9309 ----------------------------------------------------------------------------
+
+
+class RobotsMachine(RuleBasedStateMachine):
+    """One origin over time: requests arrive, robots.txt answers, the clock moves. A model of what was read
+    (``read_at``, ``read_rules``) and of the spell checks every decision against RFC 9309."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.state: RobotsState | None = None
+        self.in_flight = False
+        self.read_at: float | None = None  # when rules (or "unavailable") were last read
+        self.read_rules: Rules | None = None
+        self.unreachable = False  # the last answer was "unreachable"
+        self.retry_at = 0.0
+
+    @rule(dt=st.floats(min_value=0.0, max_value=2 * ROBOTS_TTL, allow_nan=False))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+
+    @rule()
+    def a_request_comes(self) -> None:
+        action = robots_module.decide(self.state, self.now)  # through the module: the control below swaps it
+        if isinstance(action, Apply):
+            assert not self.in_flight
+            assert self.read_at is not None and action.rules == self.read_rules, "allowed without rules read"
+            if not self.unreachable:
+                assert self.now - self.read_at < ROBOTS_TTL, "rules older than 24 h used"
+            else:
+                assert self.now < self.retry_at, "a due re-ask skipped"
+        elif isinstance(action, Fetch):
+            assert not self.in_flight, "two robots.txt requests out at once"
+            assert action.expired == (not self.unreachable and self.read_at is not None)
+            self.state = fetching(self.state)
+            self.in_flight = True
+        elif isinstance(action, Wait):
+            assert self.in_flight
+        else:
+            assert isinstance(action, Hold)
+            assert self.unreachable and self.read_rules is None, "held with rules to apply"
+            assert action.until == self.retry_at > self.now
+
+    @precondition(lambda self: self.in_flight)
+    @rule(kind=st.sampled_from(["parsed", "unavailable", "unreachable", "none"]),
+          wait=st.floats(min_value=0.0, max_value=1000.0, allow_nan=False))
+    def robots_txt_answers(self, kind: str, wait: float) -> None:
+        rules = RULES if kind == "parsed" else ALLOW_ALL if kind == "unavailable" else None
+        self.state = answered(self.state, Answer(kind, rules=rules, cause="x"), self.now,  # type: ignore[arg-type]
+                              self.now + wait)
+        self.in_flight = False
+        if kind in ("parsed", "unavailable"):
+            self.read_at, self.read_rules, self.unreachable = self.now, rules, False
+        elif kind == "unreachable":
+            self.unreachable, self.retry_at = True, self.now + wait
+        else:  # forgotten: asked again by the next request
+            self.read_at, self.read_rules, self.unreachable = None, None, False
+
+    @invariant()
+    def fetching_iff_a_request_is_out(self) -> None:
+        assert (self.state is not None and self.state.phase == "fetching") == self.in_flight
+
+    @invariant()
+    def held_only_when_nothing_was_read(self) -> None:
+        if self.state is not None and self.state.holds:
+            assert self.read_rules is None and self.unreachable
+            assert self.state.since is not None and self.state.since <= self.now
+
+
+TestRobotsMachine = RobotsMachine.TestCase
+
+
+@pytest.mark.parametrize("name, broken", [
+    # Scrapy's reading: an unreachable robots.txt allows everything.
+    ("unreachable allows all", lambda state, now: Apply(ALLOW_ALL) if state is not None
+     and state.phase == "unreachable" and now < state.retry_at else decide(state, now)),
+    # Rules cached for the whole crawl.
+    ("rules never expire", lambda state, now: Apply(state.rules or ALLOW_ALL) if state is not None
+     and state.phase in ("parsed", "unavailable") else decide(state, now)),
+])
+def test_the_machine_catches_a_broken_decision(monkeypatch, name, broken):
+    """The negative control of the state machine: a ``decide`` with either defect fails it."""
+    monkeypatch.setattr(robots_module, "decide", broken)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(RobotsMachine, settings=hypothesis_settings(max_examples=300, database=None))
+
+
+# -- the add-on puts the middleware in place of Scrapy's ------------------------------------------------------------
+
+SCRAPY = "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware"
+
+
+class OwnRobots(RobotsTxtMiddleware):
+    """A project's own subclass of Scrapy's middleware."""
+
+
+class OurSubclass(PoliteRobotsTxtMiddleware):
+    """A project's subclass of ours."""
+
+
+def robots_middlewares(project: dict, *, obey: bool = True) -> dict[type, int]:
+    """The robots.txt middlewares in force after the add-on's update, with their priorities."""
+    settings = Settings({"DOWNLOADER_MIDDLEWARES": project, "ROBOTSTXT_OBEY": obey})
+    _install_robots_middleware(settings)
+    merged = settings.getwithbase("DOWNLOADER_MIDDLEWARES")
+    priorities = {load_object(k) if isinstance(k, str) else k: v for k, v in merged.items()}
+    return {cls: priorities[cls] for cls in map(lambda c: load_object(c) if isinstance(c, str) else c,
+                                                 build_component_list(merged))
+            if issubclass(cls, RobotsTxtMiddleware)}
+
+
+def test_the_add_on_replaces_scrapy_s_middleware_at_its_priority():
+    assert robots_middlewares({}) == {PoliteRobotsTxtMiddleware: 100}
+    assert robots_middlewares({SCRAPY: 120}) == {PoliteRobotsTxtMiddleware: 120}
+    assert robots_middlewares({RobotsTxtMiddleware: 90}) == {PoliteRobotsTxtMiddleware: 90}
+
+
+def test_the_add_on_leaves_robots_txt_alone_when_the_project_decided():
+    """The negative controls: disabled stays disabled, the opt-out keeps Scrapy's, a subclass of ours is kept."""
+    assert robots_middlewares({SCRAPY: None}) == {}
+    assert robots_middlewares({PoliteRobotsTxtMiddleware: None}) == {RobotsTxtMiddleware: 100}
+    assert robots_middlewares({OurSubclass: 100}) == {OurSubclass: 100}
+
+
+def test_a_project_s_own_robots_middleware_is_kept_with_a_warning(caplog):
+    caplog.set_level(logging.WARNING, logger="scrapy_polite.addon")
+    assert robots_middlewares({SCRAPY: None, OwnRobots: 100}) == {OwnRobots: 100}
+    assert any("robots.txt is handled by" in r.getMessage() and "OwnRobots" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    assert robots_middlewares({SCRAPY: None, OwnRobots: 100}, obey=False) == {OwnRobots: 100}
+    assert not caplog.records  # the negative control: robots.txt not obeyed, nothing to say
+
+
+def test_the_add_on_installs_it_through_update_settings():
+    settings = Settings({"ROBOTSTXT_OBEY": True, "POLITE_STORE": "memory://"})
+    Addon().update_settings(settings)
+    merged = settings.getwithbase("DOWNLOADER_MIDDLEWARES")
+    assert PoliteRobotsTxtMiddleware in build_component_list(merged)
+    assert SCRAPY not in build_component_list(merged) and RobotsTxtMiddleware not in build_component_list(merged)
+    disabled = Settings({"ROBOTSTXT_OBEY": True, "POLITE_ENABLED": False})
+    Addon().update_settings(disabled)  # the negative control: with the add-on off, Scrapy's stays
+    assert SCRAPY in build_component_list(disabled.getwithbase("DOWNLOADER_MIDDLEWARES"))
+
+
+def test_the_middleware_keeps_robotstxt_parser_and_obey():
+    crawler = get_crawler(settings_dict={"ROBOTSTXT_OBEY": True, "POLITE_STORE": "memory://",
+                                         "POLITE_ALLOW_PRIVATE": True,
+                                         "ROBOTSTXT_PARSER": "scrapy.robotstxt.PythonRobotParser"})
+    try:
+        middleware = PoliteRobotsTxtMiddleware.from_crawler(crawler)
+        assert middleware._parserimpl is PythonRobotParser and middleware.pacer is not None
+    finally:
+        discard_pacer(crawler)
+    from scrapy.exceptions import NotConfigured
+
+    with pytest.raises(NotConfigured):  # ROBOTSTXT_OBEY = False: Scrapy's rule
+        PoliteRobotsTxtMiddleware.from_crawler(get_crawler(settings_dict={"ROBOTSTXT_OBEY": False}))
+
+
+def test_constants_meet_rfc_9309():
+    from scrapy_polite.robots import ROBOTS_MAX_REDIRECTS
+
+    assert ROBOTS_TTL <= 24 * 3600 and ROBOTS_MAX_BYTES >= 500 * 1024 and ROBOTS_MAX_REDIRECTS >= 5
+    assert not math.isinf(ROBOTS_TTL)
+
+
+# -- the words: progress line and summary ---------------------------------------------------------------------------
+
+
+def test_the_progress_line_and_the_summary_name_an_unreachable_robots_txt():
+    from scrapy_polite.reporting import Report
+    from scrapy_polite.summary import HeldHost, format_progress, format_summary
+
+    t = [1_800_000_000.0]
+    report = Report(None, lambda: t[0])
+    report.deferred("down.example", "robots_unreachable", "http://down.example/a", t[0] + 4)
+    report.robots_unreachable("down.example", t[0], "503")
+    report.deferred("slow.example", "crawl_delay", "http://slow.example/a", t[0] + 4)
+    t[0] += 12
+    held = [HeldHost("down.example", 3, t[0] + 4), HeldHost("slow.example", 2, t[0] + 4)]
+    busy = format_progress(report, held, now=t[0], idle=False)
+    assert busy is not None and "5 requests held (3 for robots.txt unreachable: down.example)" in busy
+    idle = format_progress(report, held, now=t[0], idle=True)
+    assert idle is not None and "down.example (robots.txt unreachable (503) for 12.0 s, 3 held)" in idle
+    summary = format_summary(report, now=t[0])
+    assert "2 deferred (1 Crawl-delay, 1 robots.txt unreachable)" in summary
+    assert "down.example: robots.txt unreachable (503) for 12.0 s at close" in summary
+    # The negative control: once robots.txt answered, neither line names it.
+    report.robots_unreachable("down.example", None)
+    assert "robots.txt unreachable:" not in (format_progress(report, held, now=t[0], idle=False) or "")
+    assert "at close" not in format_summary(report, now=t[0])
+
+
+# -- a request the scheduler cannot hold waits ------------------------------------------------------------------------
+
+
+class ScriptedEngine:
+    """Answers each robots.txt request with the next of ``statuses`` (the last one for ever)."""
+
+    def __init__(self, *statuses: int, body: bytes = b"User-agent: *\nDisallow: /private\n") -> None:
+        self.statuses, self.body, self.asked = list(statuses), body, []
+
+    async def download_async(self, request):  # noqa: ANN001, ANN201 - Scrapy's engine's signature
+        from scrapy.http import TextResponse
+
+        self.asked.append(time.monotonic())
+        status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+        return TextResponse(request.url, status=status, body=self.body if status == 200 else b"<p>busy</p>",
+                            request=request)
+
+
+def as_the_downloader_runs_it(middleware: PoliteRobotsTxtMiddleware, request: Request) -> object:
+    """``process_request`` run as the downloader runs it (an asyncio task under the asyncio reactor)."""
+    from scrapy.utils.defer import deferred_from_coro
+
+    return deferred_from_coro(middleware.process_request(request))
+
+
+def waiting_middleware(engine: ScriptedEngine, **settings: object) -> PoliteRobotsTxtMiddleware:
+    crawler = get_crawler(settings_dict={"ROBOTSTXT_OBEY": True, "POLITE_STORE": "memory://",
+                                         "POLITE_ALLOW_PRIVATE": True, "POLITE_HOST_INTERVAL": 0.2, **settings})
+    crawler.engine = engine  # type: ignore[assignment]
+    return PoliteRobotsTxtMiddleware.from_crawler(crawler)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_the_scheduler_cannot_hold_waits_for_robots_txt_then_is_judged():
+    """No PoliteScheduler hands the request out (``engine.download()``, a project without the add-on's scheduler):
+    robots.txt answers 503, so the request waits — it is neither sent nor dropped — until robots.txt is asked again
+    (0.2 s later: the interval) and answers; then its rules judge it (disallowed), and the next request goes."""
+    engine = ScriptedEngine(503, 200)
+    middleware = waiting_middleware(engine)
+    try:
+        with pytest.raises(IgnoreRequest, match="Forbidden by robots.txt"):
+            await as_the_downloader_runs_it(middleware, Request("http://h.example/private/1"))
+        assert len(engine.asked) == 2 and engine.asked[1] - engine.asked[0] >= 0.2 - 0.02
+        assert await as_the_downloader_runs_it(middleware, Request("http://h.example/a")) is None
+        assert len(engine.asked) == 2
+    finally:
+        discard_pacer(middleware.crawler)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_waiting_request_is_dropped_once_robots_txt_was_unreachable_past_the_idle_wait():
+    """The same with a robots.txt that stays 503 and ``POLITE_MAX_IDLE_WAIT = 0.5``: the request waits through
+    the re-asks (0.2 s, 0.4 s after each), then is dropped (``polite/robots/given_up``) — not sent."""
+    engine = ScriptedEngine(503)
+    middleware = waiting_middleware(engine, POLITE_MAX_IDLE_WAIT=0.5)
+    try:
+        with pytest.raises(IgnoreRequest, match="unreachable for longer than POLITE_MAX_IDLE_WAIT"):
+            await as_the_downloader_runs_it(middleware, Request("http://h.example/a"))
+        assert len(engine.asked) >= 2
+        assert middleware.crawler.stats.get_value("polite/robots/given_up") == 1
+        assert middleware.crawler.stats.get_value("polite/robots/unreachable") == len(engine.asked)
+    finally:
+        discard_pacer(middleware.crawler)
