@@ -34,7 +34,7 @@ from scrapy import signals
 from scrapy.utils.misc import load_object
 
 from .addresses import AddressFilter
-from .browser_proxy import BrowserProxy, ProxyOptions
+from .browser_proxy import CHROMIUM_ARGS, BrowserProxy, ProxyOptions
 from .hosts import InvalidHost, url_host
 from .reactor import await_deferred
 from .resolver import PublicHostnameResolver
@@ -142,14 +142,23 @@ def proxy_refusal(settings: Any) -> str | None:
     provider = settings.get("PLAYWRIGHT_BROWSER_PROVIDER")
     if provider and _path(provider) != _DEFAULT_PROVIDER:
         return f"PLAYWRIGHT_BROWSER_PROVIDER is {_path(provider)}, which may launch the browser its own way"
-    launch = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
-    if launch.get("proxy") and not isinstance(launch["proxy"], ProxyOptions):
-        return "PLAYWRIGHT_LAUNCH_OPTIONS sets a proxy of its own"
+    options = {"PLAYWRIGHT_LAUNCH_OPTIONS": settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")}
     for name, kwargs in settings.getdict("PLAYWRIGHT_CONTEXTS").items():
-        proxy = (kwargs or {}).get("proxy")
+        options[f"PLAYWRIGHT_CONTEXTS[{name!r}]"] = dict(kwargs or {})
+    for where, kwargs in options.items():
+        proxy = kwargs.get("proxy")
         if proxy and not isinstance(proxy, ProxyOptions):
-            return f"PLAYWRIGHT_CONTEXTS[{name!r}] sets a proxy of its own"
+            return f"{where} sets a proxy of its own"
+        flags = [arg for arg in kwargs.get("args") or ()
+                 if str(arg).split("=", 1)[0] in _PROXY_FLAGS and arg not in CHROMIUM_ARGS]
+        if flags:  # Chromium takes the last of a repeated flag: these would override the crawl's proxy
+            return f"{where} gives Chromium proxy flags of its own ({', '.join(map(str, flags))})"
     return None
+
+
+#: Chromium's flags that choose its proxy: a project's own would override the crawl's.
+_PROXY_FLAGS = frozenset({"--proxy-server", "--no-proxy-server", "--proxy-pac-url", "--proxy-auto-detect",
+                          "--proxy-bypass-list"})
 
 
 def _path(component: object) -> str:

@@ -188,7 +188,7 @@ def exchange(port: int, data: bytes, *, then: bytes = b"", wait_close: bool = Tr
         while True:
             try:
                 chunk = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             if not chunk:
                 break
@@ -281,7 +281,7 @@ async def test_the_proxy_connects_to_the_pinned_address_and_tunnels(same_port_se
         assert (await threads.deferToThread(exchange, port_of(proxy), request + b"\r\n")).startswith(b"HTTP/1.1 200")
         assert [a.path for a in four.arrivals()] == ["/p"] and [a.path for a in three.arrivals()] == ["/p"]
         tunnel = f"CONNECT pinned.test:{three.port} HTTP/1.1\r\nHost: pinned.test\r\n".encode() + auth(proxy) + b"\r\n"
-        inner = f"GET /t HTTP/1.1\r\nHost: pinned.test\r\nConnection: close\r\n\r\n".encode()
+        inner = b"GET /t HTTP/1.1\r\nHost: pinned.test\r\nConnection: close\r\n\r\n"
         answer = await threads.deferToThread(exchange, port_of(proxy), tunnel, then=inner)
         assert answer.startswith(b"HTTP/1.1 200 Connection Established\r\n\r\nHTTP/1.1 200"), answer
         assert "/t" in [a.path for a in three.arrivals()]
@@ -351,6 +351,9 @@ def test_the_addon_gives_every_browser_context_the_proxy():
     ({"PLAYWRIGHT_LAUNCH_OPTIONS": {"proxy": {"server": "http://corp:3128"}}}, "PLAYWRIGHT_LAUNCH_OPTIONS"),
     ({"PLAYWRIGHT_CONTEXTS": {"a": {"proxy": {"server": "http://corp:3128"}}}}, "PLAYWRIGHT_CONTEXTS['a']"),
     ({"PLAYWRIGHT_BROWSER_PROVIDER": "myproject.Provider"}, "PLAYWRIGHT_BROWSER_PROVIDER"),
+    ({"PLAYWRIGHT_LAUNCH_OPTIONS": {"args": ["--no-proxy-server"]}}, "--no-proxy-server"),
+    ({"PLAYWRIGHT_CONTEXTS": {"p": {"user_data_dir": "/tmp/p", "args": ["--proxy-server=http://corp:3128"]}}},
+     "--proxy-server=http://corp:3128"),
 ])
 def test_a_browser_that_cannot_be_given_the_proxy_is_checked_with_a_warning(extra, why, caplog):
     settings = Settings({"DOWNLOAD_HANDLERS": {"http": PLAYWRIGHT, "https": PLAYWRIGHT}, **extra})
