@@ -85,7 +85,7 @@ class _Refused(Exception):
 class BrowserProxy:
     """One crawl's forward proxy for its browser (see the module).
 
-    Built by the add-on (:meth:`options` goes into the settings), bound to the crawl by its pacer (:meth:`bind`),
+    Built by the add-on (its ``options``, Playwright's ``proxy`` option, go into the settings), bound to the crawl by its pacer (:meth:`bind`),
     started when the spider opens (:meth:`start`) and stopped when it closes (:meth:`stop`).
     """
 
@@ -123,7 +123,7 @@ class BrowserProxy:
         return self._port is not None
 
     def start(self) -> str:
-        """Listen on ``127.0.0.1`` (a port the system picks) and write the server into :attr:`options`; returns it.
+        """Listen on ``127.0.0.1`` (a port the system picks) and write the server into ``options``; returns it.
         Idempotent."""
         if self._port is None:
             if self._address_filter is None:
