@@ -292,6 +292,7 @@ class _ClientSide(protocol.Protocol):
                 self._reply("431 Request Header Fields Too Large")
             return
         self.head_done = True
+        self._cancel_timeout()  # from here the resolver's and the connection's own timeouts apply
         head, self.buffer = self.buffer[:end], self.buffer[end + 4:]
         self._request(head)
 
