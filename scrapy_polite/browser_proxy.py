@@ -85,8 +85,9 @@ class _Refused(Exception):
 class BrowserProxy:
     """One crawl's forward proxy for its browser (see the module).
 
-    Built by the add-on (its ``options``, Playwright's ``proxy`` option, go into the settings), bound to the crawl by its pacer (:meth:`bind`),
-    started when the spider opens (:meth:`start`) and stopped when it closes (:meth:`stop`).
+    Built by the add-on (its ``options``, Playwright's ``proxy`` option, go into the settings), bound to the crawl
+    by its pacer (:meth:`bind`), started when the spider opens (:meth:`start`) and stopped when it closes
+    (:meth:`stop`).
     """
 
     def __init__(self, *, connect_timeout: float = 30.0) -> None:
