@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
-from .browser import BrowserRequestGuard
+from .browser import BrowserRequestGuard, proxy_refusal
+from .browser_proxy import CHROMIUM_ARGS, BrowserProxy, ProxyOptions
 from .handlers import (
     CHECKED,
     HANDLER_FAMILIES,
@@ -65,6 +66,7 @@ REPLACEABLE_HANDLERS = {path for path, family in HANDLER_FAMILIES.items() if fam
 #: The setting through which scrapy-playwright asks whether to abort a browser request.
 PLAYWRIGHT_ABORT = "PLAYWRIGHT_ABORT_REQUEST"
 PLAYWRIGHT_CONTEXTS = "PLAYWRIGHT_CONTEXTS"
+PLAYWRIGHT_LAUNCH = "PLAYWRIGHT_LAUNCH_OPTIONS"
 MIDDLEWARE_PRIORITY = 950
 EARLY_MIDDLEWARE = "scrapy_polite.middleware.PoliteEarlyDeferMiddleware"
 EARLY_MIDDLEWARE_PRIORITY = 50
@@ -123,9 +125,15 @@ class Addon:
             raise refuse_to_start(exc, settings) from None
         for scheme, mode in modes.items():
             settings["DOWNLOAD_HANDLERS"][scheme] = mode.component  # a checked handler's class stays a class
-        # Only a checked scheme can run scrapy-playwright; a pinned one never loads it (importing Playwright
-        # costs a crawl's start-up a second).
-        if any(mode.mode == CHECKED and is_playwright_handler(mode.component) for mode in modes.values()):
+        if any(mode.browser for mode in modes.values()):
+            _install_browser_proxy(settings)
+        # Otherwise only a checked scheme can run scrapy-playwright; a pinned one never loads it (importing
+        # Playwright costs a crawl's start-up a second).
+        elif any(mode.mode == CHECKED and is_playwright_handler(mode.component) for mode in modes.values()):
+            reason = proxy_refusal(settings)
+            if reason is not None:
+                logger.warning("scrapy-polite: scrapy-playwright's browser cannot be given scrapy-polite's proxy (%s): "
+                               "its own requests are only checked, by PLAYWRIGHT_ABORT_REQUEST", reason)
             _install_browser_guard(settings)
         log_modes(modes)
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)
@@ -169,6 +177,31 @@ def _install_browser_guard(settings: Settings) -> None:
         return
     settings.set(PLAYWRIGHT_ABORT, BrowserRequestGuard(then=current),
                  priority=max(settings.getpriority(PLAYWRIGHT_ABORT) or 0, SETTINGS_PRIORITIES["addon"]))
+
+
+def _install_browser_proxy(settings: Settings) -> None:
+    """Make scrapy-playwright's browser use the crawl's :class:`~scrapy_polite.browser_proxy.BrowserProxy`
+    (docs/spec.md §4.1): its options as ``proxy`` in ``PLAYWRIGHT_LAUNCH_OPTIONS`` (every context made from the
+    launched browser uses it) and in each persistent context (``user_data_dir``) of ``PLAYWRIGHT_CONTEXTS`` (launched
+    with its own options), with Chromium's flags for it (:data:`~scrapy_polite.browser_proxy.CHROMIUM_ARGS`: no
+    implicit bypass of loopback addresses, WebRTC through the proxy only). The proxy listens from the spider's
+    opening (:func:`~scrapy_polite.browser.bind_browser`). Idempotent."""
+    launch = settings.getdict(PLAYWRIGHT_LAUNCH)
+    if isinstance(launch.get("proxy"), ProxyOptions):
+        return
+    proxy = BrowserProxy(connect_timeout=settings.getfloat("DOWNLOAD_TIMEOUT", 180.0))
+    launch["proxy"] = proxy.options
+    launch["args"] = [*launch.get("args", ()), *CHROMIUM_ARGS]
+    settings.set(PLAYWRIGHT_LAUNCH, launch,
+                 priority=max(settings.getpriority(PLAYWRIGHT_LAUNCH) or 0, SETTINGS_PRIORITIES["addon"]))
+    contexts = {name: dict(kwargs or {}) for name, kwargs in settings.getdict(PLAYWRIGHT_CONTEXTS).items()}
+    if any(kwargs.get("user_data_dir") for kwargs in contexts.values()):
+        for kwargs in contexts.values():
+            if kwargs.get("user_data_dir"):
+                kwargs["proxy"] = proxy.options
+                kwargs["args"] = [*kwargs.get("args", ()), *CHROMIUM_ARGS]
+        settings.set(PLAYWRIGHT_CONTEXTS, contexts,
+                     priority=max(settings.getpriority(PLAYWRIGHT_CONTEXTS) or 0, SETTINGS_PRIORITIES["addon"]))
 
 
 def _install_robots_middleware(settings: Settings) -> None:

@@ -1,22 +1,26 @@
 """The address rules for a browser's own requests (scrapy-playwright; docs/spec.md §4.1).
 
-A page rendered by scrapy-playwright makes requests of its own — scripts, images, XHR/``fetch`` — that never
-pass through Scrapy's downloader. scrapy-playwright asks its ``PLAYWRIGHT_ABORT_REQUEST`` predicate about
-every one of them (and about the page request itself) before the browser sends it; the add-on installs a
-:class:`BrowserRequestGuard` there, which aborts every browser request whose host
+A page rendered by scrapy-playwright makes requests of its own — scripts, images, XHR/``fetch``, redirects,
+popups, WebSockets, service workers — that never pass through Scrapy's downloader. Two ways to hold them to the
+address rules, by what the settings allow:
 
-* the URL Standard refuses (docs/spec.md §1), or
-* is a non-public address, or a name with any non-public address in its answer (the browser resolves the
-  name itself and may connect to any of them: docs/spec.md §4.1), or that does not resolve,
+* **pinned** (the usual case: Chromium launched by scrapy-playwright): every browser context goes through the
+  crawl's own forward proxy (:class:`~scrapy_polite.browser_proxy.BrowserProxy`), which checks each target with
+  the add-on's resolver and connects to the address it checked; :func:`proxy_refusal` says when that cannot be
+  done, and :func:`bind_browser` starts the proxy with the spider and stops it at close;
+* **checked** (a remote browser, another browser type or provider, a browser proxy of the project's own): the
+  add-on installs a :class:`BrowserRequestGuard` as scrapy-playwright's ``PLAYWRIGHT_ABORT_REQUEST``, which aborts
+  every browser request whose host
 
-each counted in ``polite/unpinned/browser_aborted``. A page's direct request for ``169.254.169.254`` is
-then aborted; but Playwright asks the predicate only about the first URL of a redirect chain (an allowed URL
-redirecting to an internal address reaches it), and popups (``window.open``), WebSockets and service workers
-are not intercepted (the add-on blocks service workers in ``PLAYWRIGHT_CONTEXTS``): docs/guides/safety.md,
-"Known limits of the browser guard". The browser resolves names itself, so, as for every *checked* handler, a DNS
-answer that changes between the check and the browser's own lookup is not caught.
+  - the URL Standard refuses (docs/spec.md §1), or
+  - is a non-public address, or a name with any non-public address in its answer (the browser resolves the
+    name itself and may connect to any of them: docs/spec.md §4.1), or that does not resolve,
 
-The guard needs no import of Playwright: it reads only the request's ``url``.
+  each counted in ``polite/unpinned/browser_aborted``. Playwright asks the predicate only about the first URL of a
+  redirect chain, and popups (``window.open``), WebSockets and service workers are not intercepted (the add-on
+  blocks service workers in ``PLAYWRIGHT_CONTEXTS``): docs/guides/safety.md, "Known limits of the browser guard".
+
+Neither needs an import of Playwright: the guard reads only the request's ``url``.
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from scrapy import signals
 from scrapy.utils.misc import load_object
 
 from .addresses import AddressFilter
+from .browser_proxy import CHROMIUM_ARGS, BrowserProxy, ProxyOptions
 from .hosts import InvalidHost, url_host
 from .reactor import await_deferred
 from .resolver import PublicHostnameResolver
 
-__all__ = ["ABORTED_STAT", "BrowserRequestGuard"]
+__all__ = ["ABORTED_STAT", "BrowserRequestGuard", "bind_browser", "find_browser_proxy", "proxy_refusal"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,3 +119,91 @@ class BrowserRequestGuard:
         if dropped:
             return f"{host.key} resolves to non-public addresses ({', '.join(dropped)})"
         return None
+
+
+#: scrapy-playwright's default browser provider (its only one before 0.0.48's pluggable providers).
+_DEFAULT_PROVIDER = "scrapy_playwright.provider.PlaywrightBrowserProvider"
+
+
+def proxy_refusal(settings: Any) -> str | None:
+    """Why scrapy-playwright's browser cannot be given the crawl's proxy under ``settings`` (the browser's own
+    requests are then only *checked*), or None: it can, and the browser is *pinned* (docs/spec.md §4.1).
+
+    The proxy needs a Chromium that scrapy-playwright launches on this machine with the launch options and the
+    context options the add-on writes: not a remote browser (``PLAYWRIGHT_CDP_URL``, ``PLAYWRIGHT_CONNECT_URL``),
+    not another browser type or provider, and no browser proxy of the project's own (in ``PLAYWRIGHT_LAUNCH_OPTIONS``
+    or a context of ``PLAYWRIGHT_CONTEXTS``)."""
+    for name in ("PLAYWRIGHT_CDP_URL", "PLAYWRIGHT_CONNECT_URL"):
+        if settings.get(name):
+            return f"{name} connects to a browser elsewhere, which cannot be given the crawl's loopback proxy"
+    browser_type = settings.get("PLAYWRIGHT_BROWSER_TYPE") or "chromium"
+    if browser_type != "chromium":
+        return f"PLAYWRIGHT_BROWSER_TYPE is {browser_type!r}: the proxy is installed for chromium only"
+    provider = settings.get("PLAYWRIGHT_BROWSER_PROVIDER")
+    if provider and _path(provider) != _DEFAULT_PROVIDER:
+        return f"PLAYWRIGHT_BROWSER_PROVIDER is {_path(provider)}, which may launch the browser its own way"
+    options = {"PLAYWRIGHT_LAUNCH_OPTIONS": settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")}
+    for name, kwargs in settings.getdict("PLAYWRIGHT_CONTEXTS").items():
+        options[f"PLAYWRIGHT_CONTEXTS[{name!r}]"] = dict(kwargs or {})
+    for where, kwargs in options.items():
+        proxy = kwargs.get("proxy")
+        if proxy and not isinstance(proxy, ProxyOptions):
+            return f"{where} sets a proxy of its own"
+        flags = [arg for arg in kwargs.get("args") or ()
+                 if str(arg).split("=", 1)[0] in _PROXY_FLAGS and arg not in CHROMIUM_ARGS]
+        if flags:  # Chromium takes the last of a repeated flag: these would override the crawl's proxy
+            return f"{where} gives Chromium proxy flags of its own ({', '.join(map(str, flags))})"
+    return None
+
+
+#: Chromium's flags that choose its proxy: a project's own would override the crawl's.
+_PROXY_FLAGS = frozenset({"--proxy-server", "--no-proxy-server", "--proxy-pac-url", "--proxy-auto-detect",
+                          "--proxy-bypass-list"})
+
+
+def _path(component: object) -> str:
+    if isinstance(component, str):
+        return component
+    return f"{getattr(component, '__module__', '?')}.{getattr(component, '__qualname__', component)}"
+
+
+def find_browser_proxy(settings: Any) -> BrowserProxy | None:
+    """The crawl's :class:`~scrapy_polite.browser_proxy.BrowserProxy`, which the add-on put in
+    ``PLAYWRIGHT_LAUNCH_OPTIONS`` (its ``proxy``), or None."""
+    proxy = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS").get("proxy")
+    return proxy.proxy if isinstance(proxy, ProxyOptions) else None
+
+
+def bind_browser(crawler: Any, *, address_filter: AddressFilter, resolver: Callable[[], PublicHostnameResolver],
+                 inc: Callable[[str], None]) -> None:
+    """Bind the browser's rule of the crawl (the proxy, or the guard) to the crawl's address rules, resolver and
+    counter; the proxy listens from ``spider_opened`` (before ``engine_started``, when scrapy-playwright launches
+    the browser) to ``spider_closed``, which also logs the browser's connections per host."""
+    guard = crawler.settings.get("PLAYWRIGHT_ABORT_REQUEST")
+    if isinstance(guard, BrowserRequestGuard):
+        guard.bind(address_filter=address_filter, resolver=resolver, inc=inc)
+    proxy = find_browser_proxy(crawler.settings)
+    if proxy is None:
+        return
+    proxy.bind(address_filter=address_filter, resolver=resolver, inc=inc)
+    lifecycle = _ProxyLifecycle(proxy)
+    crawler.signals.connect(lifecycle.spider_opened, signal=signals.spider_opened)
+    crawler.signals.connect(lifecycle.spider_closed, signal=signals.spider_closed)
+    proxy.lifecycle = lifecycle  # type: ignore[attr-defined]  # signals hold their receivers weakly
+
+
+class _ProxyLifecycle:
+    """Starts the crawl's proxy when the spider opens and stops it when the spider closes."""
+
+    def __init__(self, proxy: BrowserProxy) -> None:
+        self.proxy = proxy
+
+    def spider_opened(self, spider: Any) -> None:
+        server = self.proxy.start()
+        logger.info("scrapy-polite: the browser's requests go through scrapy-polite's proxy at %s: each is "
+                    "checked and connected to the address it was checked on", server)
+
+    async def spider_closed(self, spider: Any, reason: str) -> None:
+        if self.proxy.per_host:
+            logger.info("scrapy-polite: the browser's connections per host: %s", self.proxy.summary())
+        await await_deferred(self.proxy.stop())

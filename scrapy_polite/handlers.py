@@ -5,9 +5,11 @@ that is the middleware's and the extension's, whatever downloads the request. Wh
 rule, by what the handler lets the add-on control:
 
 * **pinned**: the add-on makes the connection itself, to the booked address — Scrapy's HTTP/1.1 handler and
-  Scrapy's HTTP/2 handler, both replaced by ours (:mod:`scrapy_polite.handler`);
-* **checked**: the handler resolves host names itself (httpx, aiohttp, scrapy-playwright, or a handler the
-  user names in ``POLITE_CHECKED_HANDLERS``): the add-on still resolves, applies the address rules and books
+  Scrapy's HTTP/2 handler, both replaced by ours (:mod:`scrapy_polite.handler`); and scrapy-playwright, whose
+  browser reaches the network only through the crawl's own proxy (:mod:`scrapy_polite.browser_proxy`), which
+  connects to the address it checked (unless :func:`~scrapy_polite.browser.proxy_refusal` says why it cannot);
+* **checked**: the handler resolves host names itself (httpx, aiohttp, scrapy-playwright without the proxy, or a
+  handler the user names in ``POLITE_CHECKED_HANDLERS``): the add-on still resolves, applies the address rules and books
   on that address before the request, but the handler's own lookup may answer another address (the
   rebinding window). Each such request is counted (``polite/unpinned/<handler>``), and a response that
   reports the address it came from is checked again after the fact;
@@ -20,12 +22,14 @@ import ipaddress
 import logging
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import load_object
 
 from ._compat import HAS_H2
+from .browser import proxy_refusal
+from .browser_proxy import CHROMIUM_ARGS, ProxyOptions
 from .policy import host_key
 from .settings import checked_handlers
 from .vocabulary import HOST_META, IP_META
@@ -50,6 +54,7 @@ __all__ = [
     "handler_modes",
     "is_playwright_handler",
     "log_modes",
+    "proxy_context",
     "same_address",
 ]
 
@@ -103,6 +108,9 @@ class SchemeMode:
         label: the handler's short name, for stats (``polite/unpinned/<label>``) and the log.
         component: what ``DOWNLOAD_HANDLERS[scheme]`` is set to: our handler's path for a pinned scheme,
             the configured entry itself (a path or a class object) for a checked one.
+        browser: scrapy-playwright's handler through the crawl's proxy (pinned): the browser follows
+            redirects itself, and its contexts must use the proxy.
+        proxy: then, the crawl's proxy options once the add-on installed them (``PLAYWRIGHT_LAUNCH_OPTIONS['proxy']``).
     """
 
     scheme: str
@@ -110,6 +118,8 @@ class SchemeMode:
     handler: str
     label: str
     component: Any = None
+    browser: bool = False
+    proxy: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.component is None:
@@ -142,7 +152,9 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
     ``POLITE_CHECKED_HANDLERS``, ``POLITE_ALLOW_PRIVATE``), docs/spec.md §4.1.
 
     A scheme without a handler entry runs our pinned HTTP/1.1 handler. A known handler has its family's
-    mode; a handler listed in ``POLITE_CHECKED_HANDLERS`` is checked; any other is refused, unless
+    mode (scrapy-playwright's: pinned through the crawl's proxy unless
+    :func:`~scrapy_polite.browser.proxy_refusal` says why not, then checked); a handler listed in
+    ``POLITE_CHECKED_HANDLERS`` is checked; any other is refused, unless
     ``POLITE_ALLOW_PRIVATE`` is set (every address is allowed then: the handler is counted as checked).
 
     Raises:
@@ -162,7 +174,11 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
                 f"DOWNLOAD_HANDLERS[{scheme!r}] = {path!r} is Scrapy's HTTP/2 handler, which needs the h2 package, "
                 "not installed: pip install scrapy-polite[http2] (or remove that DOWNLOAD_HANDLERS entry to use "
                 "HTTP/1.1)")
-        if family is not None:
+        if family is not None and path == PLAYWRIGHT_HANDLER and proxy_refusal(settings) is None:
+            proxy = settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS").get("proxy")
+            modes[scheme] = SchemeMode(scheme, PINNED, path, family.label, configured, browser=True,
+                                       proxy=proxy if isinstance(proxy, ProxyOptions) else None)
+        elif family is not None:
             modes[scheme] = SchemeMode(scheme, family.mode, family.replacement or path, family.label,
                                        family.replacement or configured or path)
         elif path in accepted or settings.getbool("POLITE_ALLOW_PRIVATE"):
@@ -182,6 +198,10 @@ def log_modes(modes: dict[str, SchemeMode]) -> None:
     logger.info("scrapy-polite: address rules per scheme: %s",
                 ", ".join(f"{m.scheme}: {m.mode} ({m.label})" for m in modes.values()))
     seen: set[str] = set()
+    if any(m.browser for m in modes.values()):
+        logger.info("scrapy-polite: scrapy-playwright's browser reaches the network only through scrapy-polite's "
+                    "proxy: every connection it makes (page, sub-requests, redirects, popups, WebSockets, service "
+                    "workers) is checked and connected to the address it was checked on")
     for m in modes.values():
         if m.mode != CHECKED or m.handler in seen:
             continue
@@ -207,6 +227,12 @@ class UnpinnedRequests:
     def __init__(self, modes: dict[str, SchemeMode], address_filter: AddressFilter,
                  inc: Callable[[str], None]) -> None:
         self._checked = {scheme: mode for scheme, mode in modes.items() if mode.mode == CHECKED}
+        #: The schemes whose responses may come from another host (a checked handler, or scrapy-playwright's
+        #: browser, which follows redirects itself, pinned too).
+        self._redirecting = {scheme for scheme, mode in modes.items() if mode.browser or mode.mode == CHECKED}
+        #: scrapy-playwright through the crawl's proxy: the proxy options, by scheme (a request's own persistent
+        #: browser context gets them too).
+        self._proxied = {scheme: mode.proxy for scheme, mode in modes.items() if mode.browser}
         self._address_filter = address_filter
         self._inc = inc
         # The verdict on each response (weakly held): asked before it is recorded (the extension) and
@@ -226,17 +252,23 @@ class UnpinnedRequests:
         return self.mode_of(request.url) is not None
 
     def sent(self, request: Request) -> None:
-        """Count ``request`` (booked on ``meta['polite_ip']``) as sent through a checked handler, if it is."""
+        """Count ``request`` (booked on ``meta['polite_ip']``) as sent through a checked handler, if it is. A
+        scrapy-playwright request through the crawl's proxy that makes a persistent context of its own
+        (``meta['playwright_context_kwargs']`` with ``user_data_dir``: not made from the launch options) gets the
+        proxy in that context too (docs/spec.md §4.1)."""
         mode = self.mode_of(request.url)
         if mode is not None:
             self._inc(f"unpinned/{mode.label}")
+        elif self._proxied:
+            options = self._proxied.get(request.url.split(":", 1)[0].lower())
+            proxy_context(request.meta.get("playwright_context_kwargs"), options)
 
     def foreign_response(self, request: Request, response: Response) -> bool:
         """Whether ``response`` comes from another host than the booked one (``meta['polite_host']``): a
-        checked handler that follows redirects itself (scrapy-playwright's browser does) answers with the
+        handler that follows redirects itself (scrapy-playwright's browser does, pinned or checked) answers with the
         last hop's response. Counted (``polite/unpinned/redirected``); its status and headers are not the
         booked host's, so they are not recorded on it (docs/spec.md §4.1)."""
-        if self.mode_of(request.url) is None:
+        if request.url.split(":", 1)[0].lower() not in self._redirecting:
             return False
         booked = request.meta.get(HOST_META)
         url = getattr(response, "url", None)
@@ -271,6 +303,17 @@ class UnpinnedRequests:
         address = _ip(address)  # ::ffff:a.b.c.d named as a.b.c.d
         return (f"the handler connected to {address}, not the booked {booked}, and {address} is not an allowed "
                 "address (the host's DNS answer changed between the check and the handler's own lookup)")
+
+
+def proxy_context(kwargs: Any, options: ProxyOptions | None) -> None:
+    """Give a request's own persistent browser context (``playwright_context_kwargs`` with ``user_data_dir``,
+    launched with those options alone) the crawl's proxy and Chromium's flags for it. A context made from the
+    launched browser uses the launch options' proxy already; one that names a proxy of its own is the project's
+    (as ``meta['proxy']`` is: docs/spec.md §4), left alone."""
+    if options is None or not isinstance(kwargs, dict) or not kwargs.get("user_data_dir") or kwargs.get("proxy"):
+        return
+    kwargs["proxy"] = options
+    kwargs["args"] = [*kwargs.get("args", ()), *CHROMIUM_ARGS]
 
 
 def same_address(a: object, b: object) -> bool:

@@ -43,7 +43,7 @@ from twisted.internet.defer import Deferred
 from ._compat import crawler_engine
 from .addresses import AddressFilter
 from .booking import DEFAULT_TIMEOUT, Booker
-from .browser import BrowserRequestGuard
+from .browser import bind_browser
 from .clock import process_clock
 from .events import EventLog
 from .handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
@@ -188,10 +188,8 @@ class Pacer:
         #: The requests of a *checked* download handler (docs/spec.md §4.1).
         self.unpinned = UnpinnedRequests(_modes(crawler), config.address_filter, self.report.inc)
         self.resolution.resolves_itself = self.unpinned.resolves_itself
-        browser_guard = crawler.settings.get("PLAYWRIGHT_ABORT_REQUEST")
-        if isinstance(browser_guard, BrowserRequestGuard):
-            browser_guard.bind(address_filter=config.address_filter, resolver=self.get_resolver,
-                               inc=self.report.inc)
+        # scrapy-playwright's browser: its proxy (pinned) or its guard (checked), docs/spec.md §4.1.
+        bind_browser(crawler, address_filter=config.address_filter, resolver=self.get_resolver, inc=self.report.inc)
 
     # -- shared state -----------------------------------------------------------------------------------
 

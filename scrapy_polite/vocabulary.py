@@ -204,12 +204,20 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
                                        "booked one",
     "polite/unpinned/refused_response": "of those, the responses from a non-public address (dropped with an "
                                         "`IgnoreRequest`)",
-    "polite/unpinned/redirected": "responses of a checked handler from another host than the booked one "
-                                  "(scrapy-playwright's browser follows redirects itself): not recorded on the booked "
-                                  "host",
-    "polite/unpinned/browser_aborted": "scrapy-playwright: browser requests (scripts, images, XHR, the page itself) "
-                                       "aborted because their host is non-public, does not resolve, or is refused by "
-                                       "the URL Standard",
+    "polite/unpinned/redirected": "responses of a checked handler, or of scrapy-playwright's browser, from another "
+                                  "host than the booked one (the browser follows redirects itself): not recorded on "
+                                  "the booked host",
+    "polite/unpinned/browser_aborted": "scrapy-playwright without the crawl's proxy (checked): browser requests "
+                                       "(scripts, images, XHR, the page itself) aborted because their host is "
+                                       "non-public, does not resolve, or is refused by the URL Standard",
+    "polite/browser/proxied": "scrapy-playwright (pinned): connections the browser made through the crawl's proxy, "
+                              "each to the address it was checked on (a tunnel for HTTPS and WebSockets, one request "
+                              "for plain HTTP); per host in the INFO line at close",
+    "polite/browser/refused": "scrapy-playwright (pinned): the browser's connections the crawl's proxy refused (a "
+                              "non-public address, a name with no allowed address, a host the URL Standard refuses): "
+                              "nothing was sent to them",
+    "polite/browser/failed": "scrapy-playwright (pinned): the browser's connections the crawl's proxy could not make "
+                             "(a DNS failure, the checked address not answering)",
     "polite/resolver_missing": "the crawl was stopped because the resolver is not installed",
     "polite/store/restores": "times the pace table was found to have come back empty (its identity gone: a Redis "
                              "restarted without persistence, a SQLite file deleted or replaced)",

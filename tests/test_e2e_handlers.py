@@ -3,7 +3,7 @@
 Real crawls against loopback servers with Scrapy's HTTP/2 handler (a local HTTP/2 server, hypercorn), the
 httpx handler and scrapy-playwright driving Debian's ``chromium``: per-host and per-IP spacing read from the
 server's arrival log, a 429 + Retry-After honoured, the pace table persisted (SQLite); the browser's own
-request for an internal address aborted; and the refusal of a handler the add-on does not know.
+request for an internal address refused by the crawl's proxy; and the refusal of a handler the add-on does not know.
 
 Each needs its optional package (``pip install scrapy-polite[http2,httpx,playwright]``, all in the ``test``
 extra) and the browser test ``/usr/bin/chromium``: missing, the test is skipped on a developer's machine and
@@ -127,7 +127,7 @@ def assert_persisted(tmp_path, host: str) -> None:
 
 
 @pytest.mark.parametrize(("handler", "mode"), [(None, PINNED), (H2, PINNED), (HTTPX, CHECKED), (AIOHTTP, CHECKED),
-                                               (PLAYWRIGHT, CHECKED)])
+                                               (PLAYWRIGHT, PINNED)])
 def test_each_known_handler_has_its_mode(handler, mode):
     settings = Settings({"DOWNLOAD_HANDLERS": {"https": handler} if handler else {}})
     modes = handler_modes(settings)
@@ -210,7 +210,8 @@ def project_abort(request) -> bool:
 @pytest_twisted.ensureDeferred
 async def test_the_playwright_guard_is_installed_and_keeps_the_projects_predicate():
     ASKED.clear()
-    settings = Settings({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT},
+    # A remote browser cannot be given the crawl's proxy: its own requests are checked by the guard.
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT}, "PLAYWRIGHT_CDP_URL": "http://127.0.0.1:9222",
                          "PLAYWRIGHT_ABORT_REQUEST": f"{__name__}.project_abort"})
     Addon().update_settings(settings)
     guard = settings["PLAYWRIGHT_ABORT_REQUEST"]
@@ -222,16 +223,20 @@ async def test_the_playwright_guard_is_installed_and_keeps_the_projects_predicat
     assert ASKED == ["http://93.184.215.14/a.png", "http://93.184.215.14/a.html"]
 
 
-def test_service_workers_are_blocked_in_the_contexts_unless_the_project_chose():
-    settings = Settings({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT}})
+def test_service_workers_are_blocked_in_the_contexts_of_a_checked_browser_unless_the_project_chose():
+    remote = {"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT}, "PLAYWRIGHT_CONNECT_URL": "ws://127.0.0.1:3000/"}
+    settings = Settings(remote)
     Addon().update_settings(settings)
     assert settings.getdict("PLAYWRIGHT_CONTEXTS") == {"default": {"service_workers": "block"}}
-    settings = Settings({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT},
-                         "PLAYWRIGHT_CONTEXTS": {"a": {"locale": "de-DE"}, "b": {"service_workers": "allow"}}})
+    settings = Settings({**remote, "PLAYWRIGHT_CONTEXTS": {"a": {"locale": "de-DE"}, "b": {"service_workers": "allow"}}})
     Addon().update_settings(settings)
     assert settings.getdict("PLAYWRIGHT_CONTEXTS") == {
         "a": {"locale": "de-DE", "service_workers": "block"}, "b": {"service_workers": "allow"}}  # the project's own
-    # Negative control: no browser, no browser contexts.
+    # Negative controls: a browser through the crawl's proxy keeps its service workers (they use the proxy too);
+    # no browser, no browser contexts.
+    settings = Settings({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT}})
+    Addon().update_settings(settings)
+    assert not settings.getdict("PLAYWRIGHT_CONTEXTS")
     settings = Settings({"DOWNLOAD_HANDLERS": {"https": HTTPX}})
     Addon().update_settings(settings)
     assert not settings.getdict("PLAYWRIGHT_CONTEXTS")
@@ -458,7 +463,7 @@ def playwright_settings(tmp_path, names: dict[str, list[str]], **overrides):
 
 
 @pytest_twisted.ensureDeferred
-async def test_playwright_pages_are_checked_paced_and_persisted(arrival_server, tmp_path):
+async def test_playwright_pages_are_pinned_paced_and_persisted(arrival_server, tmp_path):
     need_chromium()
     shared = arrival_server("127.0.20.4")
     own = arrival_server("127.0.20.5")
@@ -471,11 +476,12 @@ async def test_playwright_pages_are_checked_paced_and_persisted(arrival_server, 
                               meta={"playwright": True}, timeout=60)
     assert sorted(crawler.spider.statuses()) == [200] * 6, crawler.spider.failed
     # The pages; not the browser's own /favicon.ico (Playwright 1.40's chromium asks for it): a browser's
-    # sub-requests are checked, not paced (README, "scrapy-playwright").
+    # sub-requests are pinned and counted, not paced (docs/guides/safety.md, "scrapy-playwright").
     assert_paced(pages(shared), pages(own), "/c/0", 2.0)
     assert_persisted(tmp_path, "c.test")
     assert stat(crawler, "throttles/429") == 1  # the navigation response's status was recorded
-    assert stat(crawler, "unpinned/playwright") == 7
+    assert stat(crawler, "unpinned/playwright") is None  # pinned: through the crawl's proxy
+    assert stat(crawler, "browser/proxied") >= 7  # the 6 pages and the retried 429, each to its booked address
     assert crawler.stats.get_value("playwright/page_count") is not None, "the pages were not rendered"
     assert time.time() - t0 < 30
 
@@ -514,7 +520,7 @@ CANARY_PAGE = """<html><body><p>page</p>
 @pytest_twisted.ensureDeferred
 async def test_playwright_page_cannot_make_the_browser_fetch_an_internal_address(arrival_server, tmp_path):
     """A page's script and image aim at a loopback canary outside POLITE_ALLOWED_NETWORKS, by address and by
-    name: the canary sees nothing, the aborts are counted; the page's own allowed script still loads."""
+    name: the canary sees nothing, the proxy's refusals are counted; the page's own allowed script still loads."""
     need_chromium()
     canary = arrival_server("127.0.20.9")
     site = arrival_server("127.0.20.6")
@@ -528,31 +534,32 @@ async def test_playwright_page_cannot_make_the_browser_fetch_an_internal_address
                               meta={"playwright": True}, timeout=60)
     assert crawler.spider.statuses() == [200], crawler.spider.failed
     assert canary.arrivals() == [], "the browser reached the canary"
-    assert stat(crawler, "unpinned/browser_aborted") == 2
+    assert stat(crawler, "browser/refused") == 2
     assert [a.path for a in pages(site)] == ["/", "/ok.js"]  # negative control: allowed sub-requests go
 
 
-# Not strict: Playwright routes the hops of a redirect chain unreliably (current Playwright never did here;
-# 1.40, the extra's floor, did in some runs and not in others), so the gap is documented as open, and this test
-# shows it whenever it is there.
-@pytest.mark.xfail(strict=False, reason="known limit (README, docs/spec.md §4.1): Playwright does not reliably "
-                   "ask page.route, so PLAYWRIGHT_ABORT_REQUEST, about the hops of a redirect chain: a fetch of an "
-                   "allowed URL that redirects to an internal address can reach it")
+# Once an xfail (Playwright does not reliably ask PLAYWRIGHT_ABORT_REQUEST about the hops of a redirect chain): the
+# browser's proxy sees every hop, since the browser has no other way out (issue 33).
 @pytest_twisted.ensureDeferred
 async def test_playwright_page_redirected_fetch_cannot_reach_an_internal_address(arrival_server, tmp_path):
     need_chromium()
     canary = arrival_server("127.0.20.17")
     site = arrival_server("127.0.20.18")
-    site.route("/", Reply.html('<html><body><script>fetch("/r").catch(() => {});</script></body></html>'))
+    site.route("/", Reply.html('<html><head><title>w</title></head><body><script>fetch("/r").catch(() => {})'
+                               '.then(() => { document.title = "done"; });</script></body></html>'))
     site.route("/r", Reply.redirect(f"http://127.0.20.17:{canary.port}/internal"))
     names = {"site.test": ["127.0.20.18"]}
-    settings = playwright_settings(tmp_path, names, POLITE_ALLOWED_NETWORKS=["127.0.20.18/32"],
-                                   PLAYWRIGHT_PAGE_GOTO_KWARGS={"wait_until": "networkidle"})
+    settings = playwright_settings(tmp_path, names, POLITE_ALLOWED_NETWORKS=["127.0.20.18/32"])
+    from scrapy_playwright.page import PageMethod
+
+    # The page is done when its fetch is (networkidle alone let a loaded machine close the page first).
+    wait = PageMethod("wait_for_function", "document.title === 'done'", timeout=20_000)
     crawler = await run_crawl(ListSpider, settings, urls=[f"http://site.test:{site.port}/"],
-                              meta={"playwright": True}, timeout=60)
+                              meta={"playwright": True, "playwright_page_methods": [wait]}, timeout=60)
     assert crawler.spider.statuses() == [200], crawler.spider.failed
     assert "/r" in [a.path for a in pages(site)], "the page's fetch did not run"
     assert canary.arrivals() == [], "the browser followed the redirect to the internal address"
+    assert stat(crawler, "browser/refused") == 1
 
 
 # ---------------------------------------------------------------------------------------------------
