@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from .events import DEFERRAL_WORDS, REFUSAL_WORDS, clock_time, describe
 from .stores.base import Event
+from .words import plural
 
 __all__ = ["FORMATS", "OUTCOME_COLOURS", "hosts_of", "timeline_format", "timeline_html", "timeline_svg",
            "write_timeline"]
@@ -73,10 +74,6 @@ class _Row:
     wait_seconds: float = 0.0
     deferral_reasons: Counter[str] = field(default_factory=Counter)
     refusal_reasons: Counter[str] = field(default_factory=Counter)
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _tip(event: Event) -> str:
@@ -241,7 +238,7 @@ def _picture(events: Sequence[Event], rows: dict[str, _Row], *, title: str, stor
     axis = _HEAD + _AXIS
     height = axis + _ROW * len(rows) + 8
     width = _LABEL + _PLOT + 20
-    meta = (f'{_count(len(events), "event")}, {_count(len(rows), "host")}, {clock_time(t0, date=True)} to '
+    meta = (f'{plural(len(events), "event")}, {plural(len(rows), "host")}, {clock_time(t0, date=True)} to '
             f'{clock_time(max(e.at for e in events), date=True)} (local time)'
             f'{" — " + store if store else ""}; drawn {clock_time(drawn, date=True)}.')
     out: list[str] = [f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
