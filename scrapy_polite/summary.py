@@ -170,10 +170,29 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
     # A host this crawl never touched (only listed at start as in backoff from the pace table) is not in it.
     hosts = {host: c for host, c in report.hosts.items() if c.active}
     elapsed = max(0.0, now - report.started)
-    given_up = sum(c.given_up for c in hosts.values())
-    throttles = sum(c.throttles for c in hosts.values())
-    steps = sum(c.backoff_steps for c in hosts.values())
     turn = sum(c.turn_waits for c in hosts.values())
+    parts = _totals(hosts, no_host)
+    backing_off = format_duration(min(elapsed, Span.union(c.backing_off for c in hosts.values()).seconds(until=now)))
+    in_line = format_duration(min(elapsed, report.turn_span.seconds(until=now)))
+    lines = [f"scrapy-polite summary: {plural(len(hosts), 'host')} in {format_duration(elapsed)}: "
+             + ", ".join(parts) + f"; backing off during {backing_off} of the crawl; {plural(turn, 'turn wait')} "
+             f"(a request waiting in line during {in_line} of the crawl)"]
+    if hosts:
+        rows = [COLUMNS, *(_host_row(host, c, now) for host, c in sorted(hosts.items()))]
+        lines.append(format_table(rows, "  ", right=range(1, len(COLUMNS))))  # counts to the right
+    for host, c in sorted(hosts.items()):
+        if c.robots_unreachable_since is not None:
+            lines.append(f"  {host}: {_robots_words(c, now)} at close: its requests were held, not sent")
+    for host, c in sorted(hosts.items()):
+        if c.given_up:
+            more = f" and {c.given_up - len(c.given_up_urls)} more" if c.given_up > len(c.given_up_urls) else ""
+            lines.append(f"  given up on {host}: {', '.join(c.given_up_urls)}{more}")
+    return "\n".join(lines)
+
+
+def _totals(hosts: Mapping[str, HostCounters], no_host: int) -> list[str]:
+    """The totals line's counts: requests, pages given up, throttles and backoff steps, deferred and refused by
+    reason (``no_host``: requests refused because their URL has no host)."""
     deferred: dict[str, int] = {}
     refused: dict[str, int] = {}
     for c in hosts.values():
@@ -183,8 +202,10 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
             refused[reason] = refused.get(reason, 0) + n
     if no_host:
         refused["no_host"] = refused.get("no_host", 0) + no_host
+    throttles = sum(c.throttles for c in hosts.values())
+    steps = sum(c.backoff_steps for c in hosts.values())
     parts = [plural(sum(c.requests for c in hosts.values()), "request"),
-             f"{plural(given_up, 'page')} given up",
+             f"{plural(sum(c.given_up for c in hosts.values()), 'page')} given up",
              f"{plural(throttles, 'throttle')} ({plural(steps, 'backoff step')})"]
     if deferred:
         parts.append(f"{sum(deferred.values())} deferred ("
@@ -196,25 +217,13 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
                      + ", ".join(f"{n} {REFUSAL_WORDS.get(r, r)}" for r, n in sorted(refused.items())) + ")")
     else:
         parts.append("0 refused")
-    backing_off = format_duration(min(elapsed, Span.union(c.backing_off for c in hosts.values()).seconds(until=now)))
-    in_line = format_duration(min(elapsed, report.turn_span.seconds(until=now)))
-    lines = [f"scrapy-polite summary: {plural(len(hosts), 'host')} in {format_duration(elapsed)}: "
-             + ", ".join(parts) + f"; backing off during {backing_off} of the crawl; {plural(turn, 'turn wait')} "
-             f"(a request waiting in line during {in_line} of the crawl)"]
-    if hosts:
-        rows: list[tuple[str, ...]] = [COLUMNS]
-        for host, c in sorted(hosts.items()):
-            backing = c.backing_off.seconds(until=now)
-            rows.append((host, str(c.requests), str(c.given_up), str(c.throttles), str(c.backoff_steps),
-                         format_duration(backing) if backing else "-",
-                         f"{c.turn_waits} ({format_duration(c.turn_wait_seconds)})" if c.turn_waits else "-",
-                         _cell_deferred(c), _cell_refused(c)))
-        lines.append(format_table(rows, "  ", right=range(1, len(COLUMNS))))  # counts to the right
-    for host, c in sorted(hosts.items()):
-        if c.robots_unreachable_since is not None:
-            lines.append(f"  {host}: {_robots_words(c, now)} at close: its requests were held, not sent")
-    for host, c in sorted(hosts.items()):
-        if c.given_up:
-            more = f" and {c.given_up - len(c.given_up_urls)} more" if c.given_up > len(c.given_up_urls) else ""
-            lines.append(f"  given up on {host}: {', '.join(c.given_up_urls)}{more}")
-    return "\n".join(lines)
+    return parts
+
+
+def _host_row(host: str, c: HostCounters, now: float) -> tuple[str, ...]:
+    """A host's cells under :data:`COLUMNS` (``now``: the crawl's end, epoch s)."""
+    backing = c.backing_off.seconds(until=now)
+    return (host, str(c.requests), str(c.given_up), str(c.throttles), str(c.backoff_steps),
+            format_duration(backing) if backing else "-",
+            f"{c.turn_waits} ({format_duration(c.turn_wait_seconds)})" if c.turn_waits else "-",
+            _cell_deferred(c), _cell_refused(c))
