@@ -68,7 +68,7 @@ class _ReaderMayLeave:
     finds the pipe closed (``BrokenPipeError``), the rest of the output is dropped, quietly, and the stream's file
     descriptor is pointed at the null device so that no later flush (the interpreter's, at exit) fails again —
     the pattern of Python's documentation ("Note on SIGPIPE", the ``signal`` module). The verb goes on and its
-    exit status is its own (0 for ``hosts`` and ``show``; README, "Exit status")."""
+    exit status is its own (0 for ``hosts`` and ``show``; docs/guides/operating.md, "The operator command")."""
 
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
