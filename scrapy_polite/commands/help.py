@@ -68,8 +68,7 @@ class ExitStatus:
     meaning: str
 
 
-_EVERY_VERB = VERBS
-_TABLE_VERBS = tuple(v for v in VERBS if v != "audit")
+_TABLE_VERBS = tuple(v for v in VERBS if v != "audit")  # audit's 0 and 2 have words of their own
 
 #: Every exit status, by the name of its constant (:data:`EXIT_OK`, ...). A verb's ``--help`` lists its statuses in
 #: this order, those that share a number joined by "or".
@@ -93,7 +92,7 @@ STATUSES: Final[Mapping[str, ExitStatus]] = {
         "`--since soon`), an invalid setting (`-s POLITE_EVENT_LOG_SIZE=0`); the verb's usage line and the error "
         "are printed before any store is opened"),
     "EXIT_STORE": ExitStatus(
-        EXIT_STORE, "the store is unusable", dict.fromkeys(_EVERY_VERB, "the store is unusable"),
+        EXIT_STORE, "the store is unusable", dict.fromkeys(VERBS, "the store is unusable"),
         "the store is unusable: no table there, not a pace table, unreadable or unwritable, a server that does not "
         "answer"),
     "EXIT_OUTPUT": ExitStatus(
