@@ -9,17 +9,15 @@ the same everywhere (the documentation, the summary, ``scrapy polite``): **reque
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .events import DEFERRAL_WORDS, REFUSAL_WORDS
 from .reporting import HostCounters, Report, Span
+from .words import format_due, format_duration, format_table, plural
 
 __all__ = [
     "HeldHost",
-    "format_due",
-    "format_duration",
     "format_progress",
     "format_start_backoffs",
     "format_summary",
@@ -38,23 +36,6 @@ COLUMNS = ("host", "requests", "given up", "throttles", "backoff steps", "backin
 def reason_words(reason: str) -> str:
     """The user's word for a deferral reason (``crawl_delay`` → ``Crawl-delay``)."""
     return REASON_WORDS.get(reason, reason.replace("_", " "))
-
-
-def format_duration(seconds: float) -> str:
-    """``0.4 s``, ``12.0 s``, ``4 m 10 s``, ``2 h 5 m`` (seconds, rounded for reading)."""
-    if seconds < 60:
-        return f"{max(0.0, seconds):.1f} s"
-    whole = round(seconds)
-    if whole < 3600:
-        return f"{whole // 60} m {whole % 60} s"
-    return f"{whole // 3600} h {whole % 3600 // 60} m"
-
-
-def format_due(due: float, now: float) -> str:
-    """``in 4 m 10 s (at 10:15:02)`` for an epoch time ``due`` (local time of day); ``now`` when passed."""
-    if due <= now:
-        return "now"
-    return f"in {format_duration(due - now)} (at {time.strftime('%H:%M:%S', time.localtime(due))})"
 
 
 def reset_command(hosts: Iterable[str], store_option: str | None = None) -> str:
@@ -84,7 +65,7 @@ def _backoff_words(c: HostCounters) -> str:
     cause = c.throttle_cause or "a throttle"
     steps = c.state.consec if c.state is not None else 0
     if steps and "backoff step" not in cause:
-        cause += f"; {_count(steps, 'backoff step')}"
+        cause += f"; {plural(steps, 'backoff step')}"
     return cause
 
 
@@ -141,12 +122,12 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
                 why = "its turn"
             parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(due_of(h), now)}")
         return "scrapy-polite: only waiting on backoffs and delays: " + "; ".join(parts) + forgive
-    line = f"scrapy-polite: {_count(total, 'request')} held"
+    line = f"scrapy-polite: {plural(total, 'request')} held"
     robots = [h for h in held if (c := report.hosts.get(h.host)) is not None and c.robots_unreachable_since is not None]
     if robots:
         line += (f" ({sum(h.count for h in robots)} for robots.txt unreachable: "
                  + ", ".join(sorted(h.host for h in robots)) + ")")
-    line += f", {_count(len(backing), 'host')} in backoff"
+    line += f", {plural(len(backing), 'host')} in backoff"
     if waiting:
         first = waiting[0]
         line += f"; next due: {first.host} {format_due(due_of(first), now)}"
@@ -165,10 +146,6 @@ def _robots_words(c: HostCounters, now: float) -> str:
     return f"robots.txt unreachable{cause} for {format_duration(now - since)}"
 
 
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def _cell_deferred(c: HostCounters) -> str:
     slowed = c.slowed_deferrals
     return ", ".join(f"{n} {reason_words(r)}" for r, n in slowed.items()) or "-"
@@ -176,12 +153,6 @@ def _cell_deferred(c: HostCounters) -> str:
 
 def _cell_refused(c: HostCounters) -> str:
     return ", ".join(f"{n} {REFUSAL_WORDS.get(r, r)}" for r, n in sorted(c.refusals.items()) if n) or "-"
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
-                             enumerate(zip(r, widths))).rstrip() for r in rows]
 
 
 def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
@@ -199,10 +170,29 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
     # A host this crawl never touched (only listed at start as in backoff from the pace table) is not in it.
     hosts = {host: c for host, c in report.hosts.items() if c.active}
     elapsed = max(0.0, now - report.started)
-    given_up = sum(c.given_up for c in hosts.values())
-    throttles = sum(c.throttles for c in hosts.values())
-    steps = sum(c.backoff_steps for c in hosts.values())
     turn = sum(c.turn_waits for c in hosts.values())
+    parts = _totals(hosts, no_host)
+    backing_off = format_duration(min(elapsed, Span.union(c.backing_off for c in hosts.values()).seconds(until=now)))
+    in_line = format_duration(min(elapsed, report.turn_span.seconds(until=now)))
+    lines = [f"scrapy-polite summary: {plural(len(hosts), 'host')} in {format_duration(elapsed)}: "
+             + ", ".join(parts) + f"; backing off during {backing_off} of the crawl; {plural(turn, 'turn wait')} "
+             f"(a request waiting in line during {in_line} of the crawl)"]
+    if hosts:
+        rows = [COLUMNS, *(_host_row(host, c, now) for host, c in sorted(hosts.items()))]
+        lines.append(format_table(rows, "  ", right=range(1, len(COLUMNS))))  # counts to the right
+    for host, c in sorted(hosts.items()):
+        if c.robots_unreachable_since is not None:
+            lines.append(f"  {host}: {_robots_words(c, now)} at close: its requests were held, not sent")
+    for host, c in sorted(hosts.items()):
+        if c.given_up:
+            more = f" and {c.given_up - len(c.given_up_urls)} more" if c.given_up > len(c.given_up_urls) else ""
+            lines.append(f"  given up on {host}: {', '.join(c.given_up_urls)}{more}")
+    return "\n".join(lines)
+
+
+def _totals(hosts: Mapping[str, HostCounters], no_host: int) -> list[str]:
+    """The totals line's counts: requests, pages given up, throttles and backoff steps, deferred and refused by
+    reason (``no_host``: requests refused because their URL has no host)."""
     deferred: dict[str, int] = {}
     refused: dict[str, int] = {}
     for c in hosts.values():
@@ -212,9 +202,11 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
             refused[reason] = refused.get(reason, 0) + n
     if no_host:
         refused["no_host"] = refused.get("no_host", 0) + no_host
-    parts = [_count(sum(c.requests for c in hosts.values()), "request"),
-             f"{_count(given_up, 'page')} given up",
-             f"{_count(throttles, 'throttle')} ({_count(steps, 'backoff step')})"]
+    throttles = sum(c.throttles for c in hosts.values())
+    steps = sum(c.backoff_steps for c in hosts.values())
+    parts = [plural(sum(c.requests for c in hosts.values()), "request"),
+             f"{plural(sum(c.given_up for c in hosts.values()), 'page')} given up",
+             f"{plural(throttles, 'throttle')} ({plural(steps, 'backoff step')})"]
     if deferred:
         parts.append(f"{sum(deferred.values())} deferred ("
                      + ", ".join(f"{n} {reason_words(r)}" for r, n in sorted(deferred.items())) + ")")
@@ -225,25 +217,13 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
                      + ", ".join(f"{n} {REFUSAL_WORDS.get(r, r)}" for r, n in sorted(refused.items())) + ")")
     else:
         parts.append("0 refused")
-    backing_off = format_duration(min(elapsed, Span.union(c.backing_off for c in hosts.values()).seconds(until=now)))
-    in_line = format_duration(min(elapsed, report.turn_span.seconds(until=now)))
-    lines = [f"scrapy-polite summary: {_count(len(hosts), 'host')} in {format_duration(elapsed)}: "
-             + ", ".join(parts) + f"; backing off during {backing_off} of the crawl; {_count(turn, 'turn wait')} "
-             f"(a request waiting in line during {in_line} of the crawl)"]
-    if hosts:
-        rows: list[tuple[str, ...]] = [COLUMNS]
-        for host, c in sorted(hosts.items()):
-            backing = c.backing_off.seconds(until=now)
-            rows.append((host, str(c.requests), str(c.given_up), str(c.throttles), str(c.backoff_steps),
-                         format_duration(backing) if backing else "-",
-                         f"{c.turn_waits} ({format_duration(c.turn_wait_seconds)})" if c.turn_waits else "-",
-                         _cell_deferred(c), _cell_refused(c)))
-        lines.extend(_table(rows))
-    for host, c in sorted(hosts.items()):
-        if c.robots_unreachable_since is not None:
-            lines.append(f"  {host}: {_robots_words(c, now)} at close: its requests were held, not sent")
-    for host, c in sorted(hosts.items()):
-        if c.given_up:
-            more = f" and {c.given_up - len(c.given_up_urls)} more" if c.given_up > len(c.given_up_urls) else ""
-            lines.append(f"  given up on {host}: {', '.join(c.given_up_urls)}{more}")
-    return "\n".join(lines)
+    return parts
+
+
+def _host_row(host: str, c: HostCounters, now: float) -> tuple[str, ...]:
+    """A host's cells under :data:`COLUMNS` (``now``: the crawl's end, epoch s)."""
+    backing = c.backing_off.seconds(until=now)
+    return (host, str(c.requests), str(c.given_up), str(c.throttles), str(c.backoff_steps),
+            format_duration(backing) if backing else "-",
+            f"{c.turn_waits} ({format_duration(c.turn_wait_seconds)})" if c.turn_waits else "-",
+            _cell_deferred(c), _cell_refused(c))

@@ -17,11 +17,12 @@ import html
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .events import DEFERRAL_WORDS, REFUSAL_WORDS, clock_time, describe
 from .stores.base import Event
+from .words import plural
 
 __all__ = ["FORMATS", "OUTCOME_COLOURS", "hosts_of", "timeline_format", "timeline_html", "timeline_svg",
            "write_timeline"]
@@ -73,10 +74,6 @@ class _Row:
     wait_seconds: float = 0.0
     deferral_reasons: Counter[str] = field(default_factory=Counter)
     refusal_reasons: Counter[str] = field(default_factory=Counter)
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _tip(event: Event) -> str:
@@ -241,7 +238,7 @@ def _picture(events: Sequence[Event], rows: dict[str, _Row], *, title: str, stor
     axis = _HEAD + _AXIS
     height = axis + _ROW * len(rows) + 8
     width = _LABEL + _PLOT + 20
-    meta = (f'{_count(len(events), "event")}, {_count(len(rows), "host")}, {clock_time(t0, date=True)} to '
+    meta = (f'{plural(len(events), "event")}, {plural(len(rows), "host")}, {clock_time(t0, date=True)} to '
             f'{clock_time(max(e.at for e in events), date=True)} (local time)'
             f'{" — " + store if store else ""}; drawn {clock_time(drawn, date=True)}.')
     out: list[str] = [f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -251,61 +248,78 @@ def _picture(events: Sequence[Event], rows: dict[str, _Row], *, title: str, stor
     out.append(f'<style>{_SVG_CSS}</style>\n<rect width="{width}" height="{height}" fill="#fff"/>\n'
                f'<text class="title" x="0" y="18">{html.escape(title)}</text>\n'
                f'<text class="meta" x="0" y="36">{html.escape(meta)}</text>\n{_legend(44)}\n')
+    out.extend(_ticks(x, t0, t1, top=axis, bottom=height - 8))
+    out.extend(_row(row, index, x, top=axis + index * _ROW, width=width, standalone=standalone)
+               for index, row in enumerate(rows.values()))
+    out.append("</svg>\n")
+    return "".join(out)
+
+
+def _ticks(x: Callable[[float], float], t0: float, t1: float, *, top: float, bottom: float) -> list[str]:
+    """The time axis from ``t0`` to ``t1`` (epoch s): a grid line and a clock time at each tick; ``x``: a time's
+    abscissa (px); ``top`` and ``bottom``: the rows' extent (px)."""
+    out = []
     step = _tick_step(t1 - t0)
     tick = math.ceil(t0 / step) * step
     while tick <= t1:
         xt = x(tick)
         label = clock_time(tick)[: 12 if step < 1 else 8]
-        out.append(f'<line class="grid" x1="{xt}" y1="{axis - 6}" x2="{xt}" y2="{height - 8}"/>'
-                   f'<text class="tick" x="{xt}" y="{axis - 12}" text-anchor="middle">{label}</text>\n')
+        out.append(f'<line class="grid" x1="{xt}" y1="{top - 6}" x2="{xt}" y2="{bottom}"/>'
+                   f'<text class="tick" x="{xt}" y="{top - 12}" text-anchor="middle">{label}</text>\n')
         tick += step
-    for index, row in enumerate(rows.values()):
-        top = axis + index * _ROW
-        mid = top + _ROW / 2
-        name = row.host or "(no host)"
-        short = name if len(name) <= 30 else name[:29] + "…"
-        out.append(f'<g class="row" data-host="{_attr(row.host)}">')
-        if index % 2 == 0:
-            out.append(f'<rect class="band" x="0" y="{top}" width="{width}" height="{_ROW}"/>')
-        out.append(f'<text class="host" x="6" y="{mid + 4}"><title>{html.escape(name)}</title>'
-                   f'{html.escape(short)}</text>')
-        for start, end, kind, tip in row.windows:
-            out.append(_shape("rect", f'class="win {kind}" x="{x(start)}" y="{top + 2}" '
-                              f'width="{max(1.0, x(end) - x(start))}" height="{_ROW - 4}" fill="{_WINDOW_FILL[kind]}"',
-                              tip, standalone))
-        for start, end, tip in row.waits:
-            out.append(_shape("rect", f'class="wait" x="{x(start)}" y="{top + _ROW - 7}" '
-                              f'width="{max(1.0, x(end) - x(start))}" height="4" fill="#4a90d9" fill-opacity="0.7"',
-                              tip, standalone))
-        for at, due, tip in row.deferrals:
-            xa = x(at)
-            if due is not None and due > at:
-                out.append(f'<line x1="{xa}" y1="{top + 5}" x2="{x(due)}" y2="{top + 5}" stroke="#6a51a3" '
-                           'stroke-width="1" stroke-dasharray="3,3"/>')
-            out.append(_shape("path", f'class="defer" d="M{xa - 4} {top + 1}h8l-4 7z" fill="#6a51a3"', tip, standalone))
-        for start, end, kind, tip in row.marks:
-            xs = x(start)
-            w = max(3.0, x(end) - xs)
-            colour = OUTCOME_COLOURS[kind]
-            style = f'fill="none" stroke="{colour}" stroke-width="1.5"' if kind == "no response" else f'fill="{colour}"'
-            out.append(_shape("rect", f'class="mark {kind.replace(" ", "-")}" x="{xs}" y="{mid - 7}" '
-                              f'width="{round(w, 2)}" height="14" rx="1.5" {style}', tip, standalone))
-        for at, kind, tip in row.points:
-            xa = x(at)
-            if kind == "robots_delay":
-                attrs = f'class="point robots" d="M{xa} {mid - 7}l6 7-6 7-6-7z" fill="#1b7837"'
-                out.append(_shape("path", attrs, tip, standalone))
-            elif kind == "refusal":
-                attrs = (f'class="point refusal" d="M{xa - 5} {mid - 5}l10 10M{xa + 5} {mid - 5}l-10 10" '
-                         'stroke="#000" stroke-width="2.5"')
-                out.append(_shape("path", attrs, tip, standalone))
-            else:
-                attrs = (f'class="point operator" x1="{xa}" y1="{top}" x2="{xa}" y2="{top + _ROW}" stroke="#000" '
-                         'stroke-width="2" stroke-dasharray="2,2"')
-                out.append(_shape("line", attrs, tip, standalone))
-        out.append("</g>\n")
-    out.append("</svg>\n")
+    return out
+
+
+def _row(row: _Row, index: int, x: Callable[[float], float], *, top: float, width: float, standalone: bool) -> str:
+    """One host's row (``index`` from 0, ``top`` its ordinate, px): its name, then its windows, waits, deferrals,
+    request marks and points, each with its tooltip."""
+    mid = top + _ROW / 2
+    name = row.host or "(no host)"
+    short = name if len(name) <= 30 else name[:29] + "…"
+    out = [f'<g class="row" data-host="{_attr(row.host)}">']
+    if index % 2 == 0:
+        out.append(f'<rect class="band" x="0" y="{top}" width="{width}" height="{_ROW}"/>')
+    out.append(f'<text class="host" x="6" y="{mid + 4}"><title>{html.escape(name)}</title>{html.escape(short)}</text>')
+    for start, end, kind, tip in row.windows:
+        out.append(_shape("rect", f'class="win {kind}" x="{x(start)}" y="{top + 2}" '
+                          f'width="{max(1.0, x(end) - x(start))}" height="{_ROW - 4}" fill="{_WINDOW_FILL[kind]}"',
+                          tip, standalone))
+    for start, end, tip in row.waits:
+        out.append(_shape("rect", f'class="wait" x="{x(start)}" y="{top + _ROW - 7}" '
+                          f'width="{max(1.0, x(end) - x(start))}" height="4" fill="#4a90d9" fill-opacity="0.7"',
+                          tip, standalone))
+    for at, due, tip in row.deferrals:
+        xa = x(at)
+        if due is not None and due > at:
+            out.append(f'<line x1="{xa}" y1="{top + 5}" x2="{x(due)}" y2="{top + 5}" stroke="#6a51a3" '
+                       'stroke-width="1" stroke-dasharray="3,3"/>')
+        out.append(_shape("path", f'class="defer" d="M{xa - 4} {top + 1}h8l-4 7z" fill="#6a51a3"', tip, standalone))
+    for start, end, kind, tip in row.marks:
+        xs = x(start)
+        w = max(3.0, x(end) - xs)
+        colour = OUTCOME_COLOURS[kind]
+        style = f'fill="none" stroke="{colour}" stroke-width="1.5"' if kind == "no response" else f'fill="{colour}"'
+        out.append(_shape("rect", f'class="mark {kind.replace(" ", "-")}" x="{xs}" y="{mid - 7}" '
+                          f'width="{round(w, 2)}" height="14" rx="1.5" {style}', tip, standalone))
+    out.extend(_point(at, kind, tip, top=top, standalone=standalone, x=x) for at, kind, tip in row.points)
+    out.append("</g>\n")
     return "".join(out)
+
+
+def _point(at: float, kind: str, tip: str, *, top: float, standalone: bool, x: Callable[[float], float]) -> str:
+    """A moment's mark in a row: a robots.txt Crawl-delay (a diamond), a refusal (a cross), an operator's act (a
+    dashed line)."""
+    xa = x(at)
+    mid = top + _ROW / 2
+    if kind == "robots_delay":
+        return _shape("path", f'class="point robots" d="M{xa} {mid - 7}l6 7-6 7-6-7z" fill="#1b7837"', tip, standalone)
+    if kind == "refusal":
+        attrs = (f'class="point refusal" d="M{xa - 5} {mid - 5}l10 10M{xa + 5} {mid - 5}l-10 10" '
+                 'stroke="#000" stroke-width="2.5"')
+        return _shape("path", attrs, tip, standalone)
+    attrs = (f'class="point operator" x1="{xa}" y1="{top}" x2="{xa}" y2="{top + _ROW}" stroke="#000" '
+             'stroke-width="2" stroke-dasharray="2,2"')
+    return _shape("line", attrs, tip, standalone)
 
 
 def timeline_svg(events: Iterable[Event], *, title: str = "scrapy-polite timeline", store: str = "",

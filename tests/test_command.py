@@ -1,4 +1,4 @@
-"""``scrapy polite`` (scrapy_polite/commands.py): every verb's output, as a table and as JSON, and its exit status,
+"""``scrapy polite`` (scrapy_polite/commands/): every verb's output, as a table and as JSON, and its exit status,
 on prepared SQLite and memory pace tables, errors included.
 
 Each verb runs in this process (:func:`~scrapy_polite.commands.run_command`, parsed as Scrapy parses it) on

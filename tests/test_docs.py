@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from scrapy_polite import commands, settings, vocabulary
+from scrapy_polite.commands import rows
 from scrapy_polite.policy import HostState
 from scrapy_polite.settings import DEFAULTS, SETTINGS
 
@@ -297,7 +298,7 @@ def test_the_command_page_refuses_an_exit_status_without_words(monkeypatch):
     """The negative control: a new exit status without its meaning stops the build."""
     monkeypatch.setattr(commands, "__all__", [*commands.__all__, "EXIT_NEW"])
     monkeypatch.setattr(commands, "EXIT_NEW", 5, raising=False)
-    with pytest.raises(ValueError, match="EXIT_WORDS"):
+    with pytest.raises(ValueError, match="STATUSES"):
         GEN.command_page()
 
 
@@ -319,11 +320,11 @@ def test_the_guide_s_verb_lines_are_read_word_for_word():
 
 
 def test_show_s_other_fields_are_explained():
-    """Every field of a host's row that ``show`` prints by its name (not in words: ``commands._SHOWN_FIELDS``) is in
+    """Every field of a host's row that ``show`` prints by its name (not in words: ``rows.SHOWN_FIELDS``) is in
     the operating guide's table (the lines in words are checked by ``tests/test_command.py``)."""
     section = (DOCS / "guides" / "operating.md").read_text(encoding="utf-8").split("(show-fields)=", 1)[1]
     section = section.split("\n#", 2)[1]
-    by_name = [f for f in HostState.__dataclass_fields__ if f not in commands._SHOWN_FIELDS]
+    by_name = [f for f in HostState.__dataclass_fields__ if f not in rows.SHOWN_FIELDS]
     assert [f for f in by_name if f"| `{f.replace('_', ' ')}` |" not in section] == []
     # Negative control: a field shown by its name that the table does not list is found.
     assert "| `held by` |" not in section

@@ -19,7 +19,8 @@ import pytest_twisted
 from scrapy_polite.policy import Decision, HostState
 from scrapy_polite.reporting import Report, Span
 from scrapy_polite.stores import open_store
-from scrapy_polite.summary import HeldHost, format_duration, format_progress, format_summary
+from scrapy_polite.summary import HeldHost, format_progress, format_summary
+from scrapy_polite.words import format_duration
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Reply, scripted
 

@@ -8,7 +8,7 @@
   the deferral and refusal reasons and the event kinds (:mod:`scrapy_polite.events`' words), and the Scrapy
   signals the add-on connects to (found in its source);
 * ``reference/generated/command.md``: ``scrapy polite``'s verbs, each one's ``--help`` as the command prints it,
-  and the exit statuses (:mod:`scrapy_polite.commands`).
+  and the exit statuses (:data:`scrapy_polite.commands.STATUSES`).
 
 As a Sphinx extension it writes the pages when the build starts (only those whose text changed), and declares
 the cross-reference types ``setting``, ``stat``, ``meta`` and ``closereason``: the pages declare each name
@@ -183,23 +183,6 @@ def reasons_page() -> str:
 
 # -- the command ----------------------------------------------------------------------------------------------
 
-#: The exit statuses, by constant of :mod:`scrapy_polite.commands` (a constant without words stops the build).
-EXIT_WORDS = {
-    "EXIT_OK": "done (`audit`: every rule kept)",
-    "EXIT_NO_HOST": "no such host in the table (`show`, `reset`, `crawl-delay --clear`), or no events to draw "
-                    "(`timeline`)",
-    "EXIT_VIOLATED": "`audit`: a rule was broken",
-    "EXIT_USAGE": "usage: an unknown verb or option, an option of another verb, a bad value "
-                  "(`crawl-delay a.example -1`, `--since soon`), an invalid setting (`-s POLITE_EVENT_LOG_SIZE=0`); "
-                  "the verb's usage line and the error are printed before any store is opened",
-    "EXIT_BAD_LOG": "`audit`: the log cannot be audited (the table came back empty, the log is empty, truncated, "
-                    "incomplete or corrupt; the message says which and the fix)",
-    "EXIT_STORE": "the store is unusable: no table there, not a pace table, unreadable or unwritable, a server that "
-                  "does not answer",
-    "EXIT_OUTPUT": "the timeline could not be written (`-o` in a missing folder)",
-}
-
-
 def verb_help(verb: str | None) -> str:
     """What ``scrapy polite [VERB] --help`` prints."""
     out, err = io.StringIO(), io.StringIO()
@@ -210,9 +193,11 @@ def verb_help(verb: str | None) -> str:
 
 
 def command_page() -> str:
+    statuses = commands.STATUSES
     constants = [n for n in commands.__all__ if n.startswith("EXIT_")]
-    if set(constants) != set(EXIT_WORDS):
-        raise ValueError(f"EXIT_WORDS must give every exit status of scrapy_polite.commands: {sorted(constants)}")
+    if set(constants) != set(statuses) or any(statuses[n].status != getattr(commands, n) for n in constants):
+        raise ValueError(f"STATUSES must declare every exit status of scrapy_polite.commands, with its "
+                         f"number: {sorted(constants)}")
     lines = [_GENERATED, "# The `scrapy polite` command\n\n",
              "The operator command on the pace table and its event log; how to use it: {doc}`/guides/operating`. "
              "Each verb is a sub-command with its own options.\n\n", "| verb | what it does |\n|---|---|\n"]
@@ -221,8 +206,8 @@ def command_page() -> str:
     for verb in commands.VERB_HELP:
         lines.append(f"(verb-{verb})=\n## `scrapy polite {verb}`\n\n```text\n{verb_help(verb)}\n```\n\n")
     lines.append("## Exit statuses\n\n| status | constant | meaning |\n|---|---|---|\n")
-    for name in sorted(EXIT_WORDS, key=lambda n: (getattr(commands, n), EXIT_WORDS[n].startswith("`audit`"))):
-        lines.append(f"| {getattr(commands, name)} | `{name}` | {EXIT_WORDS[name]} |\n")
+    for name, status in sorted(statuses.items(), key=lambda i: (i[1].status, i[1].meaning.startswith("`audit`"))):
+        lines.append(f"| {status.status} | `{name}` | {status.meaning} |\n")
     return "".join(lines)
 
 
