@@ -19,8 +19,8 @@ LIMITS = {"module": 500, "class": 350, "function": 60}
 #: Over a limit today, by unit (``path`` under scrapy_polite/, ``path::Class.method``): its size in lines now.
 ALLOWED = {
     "booking.py::Booker._book": 73,
-    "pacer.py": 771,
-    "pacer.py::Pacer": 516,
+    "pacer.py": 769,
+    "pacer.py::Pacer": 514,
     "policy.py": 1119,
     "policy.py::PacingPolicy": 682,
     "policy.py::PacingPolicy.after_ratelimit": 94,
