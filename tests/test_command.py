@@ -799,7 +799,7 @@ def test_show_says_every_field_in_words(table):
     text = table.run("show", "quota.example").out
     lines = dict(re.findall(r"^  ([a-zA-Z -]+?)\s{2,}(.*)$", text, re.M))
     assert lines["quota left"] == "2 requests until its reset"
-    assert lines["quota reset"].startswith("in 3.0 s (at ")
+    assert re.match(r"in (3\.0|2\.9|2\.8) s \(at ", lines["quota reset"]), lines  # in words, whatever the machine's load
     assert lines["quota size"] == "5 requests per 4.0 s"
     assert lines["booked"] == "16 requests (the answer to request 14 counted the quota last, 2 booked since)"
     assert lines["latency"] == "0.123 s (smoothed download time)"
