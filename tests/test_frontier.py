@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -262,7 +263,9 @@ def test_leases_are_listed_per_worker_renewing_or_not(redis_url):
         in text, text
     lines = {line.split()[0]: line for line in text.splitlines() if line.split()[:1] in ([dead.worker],
                                                                                            [alive.worker])}
-    assert lines[dead.worker].split()[1:4] == ["2", "20", "s"] and "come back in 10 s" in lines[dead.worker], text
+    # 20 s ago and back in 10 s as written, a second more and less on a loaded machine.
+    assert lines[dead.worker].split()[1] == "2" and lines[dead.worker].split()[2] in ("20", "21"), text
+    assert re.search(r"come back in (10|9) s", lines[dead.worker]), text
     assert lines[alive.worker].split()[1] == "1" and lines[alive.worker].endswith("renewing"), text
 
 
