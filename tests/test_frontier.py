@@ -250,7 +250,8 @@ def test_leases_are_listed_per_worker_renewing_or_not(redis_url):
     assert 19 <= rows[dead.worker].renewed_ago <= 21 and 9 <= rows[dead.worker].back_in <= 10
     assert rows[alive.worker].leases == 1 and rows[alive.worker].renewing(30.0)
     text = closing.describe()
-    assert f"worker {dead.worker}: 2 requests, stopped renewing 20 s ago, back in 10 s" in text, text
+    assert re.search(rf"worker {re.escape(dead.worker)}: 2 requests, stopped renewing (20|21) s ago, back in (10|9) s",
+                     text), text
     assert f"worker {alive.worker}: 1 request, renewing (last " in text, text
     assert "3 requests leased by other workers" in text, text
     assert len(dead.worker.split("-")) >= 3 and dead.worker.split("-")[-2] == str(os.getpid())
