@@ -17,6 +17,7 @@ which have no transaction, the store's clock as estimated from the last one
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.python.failure import Failure
 
 from .policy import HostState
@@ -224,10 +226,7 @@ class EventLog:
         if self._timer is not None:
             if seconds > 0:
                 return
-            try:
-                self._timer.cancel()
-            except Exception:  # already called or cancelled
-                pass
+            _cancel(self._timer)
             self._timer = None
         if self._call_later is None or self._closed:
             return
@@ -274,12 +273,15 @@ class EventLog:
         """Stop the timer and write what is left (call before the store is closed)."""
         self._closed = True
         if self._timer is not None:
-            try:
-                self._timer.cancel()
-            except Exception:
-                pass
+            _cancel(self._timer)
             self._timer = None
         return self.flush()
+
+
+def _cancel(timer: Any) -> None:
+    """Cancel a flush timer (a Twisted ``DelayedCall`` or an asyncio handle) that may have run already."""
+    with contextlib.suppress(AlreadyCalled, AlreadyCancelled):  # it ran, or was cancelled: nothing left to do
+        timer.cancel()
 
 
 #: The user's words for a deferral reason and a refusal reason (the closing summary's, docs/getting-started.md).
