@@ -16,8 +16,6 @@ that record every request; the checks read the **server-side** log and Redis its
 
 from __future__ import annotations
 
-import pickle
-import re
 import threading
 import time
 from typing import Any
@@ -29,9 +27,11 @@ from tests.support.farm import (
     Worker,
     farm_name,
     farm_settings,
+    leased_urls,
     page_urls,
     push_requests,
     start_servers,
+    worker_id,
 )
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
 from tests.support.server import Reply, RequestInfo, page
@@ -53,18 +53,6 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
-
-
-def worker_id(worker: Worker) -> str:
-    """The id the worker logged at start (``shared frontier worker <id> (pid <pid>)``)."""
-    found = re.search(r"shared frontier worker (\S+) \(pid (\d+)\)", worker.text())
-    assert found is not None and int(found.group(2)) == worker.proc.pid, worker.text()[-3000:]
-    return found.group(1)
-
-
-def leased_urls(client: Any, key: str, worker: str) -> set[str]:
-    """The URLs in ``worker``'s lease hash (scrapy-redis's default serializer: pickle)."""
-    return {pickle.loads(v)["url"] for v in client.hvals(f"{key}:lease:{worker}")}
 
 
 @pytest.mark.parametrize("lease_wait", [True, False], ids=["survivors-wait", "negative-control-no-wait"])

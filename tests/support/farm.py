@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -185,3 +187,15 @@ def run_farm(tmp_path: Any, redis_url: str, urls: list[str], settings: dict[str,
     farm = [Worker(tmp_path, label, name, settings, [[other, stagger * i] for other in labels], kind)
             for i, label in enumerate(labels)]
     return farm, [w.stats() for w in farm]
+
+
+def worker_id(worker: Worker) -> str:
+    """The id the worker logged at start (``shared frontier worker <id> (pid <pid>)``)."""
+    found = re.search(r"shared frontier worker (\S+) \(pid (\d+)\)", worker.text())
+    assert found is not None and int(found.group(2)) == worker.proc.pid, worker.text()[-3000:]
+    return found.group(1)
+
+
+def leased_urls(client: Any, key: str, worker: str) -> set[str]:
+    """The URLs in ``worker``'s lease hash (scrapy-redis's default serializer: pickle)."""
+    return {pickle.loads(v)["url"] for v in client.hvals(f"{key}:lease:{worker}")}
