@@ -2,7 +2,7 @@
 
 Two levels, one set of invariants:
 
-* **the pure rules** of ``scrapy_polite/policy.py``: random statuses (2xx, 403, 404, 429, 500, 503, a
+* **the pure rules** of ``scrapy_polite/policy/``: random statuses (2xx, 403, 404, 429, 500, 503, a
   failure) and Retry-After values (none, 0, decimals, huge, ``inf``), random in-flight overlaps (a response
   answers for any earlier booking), clock jumps forward and back, several hosts on shared addresses;
 * **the glue** (:class:`~scrapy_polite.booking.Booker`, :class:`~scrapy_polite.recording.Recorder`) on the

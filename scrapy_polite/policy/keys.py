@@ -1,0 +1,56 @@
+"""The keys of the pace table's rows (docs/spec.md §1, §3): a URL's host key (:func:`host_key`) and an address's
+row key (:func:`ip_key`)."""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import lru_cache
+
+from ..addresses import embedded_ipv4
+from ..hosts import InvalidHost, url_host
+
+__all__ = ["host_key", "ip_key"]
+
+
+def host_key(url: str) -> str | None:
+    """The pacing key of a URL (docs/spec.md §1): its host as the WHATWG URL Standard reads it
+    (:func:`scrapy_polite.hosts.url_host`: percent-decoded, IDNA-encoded, lower-cased, an IPv4 address in
+    any of the Standard's spellings written as a dotted quad), without trailing dots or IPv6 brackets. The
+    port is not part of the key.
+
+    Args:
+        url: an absolute URL.
+
+    Returns:
+        The key (``str``), or None when the URL has no host (``data:``, ``file:``) or the Standard rejects
+        its host (:class:`~scrapy_polite.hosts.InvalidHost` says why).
+
+    >>> host_key("HTTP://Bücher.Example.:8080/x")
+    'xn--bcher-kva.example'
+    >>> host_key("http://[2001:DB8::1]/")
+    '2001:db8::1'
+    >>> host_key("http://0x7f.1/")
+    '127.0.0.1'
+    """
+    try:
+        host = url_host(url)
+    except InvalidHost:
+        return None
+    return host.key if host is not None else None
+
+
+@lru_cache(maxsize=16384)  # called for every booking and release: parse each address once
+def ip_key(address: str) -> str:
+    """The pace-table key of an address's row: ``ip:`` + the canonical address (host keys never start with
+    ``ip:``). An IPv4-mapped, NAT64 or 6to4 address reaches the IPv4 address it embeds and shares its row
+    (docs/spec.md §3–4).
+
+    Raises:
+        ValueError: ``address`` is not an IP address.
+    """
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = embedded_ipv4(ip)
+        if embedded is not None:
+            return f"ip:{embedded}"
+    return f"ip:{ip}"

@@ -1,0 +1,86 @@
+"""The ``Retry-After`` header (RFC 9110 §10.2.3, docs/spec.md §2 "Retry-After"): :func:`parse_retry_after` reads
+it into seconds, :class:`InvalidRetryAfter` is a value it refuses."""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+
+__all__ = ["parse_retry_after", "InvalidRetryAfter"]
+
+
+class InvalidRetryAfter(ValueError):
+    """A ``Retry-After`` value that is neither delay-seconds nor an HTTP-date (RFC 9110 §10.2.3).
+
+    The pacer treats it as absent and counts it (``polite/retry_after/invalid``)."""
+
+
+_DECIMAL = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)$", re.ASCII)
+
+
+def parse_retry_after(value: str | bytes | None, *, now: float, date: str | bytes | None = None) -> float | None:
+    """Parse a ``Retry-After`` header value into seconds to wait.
+
+    RFC 9110 §10.2.3: delay-seconds (a non-negative integer) or an HTTP-date. An HTTP-date is taken
+    relative to the response's ``Date`` header when it is present and valid, else relative to ``now``;
+    a date in the past gives ``0.0``. delay-seconds may have any number of digits (the RFC sets no limit):
+    a value too large for a float is ``math.inf``, which the policy clamps to ``POLITE_MAX_RETRY_AFTER``.
+    **Deviation (docs/spec.md §2):** a non-negative decimal such as ``1.5`` is honoured as that many seconds.
+
+    Args:
+        value: the header value, or None when the header is absent.
+        now: the local clock, Unix epoch seconds (only used for the HTTP-date form without ``Date``).
+        date: the response's ``Date`` header value, if any.
+
+    Returns:
+        Seconds (float ≥ 0, ``inf`` for delay-seconds too large for a float), or None when the header is
+        absent.
+
+    Raises:
+        InvalidRetryAfter: the value is present but negative, empty, garbage, ``inf``/``nan`` spelled out,
+            or an unparseable date.
+
+    >>> parse_retry_after("120", now=0)
+    120.0
+    >>> parse_retry_after(None, now=0) is None
+    True
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    text = value.strip()
+    if not text:
+        raise InvalidRetryAfter("empty Retry-After")
+    if _DECIMAL.match(text):
+        return float(text)  # a run of digits too long for a float is inf ("longer than any cap"), never invalid
+    if text[0] in "+-" or text[0].isdigit():
+        # A number that is not a non-negative decimal: negative, exponent, "1,5", "inf" spelled oddly.
+        raise InvalidRetryAfter(f"Retry-After is not a non-negative number: {text!r}")
+    target = _parse_http_date(text)
+    if target is None:
+        raise InvalidRetryAfter(f"Retry-After is neither seconds nor an HTTP-date: {text!r}")
+    reference = now
+    if date is not None:
+        if isinstance(date, bytes):
+            date = date.decode("latin-1")
+        parsed_date = _parse_http_date(date.strip())
+        if parsed_date is not None:
+            reference = parsed_date
+    return max(0.0, target - reference)
+
+
+def _parse_http_date(text: str) -> float | None:
+    """An HTTP-date (IMF-fixdate, RFC 850 or asctime form) as epoch seconds, or None."""
+    try:
+        parsed = email.utils.parsedate_tz(text)
+    except (TypeError, ValueError, IndexError):  # pragma: no cover - defensive, parsedate_tz rarely raises
+        return None
+    if parsed is None:
+        return None
+    try:
+        stamp = float(email.utils.mktime_tz(parsed))
+    except (OverflowError, ValueError):
+        return None
+    return stamp if math.isfinite(stamp) else None
