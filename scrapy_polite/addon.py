@@ -11,7 +11,7 @@ It installs
 * :class:`~scrapy_polite.extension.PoliteExtension`;
 * :class:`~scrapy_polite.scheduler.PoliteScheduler` as ``SCHEDULER``, wrapping the project's own scheduler
   (moved to ``POLITE_SCHEDULER_BASE``);
-* the ``POLITE_*`` defaults (:data:`scrapy_polite.settings.DEFAULTS`), at add-on priority, so project and
+* the ``POLITE_*`` defaults (:data:`scrapy_polite.settings.declaration.DEFAULTS`), at add-on priority, so project and
   spider settings override them;
 * the ``scrapy check`` contracts ``@polite_delay``, ``@public_only`` and ``@paced_requests``
   (:mod:`scrapy_polite.contracts`) in ``SPIDER_CONTRACTS`` of the process settings.

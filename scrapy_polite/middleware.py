@@ -10,7 +10,7 @@ throttle is not passed on: the same request goes back to the scheduler to be hel
 to ``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.retrying`), so throttles never use up
 ``RETRY_TIMES``.
 
-Settings: ``POLITE_ENABLED`` and the ``POLITE_*`` settings (:data:`scrapy_polite.settings.SETTINGS`).
+Settings: ``POLITE_ENABLED`` and the ``POLITE_*`` settings (:data:`scrapy_polite.settings.declaration.SETTINGS`).
 Request meta: ``polite_delay`` (seconds, a larger interval for this request's host), ``polite_burst`` (segments of
 one stream: skip the ordinary interval unless the host is throttling), ``dont_pace`` (exempt, counted in stats).
 

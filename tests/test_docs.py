@@ -2,7 +2,7 @@
 code does, both ways, and the hand-written pages name only what exists.
 
 * settings: :data:`scrapy_polite.settings.SETTINGS` declares every setting of ``DEFAULTS``, each read the way its
-  declared kind says (found in ``settings.py``'s source), and the generated page shows each with its default;
+  declared kind says (found in the source of ``scrapy_polite/settings/``), and the generated page shows each with its default;
 * stats: every ``polite/...`` key the package's source counts is declared in
   :data:`scrapy_polite.vocabulary.STATS`, and every declared key is counted somewhere;
 * meta keys, close reasons, the command's verbs and exit statuses: on the generated pages;
@@ -57,7 +57,7 @@ def _plain(text: str) -> str:
 # -- settings -----------------------------------------------------------------------------------------------
 
 #: How settings.py reads a setting, by the reader it calls → the declared kind that reader means.
-_READERS = {"_seconds": "seconds", "_bool": "bool", "_count": "count", "_list": "list", "_dict": "dict",
+_READERS = {"_seconds": "seconds", "_positive_seconds": "seconds", "_bool": "bool", "_count": "count", "_list": "list", "_dict": "dict",
             "_dns_overrides": "dict"}
 
 
@@ -112,7 +112,7 @@ def test_every_setting_is_declared_once_with_its_default():
 
 
 def test_each_setting_is_read_as_declared():
-    read = readers_in((PACKAGE / "settings.py").read_text(encoding="utf-8"))
+    read = readers_in("\n".join(path.read_text(encoding="utf-8") for path in sorted((PACKAGE / "settings").glob("*.py"))))
     assert kind_mismatches({s.name: s.kind for s in SETTINGS}, read) == []
 
 

@@ -21,8 +21,6 @@ ALLOWED = {
     "booking.py::Booker._book": 73,
     "pacer.py": 769,
     "pacer.py::Pacer": 514,
-    "settings.py": 945,
-    "settings.py::PoliteConfig.from_settings": 68,
     "stores/redis.py": 1218,
     "stores/redis.py::RedisStore": 407,
     "stores/redis.py::RedisStore.__init__": 75,
