@@ -243,25 +243,7 @@ class Booker:
             booking, now = await self._transact(host, free, floor, ip_interval, hold)
             if booking.booked:
                 address = booking.address or (all_addresses[0] if all_addresses else None)
-                if ip_paced and address is not None:
-                    # The transaction was awaited: another request of ours may have taken the address's
-                    # line meanwhile. The booking stands (the table spaced it after every earlier one);
-                    # the request waits until the line is its own (docs/spec.md §5).
-                    key = ip_key(address)
-                    lifecycle.booked(request)
-                    if not lifecycle.take(key, request):
-                        self.report.inc("ip_line/retaken")
-                        while not lifecycle.take(key, request):
-                            await await_deferred(lifecycle.wait_for([key]))
-                        now = await self._address_free(host, key, request)
-                lifecycle.sent(request, self._hold_of(booking, host, hold[0]))
-                self.report.booked(host)
-                self.report.events.booking(host, request.url, at=now, address=address,
-                                           due=booking.host.next_allowed if booking.host is not None else None,
-                                           interval=booking.interval,
-                                           ip_interval=ip_interval if booking.address is not None else 0.0)
-                return Go(sent_at=now, address=address,
-                          serial=booking.host.booked if booking.host is not None else None)
+                return await self._go(request, host, booking, now, address, ip_paced, hold[0])
             verdict = self.policy.defer_verdict(booking.host, now, override=override)
             if verdict is not None and deferrable:
                 self.release(request, host)
@@ -290,6 +272,29 @@ class Booker:
             finally:
                 if waiting_key is not None:
                     lifecycle.end_budget_wait(waiting_key, request)
+
+    async def _go(self, request: Request, host: str, booking: Booking, now: float, address: str | None,
+                  ip_paced: bool, token: int) -> Go:
+        """The booked request leaves for ``address``, once its address's line is its own when ``ip_paced``."""
+        lifecycle = self.lifecycle
+        if ip_paced and address is not None:
+            # The transaction was awaited: another request of ours may have taken the address's
+            # line meanwhile. The booking stands (the table spaced it after every earlier one);
+            # the request waits until the line is its own (docs/spec.md §5).
+            key = ip_key(address)
+            lifecycle.booked(request)
+            if not lifecycle.take(key, request):
+                self.report.inc("ip_line/retaken")
+                while not lifecycle.take(key, request):
+                    await await_deferred(lifecycle.wait_for([key]))
+                now = await self._address_free(host, key, request)
+        lifecycle.sent(request, self._hold_of(booking, host, token))
+        self.report.booked(host)
+        self.report.events.booking(host, request.url, at=now, address=address,
+                                   due=booking.host.next_allowed if booking.host is not None else None,
+                                   interval=booking.interval,
+                                   ip_interval=self.config.ip_interval if booking.address is not None else 0.0)
+        return Go(sent_at=now, address=address, serial=booking.host.booked if booking.host is not None else None)
 
     async def _address_free(self, host: str, key: str, request: Request) -> float:
         """After waiting for the address's line: the other request's finish moved the address to its end
