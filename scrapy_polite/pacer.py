@@ -49,12 +49,11 @@ from .events import EventLog
 from .handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
 from .lifecycle import Lifecycle, Stage
 from .outage import DeferredStore, StoreGuard, TableWatch
-from .policy import Decision, HostState, PacingPolicy
+from .policy import HostState, PacingPolicy
 from .reactor import await_deferred, call_later, reactor_sleep
 from .recording import SERVER_SIDE_FAILURES, Recorder
 from .reporting import HostCounters, Report
 from .resolution import Resolution
-from .resolver import PublicHostnameResolver
 from .retrying import ThrottleRetries
 from .seams import ClockSync, Defer, Go, HoldingScheduler, Redefer, ResolverNotInstalled
 from .settings import PoliteConfig
@@ -189,7 +188,8 @@ class Pacer:
         self.unpinned = UnpinnedRequests(_modes(crawler), config.address_filter, self.report.inc)
         self.resolution.resolves_itself = self.unpinned.resolves_itself
         # scrapy-playwright's browser: its proxy (pinned) or its guard (checked), docs/spec.md §4.1.
-        bind_browser(crawler, address_filter=config.address_filter, resolver=self.get_resolver, inc=self.report.inc)
+        bind_browser(crawler, address_filter=config.address_filter, resolver=self.resolution.resolver,
+                     inc=self.report.inc)
 
     # -- shared state -----------------------------------------------------------------------------------
 
@@ -351,10 +351,6 @@ class Pacer:
         """See :meth:`Resolution.addresses <scrapy_polite.resolution.Resolution.addresses>`."""
         return await self.resolution.addresses(request, host)
 
-    def get_resolver(self) -> PublicHostnameResolver:
-        """See :meth:`Resolution.resolver <scrapy_polite.resolution.Resolution.resolver>`."""
-        return self.resolution.resolver()
-
     def pin(self, request: Request, host: str, address: str) -> None:
         """See :meth:`Resolution.pin <scrapy_polite.resolution.Resolution.pin>`."""
         self.resolution.pin(request, host, address)
@@ -433,12 +429,6 @@ class Pacer:
         host is over (docs/spec.md §5)."""
         self.lifecycle.arrive(request, host)
 
-    def in_flight(self, request: Request) -> bool:
-        """``request`` was booked in this pass through the downloader (its response is the host's)."""
-        return self.lifecycle.stage(request) == Stage.IN_FLIGHT
-
-    # -- after a download (Recorder, ThrottleRetries): the one owner of a download's outcome ------------------
-
     def response_downloaded(self, response: Response, request: Request, spider: Any = None) -> None:
         """``response_downloaded`` (connected by the pacing middleware): **the** place a downloaded response is
         recorded (docs/spec.md §5), before any downloader middleware acts on it (``RetryMiddleware`` turning a
@@ -472,7 +462,7 @@ class Pacer:
         Raises:
             IgnoreRequest: a checked handler reached a non-public address (docs/spec.md §4.1).
         """
-        if not self.in_flight(request):
+        if self.lifecycle.stage(request) != Stage.IN_FLIGHT:  # not booked in this pass through the downloader
             self.drop(request)
             return None
         refusal = self.unpinned.refusal(request, response)  # decided when it was recorded: counted once
@@ -486,7 +476,7 @@ class Pacer:
         failure that reached the server's side counts as a throttle without Retry-After: docs/spec.md §2) and
         end the request's life; a request dropped before it was booked (``IgnoreRequest`` from another
         middleware, our own refusal) only ends it (docs/spec.md §5)."""
-        if not self.in_flight(request):
+        if self.lifecycle.stage(request) != Stage.IN_FLIGHT:  # not booked in this pass through the downloader
             self.drop(request)
             return
         self.recorder.record_failure(request, exception)
@@ -514,20 +504,6 @@ class Pacer:
     def robots_status(self, host: str) -> int | None:
         """The status of the host's last downloaded robots.txt (None: none was downloaded)."""
         return self.recorder.robots_statuses.get(host)
-
-    def record_response(self, request: Request, response: Response) -> Deferred[Any] | None:
-        """See :meth:`Recorder.record_response <scrapy_polite.recording.Recorder.record_response>` (the crawl
-        records through :meth:`response_downloaded`)."""
-        return self.recorder.record_response(request, response)
-
-    def record_failure(self, request: Request, exception: BaseException) -> Deferred[Any] | None:
-        """See :meth:`Recorder.record_failure <scrapy_polite.recording.Recorder.record_failure>` (the crawl
-        records through :meth:`after_failure`)."""
-        return self.recorder.record_failure(request, exception)
-
-    async def finish(self, request: Request) -> Decision | None:
-        """See :meth:`Recorder.finish <scrapy_polite.recording.Recorder.finish>`."""
-        return await self.recorder.finish(request)
 
     def throttled_since(self, request: Request) -> bool:
         """See :meth:`Recorder.throttled_since <scrapy_polite.recording.Recorder.throttled_since>`."""

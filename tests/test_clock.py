@@ -223,8 +223,8 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
     assert isinstance(inline(pacer.before_request(r1, host)), Go)
     r1.meta["polite_host"] = host_key(r1.url)
     t.advance(0.2)
-    pacer.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "30"}, request=r1))
-    inline(pacer.finish(r1))
+    pacer.recorder.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "30"}, request=r1))
+    inline(pacer.recorder.finish(r1))
     active.discard(r1)
     r2 = scheduler.next_request()
     assert r2 is not None

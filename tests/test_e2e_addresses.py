@@ -125,7 +125,7 @@ def stat(crawler, key, default=0):
 
 def assert_no_pins_left(crawler, *hosts):
     """Every pin taken for a request was released when the request was done."""
-    resolver = find_pacer(crawler).get_resolver()
+    resolver = find_pacer(crawler).resolution.resolver()
     for host in hosts:
         assert resolver.pinned(host) == [], f"{host} still pinned after the crawl"
 

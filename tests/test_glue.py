@@ -841,8 +841,8 @@ def test_the_pacer_paces_a_host_on_the_fake_clock():
     assert inline(pacer.before_request(r1, "a.example")) == Go(sent_at=T0, address=None)
     r1.meta["polite_sent_at"] = T0
     clock.advance(0.5)
-    pacer.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "3"}, request=r1))
-    inline(pacer.finish(r1))
+    pacer.recorder.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "3"}, request=r1))
+    inline(pacer.recorder.finish(r1))
     assert not pacer.lifecycle.busy("a.example") and pacer.scheduler.wakes == ["a.example"]
     r2 = request("http://a.example/2", proxy="http://proxy.example:3128")
     assert inline(pacer.before_request(r2, "a.example")) == Defer(due=T0 + 3.5, reason="throttled")
@@ -881,9 +881,9 @@ def test_a_store_error_while_recording_stops_the_pacer(step):
     pacer = pacer_on(FailingStore(clock=clock), clock, FakeSleep(clock))
     r = request("http://a.example/")
     if step == "record_response":
-        pacer.record_response(r, Response(r.url, status=200, request=r))
+        pacer.recorder.record_response(r, Response(r.url, status=200, request=r))
     elif step == "record_failure":
-        pacer.record_failure(r, txerror.ConnectionRefusedError())
+        pacer.recorder.record_failure(r, txerror.ConnectionRefusedError())
     elif step == "set_crawl_delay":
         pacer.set_crawl_delay("a.example", 5)
     else:
@@ -905,13 +905,13 @@ def test_a_late_record_after_the_close_writes_nothing_and_stops_nothing(caplog):
     store = MemoryStore(clock=clock)
     pacer = pacer_on(store, clock, FakeSleep(clock))
     r1 = request("http://a.example/1")
-    pacer.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "3"}, request=r1))
+    pacer.recorder.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "3"}, request=r1))
     assert store.get("a.example").consec == 1  # the control: written
     inline(pacer.close_async())
     assert pacer.store.closed
     r2 = request("http://a.example/2")
-    pacer.record_response(r2, Response(r2.url, status=429, headers={"Retry-After": "30"}, request=r2))
-    pacer.record_failure(r2, txerror.ConnectionRefusedError())
+    pacer.recorder.record_response(r2, Response(r2.url, status=429, headers={"Retry-After": "30"}, request=r2))
+    pacer.recorder.record_failure(r2, txerror.ConnectionRefusedError())
     pacer.set_crawl_delay("a.example", 9)
     assert store.get("a.example").consec == 1 and store.get("a.example").crawl_delay == 0.0  # nothing written
     assert pacer.failed is None and pacer.crawler.stats.get_value("polite/store_errors") is None

@@ -18,8 +18,8 @@ LIMITS = {"module": 500, "class": 350, "function": 60}
 
 #: Over a limit today, by unit (``path`` under scrapy_polite/, ``path::Class.method``): its size in lines now.
 ALLOWED = {
-    "pacer.py": 769,
-    "pacer.py::Pacer": 514,
+    "pacer.py": 745,
+    "pacer.py::Pacer": 491,
     "stores/redis.py": 1218,
     "stores/redis.py::RedisStore": 407,
     "stores/redis.py::RedisStore.__init__": 75,
