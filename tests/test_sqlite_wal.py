@@ -12,7 +12,7 @@ from twisted.internet import defer
 from twisted.internet.task import deferLater
 
 from scrapy_polite.policy import HostState
-from scrapy_polite.stores import AsyncStore, SQLiteStore
+from scrapy_polite.stores import SQLiteStore
 
 RESTART_FRAMES = 300
 BOOKINGS = 5000  # per crawl
@@ -42,7 +42,7 @@ async def test_two_crawls_sharing_the_file_keep_the_wal_bounded(tmp_path, monkey
         original = SQLiteStore.checkpoint
         monkeypatch.setattr(SQLiteStore, "checkpoint", lambda self, restart_wait=None: original(self))
     path = str(tmp_path / "pace.sqlite3")
-    stores = [AsyncStore(SQLiteStore(path), restart_frames=RESTART_FRAMES) for _ in range(2)]
+    stores = [SQLiteStore(path).open_async(restart_frames=RESTART_FRAMES) for _ in range(2)]
     largest = [0]
     made = [0, 0]
 
