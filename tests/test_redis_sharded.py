@@ -18,7 +18,7 @@ import pytest
 from redis.crc import key_slot
 
 from scrapy_polite.policy import HostState
-from scrapy_polite.stores import StoreError, StoreOptions, StoreUnavailable, open_store
+from scrapy_polite.stores import Again, StoreError, StoreOptions, StoreUnavailable, open_store
 from scrapy_polite.stores.redis import sharded as redis_sharded
 from scrapy_polite.stores.redis import split_layout
 from tests.support.redis_cluster import flush_cluster_prefix, node_ports, redis_cluster_url  # noqa: F401
@@ -166,14 +166,14 @@ def test_a_lock_left_by_a_dead_process_blocks_its_rows_for_the_lease_only(sharde
     reply = sharded.scripts.shard_lock(keys=[name, name + "#done:dead"], args=["dead", 500, "v"])
     assert int(reply[0]) == 1
     started = time.monotonic()
-    assert sharded.update_many(keys, bump_both) == 1  # waited for the lease, then booked
+    # Waited for the lease, then booked (a lock held for good would end in StoreBusy).
+    assert sharded.update_many(keys, bump_both) == 1
     waited = time.monotonic() - started
-    assert 0.3 <= waited < 5.0, waited
+    assert waited >= 0.3, waited  # a lower bound: a loaded machine only waits longer
     assert {k: s.consec for k, s in sharded.items()} == {"a.example": 2, "ip:192.0.2.1": 2}
-    # Negative control: without a stale lock, the same booking does not wait.
-    started = time.monotonic()
-    sharded.update_many(keys, bump_both)
-    assert time.monotonic() - started < 0.3
+    # Negative control: without a stale lock, the same booking does not wait: its first step books (a count of
+    # steps, not a time a loaded machine could stretch).
+    assert not isinstance(sharded.update_many_steps(keys, bump_both).step(), Again)
 
 
 def test_a_single_row_write_waits_for_a_live_lock(sharded, monkeypatch):

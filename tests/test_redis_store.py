@@ -301,11 +301,14 @@ def test_a_step_that_waited_after_a_lost_race_books_at_the_moment_it_runs(writer
     time.sleep(0.3)  # ... but it waits its turn on a busy pool
     before = first.now()
     assert steps.step() == 1
+    after = first.now()
     # Booked when it ran, not 0.3 s before. The estimate is the reply's server clock moved on by this
     # process's clock since the reply arrived, so it trails the server by the reply's trip (CI saw 0.1 ms):
     # a few milliseconds of slack, far below the 0.3 s the old code lost.
     assert seen[1] - seen[0] >= 0.3 and seen[1] >= before - 0.005
-    assert seen[1] - before < 0.3  # negative control: moved on by the wait, not more
+    # Negative control: moved on by the wait, not more: never past the server's clock when the step returned
+    # (an order, which a slow machine cannot flip as it could a bound in seconds).
+    assert seen[1] <= after + 0.005
 
 
 def test_every_row_read_is_checked_not_only_the_ones_written(writers):
@@ -615,9 +618,11 @@ def _percentile(values, q):
 @pytest_twisted.ensureDeferred
 async def test_a_hot_row_delays_only_its_own_bookings(redis_url, prefix, raw, tmp_path):
     """One host contended by 8 writer processes, and the crawl's own bookings of it losing race after race:
-    meanwhile the crawl's bookings of another host keep their latency (measured here: each from the call
-    to its result, on the reactor). Under the old design (a lost race retried by sleeping on the store
-    thread) the hot bookings held both store threads and every other booking waited behind them."""
+    meanwhile the crawl's bookings of another host go on. Judged by order, which load cannot flip: many of the
+    other host's bookings, made after the hot ones, complete before the first hot one does. Under the old
+    design (a lost race retried by sleeping on the store thread) the hot bookings held both store threads and
+    every other booking waited behind them: none would. The latencies are printed, not judged (a loaded
+    machine moves them; bench/distributed.py measures the store's)."""
     from twisted.internet import reactor
 
     store = RedisStore(redis_url, StoreOptions(prefix=prefix))
@@ -627,12 +632,15 @@ async def test_a_hot_row_delays_only_its_own_bookings(redis_url, prefix, raw, tm
     writers = []
     stop = tmp_path / "stop"
     try:
+        cold_done = []  # when each booking of the other host completed (this process's monotonic clock)
+
         async def cold_latencies(count):
             out = []
             for _ in range(count):
                 started = time.monotonic()
                 await astore.update_many(cold_keys, bump_both)
-                out.append(time.monotonic() - started)
+                cold_done.append(time.monotonic())
+                out.append(cold_done[-1] - started)
                 await deferLater(reactor, 0.005, lambda: None)
             return out
 
@@ -659,6 +667,7 @@ async def test_a_hot_row_delays_only_its_own_bookings(redis_url, prefix, raw, tm
 
         hot_started = time.monotonic()
         hot_latencies = []
+        cold_before = len(cold_done)
 
         async def one_hot(n):
             await astore.update_many(hot_keys, hot_booking(n))
@@ -678,19 +687,20 @@ async def test_a_hot_row_delays_only_its_own_bookings(redis_url, prefix, raw, tm
             written.append(int(out.split()[-1]))
         await astore.close_async()
 
-    hot_median = _percentile(hot_latencies, 0.5)
     print(f"cold booking latency ms: baseline p50 {_percentile(baseline, 0.5) * 1e3:.2f} "
           f"p90 {_percentile(baseline, 0.9) * 1e3:.2f}; contended p50 {_percentile(contended, 0.5) * 1e3:.2f} "
           f"p90 {_percentile(contended, 0.9) * 1e3:.2f} max {max(contended) * 1e3:.2f} ({len(contended)} bookings); "
           f"hot bookings done after {sorted(round(h * 1e3) for h in hot_latencies)} ms; writers {sum(written)} writes")
-    # The contention was real: every hot booking lost its races and took long (a negative control of the
-    # measurement: no contention, no test).
+    # The contention was real: every hot booking lost its races (a negative control of the measurement: no
+    # contention, no test), each lost race after the second waiting on the reactor's clock.
     assert all(count > HOT_LOSSES for count in losses.values()) and len(losses) == 4
-    assert hot_median > 0.1
-    # The other host's bookings kept their latency: a small fraction of the hot ones' (generous bounds). The
-    # longest counts: a booking stuck behind the hot ones is one slow booking among many quick ones.
-    assert _percentile(contended, 0.5) < hot_median / 10
-    assert max(contended) < hot_median / 4
+    # The other host's bookings went on meanwhile: made after the four hot ones, many completed before the
+    # first of them (each hot booking needs 2 round trips per lost race on the same two threads, a cold one
+    # needs 2 in all, so load slows both alike).
+    first_hot = hot_started + min(hot_latencies)
+    overtaking = sum(done < first_hot for done in cold_done[cold_before:])
+    print(f"{overtaking} bookings of the other host completed before the first hot booking")
+    assert overtaking >= 10, overtaking
     # Nothing was lost or applied twice: the writers' updates and the four hot bookings, all counted.
     check = RedisStore(redis_url, StoreOptions(prefix=prefix))
     try:
