@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 from ...clock import process_clock
@@ -199,32 +200,19 @@ class SQLiteStore:
         return (int(row[1]), int(row[2]))
 
     def _error(self, action: str, exc: BaseException) -> StoreError:
-        text = str(exc)
-        if isinstance(exc, StoreError):
-            return exc
-        if self._closed:  # set under the lock before the connection was closed: the call found it closed
-            return StoreClosed(f"scrapy-polite's pace table {self.uri} is closed")
-        if self._nowait and isinstance(exc, sqlite3.OperationalError) and "locked" in text:
-            return StoreBusy(text)
-        if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
-            fix = (f"the file is not a valid pace table; move it away (e.g. mv {self.path} {self.path}.bad) "
-                   "to start a fresh one, or point POLITE_STORE to another file")
-            return StoreCorrupt(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: {fix}.")
-        fix = (f"make {os.path.dirname(self.path)} writable, or set POLITE_STORE to a writable location, "
-               "e.g. POLITE_STORE = 'sqlite:////var/tmp/polite.sqlite3' (or 'memory://' for a one-off run)")
-        return StoreError(f"scrapy-polite cannot {action} its pace table {self.uri}: {text}. Fix: {fix}.")
+        # (self._closed is set under the lock before the connection was closed: the call found it closed)
+        return _store_error(self.path, action, exc, closed=self._closed, nowait=self._nowait)
 
     def _follow(self) -> None:
         """Under the connection's lock: when the path no longer names the file the connection has open (the file
         was deleted, or another put in its place, under the running crawl), open the file at the path — set up
         and migrated like a new one — so this process shares the table the others now open (docs/spec.md §6, "A
         table that comes back empty": the crawl's :class:`~scrapy_polite.outage.TableWatch` then finds the
-        table's identity gone and writes back what it knows). The path is looked at once per
+        table's identity gone and writes back what it knows). Its callers look at the path once per
         :data:`FOLLOW_EVERY` seconds at most (one ``stat``)."""
-        now = time.monotonic()
-        if now - self._looked < FOLLOW_EVERY or self._closed:
+        if self._closed:
             return
-        self._looked = now
+        self._looked = time.monotonic()
         if schema.file_id(self.path) == self._file:
             return
         logger.warning("scrapy-polite: the pace table file %s was %s under the running crawl; opening the file now "
@@ -242,7 +230,8 @@ class SQLiteStore:
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock; rolled back when the body raises."""
         with self._lock:
-            self._follow()
+            if time.monotonic() - self._looked >= FOLLOW_EVERY:
+                self._follow()
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             SQLiteStore.write_transactions += 1
@@ -273,33 +262,39 @@ class SQLiteStore:
             StoreError: the file cannot be written (the whole group is rolled back: no call took effect).
         """
         outcomes: list[tuple[bool, Any]] = []
+        clock = self._clock
         try:
             with self._transaction() as db:
                 for op in ops:
-                    outcomes.append(self._outcome(op, db))
-                self._mark.beat(db, self._clock)
+                    try:
+                        outcomes.append((True, op(db, clock)))
+                    except rows.REFUSALS as exc:  # a row SQLite refuses (a NaN in a NOT NULL column...): its own
+                        outcomes.append((False, StoreError(f"the pace table {self.path} refused a row: {exc}")))
+                    except sqlite3.Error:
+                        raise  # the file's failure (locked, full, damaged): the whole group is rolled back
+                    except Exception as exc:  # the caller's own failure: handed to its caller, the group goes on
+                        outcomes.append((False, exc))
+                if self._mark.token is not None:
+                    self._mark.beat(db, clock)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
         return outcomes
 
-    def _outcome(self, op: rows.Op[Any], db: sqlite3.Connection) -> tuple[bool, Any]:
-        """One operation of :meth:`run_group`, inside its transaction. A failure of the file (``sqlite3.Error``)
-        propagates: the group is rolled back."""
-        try:
-            return True, op(db, self._clock)
-        except rows.REFUSALS as exc:  # a row SQLite refuses (a NaN in a NOT NULL column...): this call's own
-            return False, StoreError(f"the pace table {self.path} refused a row: {exc}")
-        except sqlite3.Error:
-            raise  # the file's failure (locked, full, damaged): the whole group is rolled back
-        except Exception as exc:  # the caller's own failure: handed to its caller, the group goes on
-            return False, exc
-
     def run_alone(self, op: rows.Op[T]) -> T:
-        """:meth:`run_group` of one operation: its result, or its own exception raised (it wrote nothing)."""
-        ok, value = self.run_group([op])[0]
-        if not ok:
-            raise value
-        return value  # type: ignore[no-any-return]
+        """One operation in a ``BEGIN IMMEDIATE`` transaction of its own: its result, or its exception (nothing
+        written, the transaction rolled back).
+
+        Raises:
+            StoreError: the file cannot be written, or it refused a row (as in :meth:`run_group`).
+        """
+        try:
+            with self._transaction() as db:
+                try:
+                    return op(db, self._clock)
+                except rows.REFUSALS as exc:  # a row SQLite refuses, not the file's failure
+                    raise StoreError(f"the pace table {self.path} refused a row: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
 
     def run_read(self, op: rows.Op[T]) -> T:
         """An operation that only reads, outside any write transaction (after a look at the path: :meth:`_follow`).
@@ -309,7 +304,8 @@ class SQLiteStore:
         """
         try:
             with self._lock:
-                self._follow()
+                if time.monotonic() - self._looked >= FOLLOW_EVERY:
+                    self._follow()
                 return op(self._db, self._clock)
         except sqlite3.Error as exc:
             raise self._error("read", exc) from exc
@@ -320,16 +316,16 @@ class SQLiteStore:
         return self._clock()
 
     def get(self, key: str) -> HostState | None:
-        return self.run_read(rows.get(key))
+        return self.run_read(partial(rows.get_op, key))
 
     def read(self, keys: Sequence[str]) -> Snapshot:
-        return self.run_read(rows.read(keys))
+        return self.run_read(partial(rows.read_op, keys))
 
     def update(self, key: str, fn: UpdateFn[T]) -> T:
-        return self.run_alone(rows.update(key, fn))
+        return self.run_alone(partial(rows.update_op, key, fn))
 
     def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
-        return self.run_alone(rows.update_many(keys, fn))
+        return self.run_alone(partial(rows.update_many_op, keys, fn))
 
     def _query(self, sql: str, *args: Any) -> list[Any]:
         try:
@@ -394,3 +390,23 @@ class SQLiteStore:
             self._mark.remove(self._db, self.uri)
             self._closed = True
             self._db.close()
+
+
+def _store_error(path: str, action: str, exc: BaseException, *, closed: bool, nowait: bool) -> StoreError:
+    """The store's error for ``exc``, met by ``action`` on the file at ``path``: the message names it and the fix
+    (:class:`StoreClosed` after the close, :class:`StoreBusy` for a no-wait connection that met a lock,
+    :class:`StoreCorrupt` for a damaged file)."""
+    uri, text = f"sqlite:///{path}", str(exc)
+    if isinstance(exc, StoreError):
+        return exc
+    if closed:
+        return StoreClosed(f"scrapy-polite's pace table {uri} is closed")
+    if nowait and isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+        return StoreBusy(text)
+    if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
+        fix = (f"the file is not a valid pace table; move it away (e.g. mv {path} {path}.bad) "
+               "to start a fresh one, or point POLITE_STORE to another file")
+        return StoreCorrupt(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
+    fix = (f"make {os.path.dirname(path)} writable, or set POLITE_STORE to a writable location, "
+           "e.g. POLITE_STORE = 'sqlite:////var/tmp/polite.sqlite3' (or 'memory://' for a one-off run)")
+    return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")

@@ -101,16 +101,16 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
     # -- the calls ---------------------------------------------------------------------------------------------
 
     def get(self, key: str) -> defer.Deferred[HostState | None]:
-        return self._call(rows.get(key), False)
+        return self._call(partial(rows.get_op, key), False)
 
     def read(self, keys: Sequence[str]) -> defer.Deferred[Snapshot]:
-        return self._call(rows.read(keys), False)
+        return self._call(partial(rows.read_op, keys), False)
 
     def update(self, key: str, fn: UpdateFn[T]) -> defer.Deferred[T]:
-        return self._call(rows.update(key, fn), True)
+        return self._call(partial(rows.update_op, key, fn), True)
 
     def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> defer.Deferred[T]:
-        return self._call(rows.update_many(keys, fn), True)
+        return self._call(partial(rows.update_many_op, keys, fn), True)
 
     def append_events(self, events: list[Event]) -> defer.Deferred[None]:
         """Inline in chunks, one per reactor turn; a batch meeting another writer on its own thread."""
