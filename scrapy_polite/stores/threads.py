@@ -75,8 +75,9 @@ class CallPool:
 
     def run_aside(self, fn: Callable[..., T], *args: Any) -> defer.Deferred[T]:
         """``fn(*args)`` on the pool, not counted among the calls in :attr:`queued` (the table's calls do not
-        wait for it: SQLite's checkpoint while the crawl's writes go on, its event log's batches); the
-        Deferred fires on the reactor's thread, nothing else runs after it. Failed once the pool was detached."""
+        wait for it: SQLite's checkpoint while the crawl's writes go on, its event log's batches, a stepped
+        update's steps); the Deferred fires on the reactor's thread, nothing else runs after it. Failed once the
+        pool was detached."""
         if self._detached:
             return defer.fail(StoreClosed("scrapy-polite's pace table is closed: its threads are stopped"))
         return threads.deferToThreadPool(self._reactor, self._started(), fn, *args)
@@ -125,7 +126,8 @@ class Stepper:
         if self._stopped:  # closed while the update waited for its next step
             result_d.errback(self._closed_error())
             return
-        self._pool.run(steps.step).addCallbacks(self._stepped, result_d.errback, callbackArgs=(steps, result_d))
+        d: defer.Deferred[Any] = self._pool.run_aside(steps.step)  # (each step is delivered alone: no order to keep)
+        d.addCallbacks(self._stepped, result_d.errback, callbackArgs=(steps, result_d))
 
     def _stepped(self, out: Any, steps: UpdateSteps[Any], result_d: defer.Deferred[Any]) -> None:
         """A step is done: the update's result, or its next step now (behind the calls already queued) or
