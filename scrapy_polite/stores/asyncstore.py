@@ -8,8 +8,10 @@ commit and thread (:class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`), Redi
 its updates step by step (:class:`~scrapy_polite.stores.redis.AsyncRedisStore`). :func:`open_async` asks a
 backend for its table.
 
-A synchronous backend of :func:`~scrapy_polite.stores.register_store` opts into :class:`ThreadedStore`, the
-generic one, by saying so in its own ``open_async``::
+:class:`TableBase` keeps what every table has (its backend, whether it is closed); :class:`PooledTable` runs
+the calls of a backend whose every call does blocking I/O on a pool of threads, its stepped updates step by
+step (Redis's table is one). A synchronous backend of :func:`~scrapy_polite.stores.register_store` opts into
+:class:`ThreadedStore`, the generic one, by saying so in its own ``open_async``::
 
     def open_async(self, reactor=None):
         return ThreadedStore(self, reactor)
@@ -43,7 +45,7 @@ from .base import (
 )
 from .threads import CallPool, Stepper, close_off_reactor
 
-__all__ = ["AsyncStore", "TableBase", "ThreadedStore", "open_async"]
+__all__ = ["AsyncStore", "PooledTable", "TableBase", "ThreadedStore", "open_async"]
 
 T = TypeVar("T")
 #: The backend of an async table.
@@ -161,27 +163,24 @@ class TableBase(Generic[S]):
         return StoreClosed(f"scrapy-polite's pace table {self.store.uri} is closed")
 
 
-class ThreadedStore(TableBase[PaceStore]):
-    """The generic async table of a synchronous backend that asks for it in its ``open_async`` (a backend
-    whose every call does blocking I/O): every call runs on a pool of ``threads`` threads. A backend that
-    declares :class:`~scrapy_polite.stores.base.SteppedStore` has its updates run step by step
-    (:class:`~scrapy_polite.stores.threads.Stepper`: the waits after a lost race on the reactor's clock); an
-    update still waiting for its next step when the table is closed fails with
-    :class:`~scrapy_polite.stores.base.StoreError`.
+class PooledTable(TableBase[S]):
+    """An async table whose calls run on a pool of threads of its own (a backend whose every call does
+    blocking I/O): reads, single-call updates and the event log's batches on the pool
+    (:class:`~scrapy_polite.stores.threads.CallPool`), stepped updates by a
+    :class:`~scrapy_polite.stores.threads.Stepper` (each step on the pool, the wait after a lost race on the
+    reactor's clock; an update still waiting for its next step when the table is closed fails with
+    :class:`~scrapy_polite.stores.base.StoreError`). Its subclasses say how an update runs.
 
     Args:
         store: the backend (opened).
         reactor: the Twisted reactor (defaults to the installed one).
-        threads: the pool's size; None: as many as the backend declares
-            (:class:`~scrapy_polite.stores.base.CallThreads`), else one.
+        threads: the pool's size (with more than one, calls made together may complete in another order:
+            each caller waits for its own).
     """
 
-    def __init__(self, store: PaceStore, reactor: Any = None, *, threads: int | None = None) -> None:
+    def __init__(self, store: S, reactor: Any = None, *, threads: int = 1) -> None:
         super().__init__(store, reactor)
-        if threads is None:
-            threads = store.threads if has_ability(store, CallThreads) else 1
         self._pool = CallPool(self._reactor, threads)
-        self._stepped: SteppedStore | None = store if has_ability(store, SteppedStore) else None
         self._stepper = Stepper(self._reactor, self._pool, self._closed_error)
 
     def _run(self, fn: Any, *args: Any) -> defer.Deferred[Any]:
@@ -204,16 +203,6 @@ class ThreadedStore(TableBase[PaceStore]):
     def read(self, keys: Sequence[str]) -> defer.Deferred[Snapshot]:
         return self._run(self.store.read, keys)
 
-    def update(self, key: str, fn: UpdateFn[T]) -> defer.Deferred[T]:
-        if self._stepped is not None:
-            return self._steps(self._stepped.update_steps, key, fn)
-        return self._run(self.store.update, key, fn)
-
-    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> defer.Deferred[T]:
-        if self._stepped is not None:
-            return self._steps(self._stepped.update_many_steps, keys, fn)
-        return self._run(self.store.update_many, keys, fn)
-
     def append_events(self, events: list[Event]) -> defer.Deferred[None]:
         return self._run(self.store.append_events, events)
 
@@ -221,6 +210,9 @@ class ThreadedStore(TableBase[PaceStore]):
         self._finish(self._detach())
 
     def close_async(self) -> defer.Deferred[None]:
+        """:meth:`close` without blocking the reactor: the waits (the threads finishing the calls already
+        queued — a server's call in an outage may take its socket timeout —, the backend's close) on a thread
+        of the reactor's pool."""
         return close_off_reactor(self._reactor, partial(self._finish, self._detach()))
 
     def _detach(self) -> ThreadPool | None:
@@ -237,3 +229,32 @@ class ThreadedStore(TableBase[PaceStore]):
                 pool.stop()
         finally:
             self.store.close()
+
+
+class ThreadedStore(PooledTable[PaceStore]):
+    """The generic async table of a synchronous backend that asks for it in its ``open_async``: every call on
+    a pool of ``threads`` threads (:class:`PooledTable`); the updates of a backend that declares
+    :class:`~scrapy_polite.stores.base.SteppedStore` step by step, any other's in one call.
+
+    Args:
+        store: the backend (opened).
+        reactor: the Twisted reactor (defaults to the installed one).
+        threads: the pool's size; None: as many as the backend declares
+            (:class:`~scrapy_polite.stores.base.CallThreads`), else one.
+    """
+
+    def __init__(self, store: PaceStore, reactor: Any = None, *, threads: int | None = None) -> None:
+        if threads is None:
+            threads = store.threads if has_ability(store, CallThreads) else 1
+        super().__init__(store, reactor, threads=threads)
+        self._stepped: SteppedStore | None = store if has_ability(store, SteppedStore) else None
+
+    def update(self, key: str, fn: UpdateFn[T]) -> defer.Deferred[T]:
+        if self._stepped is not None:
+            return self._steps(self._stepped.update_steps, key, fn)
+        return self._run(self.store.update, key, fn)
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> defer.Deferred[T]:
+        if self._stepped is not None:
+            return self._steps(self._stepped.update_many_steps, keys, fn)
+        return self._run(self.store.update_many, keys, fn)

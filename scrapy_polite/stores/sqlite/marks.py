@@ -111,8 +111,8 @@ _INSERT = ("INSERT OR REPLACE INTO openers (token, pid, machine, boot, started, 
 class Mark:
     """This connection's part in the "running" marks: the token of the mark it beats (None: none) and
     whether it owns it (left it at the opening, rewrites it when the store follows its path to a new file,
-    removes it at the close). A no-wait connection and a sibling of the crawl's store share its token
-    without owning it: the no-wait connection beats it inside its group commits.
+    removes it at the close). The crawl's no-wait connection shares its token without owning it and beats it
+    inside its group commits.
 
     Args:
         token: the mark's token (None: no mark).

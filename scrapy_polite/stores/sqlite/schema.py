@@ -139,8 +139,8 @@ def set_up(db: sqlite3.Connection, uri: str) -> None:
 
 
 def set_up_nowait(db: sqlite3.Connection) -> None:
-    """A no-wait connection's set-up (its sibling set the file up): ``synchronous=NORMAL``, and it never
-    checkpoints the WAL (a checkpoint may fsync) nor waits for a lock."""
+    """A no-wait connection's set-up (the connection it was made beside set the file up):
+    ``synchronous=NORMAL``, and it never checkpoints the WAL (a checkpoint may fsync) nor waits for a lock."""
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA wal_autocheckpoint=0")
     db.execute("PRAGMA busy_timeout = 0")

@@ -101,7 +101,7 @@ class SQLiteStore:
             #: The database's page size, bytes (a WAL frame holds one page).
             self.page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
             self._file = schema.file_id(self.path)
-            if nowait:  # the sibling already set the file up
+            if nowait:  # the connection it was made beside already set the file up
                 schema.set_up_nowait(self._db)
                 return
             schema.set_up(self._db, self.uri)

@@ -226,8 +226,8 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
                 self._flush_turn.cancel()
             self._flush_turn = None
             while self._held:
-                op, d, _ = self._held.popleft()
-                self._pool.run(self.store.run_alone, op).chainDeferred(d)
+                op, d, writes = self._held.popleft()
+                self._pool.run(self.store.run_alone if writes else self.store.run_read, op).chainDeferred(d)
             self._events.queue_on_thread()
         self._closed = True
         return self._pool.detach(), self._events.detach()
