@@ -182,7 +182,7 @@ def write_rows(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]], found: d
 # -- the event log ----------------------------------------------------------------------------------------------
 
 
-def append_events(db: sqlite3.Connection, events: Sequence[Event], cap: int) -> None:
+def append_events(events: Sequence[Event], cap: int, db: sqlite3.Connection, clock: Clock) -> None:
     """Inside a write transaction: append ``events``, then delete the oldest beyond ``cap``."""
     db.executemany(EVENT_INSERT, events)
     db.execute(EVENT_TRIM, (cap,))

@@ -15,7 +15,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 from ...clock import process_clock
@@ -226,9 +225,9 @@ class SQLiteStore:
         elif self._mark.owned:
             self._mark.write(self._db, self._clock())
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock; rolled back when the body raises."""
+    def _write(self, body: Callable[..., T], *args: Any) -> T:
+        """``body(*args, connection, clock)`` in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock (after
+        a look at the path, at most every :data:`FOLLOW_EVERY` seconds); rolled back when it raises."""
         with self._lock:
             if time.monotonic() - self._looked >= FOLLOW_EVERY:
                 self._follow()
@@ -236,12 +235,13 @@ class SQLiteStore:
             db.execute("BEGIN IMMEDIATE")
             SQLiteStore.write_transactions += 1
             try:
-                yield db
+                result = body(*args, db, self._clock)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+        return result
 
     # -- running operations ------------------------------------------------------------------------------------
 
@@ -261,43 +261,46 @@ class SQLiteStore:
             StoreBusy: a no-wait connection found another writer's lock (nothing ran; retry on a waiting one).
             StoreError: the file cannot be written (the whole group is rolled back: no call took effect).
         """
-        outcomes: list[tuple[bool, Any]] = []
-        clock = self._clock
         try:
-            with self._transaction() as db:
-                for op in ops:
-                    try:
-                        outcomes.append((True, op(db, clock)))
-                    except rows.REFUSALS as exc:  # a row SQLite refuses (a NaN in a NOT NULL column...): its own
-                        outcomes.append((False, StoreError(f"the pace table {self.path} refused a row: {exc}")))
-                    except sqlite3.Error:
-                        raise  # the file's failure (locked, full, damaged): the whole group is rolled back
-                    except Exception as exc:  # the caller's own failure: handed to its caller, the group goes on
-                        outcomes.append((False, exc))
-                if self._mark.token is not None:
-                    self._mark.beat(db, clock)
+            return self._write(self._group, ops)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
+
+    def _group(self, ops: Sequence[rows.Op[Any]], db: sqlite3.Connection,
+               clock: Callable[[], float]) -> list[tuple[bool, Any]]:
+        """:meth:`run_group` in its transaction (a failure of the file propagates: all is rolled back)."""
+        outcomes: list[tuple[bool, Any]] = []
+        for op in ops:
+            try:
+                outcomes.append((True, op(db, clock)))
+            except rows.REFUSALS as exc:  # a row SQLite refuses (a NaN in a NOT NULL column...): this call's own
+                outcomes.append((False, StoreError(f"the pace table {self.path} refused a row: {exc}")))
+            except sqlite3.Error:
+                raise  # the file's failure (locked, full, damaged): the whole group is rolled back
+            except Exception as exc:  # the caller's own failure: handed to its caller, the group goes on
+                outcomes.append((False, exc))
+        if self._mark.token is not None:
+            self._mark.beat(db, clock)
         return outcomes
 
-    def run_alone(self, op: rows.Op[T]) -> T:
-        """One operation in a ``BEGIN IMMEDIATE`` transaction of its own: its result, or its exception (nothing
-        written, the transaction rolled back).
+    def run_alone(self, op: Callable[..., T], *args: Any) -> T:
+        """``op(*args, connection, clock)`` (an :data:`~scrapy_polite.stores.sqlite.rows.Op`, or the body of one
+        and its arguments) in a transaction of its own: its result, or its exception (nothing written).
 
         Raises:
             StoreError: the file cannot be written, or it refused a row (as in :meth:`run_group`).
         """
         try:
-            with self._transaction() as db:
-                try:
-                    return op(db, self._clock)
-                except rows.REFUSALS as exc:  # a row SQLite refuses, not the file's failure
-                    raise StoreError(f"the pace table {self.path} refused a row: {exc}") from exc
+            return self._write(op, *args)
+        except rows.REFUSALS as exc:
+            if self._closed:  # (the transaction's start found the connection closed: not a row's refusal)
+                raise self._error("write", exc) from exc
+            raise StoreError(f"the pace table {self.path} refused a row: {exc}") from exc
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
-    def run_read(self, op: rows.Op[T]) -> T:
-        """An operation that only reads, outside any write transaction (after a look at the path: :meth:`_follow`).
+    def run_read(self, op: Callable[..., T], *args: Any) -> T:
+        """``op(*args, connection, clock)``, an operation that only reads, outside any write transaction.
 
         Raises:
             StoreError: the file cannot be read (:class:`StoreBusy` on a no-wait connection that met a lock).
@@ -306,7 +309,7 @@ class SQLiteStore:
             with self._lock:
                 if time.monotonic() - self._looked >= FOLLOW_EVERY:
                     self._follow()
-                return op(self._db, self._clock)
+                return op(*args, self._db, self._clock)
         except sqlite3.Error as exc:
             raise self._error("read", exc) from exc
 
@@ -316,16 +319,18 @@ class SQLiteStore:
         return self._clock()
 
     def get(self, key: str) -> HostState | None:
-        return self.run_read(partial(rows.get_op, key))
+        return self.run_read(rows.get_op, key)
 
     def read(self, keys: Sequence[str]) -> Snapshot:
-        return self.run_read(partial(rows.read_op, keys))
+        return self.run_read(rows.read_op, keys)
 
     def update(self, key: str, fn: UpdateFn[T]) -> T:
-        return self.run_alone(partial(rows.update_op, key, fn))
+        result: T = self.run_alone(rows.update_op, key, fn)
+        return result
 
     def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
-        return self.run_alone(partial(rows.update_many_op, keys, fn))
+        result: T = self.run_alone(rows.update_many_op, keys, fn)
+        return result
 
     def _query(self, sql: str, *args: Any) -> list[Any]:
         try:
@@ -364,8 +369,7 @@ class SQLiteStore:
         if not events:
             return
         try:
-            with self._transaction() as db:
-                rows.append_events(db, events, self.events_max)
+            self._write(rows.append_events, events, self.events_max)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
