@@ -263,7 +263,7 @@ def bench_booking(directory: str, n_hosts: int, n_addresses: int, n_ops: int) ->
     fill(path, table_rows)
     from twisted.internet import reactor
 
-    async_store = AsyncStore(SQLiteStore(path, clock=_Clock(now)), reactor)
+    async_store = SQLiteStore(path, clock=_Clock(now)).open_async(reactor)
     try:
         timings, booked, threaded = async_book_loop(async_store, hosts, host_addresses, n_ops)
         wal = os.path.getsize(path + "-wal") / 1e6

@@ -52,7 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # a source checkout: the package need not be installed
 
 from scrapy_polite.policy import Booking, HostState, PacingPolicy, ip_key
-from scrapy_polite.stores import AsyncStore, PaceStore, SQLiteStore, StoreOptions
+from scrapy_polite.stores import PaceStore, SQLiteStore, StoreOptions
 
 #: Every booking writes both rows (a zero interval would book nothing).
 TINY = PacingPolicy(host_interval=1e-6, max_backoff=1.0)
@@ -208,7 +208,8 @@ def spacing(kind: str, where: str, processes: int, seconds: float) -> dict[str, 
 
 
 def from_reactor(where: str, bookings: int, hosts: int) -> dict[str, float]:
-    """Bookings through AsyncStore(RedisStore) awaited on a running reactor: one at a time, 16 at a time."""
+    """Bookings through Redis's async table (AsyncRedisStore, as the pacer opens it) awaited on a running reactor:
+    one at a time, 16 at a time."""
     from twisted.internet import defer, task
 
     from scrapy_polite.stores.redis import RedisStore
@@ -217,7 +218,7 @@ def from_reactor(where: str, bookings: int, hosts: int) -> dict[str, float]:
 
     async def main(reactor: Any) -> None:
         backend = RedisStore(where, StoreOptions(prefix=f"bench:reactor:{time.time_ns()}:"))
-        store = AsyncStore(backend, reactor, threads=RedisStore.threads)
+        store = backend.open_async(reactor)
         rng = random.Random(7)
 
         async def one() -> float:

@@ -6,7 +6,7 @@ Usage::
                         [--per-turn 1] [--records] [--processes 1] [--restart-frames 8192]
 
 What runs: ``--bookings`` bookings through the crawl's real path, the pacer's async SQLite store
-(``AsyncStore(SQLiteStore(path))``, i.e. :class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`: group commit
+(``SQLiteStore(path).open_async()``, i.e. :class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`: group commit
 inline on the no-wait connection, :meth:`SQLiteStore.run_group <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`,
 the WAL checkpointed in two phases on the store's thread, docs/spec.md §6), on a running reactor. One booking is
 the downloader middleware's transaction (:func:`scrapy_polite.booking.booking_update`: ``update_many([host,
@@ -50,7 +50,7 @@ from booking import IP_INTERVAL, POLICY, _Clock, fill, rows, table  # bench/ is 
 
 from scrapy_polite.booking import booking_update
 from scrapy_polite.policy import HostState
-from scrapy_polite.stores import AsyncStore, SQLiteStore
+from scrapy_polite.stores import SQLiteStore
 
 
 def frames(size: int, page_size: int) -> int:
@@ -69,7 +69,7 @@ def crawl_process(path: str, n_hosts: int, n_addresses: int, n_bookings: int, ev
     from twisted.internet import defer, reactor, task
 
     hosts, _, host_addresses = table(n_hosts, n_addresses)
-    store = AsyncStore(SQLiteStore(path, clock=_Clock(time.time())), reactor, restart_frames=restart_frames)
+    store = SQLiteStore(path, clock=_Clock(time.time())).open_async(reactor, restart_frames=restart_frames)
     out: dict[str, Any] = {}
 
     async def crawl() -> None:

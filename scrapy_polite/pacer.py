@@ -59,7 +59,6 @@ from .seams import ClockSync, Defer, Go, HoldingScheduler, Redefer, ResolverNotI
 from .settings import PoliteConfig
 from .stores import (
     AsyncStore,
-    CallThreads,
     Event,
     ExpiringRows,
     PaceStore,
@@ -70,6 +69,7 @@ from .stores import (
     StoreOptions,
     has_ability,
     hosts_backing_off,
+    open_async,
     open_store,
     table_name,
 )
@@ -646,9 +646,8 @@ def store_options(config: PoliteConfig) -> StoreOptions:
 def open_pace_table(uri: str, options: StoreOptions) -> AsyncStore:
     """Open the pace table ``uri`` names (:func:`~scrapy_polite.stores.open_store`) for a crawl: its stale rows
     swept unless they expire on their own (:class:`~scrapy_polite.stores.ExpiringRows`; else rows idle for
-    ``options.expire`` seconds whose ``next_allowed`` has passed are removed), wrapped in an
-    :class:`~scrapy_polite.stores.AsyncStore` with as many threads as the backend declares
-    (:class:`~scrapy_polite.stores.CallThreads`; else one). docs/spec.md §6.
+    ``options.expire`` seconds whose ``next_allowed`` has passed are removed), then the backend's own async table
+    (:func:`~scrapy_polite.stores.open_async`). docs/spec.md §6.
 
     Raises:
         StoreError: the table cannot be opened or swept (the backend is closed again).
@@ -659,8 +658,7 @@ def open_pace_table(uri: str, options: StoreOptions) -> AsyncStore:
         if expired:
             logger.info("scrapy-polite: expired %d stale hosts from %s", expired, backend.uri)
         logger.info("scrapy-polite: pace table %s", backend.uri)
-        # A server store (Redis) is called from a few threads: each call is network I/O.
-        return AsyncStore(backend, threads=backend.threads if has_ability(backend, CallThreads) else 1)
+        return open_async(backend)
     except BaseException:
         backend.close()
         raise

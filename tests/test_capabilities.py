@@ -40,7 +40,9 @@ from scrapy_polite.stores import (
     Snapshot,
     SQLiteStore,
     SteppedStore,
+    StoreError,
     StoreOptions,
+    asyncstore,
     base,
     has_ability,
     hosts_backing_off,
@@ -95,6 +97,11 @@ class PlainStore:
 
     def close(self) -> None:
         self.calls.append("close")
+
+    def open_async(self, reactor: Any = None) -> Any:
+        """A synchronous backend opts into the generic threaded table (the documented path of a third-party
+        backend: nothing chooses it by the backend's type)."""
+        return asyncstore.ThreadedStore(self, reactor)
 
 
 def _rows() -> dict[str, HostState]:
@@ -153,6 +160,29 @@ class ThreadedStore(PlainStore):
 def _open(store: PlainStore, expire: float = 3600.0) -> AsyncStore:
     register_store("plaintest", lambda uri, options: store)
     return open_pace_table("plaintest://table", StoreOptions(expire=expire))
+
+
+class NoAsyncStore(PlainStore):
+    """A backend that implements no async table (as if written before the stores had one)."""
+
+    @property
+    def open_async(self) -> Any:  # type: ignore[override]
+        raise AttributeError("open_async")
+
+
+def test_a_backend_without_an_async_table_is_refused_with_the_fix():
+    """A backend is never given an async table by its type: one without ``open_async`` is refused at the
+    crawl's opening, the message naming the opt-in, and the backend is closed again. Negative control: the
+    plain backend, which opts into the generic threaded table, opens with it."""
+    store = NoAsyncStore()
+    with pytest.raises(StoreError, match="ThreadedStore"):
+        _open(store)
+    assert store.calls[-1] == "close"
+    astore = _open(PlainStore())
+    try:
+        assert isinstance(astore, asyncstore.ThreadedStore)
+    finally:
+        astore.close()
 
 
 class ExpiringDeclinedStore(PlainStore):
@@ -248,7 +278,7 @@ def _bump(state: HostState | None, now: float) -> tuple[HostState, int]:
 @pytest_twisted.ensureDeferred
 async def test_a_store_without_steps_updates_in_one_call():
     store = PlainStore()
-    astore = AsyncStore(store)
+    astore = store.open_async()
     try:
         assert [await astore.update("a.example", _bump) for _ in range(3)] == [1, 2, 3]
     finally:
@@ -260,7 +290,7 @@ async def test_a_store_without_steps_updates_in_one_call():
 async def test_negative_control_a_stepped_store_is_run_step_by_step():
     store = SteppedPlainStore()
     assert isinstance(store, SteppedStore)
-    astore = AsyncStore(store)
+    astore = store.open_async()
     try:
         assert await astore.update("a.example", _bump) == 1
     finally:
@@ -358,7 +388,7 @@ class ServerClockedStore(PlainStore):
 
 def _pacer(store: PlainStore) -> Pacer:
     crawler = get_crawler(settings_dict={"POLITE_STORE": "memory://"})
-    return Pacer(crawler, PoliteConfig.from_settings(crawler.settings), AsyncStore(store), clock=lambda: NOW)
+    return Pacer(crawler, PoliteConfig.from_settings(crawler.settings), store.open_async(), clock=lambda: NOW)
 
 
 class ServerClockDeclinedStore(PlainStore):

@@ -41,7 +41,7 @@ from scrapy_polite.policy import host_key
 from scrapy_polite.scheduler import PoliteScheduler
 from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
-from scrapy_polite.stores import AsyncStore, MemoryStore, SQLiteStore
+from scrapy_polite.stores import MemoryStore, SQLiteStore
 from tests.support import server as server_module
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.scheduler_pacer import SchedulerPacer
@@ -210,7 +210,7 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
     crawler.engine = SimpleNamespace(downloader=SimpleNamespace(active=active), running=False)
     store = (ServerClockStore(clock=lambda: T0 - 100 + t.monotonic() - 5_000.0) if server
              else MemoryStore(clock=clock))
-    pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), AsyncStore(store), clock=clock,
+    pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), store.open_async(), clock=clock,
                   sleep=FakeSleep(t))
     proxy = {"proxy": "http://proxy.example:3128"}  # no addresses to resolve
     urls = ["http://a.example/1", "http://a.example/2"]
@@ -303,7 +303,7 @@ def test_a_wall_clock_step_does_not_bring_a_booking_forward_or_push_it_back():
         # while quotas are read (docs/spec.md §2, "Quota booking"); this test is about the clock alone.
         crawler = get_crawler(ListSpider, {"POLITE_HOST_INTERVAL": 1.0, "POLITE_MAX_WAIT": 120.0,
                                            "POLITE_RATELIMIT_HEADERS": False})
-        pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), AsyncStore(MemoryStore(clock=clock)),
+        pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), MemoryStore(clock=clock).open_async(),
                       clock=clock, sleep=sleep)
         r1 = scrapy.Request("http://a.example/1", meta={"proxy": "http://p.example:1", "polite_host": "a.example"})
         r2 = scrapy.Request("http://a.example/2", meta={"proxy": "http://p.example:1", "polite_host": "a.example"})

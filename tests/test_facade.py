@@ -19,7 +19,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_polite.pacer import FrontierOptions, Pacer
 from scrapy_polite.policy import HostState
 from scrapy_polite.settings import PoliteConfig
-from scrapy_polite.stores import AsyncStore, MemoryStore
+from scrapy_polite.stores import MemoryStore
 from tests.test_capabilities import NOW, PlainStore, ServerClockedStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_negative_control_the_scan_finds_a_reach_through():
 def _pacer(settings: dict[str, object] | None = None, store: object | None = None) -> Pacer:
     crawler = get_crawler(settings_dict={"POLITE_STORE": "memory://", **(settings or {})})
     backend = store if store is not None else MemoryStore(clock=lambda: NOW)
-    return Pacer(crawler, PoliteConfig.from_settings(crawler.settings), AsyncStore(backend),  # type: ignore[arg-type]
+    return Pacer(crawler, PoliteConfig.from_settings(crawler.settings), backend.open_async(),  # type: ignore[attr-defined]
                  clock=lambda: NOW)
 
 

@@ -253,7 +253,7 @@ def glue(*, settings: dict[str, Any] | None = None, addresses: dict[str, list[st
     config = PoliteConfig.from_settings({**SETTINGS, **(settings or {})})
     clock = FakeClock()
     store = MemoryStore(clock=(lambda: clock() + store_ahead) if store_ahead else clock)
-    astore: Any = AsyncStore(store)
+    astore: Any = store.open_async()
     if gated:
         astore = GatedStore(astore)
     lines = Lifecycle()
@@ -827,7 +827,7 @@ def fake_crawler(**settings: Any) -> Any:
 
 def pacer_on(store: MemoryStore, clock: FakeClock, sleep: Any) -> Pacer:
     crawler = fake_crawler()
-    pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), AsyncStore(store), clock=clock,
+    pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), store.open_async(), clock=clock,
                   sleep=sleep)
     pacer.scheduler = FakeScheduler()
     return pacer

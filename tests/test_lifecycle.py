@@ -45,7 +45,7 @@ from scrapy_polite.reporting import Report
 from scrapy_polite.scheduler import PoliteScheduler
 from scrapy_polite.seams import ClockSync, Defer, Go
 from scrapy_polite.settings import PoliteConfig
-from scrapy_polite.stores import AsyncStore, MemoryStore
+from scrapy_polite.stores import MemoryStore
 from tests.support.scheduler_pacer import SchedulerPacer as StandInPacer
 from tests.test_glue import T0, FakeResolution, FakeSleep, FakeStats, inline
 from tests.test_held import Timer, make_crawler
@@ -170,7 +170,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             if seconds:
                 state = HostState(next_allowed=now + seconds, consec=1, throttled_at=now, updated=now)
                 self.store.update(host, lambda _old, _now, state=state: (state, None))
-        astore: Any = AsyncStore(self.store)
+        astore: Any = self.store.open_async()
         self.lifecycle = Lifecycle()
         report = Report(FakeStats())
         sync = ClockSync(self.clock)

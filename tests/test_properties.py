@@ -32,7 +32,7 @@ from scrapy_polite.recording import Recorder
 from scrapy_polite.reporting import Report
 from scrapy_polite.seams import ClockSync, Defer, Go
 from scrapy_polite.settings import PoliteConfig
-from scrapy_polite.stores import AsyncStore, MemoryStore
+from scrapy_polite.stores import MemoryStore
 from tests.test_glue import T0, FakeClock, FakeResolution, FakeScheduler, FakeSleep, FakeStats, inline
 
 POLICY = PacingPolicy(host_interval=1.0, max_backoff=300.0, max_wait=60.0, max_retry_after=3600.0)
@@ -264,9 +264,9 @@ class _Process:
         sync = ClockSync(clock, server_clock=False)
         self.errors: list[Any] = []
         self.resolution = FakeResolution({h: sorted(a) for h, a in ADDRESSES.items()})
-        self.booker = Booker(config, AsyncStore(store), self.lines, self.resolution, report,  # type: ignore[arg-type]
+        self.booker = Booker(config, store.open_async(), self.lines, self.resolution, report,  # type: ignore[arg-type]
                              sync, FakeSleep(clock), self.errors.append)
-        self.recorder = Recorder(config, AsyncStore(store), self.lines, report, sync, self.booker.override,
+        self.recorder = Recorder(config, store.open_async(), self.lines, report, sync, self.booker.override,
                                  self.booker.end, self.errors.append, "test-agent")
         self.booker.scheduler = FakeScheduler(True)
 

@@ -19,7 +19,8 @@ from redis.crc import key_slot
 
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import Event, StoreError, StoreOptions, StoreUnavailable, open_store, registered_schemes
-from scrapy_polite.stores.redis import RedisStore, _cluster_nodes, redact_uri
+from scrapy_polite.stores.redis import RedisStore, redact_uri
+from scrapy_polite.stores.redis.uri import cluster_nodes as _cluster_nodes
 from tests.support.redis_cluster import node_ports, redis_cluster_url  # noqa: F401
 from tests.support.redis_server import free_port, redis_url, unique_prefix  # noqa: F401
 from tests.support.redis_updates import (  # noqa: F401
@@ -72,7 +73,7 @@ def test_the_cluster_url_names_its_nodes():
 def test_open_store_builds_a_store_on_the_cluster_client(redis_cluster_url, prefixes):
     s = open_store(redis_cluster_url, StoreOptions(prefix=prefixes[0]))
     try:
-        assert isinstance(s, RedisStore) and s.cluster and isinstance(s._client, RedisCluster)
+        assert isinstance(s, RedisStore) and s.cluster and isinstance(s.server.client, RedisCluster)
         assert s.uri == redis_cluster_url and s.server_clock
         assert abs(s.now() - time.time()) < 5
     finally:

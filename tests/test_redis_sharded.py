@@ -18,8 +18,8 @@ import pytest
 from redis.crc import key_slot
 
 from scrapy_polite.policy import HostState
-from scrapy_polite.stores import StoreError, StoreOptions, StoreUnavailable, open_store
-from scrapy_polite.stores import redis as redis_module
+from scrapy_polite.stores import Again, StoreError, StoreOptions, StoreUnavailable, open_store
+from scrapy_polite.stores.redis import sharded as redis_sharded
 from scrapy_polite.stores.redis import split_layout
 from tests.support.redis_cluster import flush_cluster_prefix, node_ports, redis_cluster_url  # noqa: F401
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
@@ -84,7 +84,7 @@ def test_a_prefix_holding_a_table_layout_table_is_refused_sharded(redis_url):
             open_store(redis_url + "?layout=sharded", StoreOptions(prefix=prefix))
     finally:
         table.delete("a.example")
-        table._client.delete(f"{prefix}{{pace}}")
+        table.server.client.delete(f"{prefix}{{pace}}")
         table.close()
 
 
@@ -128,7 +128,7 @@ def test_negative_control_the_table_layout_keeps_every_row_in_one_slot(redis_clu
 def test_the_slot_groups_of_a_booking_follow_its_rows_slots(redis_cluster_url, sharded):
     keys = ["a.example", "ip:192.0.2.1", "ip:192.0.2.2"]
     groups = sharded.slot_groups(keys)
-    slots = [key_slot(sharded._key(k).encode()) for k in keys]
+    slots = [key_slot(sharded.keys.row(k).encode()) for k in keys]
     assert sorted(i for g in groups for i in g) == [0, 1, 2]
     assert [slots[g[0]] for g in groups] == sorted(set(slots))  # locked in the order of the slots
     assert all(len({slots[i] for i in g}) == 1 for g in groups)
@@ -158,31 +158,31 @@ def test_a_host_whose_addresses_change_keeps_one_row(sharded):
 
 
 def test_a_lock_left_by_a_dead_process_blocks_its_rows_for_the_lease_only(sharded, monkeypatch):
-    monkeypatch.setattr(redis_module, "LOCK_LEASE", 0.5)
+    monkeypatch.setattr(redis_sharded, "LOCK_LEASE", 0.5)
     keys = ["a.example", "ip:192.0.2.1"]
     sharded.update_many(keys, bump_both)
     # A process locked the address's row and died before its write.
-    name = sharded._key("ip:192.0.2.1")
-    reply = sharded._shard_lock(keys=[name, name + "#done:dead"], args=["dead", 500, "v"])
+    name = sharded.keys.row("ip:192.0.2.1")
+    reply = sharded.scripts.shard_lock(keys=[name, name + "#done:dead"], args=["dead", 500, "v"])
     assert int(reply[0]) == 1
     started = time.monotonic()
-    assert sharded.update_many(keys, bump_both) == 1  # waited for the lease, then booked
+    # Waited for the lease, then booked (a lock held for good would end in StoreBusy).
+    assert sharded.update_many(keys, bump_both) == 1
     waited = time.monotonic() - started
-    assert 0.3 <= waited < 5.0, waited
+    assert waited >= 0.3, waited  # a lower bound: a loaded machine only waits longer
     assert {k: s.consec for k, s in sharded.items()} == {"a.example": 2, "ip:192.0.2.1": 2}
-    # Negative control: without a stale lock, the same booking does not wait.
-    started = time.monotonic()
-    sharded.update_many(keys, bump_both)
-    assert time.monotonic() - started < 0.3
+    # Negative control: without a stale lock, the same booking does not wait: its first step books (a count of
+    # steps, not a time a loaded machine could stretch).
+    assert not isinstance(sharded.update_many_steps(keys, bump_both).step(), Again)
 
 
 def test_a_single_row_write_waits_for_a_live_lock(sharded, monkeypatch):
     """An optimistic one-slot write (a response's record on the host alone) must not slip under a booking that
     holds the row's lock: it is written after the lock is gone."""
-    monkeypatch.setattr(redis_module, "LOCK_LEASE", 0.4)
+    monkeypatch.setattr(redis_sharded, "LOCK_LEASE", 0.4)
     sharded.update("a.example", bump)
-    name = sharded._key("a.example")
-    sharded._shard_lock(keys=[name, name + "#done:other"], args=["other", 400, "v"])
+    name = sharded.keys.row("a.example")
+    sharded.scripts.shard_lock(keys=[name, name + "#done:other"], args=["other", 400, "v"])
     started = time.monotonic()
     assert sharded.update("a.example", bump) == 1
     assert time.monotonic() - started >= 0.25
@@ -194,17 +194,17 @@ def test_a_lost_reply_over_two_slots_is_applied_once(redis_cluster_url, prefix, 
     try:
         keys = ["a.example", "ip:192.0.2.1"]
         sharded.update_many(keys, bump_both)
-        real = sharded._run_scripts
+        real = sharded.server.run_scripts
         lost = [1]
 
         def lose_the_write_reply(script, calls):
             replies = real(script, calls)
-            if script is sharded._shard_write and lost:
+            if script is sharded.scripts.shard_write and lost:
                 lost.pop()  # the write (and the store's resend) applied, the reply lost with the connection
                 raise StoreUnavailable("reply lost (simulated) after the write was applied")
             return replies
 
-        sharded._run_scripts = lose_the_write_reply
+        sharded.server.run_scripts = lose_the_write_reply
 
         def once(states, now):
             return bump_both(states, now)
@@ -225,20 +225,20 @@ def test_a_write_whose_lock_was_taken_is_not_applied_and_says_so(sharded, monkey
     in that slot (never written over another's lock), and the caller is told."""
     keys = ["a.example", "ip:192.0.2.1"]
     sharded.update_many(keys, bump_both)
-    names = [sharded._key(k) for k in keys]
+    names = [sharded.keys.row(k) for k in keys]
     order = [names[g[0]] for g in sharded.slot_groups(keys)]
-    real = sharded._run_scripts
+    real = sharded.server.run_scripts
 
     def steal_then_write(script, calls):
-        if script is sharded._shard_write:  # before the writes: the last slot's lock is taken
-            sharded._client.hset(order[-1], mapping={"lk": "thief", "lx": str(int(time.time() * 1000) + 60_000)})
+        if script is sharded.scripts.shard_write:  # before the writes: the last slot's lock is taken
+            sharded.server.client.hset(order[-1], mapping={"lk": "thief", "lx": str(int(time.time() * 1000) + 60_000)})
         return real(script, calls)
 
-    sharded._run_scripts = steal_then_write
+    sharded.server.run_scripts = steal_then_write
     with pytest.raises(StoreError, match="slots only") as info:
         sharded.update_many(keys, bump_both)
     assert "Nothing was sent" in str(info.value)
-    sharded._client.hdel(order[-1], "lk", "lx")
+    sharded.server.client.hdel(order[-1], "lk", "lx")
     states = dict(sharded.items())
     first_key = keys[names.index(order[0])]
     last_key = keys[names.index(order[-1])]
@@ -261,18 +261,18 @@ def test_a_write_after_its_lock_expired_never_overwrites_a_newer_row(redis_clust
     try:
         keys = ["a.example", "ip:192.0.2.1"]
         sharded.update_many(keys, bump_both)
-        names = [sharded._key(k) for k in keys]
+        names = [sharded.keys.row(k) for k in keys]
         last = [names[g[0]] for g in sharded.slot_groups(keys)][-1]
         last_key = keys[names.index(last)]
-        real = sharded._run_scripts
+        real = sharded.server.run_scripts
 
         def lapse_then_write(script, calls):
-            if script is sharded._shard_write:
-                sharded._client.hdel(last, "lk", "lx")  # the lease ended ...
+            if script is sharded.scripts.shard_write:
+                sharded.server.client.hdel(last, "lk", "lx")  # the lease ended ...
                 other.update(last_key, bump)  # ... and another process wrote the row
             return real(script, calls)
 
-        sharded._run_scripts = lapse_then_write
+        sharded.server.run_scripts = lapse_then_write
         with pytest.raises(StoreError, match="slots only"):
             sharded.update_many(keys, bump_both)
         assert other.get(last_key).consec == 2  # 1 + the other's; not overwritten by the late write

@@ -31,7 +31,6 @@ from scrapy_polite.policy import HostState
 from scrapy_polite.reporting import Report
 from scrapy_polite.stores import (
     Again,
-    AsyncStore,
     MemoryStore,
     StoreBusy,
     StoreClosed,
@@ -43,6 +42,9 @@ from scrapy_polite.stores import (
 )
 from scrapy_polite.stores import redis as redis_module
 from scrapy_polite.stores.redis import RedisStore, redact_uri
+from scrapy_polite.stores.redis import scripts as redis_scripts
+from scrapy_polite.stores.redis import updates as redis_updates
+from scrapy_polite.stores.redis.client import transient
 from tests.support.redis_proxy import LossyProxy
 from tests.support.redis_server import RedisServer, free_port, redis_url, unique_prefix  # noqa: F401
 from tests.support.redis_updates import (
@@ -233,7 +235,8 @@ def test_redact_uri():
 
 def test_missing_client_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "redis", None)  # import redis -> ImportError
-    monkeypatch.delitem(sys.modules, "scrapy_polite.stores.redis")
+    for name in [m for m in sys.modules if m.startswith("scrapy_polite.stores.redis")]:  # the package, its modules
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(StoreError) as info:
         open_store("redis://127.0.0.1:6379/0")
     assert "pip install 'scrapy-polite[redis]'" in str(info.value)
@@ -298,11 +301,14 @@ def test_a_step_that_waited_after_a_lost_race_books_at_the_moment_it_runs(writer
     time.sleep(0.3)  # ... but it waits its turn on a busy pool
     before = first.now()
     assert steps.step() == 1
+    after = first.now()
     # Booked when it ran, not 0.3 s before. The estimate is the reply's server clock moved on by this
     # process's clock since the reply arrived, so it trails the server by the reply's trip (CI saw 0.1 ms):
     # a few milliseconds of slack, far below the 0.3 s the old code lost.
     assert seen[1] - seen[0] >= 0.3 and seen[1] >= before - 0.005
-    assert seen[1] - before < 0.3  # negative control: moved on by the wait, not more
+    # Negative control: moved on by the wait, not more: never past the server's clock when the step returned
+    # (an order, which a slow machine cannot flip as it could a bound in seconds).
+    assert seen[1] <= after + 0.005
 
 
 def test_every_row_read_is_checked_not_only_the_ones_written(writers):
@@ -321,7 +327,7 @@ def test_every_row_read_is_checked_not_only_the_ones_written(writers):
 
 
 def test_a_write_lost_too_often_is_store_busy(writers, monkeypatch):
-    monkeypatch.setattr(redis_module, "MAX_ATTEMPTS", 3)
+    monkeypatch.setattr(redis_updates, "MAX_ATTEMPTS", 3)
     first, second = writers
 
     def always_racing(old, now):
@@ -335,10 +341,10 @@ def test_a_write_lost_too_often_is_store_busy(writers, monkeypatch):
 
 def test_a_write_whose_reply_was_lost_is_not_applied_twice(store):
     store.update("a.example", bump)
-    store._write = LoseReplies(store._write, times=1)
+    store.scripts.write = LoseReplies(store.scripts.write, times=1)
     assert store.update("a.example", bump) == 1  # the immediate resend found the first write applied
     assert store.get("a.example").consec == 2
-    assert store._write.sent == 2
+    assert store.scripts.write.sent == 2
 
 
 def test_the_retry_of_an_update_that_raised_unavailable_is_not_applied_twice(store):
@@ -351,7 +357,7 @@ def _port_of(url):
     return urlsplit(url).port
 
 
-WRITE_SHA = hashlib.sha1(redis_module._WRITE_IF_UNCHANGED.encode()).hexdigest().encode()
+WRITE_SHA = hashlib.sha1(redis_scripts.WRITE_IF_UNCHANGED.encode()).hexdigest().encode()
 ROWS = ["a.example", "ip:192.0.2.1"]
 
 
@@ -403,8 +409,8 @@ def test_a_retry_that_writes_nothing_still_fences_off_the_lost_write(store):
             self.calls.append((args, kwargs))
             raise redis.ConnectionError("Connection lost (simulated) before the write reached the server")
 
-    real, late = store._write, InFlight()
-    store._write = late
+    real, late = store.scripts.write, InFlight()
+    store.scripts.write = late
     calls = []
 
     def maybe(old, now):
@@ -413,17 +419,17 @@ def test_a_retry_that_writes_nothing_still_fences_off_the_lost_write(store):
 
     with pytest.raises(StoreUnavailable):
         store.update("a.example", maybe)
-    store._write = real
+    store.scripts.write = real
     assert store.update("a.example", maybe) == 2  # the retry: nothing to write, the record claimed
     args, kwargs = late.calls[0]
     assert isinstance(real(*args, **kwargs), bytes)  # the late write finds the record ...
     assert store.get("a.example").consec == 1  # ... and applies nothing
     # Negative control: a late write of an update nobody claimed is applied.
     store.update("b.example", bump)
-    store._write = late = InFlight()
+    store.scripts.write = late = InFlight()
     with pytest.raises(StoreUnavailable):
         store.update("b.example", bump)
-    store._write = real
+    store.scripts.write = real
     args, kwargs = late.calls[0]
     assert real(*args, **kwargs) > 0
     assert store.get("b.example").consec == 2
@@ -434,8 +440,8 @@ def test_an_update_whose_write_never_reached_the_server_is_applied_by_its_retry(
         def __call__(self, *args, **kwargs):
             raise redis.ConnectionError("Connection refused (simulated)")
 
-    real = store._write
-    store._write = Unsent()
+    real = store.scripts.write
+    store.scripts.write = Unsent()
 
     def once(old, now):
         return bump(old, now)
@@ -443,7 +449,7 @@ def test_an_update_whose_write_never_reached_the_server_is_applied_by_its_retry(
     with pytest.raises(StoreUnavailable):
         store.update("a.example", once)
     assert store.get("a.example") is None
-    store._write = real
+    store.scripts.write = real
     assert store.update("a.example", once) == 0
     assert store.get("a.example").consec == 1
 
@@ -500,10 +506,10 @@ def test_prefixes_are_separate_tables(redis_url, prefix):
 
 def test_items_and_expire_over_many_scan_batches(store):
     now = store.now()
-    client = store._client
+    client = store.server.client
     pipe = client.pipeline(transaction=False)
     for i in range(2500):  # quicker than 2500 updates; the same fields the store writes
-        pipe.hset(store._key(f"h{i:04d}.example"), mapping={
+        pipe.hset(store.keys.row(f"h{i:04d}.example"), mapping={
             "v": 1, "w": "x", "n": repr(now - 10), "c": i % 3, "d": "0.0", "o": 0, "t": "0.0",
             "u": repr(now - 100 if i % 2 else now)})
     pipe.execute()
@@ -514,7 +520,7 @@ def test_items_and_expire_over_many_scan_batches(store):
 
 
 def test_a_key_of_another_type_is_a_store_error_not_an_outage(store):
-    store._client.set(store._key("a.example"), "not a hash")
+    store.server.client.set(store.keys.row("a.example"), "not a hash")
     with pytest.raises(StoreError) as info:
         store.get("a.example")
     assert not isinstance(info.value, StoreUnavailable)
@@ -543,7 +549,7 @@ def test_a_stopped_server_is_unavailable_then_back_with_every_row():
             s.close()
 
 
-@pytest.mark.parametrize("error, transient", [
+@pytest.mark.parametrize("error, expected", [
     (redis.ConnectionError("Connection refused"), True),
     (redis.TimeoutError("Timeout reading from socket"), True),
     (redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"), True),  # just restarted
@@ -554,8 +560,8 @@ def test_a_stopped_server_is_unavailable_then_back_with_every_row():
     (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), False),
     (redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), False),
 ])
-def test_which_errors_are_an_outage_to_wait_out(error, transient):
-    assert RedisStore._transient(error) is transient
+def test_which_errors_are_an_outage_to_wait_out(error, expected):
+    assert transient(error) is expected
 
 
 # --------------------------------------------------------------------------------------------------
@@ -612,24 +618,29 @@ def _percentile(values, q):
 @pytest_twisted.ensureDeferred
 async def test_a_hot_row_delays_only_its_own_bookings(redis_url, prefix, raw, tmp_path):
     """One host contended by 8 writer processes, and the crawl's own bookings of it losing race after race:
-    meanwhile the crawl's bookings of another host keep their latency (measured here: each from the call
-    to its result, on the reactor). Under the old design (a lost race retried by sleeping on the store
-    thread) the hot bookings held both store threads and every other booking waited behind them."""
+    meanwhile the crawl's bookings of another host go on. Judged by order, which load cannot flip: many of the
+    other host's bookings, made after the hot ones, complete before the first hot one does. Under the old
+    design (a lost race retried by sleeping on the store thread) the hot bookings held both store threads and
+    every other booking waited behind them: none would. The latencies are printed, not judged (a loaded
+    machine moves them; bench/distributed.py measures the store's)."""
     from twisted.internet import reactor
 
     store = RedisStore(redis_url, StoreOptions(prefix=prefix))
-    astore = AsyncStore(store, threads=store.threads)  # as the pacer builds it
+    astore = store.open_async()  # as the pacer builds it
     touch = raw.register_script(TOUCH)
     hot_keys, cold_keys = ["hot.example", "ip:192.0.2.9"], ["cold.example", "ip:198.51.100.7"]
     writers = []
     stop = tmp_path / "stop"
     try:
+        cold_done = []  # when each booking of the other host completed (this process's monotonic clock)
+
         async def cold_latencies(count):
             out = []
             for _ in range(count):
                 started = time.monotonic()
                 await astore.update_many(cold_keys, bump_both)
-                out.append(time.monotonic() - started)
+                cold_done.append(time.monotonic())
+                out.append(cold_done[-1] - started)
                 await deferLater(reactor, 0.005, lambda: None)
             return out
 
@@ -650,12 +661,13 @@ async def test_a_hot_row_delays_only_its_own_bookings(redis_url, prefix, raw, tm
             def fn(states, now):
                 losses[n] = losses.get(n, 0) + 1
                 if losses[n] <= HOT_LOSSES:  # another writer wins the race before our write
-                    touch(keys=[store._key("hot.example"), f"{prefix}{{pace}}"])
+                    touch(keys=[store.keys.row("hot.example"), f"{prefix}{{pace}}"])
                 return bump_both(states, now)
             return fn
 
         hot_started = time.monotonic()
         hot_latencies = []
+        cold_before = len(cold_done)
 
         async def one_hot(n):
             await astore.update_many(hot_keys, hot_booking(n))
@@ -675,19 +687,20 @@ async def test_a_hot_row_delays_only_its_own_bookings(redis_url, prefix, raw, tm
             written.append(int(out.split()[-1]))
         await astore.close_async()
 
-    hot_median = _percentile(hot_latencies, 0.5)
     print(f"cold booking latency ms: baseline p50 {_percentile(baseline, 0.5) * 1e3:.2f} "
           f"p90 {_percentile(baseline, 0.9) * 1e3:.2f}; contended p50 {_percentile(contended, 0.5) * 1e3:.2f} "
           f"p90 {_percentile(contended, 0.9) * 1e3:.2f} max {max(contended) * 1e3:.2f} ({len(contended)} bookings); "
           f"hot bookings done after {sorted(round(h * 1e3) for h in hot_latencies)} ms; writers {sum(written)} writes")
-    # The contention was real: every hot booking lost its races and took long (a negative control of the
-    # measurement: no contention, no test).
+    # The contention was real: every hot booking lost its races (a negative control of the measurement: no
+    # contention, no test), each lost race after the second waiting on the reactor's clock.
     assert all(count > HOT_LOSSES for count in losses.values()) and len(losses) == 4
-    assert hot_median > 0.1
-    # The other host's bookings kept their latency: a small fraction of the hot ones' (generous bounds). The
-    # longest counts: a booking stuck behind the hot ones is one slow booking among many quick ones.
-    assert _percentile(contended, 0.5) < hot_median / 10
-    assert max(contended) < hot_median / 4
+    # The other host's bookings went on meanwhile: made after the four hot ones, many completed before the
+    # first of them (each hot booking needs 2 round trips per lost race on the same two threads, a cold one
+    # needs 2 in all, so load slows both alike).
+    first_hot = hot_started + min(hot_latencies)
+    overtaking = sum(done < first_hot for done in cold_done[cold_before:])
+    print(f"{overtaking} bookings of the other host completed before the first hot booking")
+    assert overtaking >= 10, overtaking
     # Nothing was lost or applied twice: the writers' updates and the four hot bookings, all counted.
     check = RedisStore(redis_url, StoreOptions(prefix=prefix))
     try:
@@ -918,6 +931,6 @@ def test_operator_command_on_redis(redis_url, prefix, tmp_path):
 
 def test_pacing_policy_is_not_in_lua():
     """The scripts only compare versions and copy fields: no pacing rule lives on the server."""
-    for script in (redis_module._WRITE_IF_UNCHANGED, redis_module._DELETE_IF_UNCHANGED):
+    for script in (redis_scripts.WRITE_IF_UNCHANGED, redis_scripts.DELETE_IF_UNCHANGED):
         for word in ("interval", "backoff", "retry", "consec", "crawl", "next_allowed", "2 ^", "math"):
             assert word not in script

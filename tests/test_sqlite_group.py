@@ -1,6 +1,7 @@
 """SQLite's group commit (docs/spec.md §6, "Group commit"): a call whose row SQLite refuses fails alone and
 writes none of its rows, without a savepoint: the rows it wrote before the refused one are put back as its
-own transaction read them (``SQLiteStore.run_group``); and a row reads back as the HostState written."""
+own transaction read them (``SQLiteStore.run_group`` of the operations of ``stores.sqlite.rows``); and a row reads
+back as the HostState written."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import SQLiteStore, StoreError
+from scrapy_polite.stores.sqlite import rows
 
 OLD = HostState(next_allowed=3.0, consec=2, crawl_delay=1.5, ok_seen=True, throttled_at=1.0, updated=2.0)
 GOOD = HostState(next_allowed=10.0, updated=5.0)
@@ -54,10 +56,10 @@ def test_a_refused_row_undoes_its_calls_earlier_rows_and_nothing_else(tmp_path, 
         writes = {key: GOOD for key in keys}
         writes[keys[bad_at]] = REFUSED[refusal]
         out = store.run_group([
-            ("update", ("earlier.example", lambda _s, _now: (EARLIER, "earlier"))),
-            ("update_many", (keys, lambda _states, _now: (dict(writes), "many"))),
-            ("read", (keys,)),
-            ("update", ("after.example", lambda _s, _now: (GOOD, "after"))),
+            rows.update("earlier.example", lambda _s, _now: (EARLIER, "earlier")),
+            rows.update_many(keys, lambda _states, _now: (dict(writes), "many")),
+            rows.read(keys),
+            rows.update("after.example", lambda _s, _now: (GOOD, "after")),
         ])
         assert [ok for ok, _ in out] == [True, False, True, True], out
         assert isinstance(out[1][1], StoreError) and "refused a row" in str(out[1][1])
@@ -78,12 +80,12 @@ def test_a_refused_row_restores_the_old_row_byte_for_byte(tmp_path):
         store.update_many(["a.example", "b.example"],
                           lambda _s, _now: ({"a.example": OLD, "b.example": EARLIER}, None))
         raw = _raw_rows(path)
-        out = store.run_group([("update_many", (["a.example", "b.example"], lambda _s, _now: (
-            {"a.example": GOOD, "b.example": REFUSED["nan"]}, None)))])
+        out = store.run_group([rows.update_many(["a.example", "b.example"], lambda _s, _now: (
+            {"a.example": GOOD, "b.example": REFUSED["nan"]}, None))])
         assert not out[0][0]
         assert _raw_rows(path) == raw
-        out = store.run_group([("update_many", (["a.example", "b.example"], lambda _s, _now: (
-            {"a.example": GOOD, "b.example": GOOD}, None)))])
+        out = store.run_group([rows.update_many(["a.example", "b.example"], lambda _s, _now: (
+            {"a.example": GOOD, "b.example": GOOD}, None))])
         assert out[0][0] and _raw_rows(path) != raw
         assert store.get("a.example") == GOOD and store.get("b.example") == GOOD
     finally:
@@ -109,13 +111,13 @@ def test_a_group_of_two_row_bookings_takes_no_savepoint(tmp_path, monkeypatch):
     tracer = sqlite3.connect(path, isolation_level=None)  # only to read the file afterwards
     try:
         statements.clear()
-        store.run_group([("update_many", (["a.example", "ip:192.0.2.1"], lambda _s, _now: (
-            {"a.example": GOOD, "ip:192.0.2.1": GOOD}, None)))])
+        store.run_group([rows.update_many(["a.example", "ip:192.0.2.1"], lambda _s, _now: (
+            {"a.example": GOOD, "ip:192.0.2.1": GOOD}, None))])
         assert not any("SAVEPOINT" in s.upper() for s in statements), statements
         assert sum(s.startswith("INSERT OR REPLACE INTO hosts") for s in statements) == 2
         statements.clear()
-        out = store.run_group([("update_many", (["b.example", "ip:192.0.2.2"], lambda _s, _now: (
-            {"b.example": GOOD, "ip:192.0.2.2": REFUSED["overflow"]}, None)))])  # refused by SQLite mid-call
+        out = store.run_group([rows.update_many(["b.example", "ip:192.0.2.2"], lambda _s, _now: (
+            {"b.example": GOOD, "ip:192.0.2.2": REFUSED["overflow"]}, None))])  # refused by SQLite mid-call
         assert not out[0][0]
         assert any(s.startswith("DELETE FROM hosts") for s in statements), statements
         assert tracer.execute("SELECT COUNT(*) FROM hosts WHERE host = 'b.example'").fetchone() == (0,)
@@ -144,9 +146,9 @@ def test_a_row_read_back_is_the_host_state_written(fields):
         store = SQLiteStore(os.path.join(directory, "pace.sqlite3"))
         try:
             out = store.run_group([
-                ("update_many", (["a.example", "ip:192.0.2.1"], lambda _s, _now: (
-                    {"a.example": state, "ip:192.0.2.1": GOOD}, None))),
-                ("read", (["a.example"],)),
+                rows.update_many(["a.example", "ip:192.0.2.1"], lambda _s, _now: (
+                    {"a.example": state, "ip:192.0.2.1": GOOD}, None)),
+                rows.read(["a.example"]),
             ])
             back = out[1][1].states["a.example"]
             assert back == state == store.get("a.example") and hash(back) == hash(state)
@@ -170,9 +172,9 @@ def test_a_nan_is_refused_in_every_column_not_replaced_by_its_default(tmp_path, 
         store.update("a.example", lambda _s, _now: (OLD, None))
         bad = dataclasses.replace(OLD, **{field: float("nan")})
         good = dataclasses.replace(OLD, **{field: 123.5})
-        out = store.run_group([("update", ("a.example", lambda _s, _now: (bad, None))),
-                               ("update_many", (["b.example"], lambda _s, _now: ({"b.example": bad}, None))),
-                               ("update", ("c.example", lambda _s, _now: (good, None)))])
+        out = store.run_group([rows.update("a.example", lambda _s, _now: (bad, None)),
+                               rows.update_many(["b.example"], lambda _s, _now: ({"b.example": bad}, None)),
+                               rows.update("c.example", lambda _s, _now: (good, None))])
         assert [ok for ok, _ in out] == [False, False, True], out
         assert field in str(out[0][1]) and isinstance(out[1][1], StoreError)
         assert store.get("a.example") == OLD and store.get("b.example") is None

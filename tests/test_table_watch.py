@@ -16,7 +16,7 @@ import pytest_twisted
 from scrapy_polite.outage import TableWatch
 from scrapy_polite.policy import HostState, PacingPolicy
 from scrapy_polite.reporting import Report
-from scrapy_polite.stores import TABLE_KEY, AsyncStore, MemoryStore, SQLiteStore
+from scrapy_polite.stores import TABLE_KEY, MemoryStore, SQLiteStore
 from tests.test_glue import FakeStats
 
 T0 = 1_800_000_000.0
@@ -29,7 +29,7 @@ class Watched:
         self.backend = store
         self.stats = FakeStats()
         self.restores: list[tuple[dict[str, HostState], float]] = []
-        self.watch = TableWatch(AsyncStore(store), report=Report(self.stats),
+        self.watch = TableWatch(store.open_async(), report=Report(self.stats),
                                 restored=lambda rows, since: self.restores.append((rows, since)))
 
     def stat(self, key: str) -> Any:
@@ -56,7 +56,7 @@ async def test_the_first_call_gives_the_table_its_identity_and_later_calls_keep_
     assert w.backend.get(TABLE_KEY) == table and w.restores == []  # negative control: nothing lost, nothing restored
     assert w.backend.expire(T0 + 10**9) == 2 and w.backend.get(TABLE_KEY) == table  # the hosts' rows, not it
     # Another crawl opening the same table adopts its identity.
-    other = TableWatch(AsyncStore(SQLiteStore(str(tmp_path / "t.sqlite3"))), report=Report(FakeStats()))
+    other = TableWatch(SQLiteStore(str(tmp_path / "t.sqlite3")).open_async(), report=Report(FakeStats()))
     await other.read(["a.example"])
     assert other.identity == w.watch.identity
 

@@ -7,13 +7,15 @@
   :class:`CallThreads`, :class:`BackingOffListing`, :class:`ProcessLocal`, :class:`KeyPrefixed`), the one
   question that asks for them (:func:`has_ability`) and the helpers that use a backend with or without them
   (:func:`hosts_backing_off`, :func:`table_name`);
-* :mod:`.memory` — ``memory://``; :mod:`.sqlite` — ``sqlite:///path``, the embedded default; ``redis``
-  (optional) — ``redis://``, ``redis+cluster://``;
-* :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`, and each
-  backend's async adapter;
-* :mod:`.asyncstore` — :class:`AsyncStore`, calls that never block the reactor: the async protocol and its
-  factory (``AsyncStore(backend)`` builds the adapter registered for the backend: memory's inline one in
-  :mod:`.memory`, SQLite's group commit in :mod:`.sqlite`, the generic threaded one for network stores).
+* :mod:`.memory` — ``memory://`` (with its inline async table); :mod:`.sqlite` — ``sqlite:///path``, the
+  embedded default (a package: schema, crash marks, rows, store, its async table with group commit); ``redis``
+  (optional) — ``redis://``, ``redis+cluster://`` (a package: URI and cluster, Lua files, codec, client, store,
+  update algorithms, event stream, its async table);
+* :mod:`.registry` — :func:`open_store` from a ``POLITE_STORE`` URI, :func:`register_store`;
+* :mod:`.asyncstore` — :class:`AsyncStore`, the async protocol (calls that never block the reactor), which
+  each backend implements itself (``backend.open_async()``, :func:`open_async`), and :class:`ThreadedStore`,
+  the generic threaded table a synchronous backend opts into; :mod:`.threads` — the thread parts the tables
+  compose.
 
 A store that cannot be opened, read or written raises :class:`StoreError`, whose message names the store
 and the fix: the crawl stops (fail closed), it never falls back to unpaced crawling.
@@ -21,7 +23,7 @@ and the fix: the crawl stops (fail closed), it never falls back to unpaced crawl
 
 from __future__ import annotations
 
-from .asyncstore import AsyncStore
+from .asyncstore import AsyncStore, ThreadedStore, open_async
 from .base import (
     ABILITY_FLAGS,
     DEFAULT_EVENTS_MAX,
@@ -51,13 +53,15 @@ from .base import (
     hosts_backing_off,
     table_name,
 )
-from .memory import MemoryStore
+from .memory import AsyncMemoryStore, MemoryStore
 from .registry import open_store, register_store, registered_schemes, sqlite_path
-from .sqlite import SCHEMA_VERSION, SQLiteStore
+from .sqlite import SCHEMA_VERSION, AsyncSQLiteStore, SQLiteStore
 
 __all__ = [
     "ABILITY_FLAGS",
     "Again",
+    "AsyncMemoryStore",
+    "AsyncSQLiteStore",
     "AsyncStore",
     "BackingOffListing",
     "CallThreads",
@@ -82,10 +86,12 @@ __all__ = [
     "SteppedStore",
     "StoreUnavailable",
     "TABLE_KEY",
+    "ThreadedStore",
     "UpdateFn",
     "UpdateSteps",
     "has_ability",
     "hosts_backing_off",
+    "open_async",
     "open_store",
     "register_store",
     "registered_schemes",

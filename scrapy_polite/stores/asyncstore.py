@@ -1,313 +1,260 @@
 """Store calls that never block the reactor, with results as Twisted ``Deferred`` objects (docs/spec.md §6,
 "Never blocking the crawl").
 
-:class:`AsyncStore` is the async store protocol the pacer uses, and its factory: ``AsyncStore(backend)``
-builds the adapter registered for the backend's type (:func:`register_async`; the registry,
-:mod:`scrapy_polite.stores.registry`, registers memory's and SQLite's, each beside its backend), or
-:class:`ThreadedStore`, the generic adapter for a network store (Redis), when none is registered. No adapter
-here knows a concrete backend.
+:class:`AsyncStore` is the async protocol the crawl uses. Each backend implements it itself and hands it out
+with its ``open_async`` (:meth:`PaceStore.open_async <scrapy_polite.stores.base.PaceStore.open_async>`):
+``memory://`` inline (:class:`~scrapy_polite.stores.memory.AsyncMemoryStore`), SQLite with its own group
+commit and thread (:class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`), Redis on its own client's threads,
+its updates step by step (:class:`~scrapy_polite.stores.redis.AsyncRedisStore`). :func:`open_async` asks a
+backend for its table.
+
+:class:`TableBase` keeps what every table has (its backend, whether it is closed); :class:`PooledTable` runs
+the calls of a backend whose every call does blocking I/O on a pool of threads, its stepped updates step by
+step (Redis's table is one). A synchronous backend of :func:`~scrapy_polite.stores.register_store` opts into
+:class:`ThreadedStore`, the generic one, by saying so in its own ``open_async``::
+
+    def open_async(self, reactor=None):
+        return ThreadedStore(self, reactor)
+
+Nothing here picks a table by a backend's type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, Generic, Protocol, TypeVar
 
-from twisted.internet import defer, threads
-from twisted.python.failure import Failure
+from twisted.internet import defer
 from twisted.python.threadpool import ThreadPool
 
 from ..policy import HostState
 from ..reactor import installed_reactor
 from .base import (
-    Again,
+    CallThreads,
     Event,
     ManyUpdateFn,
     PaceStore,
     Snapshot,
     SteppedStore,
     StoreClosed,
+    StoreError,
     UpdateFn,
     UpdateSteps,
     has_ability,
 )
+from .threads import CallPool, Stepper, close_off_reactor
 
-__all__ = ["AsyncStore", "ThreadedStore", "async_adapter", "register_async"]
+__all__ = ["AsyncStore", "PooledTable", "TableBase", "ThreadedStore", "open_async"]
 
 T = TypeVar("T")
-
-#: Backend type → its async adapter (:func:`register_async`).
-_ADAPTERS: dict[type, type[AsyncStore]] = {}
-
-
-def register_async(backend: type, adapter: type[AsyncStore]) -> None:
-    """Make ``AsyncStore(store)`` build ``adapter`` for a store of type ``backend`` (or of a subclass)."""
-    _ADAPTERS[backend] = adapter
+#: The backend of an async table.
+S = TypeVar("S", bound=PaceStore)
 
 
-def async_adapter(store: PaceStore) -> type[AsyncStore]:
-    """The adapter :class:`AsyncStore` builds for ``store``: the one registered for its type (or the nearest
-    base type), else :class:`ThreadedStore`."""
-    for kind in type(store).__mro__:
-        adapter = _ADAPTERS.get(kind)
-        if adapter is not None:
-            return adapter
-    return ThreadedStore
+class AsyncStore(Protocol):
+    """A pace table whose calls never block the reactor; every call returns a ``Deferred`` of its result.
 
-
-class AsyncStore:
-    """A store whose calls never block the reactor; every method returns a ``Deferred`` of its result.
-
-    ``AsyncStore(store, ...)`` builds the adapter registered for the store's type (:func:`async_adapter`):
-
-    * memory (:class:`~scrapy_polite.stores.memory.AsyncMemoryStore`): called inline (no I/O);
-    * SQLite (:class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`): group commit inline on a no-wait
-      connection, a busy group on the store's thread, its own WAL checkpoints and event-log writer;
-    * any other backend (:class:`ThreadedStore`, a network server such as Redis): on a thread pool, the
-      updates of a :class:`~scrapy_polite.stores.base.SteppedStore` step by step.
-
-    Every adapter: calls complete in call order; the threads it uses start when first needed (a crawl refused
-    at its start never starts one) and stop at :meth:`close` / :meth:`close_async`; from the close on every
-    call fails at once with :class:`~scrapy_polite.stores.base.StoreClosed` and touches no connection
+    Every implementation: calls complete in call order; the threads it uses start when first needed (a crawl
+    refused at its start never starts one) and stop at :meth:`close` / :meth:`close_async`; from the close on
+    every call fails at once with :class:`~scrapy_polite.stores.base.StoreClosed` and touches no connection
     (docs/spec.md §6, "Closing").
 
-    Args:
-        store: the backend (opened).
-        reactor: the Twisted reactor (defaults to the installed one).
-        restart_frames: SQLite: about how many WAL pages the WAL may hold before it is checkpointed.
-        event_chunk: SQLite: the most events one inline event-log transaction writes.
-        threads: size of the thread pool for backends that are not called inline.
-        group_max: SQLite: the most calls one group commit runs in one transaction.
-
     Attributes:
-        store: the backend.
+        store: the backend (its declared abilities, its blocking calls for the start-up listing and the
+            event log read after the crawl).
         transactions: write transactions run on the backend's file (SQLite: groups, event-log chunks, calls
             that ran alone; 0 for the others), for ``bench/overhead.py``.
     """
 
-    store: PaceStore
+    transactions: int
 
-    def __new__(cls, store: PaceStore, reactor: Any = None, **options: Any) -> AsyncStore:
-        if cls is AsyncStore:
-            cls = async_adapter(store)
-        return super().__new__(cls)
+    @property
+    def store(self) -> PaceStore:
+        """The backend."""
+        ...
 
-    def __init__(self, store: PaceStore, reactor: Any = None, *, restart_frames: int = 8192,
-                 event_chunk: int = 250, threads: int = 1, group_max: int = 512) -> None:
-        if reactor is None:
-            reactor = installed_reactor()
-        self.store = store
-        self._reactor = reactor
-        #: Set by the close (on the reactor's thread): every later call fails with StoreClosed.
-        self._closed = False
-        self.transactions = 0
-
-    def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
-        """Run the backend's method ``name`` with ``args``; a Deferred of its result. Each adapter's own."""
-        raise NotImplementedError
-
-    def _closed_error(self) -> StoreClosed:
-        return StoreClosed(f"scrapy-polite's pace table {self.store.uri} is closed")
+    @property
+    def uri(self) -> str:
+        """The backend's URI."""
+        ...
 
     @property
     def closed(self) -> bool:
-        """The store was closed (:meth:`close`, :meth:`close_async`): every call fails with
-        :class:`~scrapy_polite.stores.base.StoreClosed`."""
-        return self._closed
+        """The table was closed: every call fails with :class:`~scrapy_polite.stores.base.StoreClosed`."""
+        ...
+
+    def get(self, key: str) -> defer.Deferred[HostState | None]:
+        """See :meth:`PaceStore.get <scrapy_polite.stores.base.PaceStore.get>`."""
+        ...
+
+    def read(self, keys: Sequence[str]) -> defer.Deferred[Snapshot]:
+        """See :meth:`PaceStore.read <scrapy_polite.stores.base.PaceStore.read>`."""
+        ...
+
+    def update(self, key: str, fn: UpdateFn[T]) -> defer.Deferred[T]:
+        """See :meth:`PaceStore.update <scrapy_polite.stores.base.PaceStore.update>`."""
+        ...
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> defer.Deferred[T]:
+        """See :meth:`PaceStore.update_many <scrapy_polite.stores.base.PaceStore.update_many>`."""
+        ...
+
+    def append_events(self, events: list[Event]) -> defer.Deferred[None]:
+        """See :meth:`PaceStore.append_events <scrapy_polite.stores.base.PaceStore.append_events>`; fires once
+        every event of the batch is written."""
+        ...
+
+    def close(self) -> None:
+        """Stop the threads (after the calls already queued) and close the backend, blocking until the calls
+        already queued are done (for a crawl, :meth:`close_async`). Idempotent."""
+        ...
+
+    def close_async(self) -> defer.Deferred[None]:
+        """:meth:`close` without blocking the reactor: the table is marked closed at once and the waits run on
+        a thread of the reactor's pool. Fires when the table is closed; errors of the close are the
+        Deferred's."""
+        ...
+
+
+def open_async(store: PaceStore, reactor: Any = None) -> AsyncStore:
+    """The async table of ``store``, the one its backend implements (its ``open_async``).
+
+    Raises:
+        StoreError: the backend has none: the message says how a synchronous backend opts into
+            :class:`ThreadedStore`.
+    """
+    try:
+        opener = store.open_async
+    except AttributeError:
+        raise StoreError(f"scrapy-polite cannot pace a crawl on {store.uri}: its backend "
+                         f"{type(store).__name__} has no open_async. Fix: give it one; a synchronous backend "
+                         "returns scrapy_polite.stores.ThreadedStore(self, reactor).") from None
+    return opener(reactor)
+
+
+class TableBase(Generic[S]):
+    """What every async table keeps: its backend, the reactor, whether it is closed, the write transactions
+    counted. No behaviour of any backend: each table writes its own calls and close.
+
+    Args:
+        store: the backend (opened).
+        reactor: the Twisted reactor (defaults to the installed one).
+    """
+
+    def __init__(self, store: S, reactor: Any = None) -> None:
+        self.store = store
+        self._reactor = installed_reactor() if reactor is None else reactor
+        #: Set by the close (on the reactor's thread): every later call fails with StoreClosed.
+        self._closed = False
+        self.transactions = 0
 
     @property
     def uri(self) -> str:
         """The backend's URI."""
         return self.store.uri
 
-    def get(self, key: str) -> defer.Deferred[HostState | None]:
-        """See :meth:`PaceStore.get <scrapy_polite.stores.base.PaceStore.get>`."""
-        return self._call("get", key)
+    @property
+    def closed(self) -> bool:
+        """The table was closed: every call fails with :class:`~scrapy_polite.stores.base.StoreClosed`."""
+        return self._closed
 
-    def read(self, keys: Sequence[str]) -> defer.Deferred[Snapshot]:
-        """See :meth:`PaceStore.read <scrapy_polite.stores.base.PaceStore.read>`."""
-        return self._call("read", keys)
-
-    def update(self, key: str, fn: UpdateFn[T]) -> defer.Deferred[T]:
-        """See :meth:`PaceStore.update <scrapy_polite.stores.base.PaceStore.update>`."""
-        return self._call("update", key, fn)
-
-    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> defer.Deferred[T]:
-        """See :meth:`PaceStore.update_many <scrapy_polite.stores.base.PaceStore.update_many>`."""
-        return self._call("update_many", keys, fn)
-
-    def append_events(self, events: list[Event]) -> defer.Deferred[None]:
-        """See :meth:`PaceStore.append_events <scrapy_polite.stores.base.PaceStore.append_events>`. Fires
-        once every event of the batch is written; how each backend writes it: see its adapter."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Stop the threads (after the calls already queued) and close the backend; blocks until the calls
-        already queued are done (for a crawl, :meth:`close_async`). Idempotent; from here on every call
-        fails with :class:`~scrapy_polite.stores.base.StoreClosed`."""
-        raise NotImplementedError
-
-    def close_async(self) -> defer.Deferred[None]:
-        """:meth:`close` without blocking the reactor: the store is marked closed here (a later call fails
-        with :class:`~scrapy_polite.stores.base.StoreClosed`) and the waits run on a thread of the
-        reactor's pool. Fires when the store is closed; errors of the close are the Deferred's."""
-        raise NotImplementedError
+    def _closed_error(self) -> StoreClosed:
+        return StoreClosed(f"scrapy-polite's pace table {self.store.uri} is closed")
 
 
-class ThreadedStore(AsyncStore):
-    """The generic adapter, for a backend that does I/O on every call (a network server: Redis): every call
-    runs on the store's thread pool of ``threads`` threads. The updates of a
-    :class:`~scrapy_polite.stores.base.SteppedStore` (Redis) run step by step: each step (a round trip or
-    two) on the pool, and the wait after a lost race on the reactor's clock (``callLater``), so a contended
-    row never holds a thread while it waits and delays only its own updates, not the other hosts'
-    (docs/spec.md §6, "Redis: contention"). An update still waiting to retry when the store is closed fails
-    with :class:`~scrapy_polite.stores.base.StoreError`. The event log's batches go to the pool too.
+class PooledTable(TableBase[S]):
+    """An async table whose calls run on a pool of threads of its own (a backend whose every call does
+    blocking I/O): reads, single-call updates and the event log's batches on the pool
+    (:class:`~scrapy_polite.stores.threads.CallPool`), stepped updates by a
+    :class:`~scrapy_polite.stores.threads.Stepper` (each step on the pool, the wait after a lost race on the
+    reactor's clock; an update still waiting for its next step when the table is closed fails with
+    :class:`~scrapy_polite.stores.base.StoreError`). Its subclasses say how an update runs.
 
-    Args: see :class:`AsyncStore`.
+    Args:
+        store: the backend (opened).
+        reactor: the Twisted reactor (defaults to the installed one).
+        threads: the pool's size (with more than one, calls made together may complete in another order:
+            each caller waits for its own).
     """
 
-    def __init__(self, store: PaceStore, reactor: Any = None, *, restart_frames: int = 8192,
-                 event_chunk: int = 250, threads: int = 1, group_max: int = 512) -> None:
-        super().__init__(store, reactor, restart_frames=restart_frames, event_chunk=event_chunk,
-                         threads=threads, group_max=group_max)
-        self._pool: ThreadPool | None = None  # started when first needed (:meth:`_start_pool`)
-        self._threads = max(1, threads)
-        #: Calls on the pool not yet done.
-        self._queued = 0
-        #: Updates of a stepped store waiting on the reactor's clock for their next step: timer → result.
-        self._retrying: dict[Any, defer.Deferred[Any]] = {}
-        self._stepped: SteppedStore | None = store if has_ability(store, SteppedStore) else None
+    def __init__(self, store: S, reactor: Any = None, *, threads: int = 1) -> None:
+        super().__init__(store, reactor)
+        self._pool = CallPool(self._reactor, threads)
+        self._stepper = Stepper(self._reactor, self._pool, self._closed_error)
 
-    def _start_pool(self) -> ThreadPool:
-        """The store's thread pool, started on first use (never after the close)."""
-        if self._pool is None:
-            self._pool = ThreadPool(minthreads=1, maxthreads=self._threads, name="scrapy-polite-store")
-            self._pool.start()
-        return self._pool
-
-    def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
+    def _run(self, fn: Any, *args: Any) -> defer.Deferred[Any]:
         if self._closed:
             return defer.fail(self._closed_error())
-        if self._stepped is not None and name in ("update", "update_many"):
-            return self._steps(name, args)
-        return self._threaded(name, *args)
+        return self._pool.run(fn, *args)
 
-    def _steps(self, name: str, args: tuple[Any, ...]) -> defer.Deferred[Any]:
-        """An update of a stepped store: its steps on the pool, the waits between them on the reactor."""
-        if self._closed or self._stepped is None:
+    def _steps(self, make: Any, *args: Any) -> defer.Deferred[Any]:
+        if self._closed:
             return defer.fail(self._closed_error())
         try:
-            if name == "update":
-                steps: UpdateSteps[Any] = self._stepped.update_steps(*args)
-            else:
-                steps = self._stepped.update_many_steps(*args)
+            steps: UpdateSteps[Any] = make(*args)
         except Exception:
-            return defer.fail()
-        result_d: defer.Deferred[Any] = defer.Deferred()
-        self._step(steps, result_d)
-        return result_d
+            return defer.fail()  # the caller's Deferred carries the error
+        return self._stepper.run(steps)
 
-    def _step(self, steps: UpdateSteps[Any], result_d: defer.Deferred[Any]) -> None:
-        if self._closed:  # closed while the update waited for its next step
-            result_d.errback(self._closed_error())
-            return
-        d: defer.Deferred[Any] = threads.deferToThreadPool(self._reactor, self._start_pool(), steps.step)
-        d.addCallbacks(self._stepped_once, result_d.errback, callbackArgs=(steps, result_d))
+    def get(self, key: str) -> defer.Deferred[HostState | None]:
+        return self._run(self.store.get, key)
 
-    def _stepped_once(self, out: Any, steps: UpdateSteps[Any], result_d: defer.Deferred[Any]) -> None:
-        """A step is done: the update's result, or its next step now (behind the calls already queued) or
-        after the delay it asked for (on the reactor's clock: no thread waits)."""
-        if not isinstance(out, Again):
-            result_d.callback(out)
-            return
-        if out.delay <= 0:
-            self._step(steps, result_d)
-            return
-        timer: Any = None
-
-        def due() -> None:
-            self._retrying.pop(timer, None)
-            self._step(steps, result_d)
-
-        timer = self._reactor.callLater(out.delay, due)
-        self._retrying[timer] = result_d
-
-    def _threaded(self, name: str, *args: Any) -> defer.Deferred[Any]:
-        """The backend's method ``name`` on the pool; the result delivered on the reactor's thread, then
-        :meth:`_after_thread` once nothing is queued."""
-        if self._closed:
-            return defer.fail(self._closed_error())
-        pool = self._start_pool()
-        self._queued += 1
-        result_d: defer.Deferred[Any] = defer.Deferred()
-
-        def done(result: Any) -> None:
-            self._queued -= 1
-            # The caller sees this result before any call held behind it runs: calls complete in call order.
-            if isinstance(result, Failure):
-                result_d.errback(result)
-            else:
-                result_d.callback(result)
-            if not self._queued:
-                self._after_thread()
-
-        d: defer.Deferred[Any] = threads.deferToThreadPool(self._reactor, pool, getattr(self.store, name), *args)
-        d.addBoth(done)
-        return result_d
-
-    def _after_thread(self) -> None:
-        """The pool has no call left: an adapter holding calls behind it runs them (SQLite's)."""
+    def read(self, keys: Sequence[str]) -> defer.Deferred[Snapshot]:
+        return self._run(self.store.read, keys)
 
     def append_events(self, events: list[Event]) -> defer.Deferred[None]:
-        """On the pool (fails as closed once the pool is gone)."""
-        if self._closed:
-            return defer.fail(self._closed_error())
-        return self._threaded("append_events", events)
+        return self._run(self.store.append_events, events)
 
     def close(self) -> None:
-        self._queue_held()
-        self._close_parts(*self._detach())
+        self._finish(self._detach())
 
     def close_async(self) -> defer.Deferred[None]:
-        """:meth:`close` without blocking the reactor: the calls held on the reactor's side are queued and
-        the store is marked closed here, and the waits (the store's threads finishing the calls already
-        queued — a Redis call in an outage may take its socket timeout —, the backend's close) run on a
-        thread of the reactor's pool. Blocking when the reactor is not running (nothing to keep responsive,
-        and its pool may be gone)."""
-        self._queue_held()
-        parts = self._detach()
-        if not getattr(self._reactor, "running", False):
-            try:
-                self._close_parts(*parts)
-            except Exception:
-                return defer.fail()
-            return defer.succeed(None)
-        d: defer.Deferred[None] = threads.deferToThreadPool(self._reactor, self._reactor.getThreadPool(),
-                                                            self._close_parts, *parts)
-        return d
+        """:meth:`close` without blocking the reactor: the waits (the threads finishing the calls already
+        queued — a server's call in an outage may take its socket timeout —, the backend's close) on a thread
+        of the reactor's pool."""
+        return close_off_reactor(self._reactor, partial(self._finish, self._detach()))
 
-    def _queue_held(self) -> None:
-        """Before the close, on the reactor's thread: calls held on the reactor's side go to the threads, in
-        order (an adapter that holds calls: SQLite's)."""
-
-    def _detach(self) -> tuple[ThreadPool | None, ...]:
-        """On the reactor's thread: take the threads out of use (later calls see the store closed) and hand
-        them to :meth:`_close_parts`. From here on every call fails with StoreClosed."""
+    def _detach(self) -> ThreadPool | None:
+        """On the reactor's thread: closed from here on; the updates waiting for a step fail; the pool goes."""
         self._closed = True
-        pool, self._pool = self._pool, None
-        retrying, self._retrying = self._retrying, {}
-        for timer, result_d in retrying.items():  # updates waiting to retry a lost race: stopped, failed
-            if timer.active():
-                timer.cancel()
-            result_d.errback(self._closed_error())
-        return (pool,)
+        self._stepper.stop()
+        return self._pool.detach()
 
-    def _close_parts(self, *pools: ThreadPool | None) -> None:
+    def _finish(self, pool: ThreadPool | None) -> None:
         """Join the pool (after the calls already queued), then close the backend (even when the join
         failed)."""
         try:
-            for pool in pools:
-                if pool is not None:
-                    pool.stop()
+            if pool is not None:
+                pool.stop()
         finally:
             self.store.close()
+
+
+class ThreadedStore(PooledTable[PaceStore]):
+    """The generic async table of a synchronous backend that asks for it in its ``open_async``: every call on
+    a pool of ``threads`` threads (:class:`PooledTable`); the updates of a backend that declares
+    :class:`~scrapy_polite.stores.base.SteppedStore` step by step, any other's in one call.
+
+    Args:
+        store: the backend (opened).
+        reactor: the Twisted reactor (defaults to the installed one).
+        threads: the pool's size; None: as many as the backend declares
+            (:class:`~scrapy_polite.stores.base.CallThreads`), else one.
+    """
+
+    def __init__(self, store: PaceStore, reactor: Any = None, *, threads: int | None = None) -> None:
+        if threads is None:
+            threads = store.threads if has_ability(store, CallThreads) else 1
+        super().__init__(store, reactor, threads=threads)
+        self._stepped: SteppedStore | None = store if has_ability(store, SteppedStore) else None
+
+    def update(self, key: str, fn: UpdateFn[T]) -> defer.Deferred[T]:
+        if self._stepped is not None:
+            return self._steps(self._stepped.update_steps, key, fn)
+        return self._run(self.store.update, key, fn)
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> defer.Deferred[T]:
+        if self._stepped is not None:
+            return self._steps(self._stepped.update_many_steps, keys, fn)
+        return self._run(self.store.update_many, keys, fn)

@@ -27,8 +27,8 @@ member exists). A backend without one is used the plain way:
   the crawl at once.
 * :class:`ExpiringRows` — rows expire on their own (key TTLs). Without: stale rows are swept at start
   (:meth:`PaceStore.expire`).
-* :class:`CallThreads` — each call waits on the network: :class:`~scrapy_polite.stores.AsyncStore` runs
-  ``threads`` of them at once. Without: one store thread.
+* :class:`CallThreads` — each call waits on the network: the generic threaded table
+  (:class:`~scrapy_polite.stores.ThreadedStore`) runs ``threads`` of them at once. Without: one store thread.
 * :class:`SteppedStore` — updates run as steps that never sleep (Redis's optimistic writes). Without: an
   update is one call.
 * :class:`BackingOffListing` — one query lists the hosts in backoff (SQLite). Without: the rows are
@@ -43,13 +43,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from ..policy import HostState
 from ..vocabulary import EVENT_KINDS
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
+
+    from .asyncstore import AsyncStore
 
 __all__ = [
     "ABILITY_FLAGS",
@@ -283,6 +285,13 @@ class PaceStore(Protocol):
         """Release the backend."""
         ...
 
+    def open_async(self, reactor: Any = None) -> AsyncStore:
+        """This backend's async table (:class:`~scrapy_polite.stores.asyncstore.AsyncStore`), which a crawl
+        uses: each backend implements its own (docs/spec.md §6, "Never blocking the crawl"); a synchronous
+        third-party backend returns :class:`~scrapy_polite.stores.asyncstore.ThreadedStore` ``(self,
+        reactor)``. Closing the table closes the backend."""
+        ...
+
 
 class Again(NamedTuple):
     """What :meth:`UpdateSteps.step` returns when its update lost a race: call ``step`` again after ``delay``
@@ -298,7 +307,7 @@ class Again(NamedTuple):
 class UpdateSteps(Protocol[T_co]):
     """One update of a server store, cut into steps that never sleep (docs/spec.md §6, "Redis: contention"): each
     :meth:`step` is at most one read and one write round trip. The caller waits between two steps however
-    it likes — :class:`~scrapy_polite.stores.AsyncStore` on the reactor's clock, so a lost race never holds a
+    it likes — an async table on the reactor's clock, so a lost race never holds a
     store thread while it waits."""
 
     def step(self) -> T_co | Again:
@@ -313,7 +322,7 @@ class UpdateSteps(Protocol[T_co]):
 @runtime_checkable
 class SteppedStore(Protocol):
     """A store whose updates can be run step by step (:class:`UpdateSteps`), e.g. Redis's optimistic writes.
-    :class:`~scrapy_polite.stores.AsyncStore` runs each step on a store thread and waits between two steps on
+    Its async table runs each step on a store thread and waits between two steps on
     the reactor, so one contended row delays only the updates of that row (docs/spec.md §6, "Redis: contention")."""
 
     def update_steps(self, key: str, fn: UpdateFn[T]) -> UpdateSteps[T]:
@@ -357,7 +366,7 @@ class ExpiringRows(Protocol):
 
 @runtime_checkable
 class CallThreads(Protocol):
-    """A store whose every call waits on the network: :class:`~scrapy_polite.stores.AsyncStore` runs up to
+    """A store whose every call waits on the network: :class:`~scrapy_polite.stores.ThreadedStore` runs up to
     ``threads`` calls at once on its pool (their round trips overlap). A store without it gets one thread."""
 
     #: Threads that may call the store at once (>= 1).

@@ -11,7 +11,7 @@ from twisted.internet import defer
 
 from ..clock import process_clock
 from ..policy import HostState
-from .asyncstore import AsyncStore
+from .asyncstore import TableBase
 from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, UpdateFn
 
 __all__ = ["AsyncMemoryStore", "MemoryStore"]
@@ -97,24 +97,44 @@ class MemoryStore:
     def close(self) -> None:
         pass
 
+    def open_async(self, reactor: Any = None) -> AsyncMemoryStore:
+        """The inline async table (:class:`AsyncMemoryStore`)."""
+        return AsyncMemoryStore(self, reactor)
 
-class AsyncMemoryStore(AsyncStore):
-    """Memory's async adapter (``AsyncStore(MemoryStore())`` builds it): every call runs inline (no I/O), so
-    its Deferred has fired when the call returns; after the close every call fails with
-    :class:`~scrapy_polite.stores.base.StoreClosed`. Args: see
-    :class:`~scrapy_polite.stores.asyncstore.AsyncStore` (the thread and SQLite options are not used)."""
 
-    def _call(self, name: str, *args: Any) -> defer.Deferred[Any]:
+class AsyncMemoryStore(TableBase[MemoryStore]):
+    """Memory's async table (:meth:`MemoryStore.open_async`): every call runs inline (no I/O), so its Deferred
+    has fired when the call returns; after the close every call fails with
+    :class:`~scrapy_polite.stores.base.StoreClosed`.
+
+    Args:
+        store: the memory store.
+        reactor: the Twisted reactor (defaults to the installed one; not used by the calls).
+    """
+
+
+    def _inline(self, fn: Callable[..., T], *args: Any) -> defer.Deferred[T]:
         if self._closed:
             return defer.fail(self._closed_error())
         try:
-            return defer.succeed(getattr(self.store, name)(*args))
+            return defer.succeed(fn(*args))
         except Exception:
-            return defer.fail()
+            return defer.fail()  # the caller's Deferred carries the error
+
+    def get(self, key: str) -> defer.Deferred[HostState | None]:
+        return self._inline(self.store.get, key)
+
+    def read(self, keys: Sequence[str]) -> defer.Deferred[Snapshot]:
+        return self._inline(self.store.read, keys)
+
+    def update(self, key: str, fn: UpdateFn[T]) -> defer.Deferred[T]:
+        return self._inline(self.store.update, key, fn)
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> defer.Deferred[T]:
+        return self._inline(self.store.update_many, keys, fn)
 
     def append_events(self, events: list[Event]) -> defer.Deferred[None]:
-        """Inline."""
-        return self._call("append_events", events)
+        return self._inline(self.store.append_events, events)
 
     def close(self) -> None:
         self._closed = True
@@ -125,5 +145,5 @@ class AsyncMemoryStore(AsyncStore):
         try:
             self.close()
         except Exception:
-            return defer.fail()
+            return defer.fail()  # the caller's Deferred carries the error
         return defer.succeed(None)

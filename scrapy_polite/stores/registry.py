@@ -5,19 +5,17 @@
 ``redis+cluster://`` and ``rediss+cluster://`` (a Redis Cluster) →
 :class:`~scrapy_polite.stores.redis.RedisStore` (imported when first used: the ``redis`` client is an optional
 dependency, ``pip install scrapy-polite[redis]``). Other backends register their schemes with
-:func:`register_store`. The registry also chooses each backend's async adapter
-(:func:`~scrapy_polite.stores.asyncstore.register_async`): memory's and SQLite's own, the generic threaded
-one for the others. The crawl and the ``scrapy polite`` command both open stores here.
+:func:`register_store`. The crawl and the ``scrapy polite`` command both open stores here; a crawl then asks
+the backend for its own async table (its ``open_async``: :func:`~scrapy_polite.stores.asyncstore.open_async`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .asyncstore import register_async
 from .base import PaceStore, StoreError, StoreOptions
-from .memory import AsyncMemoryStore, MemoryStore
-from .sqlite import AsyncSQLiteStore, SQLiteStore
+from .memory import MemoryStore
+from .sqlite import SQLiteStore
 
 __all__ = ["open_store", "register_store", "registered_schemes", "StoreFactory", "sqlite_path"]
 
@@ -29,7 +27,9 @@ _FACTORIES: dict[str, StoreFactory] = {}
 
 
 def register_store(scheme: str, factory: StoreFactory) -> None:
-    """Make ``POLITE_STORE = "<scheme>://..."`` open a store with ``factory``."""
+    """Make ``POLITE_STORE = "<scheme>://..."`` open a store with ``factory``. A crawl uses the store through
+    its ``open_async`` (:meth:`PaceStore.open_async <scrapy_polite.stores.base.PaceStore.open_async>`): a
+    synchronous backend returns :class:`~scrapy_polite.stores.asyncstore.ThreadedStore` ``(self, reactor)``."""
     _FACTORIES[scheme.lower()] = factory
 
 
@@ -87,7 +87,7 @@ def _open_redis(uri: str, options: StoreOptions) -> PaceStore:
     try:
         from .redis import RedisStore  # noqa: PLC0415  (optional dependency: the redis client)
     except ImportError as exc:
-        if exc.name not in ("redis", "redis.backoff", "redis.retry", "redis.exceptions", "redis.cluster"):
+        if exc.name not in ("redis", "redis.backoff", "redis.retry", "redis.exceptions", "redis.cluster", "redis.crc"):
             raise
         scheme = uri.partition(":")[0]
         raise StoreError(f"POLITE_STORE {scheme}://... needs the redis client, which is not installed ({exc}). "
@@ -96,10 +96,6 @@ def _open_redis(uri: str, options: StoreOptions) -> PaceStore:
 
 
 register_store("memory", _open_memory)
-# Each embedded backend's own async adapter (the others, network stores, get the generic threaded one):
-# ``AsyncStore(store)`` builds the one registered for the store's type.
-register_async(MemoryStore, AsyncMemoryStore)
-register_async(SQLiteStore, AsyncSQLiteStore)
 register_store("sqlite", _open_sqlite)
 for _scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
     register_store(_scheme, _open_redis)

@@ -73,7 +73,7 @@ def check_a_retry_after_unavailable_is_applied_once(s: Any, other: Any = None) -
     raises ``StoreUnavailable``; ``other`` (when given) then writes the row; the retry with the same function
     returns the first result and applies nothing. Negative control: another function is another update."""
     s.update("a.example", bump)
-    s._write = LoseReplies(s._write, times=2)
+    s.scripts.write = LoseReplies(s.scripts.write, times=2)
 
     def once(old: HostState | None, now: float) -> tuple[HostState, int]:
         return bump(old, now)
@@ -142,7 +142,7 @@ def run_booking_processes(url: str, prefix: str, tmp_path: Path, updates: int) -
     s = open_store(url, StoreOptions(prefix=prefix))
     try:
         counts = {key: state.consec for key, state in s.items()}
-        names = [s._key(key) for key in counts]
+        names = [s.keys.row(key) for key in counts]
     finally:
         s.close()
     return counts, names

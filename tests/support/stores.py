@@ -66,7 +66,7 @@ class Backend:
             ``events_max`` None: the default cap of the event log.
         persistent: a store reopened at the same location sees what an earlier one wrote.
         injectable_clock: ``open`` honours ``clock`` (False: the backend has a clock of its own, a server's).
-        inline_async: :class:`~scrapy_polite.stores.AsyncStore` calls it on the reactor thread when it is
+        inline_async: its async table (``open_async()``) calls it on the reactor thread when it is
             not contended, so its Deferreds have fired when the call returns (but see ``grouped``).
         grouped: its updates are group-committed (docs/spec.md §6, "Group commit"): the calls of one reactor
             turn run in one transaction on the next turn, so their Deferreds fire then.

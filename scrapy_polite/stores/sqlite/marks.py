@@ -1,0 +1,185 @@
+"""The crash window of the SQLite pace table (docs/spec.md §6, "After a crash"): every crawl that opens the file
+leaves a "running" mark in its ``openers`` table, beats it while it writes and removes it at its clean close; an
+opening that finds the mark of a process of this machine that is gone treats every row changed within
+:data:`CRASH_WINDOW` seconds before that process's last heartbeat, or since, as just booked."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import sqlite3
+import uuid
+from collections.abc import Callable
+
+__all__ = ["BEAT_EVERY", "CRASH_WINDOW", "Mark", "Recovery"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds before an unclean stop within which a row's change may have been lost with it (docs/spec.md §6,
+#: "After a crash"): such rows are treated as just booked when the table is next opened.
+CRASH_WINDOW = 5.0
+
+#: Seconds between two heartbeats of an opener's mark (written inside a group commit, at most this often).
+BEAT_EVERY = 1.0
+
+#: An unclean stop's repair: every row changed since ``?`` (the window's start) is treated as just booked at
+#: ``?`` (the opening): its next allowed moment is at least the opening plus its interval as the row knows
+#: it (the wait its last change left, its Crawl-delay, its announced quota's interval).
+REPAIR = ("UPDATE hosts SET next_allowed = MAX(next_allowed, :now + MAX(next_allowed - updated, crawl_delay, "
+           "ratelimit_interval, 0)), updated = MAX(updated, :now) WHERE updated >= :since")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """What :class:`SQLiteStore` found and did when it opened a table left by an unclean stop (docs/spec.md
+    §6, "After a crash").
+
+    Attributes:
+        pids: the processes (on this machine) whose mark was left: they stopped without closing the table.
+        last_seen: the earliest last heartbeat of those marks (the store's clock, epoch seconds).
+        since: the window's start, ``last_seen - CRASH_WINDOW``: every row changed since was treated as just
+            booked.
+        opened: the opening moment (the store's clock).
+        rows: how many rows were treated as just booked.
+    """
+
+    pids: tuple[int, ...]
+    last_seen: float
+    since: float
+    opened: float
+    rows: int
+
+
+#: This process's open marks (tokens): a mark with this process's pid and start time that is not among them
+#: was left by a store of this process that was never closed, which is still running.
+OPEN_TOKENS: set[str] = set()
+
+
+def _boot_id() -> str:
+    """This boot of the machine's kernel (Linux ``/proc/sys/kernel/random/boot_id``), or ``""`` when unknown:
+    a mark of another boot was left by a process that is gone (a reboot, a power loss)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), 0 when this
+    system does not say (no ``/proc``), None when ``pid`` runs no process or a zombie (killed, not reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # another user's process
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return None if os.path.isdir("/proc/self") else 0
+    except OSError:
+        return 0
+    try:
+        return None if fields[0] == "Z" else int(fields[19])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _gone(pid: int, boot: str, started: int, my_boot: str) -> bool:
+    """A mark's process is gone: another boot of this machine left it, or no process ``pid`` runs, or the
+    one that runs started at another moment (the pid was reused: a restarted container's pid 1 too). Two
+    processes whose pids live in different PID namespaces (containers) must not share one file on one
+    hostname: each would take the other's live mark for gone (the harm: a host held an interval, a warning)."""
+    if boot and my_boot and boot != my_boot:
+        return True
+    now_started = _start_time(pid)
+    if now_started is None:
+        return True
+    return bool(started and now_started and now_started != started)
+
+
+
+_INSERT = ("INSERT OR REPLACE INTO openers (token, pid, machine, boot, started, opened, beat) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+class Mark:
+    """This connection's part in the "running" marks: the token of the mark it beats (None: none) and
+    whether it owns it (left it at the opening, rewrites it when the store follows its path to a new file,
+    removes it at the close). The crawl's no-wait connection shares its token without owning it and beats it
+    inside its group commits.
+
+    Args:
+        token: the mark's token (None: no mark).
+        owned: this connection left it.
+    """
+
+    def __init__(self, token: str | None = None, *, owned: bool = False) -> None:
+        self.token = token
+        self.owned = owned
+        self._beat = 0.0
+
+    def leave(self, db: sqlite3.Connection, now: float, uri: str) -> Recovery | None:
+        """Inside the opening transaction: find the marks left by processes of this machine that are gone
+        (an unclean stop: ``kill -9``, a crash, a power loss), treat every row changed within
+        :data:`CRASH_WINDOW` seconds before the earliest of their last heartbeats, or since, as just booked
+        (:data:`REPAIR`), remove those marks and leave this opener's. Returns what was found (None: no
+        unclean stop)."""
+        machine, boot = socket.gethostname(), _boot_id()
+        dead = [(token, pid, beat) for token, pid, beat, their_boot, started in
+                db.execute("SELECT token, pid, beat, boot, started FROM openers WHERE machine = ?",
+                           (machine,)).fetchall()
+                if token not in OPEN_TOKENS and _gone(pid, their_boot, started, boot)]
+        recovery = _repair(db, dead, now, uri) if dead else None
+        self.token, self.owned, self._beat = uuid.uuid4().hex, True, now
+        self.write(db, now)
+        OPEN_TOKENS.add(self.token)
+        return recovery
+
+    def write(self, db: sqlite3.Connection, now: float) -> None:
+        """Write this mark (the opening; a new file found at the store's path), opened and beaten ``now``."""
+        db.execute(_INSERT, (self.token, os.getpid(), socket.gethostname(), _boot_id(),
+                             _start_time(os.getpid()) or 0, now, now))
+
+    def beat(self, db: sqlite3.Connection, clock: Callable[[], float]) -> None:
+        """Inside a write transaction: refresh the mark, at most every :data:`BEAT_EVERY` seconds (``clock``:
+        the store's, read only when there is a mark)."""
+        if self.token is None:
+            return
+        now = clock()
+        if now - self._beat >= BEAT_EVERY or now < self._beat:
+            self._beat = now
+            db.execute("UPDATE openers SET beat = ? WHERE token = ?", (now, self.token))
+
+    def remove(self, db: sqlite3.Connection, uri: str) -> None:
+        """At the clean close: remove the mark this connection owns (another opener's stays). A mark that
+        cannot be removed (the file locked or unwritable) is left, logged at DEBUG: the next opening then
+        treats the last rows as just booked, which is only more polite."""
+        if not self.owned:
+            return
+        try:
+            db.execute("DELETE FROM openers WHERE token = ?", (self.token,))
+        except sqlite3.Error:
+            logger.debug("scrapy-polite: could not remove the running mark of %s", uri, exc_info=True)
+        OPEN_TOKENS.discard(str(self.token))
+
+
+def _repair(db: sqlite3.Connection, dead: list[tuple[str, int, float]], now: float, uri: str) -> Recovery:
+    """Treat the rows of the crash window of the gone openers ``dead`` as just booked, remove their marks, log
+    one WARNING."""
+    last_seen = min(beat for _, _, beat in dead)
+    since = last_seen - CRASH_WINDOW
+    rows = db.execute(REPAIR, {"now": now, "since": since}).rowcount
+    db.executemany("DELETE FROM openers WHERE token = ?", [(token,) for token, _, _ in dead])
+    pids = tuple(sorted({pid for _, pid, _ in dead}))
+    logger.warning(
+        "scrapy-polite: the pace table %s was not closed by process %s (an unclean stop, last seen %.1f s "
+        "ago): %d rows changed within %g s before it are treated as just booked (docs/spec.md §6, "
+        "\"After a crash\")", uri, ", ".join(map(str, pids)), max(0.0, now - last_seen), rows,
+        CRASH_WINDOW)
+    return Recovery(pids, last_seen, since, now, int(rows))

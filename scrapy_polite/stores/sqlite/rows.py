@@ -1,0 +1,205 @@
+"""The SQLite pace table's rows: a :class:`~scrapy_polite.policy.HostState` as a ``hosts`` row and back, the event
+log's rows, and the operations on them (:data:`Op`), each written once and run by the store alone
+(:meth:`SQLiteStore.update <scrapy_polite.stores.sqlite.SQLiteStore.update>`, ...) or with the others of its
+group in one transaction (:meth:`SQLiteStore.run_group <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`,
+docs/spec.md §6 "Group commit")."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+from ...policy import HostState, state_from_fields
+from ..base import Event, ManyUpdateFn, Snapshot, UpdateFn
+
+__all__ = ["CALLER_ERRORS", "Op", "REFUSALS", "get", "get_op", "read", "read_op", "update", "update_many",
+           "update_many_op", "update_op"]
+
+T = TypeVar("T")
+
+#: The store's clock (epoch seconds), read inside the transaction.
+Clock = Callable[[], float]
+
+#: One operation on the rows: ``op(connection, clock)`` → its result, on the store's connection inside its
+#: transaction (a write's ``BEGIN IMMEDIATE``, alone or with its group) or a read's. It writes nothing unless
+#: it returns: a caller's function that raises, a key written that was not read, a row SQLite refuses all
+#: leave the rows as they were.
+Op = Callable[[sqlite3.Connection, Clock], T]
+
+#: What SQLite raises for one call's own bad row or argument (not for the file): in a group commit that call
+#: fails alone (:meth:`SQLiteStore.run_group <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`).
+CALLER_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError)
+#: Those, and Python's ``sqlite3`` refusing an integer beyond SQLite's 64 bits (``OverflowError``).
+REFUSALS = (*CALLER_ERRORS, OverflowError)
+
+# -- the codec --------------------------------------------------------------------------------------------------
+
+#: The ``hosts`` columns after ``host``, one per :class:`HostState` field, in this order.
+HOST_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "throttled_at", "updated", "ratelimit_interval",
+               "ratelimit_until", "quota_left", "quota_reset", "quota_limit", "quota_window", "quota_serial", "booked",
+               "latency", "strain", "run_retry_after", "held_until", "held_by")
+if set(HOST_FIELDS) != {f.name for f in dataclasses.fields(HostState)}:  # pragma: no cover - a development error
+    raise AssertionError("every HostState field needs a column in HOST_FIELDS (and a migration)")
+COLUMNS = ", ".join(HOST_FIELDS)
+SELECT_ONE = f"SELECT {COLUMNS} FROM hosts WHERE host = ?"
+WRITE = f"INSERT OR REPLACE INTO hosts (host, {COLUMNS}) VALUES ({', '.join(['?'] * (len(HOST_FIELDS) + 1))})"
+
+EVENT_COLUMNS = ("at, kind, host, url, status, delay, due, reason, retry_after, steps, address, started, source, "
+                 "interval, ip_interval, hold, seq")
+EVENT_INSERT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join('?' * len(Event._fields))})"
+EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
+
+_GET_FIELDS = operator.attrgetter(*HOST_FIELDS)
+
+
+def decode(row: Sequence[Any] | None) -> HostState | None:
+    """A ``hosts`` row (the columns of :data:`HOST_FIELDS`) as its :class:`HostState`: the same value
+    ``HostState(**fields)`` makes (:func:`~scrapy_polite.policy.state_from_fields`; two or three per booking)."""
+    if row is None:
+        return None
+    fields = dict(zip(HOST_FIELDS, row))
+    fields["ok_seen"] = bool(fields["ok_seen"])
+    return state_from_fields(fields)
+
+
+def keyed(rows: Iterable[Sequence[Any]]) -> list[tuple[str, HostState]]:
+    """Rows of ``host`` and the columns of :data:`HOST_FIELDS` as ``(key, state)``."""
+    return [(row[0], state) for row in rows if (state := decode(row[1:])) is not None]
+
+
+def encode(key: str, state: HostState) -> tuple[Any, ...]:
+    """The ``hosts`` row of ``key`` (``ok_seen``, a bool, is stored as SQLite's integer 1 or 0).
+
+    Raises:
+        sqlite3.IntegrityError: a field is NaN: refused as SQLite refuses a NaN in a NOT NULL column, in every
+            column. SQLite itself would not: ``INSERT OR REPLACE`` puts a column's default in place of the NULL
+            a NaN becomes, so a NaN ``ratelimit_until`` would be stored as 0 (the quota no longer held).
+    """
+    values = _GET_FIELDS(state)
+    try:
+        total = sum(values)  # one C loop over the fields: a NaN in any of them makes the sum NaN
+    except TypeError:  # a field that is no number: SQLite's own refusal of its type says which
+        return (key, *values)
+    if total != total:
+        bad = [name for name, value in zip(HOST_FIELDS, values) if value != value]
+        if bad:  # (not when only an infinity and its opposite made the NaN: SQLite stores those)
+            raise sqlite3.IntegrityError(f"the row of {key!r} has {', '.join(bad)} NaN, not a number")
+    return (key, *values)
+
+
+# -- the operations ---------------------------------------------------------------------------------------------
+
+
+def get(key: str) -> Op[HostState | None]:
+    """The operation of :meth:`PaceStore.get <scrapy_polite.stores.base.PaceStore.get>`."""
+    return partial(get_op, key)
+
+
+def read(keys: Sequence[str]) -> Op[Snapshot]:
+    """The operation of :meth:`PaceStore.read <scrapy_polite.stores.base.PaceStore.read>`."""
+    return partial(read_op, keys)
+
+
+def update(key: str, fn: UpdateFn[T]) -> Op[T]:
+    """The operation of :meth:`PaceStore.update <scrapy_polite.stores.base.PaceStore.update>`."""
+    return partial(update_op, key, fn)
+
+
+def update_many(keys: Sequence[str], fn: ManyUpdateFn[T]) -> Op[T]:
+    """The operation of :meth:`PaceStore.update_many <scrapy_polite.stores.base.PaceStore.update_many>`."""
+    return partial(update_many_op, keys, fn)
+
+
+# The operations' bodies: ``partial(body, *args)`` is the operation (the async table binds them itself, one
+# Python call fewer per call on the crawl's hot path).
+
+
+def get_op(key: str, db: sqlite3.Connection, clock: Clock) -> HostState | None:
+    return decode(db.execute(SELECT_ONE, (key,)).fetchone())
+
+
+def read_op(keys: Sequence[str], db: sqlite3.Connection, clock: Clock) -> Snapshot:
+    """The rows and the clock, read together: inside the transaction it runs in (a group's), else in one
+    statement (one key) or a read transaction of its own."""
+    if len(keys) == 1 or db.in_transaction:
+        return Snapshot({key: decode(db.execute(SELECT_ONE, (key,)).fetchone()) for key in keys}, clock())
+    db.execute("BEGIN")
+    try:
+        states = {key: decode(db.execute(SELECT_ONE, (key,)).fetchone()) for key in keys}
+        now = clock()
+    finally:
+        db.execute("COMMIT")
+    return Snapshot(states, now)
+
+
+def update_op(key: str, fn: UpdateFn[T], db: sqlite3.Connection, clock: Clock) -> T:
+    new, result = fn(decode(db.execute(SELECT_ONE, (key,)).fetchone()), clock())
+    if new is not None:
+        db.execute(WRITE, encode(key, new))
+    return result
+
+
+def update_many_op(keys: Sequence[str], fn: ManyUpdateFn[T], db: sqlite3.Connection, clock: Clock) -> T:
+    found = {key: db.execute(SELECT_ONE, (key,)).fetchone() for key in keys}
+    writes, result = fn({key: decode(row) for key, row in found.items()}, clock())
+    stray = [key for key in writes if key not in found]
+    if stray:
+        raise ValueError(f"update function wrote {stray[0]!r}, which it did not read")
+    rows = [encode(key, state) for key, state in writes.items()]  # a bad state raises before any write
+    if len(rows) == 1:
+        db.execute(WRITE, rows[0])  # one statement: it writes whole or not at all
+    elif rows:
+        write_rows(db, rows, found)
+    return result
+
+
+def write_rows(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]], found: dict[str, Sequence[Any] | None]) -> None:
+    """Write one call's rows (inside its transaction) whole or not at all: when SQLite refuses one of them (a
+    NaN in a NOT NULL column, an integer beyond 64 bits, a value of a type it cannot store), the rows written
+    before it are put back as ``found`` holds them (read in this transaction, which holds the write lock:
+    nothing else changed them since; None: the row was absent, so it is deleted), and the refusal is raised.
+    Without a savepoint: the rule costs nothing until a row is refused (docs/spec.md §6, "After a crash"). A
+    failure of the file (``sqlite3.Error`` other than a refusal) propagates: the whole transaction is rolled
+    back."""
+    try:
+        db.executemany(WRITE, rows)
+    except Exception as exc:
+        if isinstance(exc, sqlite3.Error) and not isinstance(exc, CALLER_ERRORS):
+            raise
+        for row in rows:  # every key this call writes (the refused row and those after it are unchanged)
+            old = found[row[0]]
+            if old is None:
+                db.execute("DELETE FROM hosts WHERE host = ?", (row[0],))
+            else:
+                db.execute(WRITE, (row[0], *old))
+        raise
+
+
+# -- the event log ----------------------------------------------------------------------------------------------
+
+
+def append_events(events: Sequence[Event], cap: int, db: sqlite3.Connection, clock: Clock) -> None:
+    """Inside a write transaction: append ``events``, then delete the oldest beyond ``cap``."""
+    db.executemany(EVENT_INSERT, events)
+    db.execute(EVENT_TRIM, (cap,))
+
+
+def select_events(db: sqlite3.Connection, since: float | None, host: str | None, limit: int) -> list[Event]:
+    """The ``limit`` events appended last whose ``at`` is ``>= since`` and whose host is ``host`` (None:
+    any), oldest first (by ``at``, then by id)."""
+    where: list[str] = []
+    args: list[Any] = []
+    if since is not None:
+        where.append("at >= ?")
+        args.append(since)
+    if host is not None:
+        where.append("host = ?")
+        args.append(host)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    query = (f"SELECT {EVENT_COLUMNS} FROM (SELECT id, {EVENT_COLUMNS} FROM events {clause} "
+             "ORDER BY id DESC LIMIT ?) ORDER BY at, id")
+    return [Event._make(row) for row in db.execute(query, (*args, limit)).fetchall()]

@@ -1,0 +1,181 @@
+"""The SQLite pace table's file: its schema, each version's migration, and opening a connection to it
+(docs/spec.md §6, "Formats"). The schema version is kept in ``PRAGMA user_version``; an older file is migrated on
+open, in one transaction, never discarded; a newer one is refused."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from ..base import StoreError
+
+__all__ = ["SCHEMA_VERSION", "connect", "file_id", "migrate", "set_up", "set_up_nowait"]
+
+#: The on-disk schema this code writes. Older versions are migrated on open, never discarded.
+#: 1: the ``hosts`` table; 2: the ``events`` table beside it (the event log); 3: the hosts' announced quotas
+#: (``ratelimit_interval``, ``ratelimit_until``); 4: what ``scrapy polite audit`` checks, in the event log
+#: (``interval``, ``ip_interval``, ``hold``, ``seq``; None in the events written before), and the quota booking
+#: (``quota_left``, ``quota_reset``, ``quota_limit``, ``quota_window``, ``quota_serial``, ``booked``),
+#: adaptive pacing's ``latency`` and ``strain``, and the largest Retry-After of a host's throttle run
+#: (``run_retry_after``).
+#: 5: the ``openers`` table, one "running" mark per connection that opened the file (the crash window,
+#: docs/spec.md §6 "After a crash").
+#: 6: the in-flight hold of a host's and an address's row (``held_until``, ``held_by``: docs/spec.md §3, "In
+#: flight"), and the table's identity (table ``identity``, one random id written when the file is created:
+#: docs/spec.md §6, "A table that comes back empty").
+SCHEMA_VERSION = 6
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS hosts (
+    host TEXT PRIMARY KEY,
+    next_allowed REAL NOT NULL,
+    consec INTEGER NOT NULL,
+    crawl_delay REAL NOT NULL,
+    ok_seen INTEGER NOT NULL,
+    throttled_at REAL NOT NULL,
+    updated REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS hosts_updated ON hosts (updated);
+"""
+
+#: The event log (:class:`~scrapy_polite.stores.base.Event`): ids grow with each append, and only the oldest
+#: (lowest ids) are ever deleted, so ``max(id) - cap`` is where the cap cuts. No other index: each would cost
+#: every append more than it saves the operator's reads (a scan of the 100,000 events of a full log by id).
+_SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    host TEXT NOT NULL,
+    url TEXT,
+    status INTEGER,
+    delay REAL,
+    due REAL,
+    reason TEXT,
+    retry_after REAL,
+    steps INTEGER,
+    address TEXT,
+    started REAL,
+    source TEXT NOT NULL
+);
+"""
+
+#: The hosts' announced quotas (docs/spec.md §2): rows written before them have none (0).
+_SCHEMA_V3 = """
+ALTER TABLE hosts ADD COLUMN ratelimit_interval REAL NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN ratelimit_until REAL NOT NULL DEFAULT 0;
+"""
+
+#: What ``scrapy polite audit`` checks (:class:`~scrapy_polite.stores.base.Event`): events written before have
+#: none (NULL). The quota booking (docs/spec.md §2, "Quota booking"): rows written before it know no quota (-1
+#: left). Adaptive pacing (docs/spec.md §2, "Adaptive pacing"): rows written before it have no latency
+#: measured (0). The largest Retry-After of a host's throttle run (docs/spec.md §2): rows written before it have
+#: none (0: the backoff is not capped by a Retry-After, as before).
+_SCHEMA_V4 = """
+ALTER TABLE events ADD COLUMN interval REAL;
+ALTER TABLE events ADD COLUMN ip_interval REAL;
+ALTER TABLE events ADD COLUMN hold REAL;
+ALTER TABLE events ADD COLUMN seq INTEGER;
+ALTER TABLE hosts ADD COLUMN quota_left INTEGER NOT NULL DEFAULT -1;
+ALTER TABLE hosts ADD COLUMN quota_reset REAL NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN quota_limit INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN quota_window REAL NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN quota_serial INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN booked INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN latency REAL NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN strain INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN run_retry_after REAL NOT NULL DEFAULT 0;
+"""
+
+#: The "running" marks (docs/spec.md §6, "After a crash"): one row per connection that opened the file (a
+#: crawl, a command), removed by its clean close; ``beat`` is its last heartbeat (the store's clock).
+_SCHEMA_V5 = """
+CREATE TABLE IF NOT EXISTS openers (
+    token TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    machine TEXT NOT NULL,
+    boot TEXT NOT NULL DEFAULT '',
+    started INTEGER NOT NULL DEFAULT 0,
+    opened REAL NOT NULL,
+    beat REAL NOT NULL
+) WITHOUT ROWID;
+"""
+
+#: The in-flight hold (rows written before it are not held) and the table's identity, one random id (docs/spec.md
+#: §6, "A table that comes back empty"): a file that existed before it gets its id when it is migrated.
+_SCHEMA_V6 = """
+ALTER TABLE hosts ADD COLUMN held_until REAL NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN held_by INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS identity (id TEXT NOT NULL);
+INSERT INTO identity (id) SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM identity)
+"""
+
+#: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
+MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5,
+                               5: _SCHEMA_V6}
+
+
+def file_id(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path``, or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def connect(path: str, timeout: float) -> sqlite3.Connection:
+    """A connection to the file at ``path`` that waits ``timeout`` seconds for another's lock, in autocommit
+    (every transaction is the store's own ``BEGIN``), usable from any thread (the store's lock guards it)."""
+    return sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False,
+                           cached_statements=64)
+
+
+def set_up(db: sqlite3.Connection, uri: str) -> None:
+    """A waiting connection's set-up: the WAL journal, ``synchronous=NORMAL``, the schema migrated."""
+    db.execute("PRAGMA journal_mode=WAL").fetchone()
+    db.execute("PRAGMA synchronous=NORMAL")
+    migrate(db, uri)
+
+
+def set_up_nowait(db: sqlite3.Connection) -> None:
+    """A no-wait connection's set-up (the connection it was made beside set the file up):
+    ``synchronous=NORMAL``, and it never checkpoints the WAL (a checkpoint may fsync) nor waits for a lock."""
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA wal_autocheckpoint=0")
+    db.execute("PRAGMA busy_timeout = 0")
+
+
+def migrate(db: sqlite3.Connection, uri: str) -> None:
+    """Bring the file's schema to :data:`SCHEMA_VERSION`, every step in one transaction.
+
+    Raises:
+        StoreError: the file's schema is newer than this version knows.
+        sqlite3.Error: the file cannot be read or written.
+    """
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"scrapy-polite cannot open its pace table {uri}: schema version {version} is newer than "
+            f"this scrapy-polite knows ({SCHEMA_VERSION}). Fix: upgrade scrapy-polite, or point "
+            "POLITE_STORE to another file.")
+    if version == SCHEMA_VERSION:
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        while version < SCHEMA_VERSION:
+            for statement in filter(str.strip, MIGRATIONS[version].split(";")):
+                try:
+                    db.execute(statement)
+                except sqlite3.OperationalError as exc:
+                    # A column this step adds may be there already (a development version numbered its
+                    # steps differently): keep it.
+                    if "duplicate column name" not in str(exc):
+                        raise
+            version += 1
+            db.execute(f"PRAGMA user_version = {version}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise

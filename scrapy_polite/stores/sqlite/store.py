@@ -1,0 +1,416 @@
+"""``sqlite:///path``: the embedded pace table, one SQLite file in WAL mode (docs/spec.md §6): the store.
+
+Every read-modify-write runs inside a ``BEGIN IMMEDIATE`` transaction (alone, or with the others of its
+group: :meth:`SQLiteStore.run_group`, docs/spec.md §6 "Group commit"), so concurrent processes on one machine
+never lose an update; the clock (the monotonic process clock, :data:`~scrapy_polite.clock.process_clock`)
+is read inside the transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from ...clock import process_clock
+from ...policy import HostState
+from ..base import (
+    DEFAULT_EVENTS_MAX,
+    Event,
+    ManyUpdateFn,
+    Snapshot,
+    StoreBusy,
+    StoreClosed,
+    StoreCorrupt,
+    StoreError,
+    UpdateFn,
+)
+from . import rows, schema
+from .marks import Mark, Recovery
+from .table import GROUP_MAX, AsyncSQLiteStore
+
+__all__ = ["FOLLOW_EVERY", "SQLiteStore"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Seconds between two looks at the path (one ``stat``), to find a file deleted or replaced under the crawl.
+FOLLOW_EVERY = 0.25
+
+
+class SQLiteStore:
+    """The embedded pace table: one SQLite file in WAL mode.
+
+    Args:
+        path: the database file; its directory is created when missing.
+        timeout: seconds to wait for another process's write lock before failing.
+        nowait: a connection that never waits for a lock (an operation that would wait raises
+            :class:`StoreBusy`) and never checkpoints the WAL; use :meth:`nowait` to make one.
+        clock: the store's clock, epoch seconds, read inside each transaction: the monotonic process clock by
+            default, so the store's ``now`` never goes backwards in a process and ignores steps of the wall
+            clock (docs/spec.md §6; tests inject one).
+        events_max: the most events the event log keeps (``POLITE_EVENT_LOG_SIZE``); an append beyond it
+            deletes the oldest.
+        mark: leave a "running" mark in the file while open, removed by :meth:`close` (docs/spec.md §6,
+            "After a crash"); the connection :meth:`nowait` makes beats its opener's.
+
+    Attributes:
+        recovery: what the opening found of an unclean stop (:class:`Recovery`), or None (every earlier
+            opener closed cleanly, or is still running).
+        write_transactions: (class attribute) about how many write transactions every SQLiteStore of this
+            process has run, a counter for the benches (``bench/overhead.py`` prints it per page); not
+            exact when several threads write at once.
+
+    Raises:
+        StoreError: the file cannot be created, opened, migrated or written (unwritable directory,
+            corrupt file, a schema newer than this version knows). The message names the path and the fix.
+    """
+
+    write_transactions: ClassVar[int] = 0
+
+    def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
+                 clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX,
+                 mark: bool = False, _token: str | None = None) -> None:
+        self.path = os.path.abspath(path)
+        self.uri = f"sqlite:///{self.path}"
+        self.recovery: Recovery | None = None
+        #: This connection's "running" mark (a no-wait connection beats its opener's).
+        self._mark = Mark(_token)
+        #: Held by every use of the connection, and by :meth:`close`: a call never meets a connection being
+        #: closed on another thread, and a call after the close raises :class:`StoreClosed`.
+        self._lock = threading.Lock()
+        self._closed = False
+        self._nowait = nowait
+        self._timeout = timeout
+        self._clock = clock
+        #: The file the connection has open (device, inode), and when the path was last looked at
+        #: (:meth:`_follow`, ``time.monotonic``).
+        self._file: tuple[int, int] | None = None
+        self._looked = time.monotonic()
+        self.events_max = max(0, int(events_max))
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._db = schema.connect(self.path, 0.0 if nowait else timeout)
+            #: The database's page size, bytes (a WAL frame holds one page).
+            self.page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+            self._file = schema.file_id(self.path)
+            if nowait:  # the connection it was made beside already set the file up
+                schema.set_up_nowait(self._db)
+                return
+            schema.set_up(self._db, self.uri)
+            # Prove we can write now, not halfway through the crawl (fail closed at start); look for the
+            # marks of unclean stops and leave ours, in the same transaction.
+            with self._opening():
+                if mark and _token is None:
+                    self.recovery = self._mark.leave(self._db, self._clock(), self.uri)
+        except (sqlite3.Error, OSError) as exc:
+            raise self._error("open", exc) from exc
+
+    @contextlib.contextmanager
+    def _opening(self) -> Iterator[None]:
+        """The opening's write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back when it raises)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
+    def nowait(self) -> SQLiteStore:
+        """A second connection to the same file that never waits for a lock: an operation that would wait
+        raises :class:`StoreBusy` instead, and it never checkpoints the WAL (see :meth:`checkpoint`).
+        :class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore` runs these on the reactor thread (tens of µs)."""
+        return SQLiteStore(self.path, nowait=True, clock=self._clock, events_max=self.events_max,
+                           _token=self._mark.token)
+
+    def sibling(self) -> SQLiteStore:
+        """Another connection to the same file that waits for the lock like this one (for a thread of its
+        own: :class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore` writes the event log through one)."""
+        return SQLiteStore(self.path, clock=self._clock, events_max=self.events_max, mark=False)
+
+    def open_async(self, reactor: Any = None, *, restart_frames: int = 8192, event_chunk: int = 250,
+                   group_max: int = GROUP_MAX) -> AsyncSQLiteStore:
+        """SQLite's async table (:class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`: group commit, its own
+        thread and WAL checkpoints, with its options)."""
+        return AsyncSQLiteStore(self, reactor, restart_frames=restart_frames, event_chunk=event_chunk,
+                                group_max=group_max)
+
+    def wal_pages(self) -> int:
+        """The most pages the WAL has held since its file was made: its file's size (one ``stat``; the
+        file is reused, not cut, when the WAL starts over), read beside the real file SQLite opened (a
+        symbolic link is followed). 0 when there is no WAL file."""
+        try:
+            size = os.stat(os.path.realpath(self.path) + "-wal").st_size
+        except OSError:
+            return 0
+        return max(0, size - 32) // (self.page_size + 24)  # a 32-byte header, a 24-byte one per frame
+
+    def checkpoint(self, *, restart_wait: float | None = None) -> tuple[int, int]:
+        """Copy the WAL back into the database file and sync it (``synchronous=NORMAL``).
+
+        Args:
+            restart_wait: None: ``PRAGMA wal_checkpoint(PASSIVE)``, which never waits for, nor stops, other
+                connections' writes. Seconds: ``PRAGMA wal_checkpoint(TRUNCATE)``, which waits up to that long
+                for the write lock (holding it, other connections' writes wait) and for the readers of the
+                WAL to finish, copies the whole WAL back, then starts the WAL over itself (its file cut to
+                nothing); a PASSIVE copy when the wait runs out. Without it, processes sharing the file and
+                writing all the time may never let the WAL start over (one writes between another's complete
+                copy and its own next write, which alone would start it over): its file grows without bound
+                (docs/spec.md §6, "The WAL's bound"). RESTART, which leaves the start-over to the next
+                writer, was measured to start it over in only 23 of 96 checkpoints for two processes.
+
+        Returns:
+            ``(frames, copied)``: the frames (pages) in the WAL, and how many of them are now copied back
+            (``frames == copied``: the next write starts the WAL over from its beginning, unless a reader of
+            another connection still reads it; ``(0, 0)`` after a TRUNCATE that did it); ``(-1, -1)`` when
+            the file is not in WAL mode, another connection's checkpoint is running, or a TRUNCATE's wait ran
+            out (SQLite's busy flag: the WAL was not started over).
+
+        Raises:
+            StoreError: the file cannot be written.
+        """
+        try:
+            with self._lock:
+                if restart_wait is None:
+                    row = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                else:
+                    self._db.execute(f"PRAGMA busy_timeout = {max(0, int(restart_wait * 1000))}")
+                    try:
+                        row = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    finally:
+                        wait = 0 if self._nowait else int(self._timeout * 1000)
+                        self._db.execute(f"PRAGMA busy_timeout = {wait}")
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+        if row is None:
+            return (-1, -1)
+        if restart_wait is not None and int(row[0]):
+            # Busy: the wait ran out (another connection's write or read went on), SQLite copied what it could
+            # and did not start the WAL over: said as "could not run", so the WAL's length is watched again.
+            return (-1, -1)
+        return (int(row[1]), int(row[2]))
+
+    def _error(self, action: str, exc: BaseException) -> StoreError:
+        # (self._closed is set under the lock before the connection was closed: the call found it closed)
+        return _store_error(self.path, action, exc, closed=self._closed, nowait=self._nowait)
+
+    def _follow(self) -> None:
+        """Under the connection's lock: when the path no longer names the file the connection has open (the file
+        was deleted, or another put in its place, under the running crawl), open the file at the path — set up
+        and migrated like a new one — so this process shares the table the others now open (docs/spec.md §6, "A
+        table that comes back empty": the crawl's :class:`~scrapy_polite.outage.TableWatch` then finds the
+        table's identity gone and writes back what it knows). Its callers look at the path once per
+        :data:`FOLLOW_EVERY` seconds at most (one ``stat``)."""
+        if self._closed:
+            return
+        self._looked = time.monotonic()
+        if schema.file_id(self.path) == self._file:
+            return
+        logger.warning("scrapy-polite: the pace table file %s was %s under the running crawl; opening the file now "
+                       "at that path", self.path, "deleted" if not os.path.exists(self.path) else "replaced")
+        old, self._db = self._db, schema.connect(self.path, self._timeout)
+        old.close()
+        self._file = schema.file_id(self.path)
+        schema.set_up(self._db, self.uri)
+        if self._nowait:
+            schema.set_up_nowait(self._db)
+        elif self._mark.owned:
+            self._mark.write(self._db, self._clock())
+
+    def _write(self, body: Callable[..., T], *args: Any) -> T:
+        """``body(*args, connection, clock)`` in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock (after
+        a look at the path, at most every :data:`FOLLOW_EVERY` seconds); rolled back when it raises."""
+        with self._lock:
+            if time.monotonic() - self._looked >= FOLLOW_EVERY:
+                self._follow()
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            SQLiteStore.write_transactions += 1
+            try:
+                result = body(*args, db, self._clock)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        return result
+
+    # -- running operations ------------------------------------------------------------------------------------
+
+    def run_group(self, ops: Sequence[rows.Op[Any]]) -> list[tuple[bool, Any]]:
+        """Run several callers' operations (:data:`~scrapy_polite.stores.sqlite.rows.Op`) in **one** ``BEGIN
+        IMMEDIATE`` transaction, in order: the group commit of docs/spec.md §6 ("Group commit"). Each row is read
+        inside the transaction (after the writes of the operations before it in the group), so no other
+        process's write is overwritten with stale data; each caller's function gets the store's clock read at
+        its turn. The opener's mark is beaten in the same transaction (at most once a second).
+
+        Returns:
+            One ``(True, result)`` or ``(False, exception)`` per operation, in order. An operation whose function
+            raises (or an ``update_many`` writing a key it did not read, or a row SQLite refuses: a
+            :class:`StoreError`) writes nothing and gets its own exception; the others' writes commit.
+
+        Raises:
+            StoreBusy: a no-wait connection found another writer's lock (nothing ran; retry on a waiting one).
+            StoreError: the file cannot be written (the whole group is rolled back: no call took effect).
+        """
+        try:
+            return self._write(self._group, ops)
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def _group(self, ops: Sequence[rows.Op[Any]], db: sqlite3.Connection,
+               clock: Callable[[], float]) -> list[tuple[bool, Any]]:
+        """:meth:`run_group` in its transaction (a failure of the file propagates: all is rolled back)."""
+        outcomes: list[tuple[bool, Any]] = []
+        for op in ops:
+            try:
+                outcomes.append((True, op(db, clock)))
+            except rows.REFUSALS as exc:  # a row SQLite refuses (a NaN in a NOT NULL column...): this call's own
+                outcomes.append((False, StoreError(f"the pace table {self.path} refused a row: {exc}")))
+            except sqlite3.Error:
+                raise  # the file's failure (locked, full, damaged): the whole group is rolled back
+            except Exception as exc:  # the caller's own failure: handed to its caller, the group goes on
+                outcomes.append((False, exc))
+        if self._mark.token is not None:
+            self._mark.beat(db, clock)
+        return outcomes
+
+    def run_alone(self, op: Callable[..., T], *args: Any) -> T:
+        """``op(*args, connection, clock)`` (an :data:`~scrapy_polite.stores.sqlite.rows.Op`, or the body of one
+        and its arguments) in a transaction of its own: its result, or its exception (nothing written).
+
+        Raises:
+            StoreError: the file cannot be written, or it refused a row (as in :meth:`run_group`).
+        """
+        try:
+            return self._write(op, *args)
+        except rows.REFUSALS as exc:
+            if self._closed:  # (the transaction's start found the connection closed: not a row's refusal)
+                raise self._error("write", exc) from exc
+            raise StoreError(f"the pace table {self.path} refused a row: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def run_read(self, op: Callable[..., T], *args: Any) -> T:
+        """``op(*args, connection, clock)``, an operation that only reads, outside any write transaction.
+
+        Raises:
+            StoreError: the file cannot be read (:class:`StoreBusy` on a no-wait connection that met a lock).
+        """
+        try:
+            with self._lock:
+                if time.monotonic() - self._looked >= FOLLOW_EVERY:
+                    self._follow()
+                return op(*args, self._db, self._clock)
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+
+    # -- the protocol ------------------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock()
+
+    def get(self, key: str) -> HostState | None:
+        return self.run_read(rows.get_op, key)
+
+    def read(self, keys: Sequence[str]) -> Snapshot:
+        return self.run_read(rows.read_op, keys)
+
+    def update(self, key: str, fn: UpdateFn[T]) -> T:
+        result: T = self.run_alone(rows.update_op, key, fn)
+        return result
+
+    def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
+        result: T = self.run_alone(rows.update_many_op, keys, fn)
+        return result
+
+    def _query(self, sql: str, *args: Any) -> list[Any]:
+        try:
+            with self._lock:
+                return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+
+    def _change(self, sql: str, *args: Any) -> int:
+        try:
+            with self._lock:
+                return int(self._db.execute(sql, args).rowcount)
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def backing_off(self, now: float) -> Iterator[tuple[str, HostState]]:
+        """The host rows (not ``ip:`` rows) still backing off at ``now`` (``consec > 0`` and ``next_allowed >
+        now``), sorted by host: one query, without reading the rest of the table into memory.
+
+        Raises:
+            StoreError: the file cannot be read.
+        """
+        return iter(rows.keyed(self._query(f"SELECT host, {rows.COLUMNS} FROM hosts WHERE consec > 0 AND "
+                                           "next_allowed > ? AND host NOT LIKE 'ip:%' ORDER BY host", now)))
+
+    def delete(self, key: str) -> bool:
+        return self._change("DELETE FROM hosts WHERE host = ?", key) > 0
+
+    def items(self) -> Iterator[tuple[str, HostState]]:
+        return iter(rows.keyed(self._query(f"SELECT host, {rows.COLUMNS} FROM hosts ORDER BY host")))
+
+    def expire(self, before: float) -> int:
+        return self._change("DELETE FROM hosts WHERE updated < ? AND next_allowed < ?", before, before)
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        try:
+            self._write(rows.append_events, events, self.events_max)
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def events(self, since: float | None = None, host: str | None = None, limit: int = 1000) -> list[Event]:
+        if limit <= 0:
+            return []
+        try:
+            with self._lock:
+                return rows.select_events(self._db, since, host, limit)
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+
+    def close(self) -> None:
+        """Close the connection (idempotent), first removing this opener's "running" mark (a clean stop;
+        another opener's mark stays: docs/spec.md §6, "After a crash"). It waits for a call in progress on
+        another thread; a call after it raises :class:`StoreClosed` and writes nothing. A mark that cannot be
+        removed (the file is locked for ``timeout`` seconds, or unwritable) is left: the next opening then
+        treats the last rows as just booked, which is only more polite."""
+        with self._lock:
+            if self._closed:
+                return
+            self._mark.remove(self._db, self.uri)
+            self._closed = True
+            self._db.close()
+
+
+def _store_error(path: str, action: str, exc: BaseException, *, closed: bool, nowait: bool) -> StoreError:
+    """The store's error for ``exc``, met by ``action`` on the file at ``path``: the message names it and the fix
+    (:class:`StoreClosed` after the close, :class:`StoreBusy` for a no-wait connection that met a lock,
+    :class:`StoreCorrupt` for a damaged file)."""
+    uri, text = f"sqlite:///{path}", str(exc)
+    if isinstance(exc, StoreError):
+        return exc
+    if closed:
+        return StoreClosed(f"scrapy-polite's pace table {uri} is closed")
+    if nowait and isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+        return StoreBusy(text)
+    if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
+        fix = (f"the file is not a valid pace table; move it away (e.g. mv {path} {path}.bad) "
+               "to start a fresh one, or point POLITE_STORE to another file")
+        return StoreCorrupt(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
+    fix = (f"make {os.path.dirname(path)} writable, or set POLITE_STORE to a writable location, "
+           "e.g. POLITE_STORE = 'sqlite:////var/tmp/polite.sqlite3' (or 'memory://' for a one-off run)")
+    return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
