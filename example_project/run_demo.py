@@ -137,13 +137,13 @@ def build_servers(pages: int, port: int = 0) -> list[Any]:
 
 def read_pace_table(uri: str) -> list[tuple[str, Any]] | None:
     """The persisted rows, or None for a store that persists nothing (memory://)."""
-    from scrapy_polite.stores import ProcessLocal, has_ability, open_store
+    from scrapy_polite.stores import TABLE_KEY, ProcessLocal, has_ability, open_store
 
     store = open_store(uri)
     try:
         if has_ability(store, ProcessLocal):
             return None
-        return list(store.items())
+        return [(key, state) for key, state in store.items() if key != TABLE_KEY]  # the table's identity: no host
     finally:
         store.close()
 

@@ -134,6 +134,9 @@ def test_second_run_starts_from_the_first_runs_pace_table(runs):
         # exactly the rows the first run left
         assert data2["start_table"][host] == data1["hosts"][host]["persisted"]
     assert data2["start_table"]["strict.pydoc.test"]["crawl_delay"] == ROBOTS_CRAWL_DELAY
+    # The table's identity row (outage.TableWatch's) is no host: not listed, not "changed" (it was, as "#table").
+    assert "#table" not in start and "#table" not in data2["start_table"]
+    assert not any(line.startswith("#table") for line in data2["table_changes"])
 
 
 def test_second_run_paces_the_robots_host_from_its_first_request(runs):
