@@ -534,12 +534,12 @@ async def test_the_pacers_reconcile_releases_the_reclaimed_requests_pin_and_hold
 
     from scrapy_polite.pacer import Pacer
     from scrapy_polite.settings import PoliteConfig
-    from scrapy_polite.stores import AsyncStore, MemoryStore
+    from scrapy_polite.stores import MemoryStore
     from tests.test_glue import FakeResolution, request
 
     crawler = get_crawler(settings_dict={"POLITE_STORE": "memory://", "POLITE_ALLOWED_NETWORKS": ["192.0.2.0/24"]})
     store = MemoryStore()
-    pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), AsyncStore(store))
+    pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), store.open_async())
     try:
         pacer.booker.resolution = resolution = FakeResolution({"a.example": ["192.0.2.1"]})
         active: set[Any] = set()
