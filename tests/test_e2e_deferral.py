@@ -409,17 +409,20 @@ async def test_burst_throttle_not_erased_by_a_segment_decided_before_it(arrival_
     200 must take no step off it (docs/spec.md §2). So inside the 2 s window the host sees at most the requests that
     were already in the downloader when the 429 arrived (≤ CONCURRENT_REQUESTS = 16) — not the rest of the
     stream."""
-    import scrapy_polite.stores as store_mod
+    from scrapy_polite.stores.sqlite import rows
 
-    original_read = store_mod.SQLiteStore.read
+    original_read = rows.read_op
+    slowed = []
 
-    def slow_read(self, keys):
+    def slow_read(keys, db, clock):
         time.sleep(0.02)
-        return original_read(self, keys)
+        slowed.append(keys)
+        return original_read(keys, db, clock)
 
-    monkeypatch.setattr(store_mod.SQLiteStore, "read", slow_read)
+    monkeypatch.setattr(rows, "read_op", slow_read)  # every read of the SQLite table, inline or on its thread
     crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,
                                                                         "127.0.2.62")
+    assert len(slowed) >= 50, f"the table's reads were not slowed ({len(slowed)}): the premise does not hold"
     due = throttle.end + 2.0
     inside = [a for a in hits if throttle.end < a.start < due - TOL]
     assert len(inside) <= 16, (
