@@ -1104,3 +1104,43 @@ async def test_event_batches_waiting_at_the_close_are_written(tmp_path):
     finally:
         store.close()
     await d  # its result arrives on a reactor turn
+
+
+def test_a_no_wait_connection_follows_a_replaced_file_without_waiting_for_its_lock(tmp_path, monkeypatch):
+    """The table's file is replaced under the crawl while another connection holds the new file's lock: the no-wait
+    connection (the reactor's) sets the new file up without waiting — it answers StoreBusy and keeps the old file —
+    and follows once the lock is gone (docs/spec.md §6, "A table that comes back empty"). Negative control: the
+    waiting connection sets the new file up with the store's timeout (it may wait: it runs on the table's thread)."""
+    from scrapy_polite.stores import StoreBusy
+    from scrapy_polite.stores.sqlite import schema
+    from scrapy_polite.stores.sqlite import store as store_module
+
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path, timeout=2.0, clock=lambda: T0)
+    inline = store.nowait()
+    timeouts: list[float] = []
+    connect = schema.connect
+    monkeypatch.setattr(schema, "connect", lambda p, t: (timeouts.append(t), connect(p, t))[1])
+    monkeypatch.setattr(store_module, "FOLLOW_EVERY", 0.0)  # every call looks at the path
+    other = None
+    try:
+        put(inline, "a.example", FULL)
+        for suffix in ("", "-wal", "-shm"):
+            os.remove(path + suffix)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process writes the new file (its first transaction)
+        other.execute("CREATE TABLE t (x)")
+        with pytest.raises(StoreBusy):
+            inline.get("a.example")
+        assert timeouts == [0.0]  # it never waited for the lock
+        assert inline._file != schema.file_id(path)  # kept the old file
+        other.execute("COMMIT")
+        assert inline.get("a.example") is None  # the new file: the old rows are not in it
+        assert inline._file == schema.file_id(path) and timeouts == [0.0, 0.0]
+        store.get("a.example")  # negative control: the waiting connection follows with its timeout
+        assert timeouts == [0.0, 0.0, 2.0]
+    finally:
+        if other is not None:
+            other.close()
+        inline.close()
+        store.close()

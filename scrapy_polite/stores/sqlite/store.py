@@ -208,21 +208,34 @@ class SQLiteStore:
         and migrated like a new one — so this process shares the table the others now open (docs/spec.md §6, "A
         table that comes back empty": the crawl's :class:`~scrapy_polite.outage.TableWatch` then finds the
         table's identity gone and writes back what it knows). Its callers look at the path once per
-        :data:`FOLLOW_EVERY` seconds at most (one ``stat``)."""
+        :data:`FOLLOW_EVERY` seconds at most (one ``stat``).
+
+        A no-wait connection (the reactor's) sets the new file up without waiting either: while another connection
+        holds its lock, the set-up raises (:class:`~scrapy_polite.stores.StoreBusy` to the caller, which asks the
+        waiting connection) and the connection keeps the old file until a later look succeeds.
+
+        Raises:
+            sqlite3.Error: the file at the path cannot be opened or set up (locked, for a no-wait connection).
+        """
         if self._closed:
             return
         self._looked = time.monotonic()
-        if schema.file_id(self.path) == self._file:
+        found = schema.file_id(self.path)
+        if found == self._file:
             return
+        db = schema.connect(self.path, 0.0 if self._nowait else self._timeout)
+        try:
+            schema.set_up(db, self.uri)
+            if self._nowait:
+                schema.set_up_nowait(db)
+        except BaseException:
+            db.close()
+            raise
         logger.warning("scrapy-polite: the pace table file %s was %s under the running crawl; opening the file now "
-                       "at that path", self.path, "deleted" if not os.path.exists(self.path) else "replaced")
-        old, self._db = self._db, schema.connect(self.path, self._timeout)
+                       "at that path", self.path, "deleted" if found is None else "replaced")
+        old, self._db, self._file = self._db, db, schema.file_id(self.path)
         old.close()
-        self._file = schema.file_id(self.path)
-        schema.set_up(self._db, self.uri)
-        if self._nowait:
-            schema.set_up_nowait(self._db)
-        elif self._mark.owned:
+        if not self._nowait and self._mark.owned:
             self._mark.write(self._db, self._clock())
 
     def _write(self, body: Callable[..., T], *args: Any) -> T:
