@@ -107,7 +107,7 @@ async def measure(args, store: str, directory: str) -> tuple[list[float], int]:
         assert await early.process_request(request) is None
         assert await mw.process_request(request) is None
         response = HtmlResponse(url, status=200, body=BODY, request=request)
-        pacer.response_downloaded(response, request)  # the handler of the signal (connected by the middleware)
+        mw.response_downloaded(response, request)  # the handler of the signal (connected in from_crawler)
         await mw.process_response(request, response)
 
     async def plain_page(url: str) -> None:

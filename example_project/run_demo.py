@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     ip_interval = crawler.settings.getfloat("POLITE_IP_INTERVAL")
     finish_reason = crawler.stats.get_value("finish_reason") if crawler.stats else None
     pacer = find_pacer(crawler)  # None when the crawl was refused at its start (the error was logged)
-    report = pacer.host_report() if pacer is not None else {}
+    report = pacer.report.host_report() if pacer is not None else {}
     if pacer is None:
         print("\nno scrapy-polite report: the crawl did not start", file=sys.stderr)
     rows = read_pace_table(uri)

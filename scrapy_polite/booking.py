@@ -384,6 +384,11 @@ class Booker:
             self.resolution.unpin(request, host)
         self.lifecycle.free(request, host, ip_key(address) if address else None)
 
+    def held(self, request: Request, host: str) -> None:
+        """``request`` is held by the scheduler: :meth:`release`, and its stage is ``held`` (docs/spec.md §5)."""
+        self.release(request, host)
+        self.lifecycle.held(request, host)
+
     def end(self, request: Request, host: str | None = None, *, dropped: bool = False) -> None:
         """``request`` leaves the process's pacing: :meth:`release`, then its stage is ``finished`` (or
         ``dropped``: it left without a download)."""

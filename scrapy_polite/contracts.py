@@ -80,19 +80,19 @@ def _pacer(method: Callable[..., Any]) -> Pacer:
 def interval_sources(pacer: Pacer, host: str, request: Request) -> list[tuple[float, str]]:
     """Every setting, attribute or row that gives ``host`` an interval for ``request``, as ``(seconds,
     where it comes from)``; their maximum is the interval the pacer applies (docs/spec.md §2)."""
-    sources = [(pacer.host_interval, "POLITE_HOST_INTERVAL")]
-    counters = pacer.hosts.get(host)
+    sources = [(pacer.policy.host_interval, "POLITE_HOST_INTERVAL")]
+    counters = pacer.report.hosts.get(host)
     state = counters.state if counters is not None else None
     if state is not None and state.crawl_delay > 0:
         if counters is not None and counters.crawl_delay == state.crawl_delay:
             sources.append((state.crawl_delay, "the Crawl-delay of its robots.txt"))
         else:
             sources.append((state.crawl_delay, "its Crawl-delay in the pace table"))
-    per_host = pacer.host_delay(host)
+    per_host = pacer.config.host_delays.get(host)
     if per_host is not None:
         sources.append((per_host, f"POLITE_HOST_DELAYS[{host!r}]"))
-    if pacer.spider_delay is not None:
-        sources.append((pacer.spider_delay, "the spider's crawl_delay"))
+    if pacer.booker.spider_delay is not None:
+        sources.append((pacer.booker.spider_delay, "the spider's crawl_delay"))
     raw = request.meta.get(DELAY_META)
     value = parse_seconds(raw) if raw is not None else None
     if value is not None:
@@ -157,7 +157,7 @@ class PublicOnlyContract(_PoliteContract):
 
     def pre_process(self, response: Response) -> None:
         pacer = _pacer(self.method)
-        rules = pacer.address_filter
+        rules = pacer.config.address_filter
         if rules.allow_private:
             raise ContractFail("POLITE_ALLOW_PRIVATE = True lets the crawl contact any address, so it is not "
                                "public-only. Fix: remove POLITE_ALLOW_PRIVATE (allow only the networks you need "
@@ -187,7 +187,7 @@ class PacedRequestsContract(_PoliteContract):
 
     def post_process(self, output: list[Any]) -> None:
         pacer = _pacer(self.method)
-        rules = pacer.address_filter
+        rules = pacer.config.address_filter
         bad: list[str] = []
         for item in output:
             if not isinstance(item, Request):
@@ -235,7 +235,7 @@ def fail_held_contract_requests(held: Iterable[Request], due_of: Callable[[str],
         if errback is None or host is None:
             continue
         due = due_of(host)
-        counters = pacer.hosts.get(host)
+        counters = pacer.report.hosts.get(host)
         if counters is not None and counters.in_backoff(now):
             why = f"is backing off after {counters.throttle_cause or 'a throttle'}"
         elif counters is not None and counters.slowed_deferrals:

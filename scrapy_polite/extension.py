@@ -2,7 +2,8 @@
 
 * ``robots_parsed`` (Scrapy ≥ 2.18) — the host's ``Crawl-delay`` / ``Request-rate`` for the crawler's
   user agent (``ROBOTSTXT_USER_AGENT`` or ``USER_AGENT``), read with Protego, is recorded (unless its
-  robots.txt was answered 5xx or 429: :meth:`Pacer.robots_status <scrapy_polite.pacer.Pacer.robots_status>`);
+  robots.txt was answered 5xx or 429: :attr:`Recorder.robots_statuses
+  <scrapy_polite.recording.Recorder.robots_statuses>`);
 * ``spider_opened`` — the spider's ``crawl_delay`` attribute (seconds) becomes a per-spider override; the
   hosts that start in backoff from the persisted table are listed once at INFO, with the
   ``scrapy polite reset`` command that clears them; a progress line is logged at INFO every
@@ -16,8 +17,8 @@ At construction it refuses a crawl that cannot run safely or has an invalid sett
 (:func:`~scrapy_polite.startup.refuse_to_start`: one ERROR line, a non-zero exit status), and closes the
 pace table it opened, so that the refused process exits.
 
-Responses and failures are recorded by the pacer (:meth:`Pacer.response_downloaded
-<scrapy_polite.pacer.Pacer.response_downloaded>`, connected by the pacing middleware). Stats are under
+Responses and failures are recorded by the pacing middleware (:meth:`PoliteDownloaderMiddleware.response_downloaded
+<scrapy_polite.middleware.PoliteDownloaderMiddleware.response_downloaded>`). Stats are under
 ``polite/`` (:data:`scrapy_polite.vocabulary.STATS`).
 """
 
@@ -45,7 +46,7 @@ from .seams import ResolverNotInstalled
 from .settings import SettingsError, polite_enabled
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import StoreError
-from .summary import HeldHost, format_start_backoffs
+from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
 from .vocabulary import parse_seconds
 
 if TYPE_CHECKING:
@@ -79,7 +80,8 @@ def crawl_can_touch(spider: Spider) -> Callable[[str], bool] | None:
 
 
 class PoliteExtension:
-    """Connects the pacer to Scrapy's signals.
+    """Connects the pacer's units to Scrapy's signals: the idle check, the start-up listing, the progress line,
+    robots.txt delays and the closing summary.
 
     Raises:
         NotConfigured: ``POLITE_ENABLED`` is False.
@@ -89,6 +91,8 @@ class PoliteExtension:
     def __init__(self, crawler: Crawler, pacer: Pacer) -> None:
         self.crawler = crawler
         self.pacer = pacer
+        self.config = pacer.config
+        self.report = pacer.report
         self._progress: task.LoopingCall | None = None
 
     @classmethod
@@ -97,7 +101,7 @@ class PoliteExtension:
             raise NotConfigured("POLITE_ENABLED is False")
         try:
             pacer = get_pacer(crawler)
-            check_resolver(crawler.settings, pacer.address_filter,
+            check_resolver(crawler.settings, pacer.config.address_filter,
                            installed_reactor() if is_reactor_installed() else None)
         except (SettingsError, StoreError, ResolverNotInstalled) as exc:
             discard_pacer(crawler)  # nothing the pace table started may keep the refused process alive
@@ -111,7 +115,7 @@ class PoliteExtension:
         leftover = leftover_settings_warning(crawler.settings)
         if leftover is not None:
             logger.warning("%s", leftover)
-        if pacer.adaptive_enabled and crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
+        if pacer.policy.adaptive is not None and crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
             # Allowed by POLITE_ADAPTIVE_WITH_AUTOTHROTTLE (else the settings refused to start: docs/spec.md §2).
             logger.warning(
                 "scrapy-polite: POLITE_ADAPTIVE and AutoThrottle both pace this crawl on response times; turn "
@@ -140,7 +144,7 @@ class PoliteExtension:
         resolver = getattr(installed_reactor(), "nameResolver", None)
         if not isinstance(resolver, PublicHostnameResolver):
             return  # not installed: the pacer reports that on the first request
-        mine, process = self.pacer.address_filter, resolver.filter
+        mine, process = self.config.address_filter, resolver.filter
         if process.allow_private:
             return
         wider = ["POLITE_ALLOW_PRIVATE=True"] if mine.allow_private else []
@@ -176,32 +180,32 @@ class PoliteExtension:
             return
         scheduler.unpark()
         earliest = scheduler.earliest_due()
-        given_up = self.pacer.robots_given_up()
+        given_up = self.report.robots_given_up(self.config.max_idle_wait)
         if given_up:
             # A robots.txt unreachable for longer than POLITE_MAX_IDLE_WAIT keeps nothing open: its held requests
             # end like requests deferred beyond it (docs/spec.md §5, "The robots.txt lifecycle").
             dues = [due for host, _, due in scheduler.held_hosts() if host not in given_up]
             if not dues:
                 logger.info("scrapy-polite: everything left waits for a robots.txt unreachable for longer than "
-                            "POLITE_MAX_IDLE_WAIT=%g s; closing. %s", self.pacer.max_idle_wait, scheduler.describe())
+                            "POLITE_MAX_IDLE_WAIT=%g s; closing. %s", self.config.max_idle_wait, scheduler.describe())
                 raise CloseSpider("polite_deferred")
             earliest = min(dues)
         if earliest == float("inf"):
             logger.error("scrapy-polite: the held requests wait for lines that nothing in the downloader will free; "
                          "closing. %s", scheduler.describe())
-            self.pacer.inc("stranded")
+            self.report.inc("stranded")
             raise CloseSpider("polite_stranded")
         wait = (earliest - self.pacer.clock()) if earliest is not None else 0.0
-        if earliest is not None and wait > self.pacer.max_idle_wait:
+        if earliest is not None and wait > self.config.max_idle_wait:
             logger.info("scrapy-polite: everything left is deferred beyond POLITE_MAX_IDLE_WAIT=%g s; closing. %s",
-                        self.pacer.max_idle_wait, scheduler.describe())
+                        self.config.max_idle_wait, scheduler.describe())
             raise CloseSpider("polite_deferred")
         raise DontCloseSpider
 
     def _idle_window(self) -> float:
         """scrapy-redis's ``MAX_IDLE_TIME_BEFORE_CLOSE`` when set (> 0), else ``POLITE_MAX_IDLE_WAIT`` (s)."""
         idle = self.crawler.settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
-        return idle if idle > 0 else self.pacer.max_idle_wait
+        return idle if idle > 0 else self.config.max_idle_wait
 
     async def spider_opened(self, spider: Spider) -> None:
         self._warn_wider_address_rules()
@@ -218,7 +222,7 @@ class PoliteExtension:
         """The ``--store`` a ``scrapy polite`` command line needs to reach this crawl's table: None when the
         project's settings name it (the command reads them too)."""
         if (self.crawler.settings.getpriority("POLITE_STORE") or 0) >= SETTINGS_PRIORITIES["spider"]:
-            return self.pacer.store_uri
+            return self.pacer.store.uri
         return None
 
     async def _list_start_backoffs(self, spider: Spider) -> None:
@@ -232,27 +236,27 @@ class PoliteExtension:
         except Exception as exc:  # only a report: the crawl goes on, its own calls meet any store error
             logger.warning("scrapy-polite: could not list the hosts in backoff at start: %s", exc)
             return
-        pacer = self.pacer
+        report = self.report
         touchable = crawl_can_touch(spider)
         now_listed = []
         for key, state in rows:
-            met = pacer.hosts.get(key)  # start requests may have met it while the table was read
+            met = report.hosts.get(key)  # start requests may have met it while the table was read
             listed = (touchable is not None and touchable(key)) or (met is not None and met.active)
-            pacer.starts_in_backoff(key, state, offset=offset, announce=not listed)
+            report.starts_in_backoff(key, state, offset=offset, announce=not listed)
             if listed:
                 now_listed.append(key)
-        pacer.on_first_touch = self._announce_backoff
-        line = format_start_backoffs({k: self.pacer.hosts[k] for k in now_listed}, now=self.pacer.clock(),
-                                     store_uri=self.pacer.store_uri, store_option=self._store_option())
+        report.on_first_touch = self._announce_backoff
+        line = format_start_backoffs({k: report.hosts[k] for k in now_listed}, now=self.pacer.clock(),
+                                     store_uri=self.pacer.store.uri, store_option=self._store_option())
         if line is not None:
             logger.info("%s", line)
 
     def _announce_backoff(self, host: str) -> None:
         """The crawl first meets a host that started in backoff and was not listed at start: name it."""
-        counters = self.pacer.hosts.get(host)
+        counters = self.report.hosts.get(host)
         if counters is None:
             return
-        line = format_start_backoffs({host: counters}, now=self.pacer.clock(), store_uri=self.pacer.store_uri,
+        line = format_start_backoffs({host: counters}, now=self.pacer.clock(), store_uri=self.pacer.store.uri,
                                      store_option=self._store_option())
         if line is not None:
             logger.info("%s", line)
@@ -271,7 +275,8 @@ class PoliteExtension:
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
         idle = (scheduler is not None and not scheduler.has_pending_requests()
                 and not getattr(downloader, "active", None))
-        line = self.pacer.progress_line(self.held_hosts(), idle=idle, store_option=self._store_option())
+        line = format_progress(self.report, self.held_hosts(), now=self.pacer.clock(), idle=idle,
+                               store_option=self._store_option())
         if line is not None:
             logger.info("%s", line)
 
@@ -281,35 +286,35 @@ class PoliteExtension:
             return
         value = parse_seconds(raw)
         if value is None:
-            self.pacer.inc("invalid_spider_delay")
+            self.report.inc("invalid_spider_delay")
             logger.error("%s.crawl_delay must be a number of seconds >= 0, got %r: ignored (the crawl is paced "
                          "by POLITE_HOST_INTERVAL and the hosts' own delays)", type(spider).__name__, raw)
             return
-        self.pacer.spider_delay = value
+        self.pacer.booker.spider_delay = value
 
     async def robots_parsed(self, robotparser: Any, request: Request) -> None:
         host = host_key(request.url)
         if host is None:
             return
-        status = self.pacer.robots_status(host)
+        status = self.pacer.recorder.robots_statuses.get(host)  # None: none was downloaded
         if status is not None and (status >= 500 or status == 429):
             # RFC 9309 §2.3.1.4: an unreachable robots.txt says nothing new; keep the recorded delay.
-            self.pacer.inc("robots/unreachable")
+            self.report.inc("robots/unreachable")
             return
         try:
             delay = robots_delay(robotparser, self.pacer.user_agent)
         except Exception:  # a parser we do not know: count, log, keep crawling paced by the base interval
-            self.pacer.inc("robots/errors")
+            self.report.inc("robots/errors")
             logger.exception("scrapy-polite could not read the delay of %s", request.url)
             return
-        await await_deferred(self.pacer.set_crawl_delay(host, delay))
+        await await_deferred(self.pacer.recorder.set_crawl_delay(host, delay))
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         if self._progress is not None and self._progress.running:
             self._progress.stop()
         stats = self.crawler.stats
         no_host = stats.get_value("polite/refused/no_host", 0) if stats is not None else 0
-        logger.info("%s", self.pacer.summary_line(no_host=no_host or 0))
+        logger.info("%s", format_summary(self.report, now=self.pacer.clock(), no_host=no_host or 0))
         if self.pacer.failed is not None:  # stopped by the add-on: not a finished crawl (exit status 1)
             fail_crawl_process(self.crawler)
         await self.pacer.close_async()

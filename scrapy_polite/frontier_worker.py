@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
-    from .pacer import FrontierOptions, Pacer
+    from .pacer import Pacer
     from .seams import SharedFrontier
 
 logger = logging.getLogger(__name__)
@@ -54,14 +54,16 @@ class SharedWorker:
 
     Args:
         crawler: the crawler (its engine's downloader, its stats).
-        pacer: the crawler's pacer (stats, blocked hosts, the claim of a request taken for a held host).
+        pacer: the crawler's pacer, of which it takes the report (stats) and the lifecycle (blocked hosts, the
+            claim of a request taken for a held host).
         frontier: the frontier (:class:`~scrapy_polite.frontier.RedisFrontier`).
         inner: scrapy-redis's scheduler (its own ``next_request`` for a queue class of its own, ``persist``).
     """
 
     def __init__(self, crawler: Crawler, pacer: Pacer, frontier: SharedFrontier, inner: Any) -> None:
         self.crawler = crawler
-        self.pacer = pacer
+        self.report = pacer.report
+        self.lifecycle = pacer.lifecycle
         self.frontier = frontier
         self.inner = inner
         self._cap = crawler.settings.getint("CONCURRENT_REQUESTS")
@@ -77,18 +79,19 @@ class SharedWorker:
         self._waited_for: set[str] = set()  # workers whose leases it said it waits for (logged once each)
 
     @classmethod
-    def open(cls, crawler: Crawler, pacer: Pacer, inner: Any, spider: Spider, options: FrontierOptions
-             ) -> SharedWorker:
+    def open(cls, crawler: Crawler, pacer: Pacer, inner: Any, spider: Spider) -> SharedWorker:
         """Join the frontier of ``spider`` in scrapy-redis's Redis (blocking: one round trip, which also returns
-        the leases of dead workers), start renewing, and log this worker's id."""
-        frontier = RedisFrontier(inner.server, inner.queue, spider, options.key % {"spider": spider.name},
-                                 options.lease_time, pacer.inc)
+        the leases of dead workers), start renewing, and log this worker's id. Its key and lease time are
+        ``POLITE_FRONTIER_KEY`` and ``POLITE_LEASE_TIME`` (docs/spec.md §5, "The shared frontier")."""
+        config = pacer.config
+        frontier = RedisFrontier(inner.server, inner.queue, spider, config.frontier_key % {"spider": spider.name},
+                                 config.lease_time, pacer.report.inc)
         frontier.renew()
         worker = cls(crawler, pacer, frontier, inner)
         worker._beat.start(worker._period, now=False)
         logger.info("scrapy-polite: shared frontier worker %s (pid %d) of %s (scrapy-redis): held and in-flight "
                     "requests live in Redis, leased for %g s", frontier.worker, os.getpid(), frontier.key,
-                    options.lease_time)
+                    config.lease_time)
         return worker
 
     # -- taking -------------------------------------------------------------------------------------------
@@ -106,9 +109,9 @@ class SharedWorker:
         a worker never takes more than it can send (docs/spec.md §5, "In hand is bounded")."""
         frontier = self.frontier
         if 0 < self._cap <= self.in_hand(held):
-            self.pacer.inc("frontier/full")
+            self.report.inc("frontier/full")
             return None
-        found = frontier.take(self.pacer.blocked_hosts() | held_hosts, queue=frontier.mode != "none")
+        found = frontier.take(self.lifecycle.blocked_hosts() | held_hosts, queue=frontier.mode != "none")
         if found is None:
             if frontier.mode != "none":
                 return None
@@ -118,7 +121,7 @@ class SharedWorker:
             return request
         request, host = found
         if host is not None:
-            self.pacer.released(request, host)  # it claims its host until it is booked or leaves
+            self.lifecycle.release(request, host)  # it claims its host until it is booked or leaves
         elif self.crawler.stats is not None:  # as scrapy-redis's next_request counts it
             self.crawler.stats.inc_value("scheduler/dequeued/redis")
         return request

@@ -64,6 +64,6 @@ def _redefer_if_throttled(crawler: Crawler, request: Request) -> None:
     """Raise :class:`~scrapy_polite.seams.Redefer` for a burst request decided before its host throttled and
     queued in Scrapy's slot since: it must not be sent into the backoff."""
     pacer = find_pacer(crawler)
-    if (pacer is not None and request.meta.get(BURST_META) and pacer.throttled_since(request)
-            and pacer.can_defer(request)):
+    if (pacer is not None and request.meta.get(BURST_META) and pacer.recorder.throttled_since(request)
+            and pacer.booker.can_defer(request)):
         raise Redefer(request.url)

@@ -2,13 +2,12 @@
 
 Before a request it books the request on its host: the request goes now, **waits** (non-blocking, at most
 ``POLITE_MAX_WAIT`` at a time) or is **deferred** — it leaves the downloader and the
-:class:`~scrapy_polite.scheduler.PoliteScheduler` holds it until its host is due. After the response (or
-failure) is recorded by the pacer (:meth:`Pacer.response_downloaded
-<scrapy_polite.pacer.Pacer.response_downloaded>`, connected here; :meth:`Pacer.after_failure
-<scrapy_polite.pacer.Pacer.after_failure>`), it frees the host's line for the next request. A response judged a
-throttle is not passed on: the same request goes back to the scheduler to be held until its host is due, up
-to ``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.retrying`), so throttles never use up
-``RETRY_TIMES``.
+:class:`~scrapy_polite.scheduler.PoliteScheduler` holds it until its host is due. It is the one owner of
+a download's outcome: a response is recorded by :meth:`PoliteDownloaderMiddleware.response_downloaded` (the
+signal), a failure by ``process_exception``; then the request's life ends (its lines freed for the next
+request). A response judged a throttle is not passed on: the same request goes back to the scheduler to be
+held until its host is due, up to ``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.retrying`), so
+throttles never use up ``RETRY_TIMES``.
 
 Settings: ``POLITE_ENABLED`` and the ``POLITE_*`` settings (:data:`scrapy_polite.settings.declaration.SETTINGS`).
 Request meta: ``polite_delay`` (seconds, a larger interval for this request's host), ``polite_burst`` (segments of
@@ -28,6 +27,7 @@ from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
+from .lifecycle import Stage
 from .pacer import CrawlStopped, Pacer, get_pacer
 from .policy import host_key
 from .seams import Defer, Redefer, ResolverNotInstalled
@@ -47,7 +47,8 @@ __all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware"]
 
 
 class _PacerComponent:
-    """Built ``from_crawler`` around the crawler's shared :class:`~scrapy_polite.pacer.Pacer`.
+    """Built ``from_crawler`` around the crawler's shared :class:`~scrapy_polite.pacer.Pacer`, taking the units it
+    uses: the booker (go / wait / defer) and the report (stats).
 
     Raises:
         NotConfigured: ``POLITE_ENABLED`` is False.
@@ -55,6 +56,8 @@ class _PacerComponent:
 
     def __init__(self, pacer: Pacer) -> None:
         self.pacer = pacer
+        self.booker = pacer.booker
+        self.report = pacer.report
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -64,7 +67,8 @@ class _PacerComponent:
 
 
 class PoliteDownloaderMiddleware(_PacerComponent):
-    """Paces requests per host through the shared :class:`~scrapy_polite.pacer.Pacer`.
+    """Paces requests per host with the crawler's shared :class:`~scrapy_polite.pacer.Pacer` units, and records
+    their outcomes.
 
     Raises:
         NotConfigured: ``POLITE_ENABLED`` is False.
@@ -74,20 +78,24 @@ class PoliteDownloaderMiddleware(_PacerComponent):
 
     def __init__(self, pacer: Pacer) -> None:
         super().__init__(pacer)
+        self.lifecycle = pacer.lifecycle
+        self.recorder = pacer.recorder
+        self.resolution = pacer.resolution
+        self.unpinned = pacer.unpinned
+        self.retries = pacer.retries
         self._refusals_logged: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         middleware = super().from_crawler(crawler)
-        pacer = middleware.pacer
         # Every downloaded response is recorded as it leaves the download handler, before any middleware acts on it.
-        crawler.signals.connect(pacer.response_downloaded, signal=signals.response_downloaded)
+        crawler.signals.connect(middleware.response_downloaded, signal=signals.response_downloaded)
         # A throttled page whose retries are spent is given up once its response reaches the engine.
-        crawler.signals.connect(pacer.response_received, signal=signals.response_received)
+        crawler.signals.connect(middleware.retries.response_received, signal=signals.response_received)
         return middleware
 
     async def process_request(self, request: Request) -> Request | None:
-        pacer = self.pacer
+        report = self.report
         # A redirect or retry copies its parent's meta: forget the parent's booking.
         request.meta.pop(HOST_META, None)
         request.meta.pop(SENT_AT_META, None)
@@ -98,9 +106,9 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             parsed = url_host(request.url)  # never from meta: a redirect copies the old request's meta
         except InvalidHost as exc:  # docs/spec.md §1: the URL Standard rejects it; nothing is resolved
             if exc.missing:
-                pacer.inc("refused/no_host")
+                report.inc("refused/no_host")
                 raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: it has no host to pace") from exc
-            pacer.inc("refused/invalid_host")
+            report.inc("refused/invalid_host")
             _log_refusal(self._refusals_logged, request.url, exc.reason)
             raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: {exc.reason}") from exc
         if parsed is None:
@@ -110,58 +118,110 @@ class PoliteDownloaderMiddleware(_PacerComponent):
                 scheme = ""
             if scheme in NO_NETWORK_SCHEMES:
                 return None
-            pacer.inc("refused/no_host")
+            report.inc("refused/no_host")
             raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: it has no host to pace")
         host = parsed.key
         request.meta[HOST_META] = host
         if request.meta.get(DONT_PACE_META):  # exempt from pacing, never from the address rules
-            pacer.inc("dont_pace")
-            pacer.arrive(request, host)
-            try:
-                addresses = await pacer.addresses(request, host)
-            except ResolverNotInstalled as exc:
-                raise _stopped(request, exc) from exc
-            if addresses:
-                pacer.send_to(request, host, addresses[0])
+            await self._unpaced(request, host)
             return None
         try:
-            outcome = await pacer.before_request(request, host)
+            self.pacer.check()  # the error that stopped the crawl: no request goes out after it
+            outcome = await self.booker.before_request(request, host)
         except (StoreError, ResolverNotInstalled) as exc:
             raise _stopped(request, exc) from exc
         if isinstance(outcome, Defer):
-            _hold(pacer, request, host, outcome.due)
+            _hold(self.pacer, request, host, outcome.due)
             return request  # the engine hands it back to the scheduler, which keeps it until due
         request.meta[SENT_AT_META] = outcome.sent_at
         if outcome.serial is not None:
             request.meta[QUOTA_SERIAL_META] = outcome.serial
         if outcome.address is not None:
-            pacer.send_to(request, host, outcome.address)
+            self._send_to(request, host, outcome.address)
         return None
 
+    async def _unpaced(self, request: Request, host: str) -> None:
+        """A ``dont_pace`` request: its claim on the host is over, it is counted, and it goes to a public address
+        of the host (the address rules hold for it: docs/spec.md §4)."""
+        self.report.inc("dont_pace")
+        self.lifecycle.arrive(request, host)
+        try:
+            addresses = await self.resolution.addresses(request, host)
+        except ResolverNotInstalled as exc:
+            raise _stopped(request, exc) from exc
+        if addresses:
+            self._send_to(request, host, addresses[0])
+
+    def _send_to(self, request: Request, host: str, address: str) -> None:
+        """``request`` of ``host`` goes to ``address``: pinned to it, and counted (``polite/unpinned/<handler>``)
+        when a checked handler sends it (docs/spec.md §4.1)."""
+        self.resolution.pin(request, host, address)
+        self.unpinned.sent(request)
+
+    def response_downloaded(self, response: Response, request: Request, spider: Any = None) -> None:
+        """``response_downloaded`` (connected in :meth:`from_crawler`): **the** place a downloaded response is
+        recorded (docs/spec.md §5), before any downloader middleware acts on it (``RetryMiddleware`` turning a
+        429 into a retry): its status, ``Retry-After`` and rate-limit fields into the table. A response a
+        checked handler got from a non-public address is recorded as a failure that never throttles, one from
+        another host than the booked one (a browser's redirect) is not recorded (docs/spec.md §4.1). A
+        robots.txt response's status is noted. ``process_response`` then waits for the record."""
+        try:
+            refusal = self.unpinned.refusal(request, response)
+            if refusal is not None:
+                # A checked handler reached a non-public address; that server's status (a 429) says nothing
+                # of the booked host: a failure, which never throttles it.
+                self.recorder.record_failure(request, IgnoreRequest(refusal))
+            elif not self.unpinned.foreign_response(request, response):
+                self.recorder.record_response(request, response)
+        finally:  # a failing record never skips the robots.txt status
+            if request.url.endswith("/robots.txt"):
+                self.recorder.robots_downloaded(request.url, response.status)
+
     async def process_response(self, request: Request, response: Response) -> Request | Response:
-        # The record's outcome (docs/spec.md §5); IgnoreRequest for a response from a non-public address (§4.1).
-        due = await self.pacer.after_response(request, response)
-        # A throttle is not a failure (docs/spec.md §2): the same request goes back to be held until its host
-        # is due, instead of reaching RetryMiddleware or the spider, while its retry budget lasts.
+        """Wait for the response's record (:meth:`response_downloaded`), then end the request's life (its lines
+        freed, its host woken); a response that answers a request before it was booked (the HTTP cache, a
+        middleware's own response) only ends it (docs/spec.md §5). A throttle within ``POLITE_THROTTLE_RETRIES``
+        sends the same request back to be held until its host is due (§2), instead of reaching RetryMiddleware
+        or the spider.
+
+        Raises:
+            IgnoreRequest: a checked handler reached a non-public address (docs/spec.md §4.1).
+        """
+        if self.lifecycle.stage(request) != Stage.IN_FLIGHT:  # not booked in this pass through the downloader
+            self.booker.end(request, dropped=True)
+            return response
+        refusal = self.unpinned.refusal(request, response)  # decided when it was recorded: counted once
+        decision = await self.recorder.finish(request)
+        if refusal is not None:
+            raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")
+        due = self.retries.due(request, decision)
         if due is not None:
             _hold(self.pacer, request, request.meta[HOST_META], due)
             return request
         return response
 
     async def process_exception(self, request: Request, exception: Exception) -> Any:
+        """A throttled burst segment (:class:`~scrapy_polite.seams.Redefer`) goes back to be held until its host
+        is due. Any other failure is recorded (a failure that reached the server's side counts as a throttle
+        without Retry-After: docs/spec.md §2) and ends the request's life; a request dropped before it was
+        booked (``IgnoreRequest`` from RobotsTxtMiddleware, OffsiteMiddleware, a project's middleware, our own
+        refusal) only ends it (§5)."""
+        booker = self.booker
         if isinstance(exception, Redefer):
             host = request.meta[HOST_META]
-            self.pacer.release(request, host)
+            booker.release(request, host)
             try:
-                due = await self.pacer.due(host)
+                due = await booker.due(host)
             except StoreError as exc:
                 raise _stopped(request, exc) from exc
-            self.pacer.defer(host, due, "throttled")
+            booker.defer(host, due, "throttled")
             _hold(self.pacer, request, host, due)
             return request
-        # Recorded (docs/spec.md §2), or, dropped before it was booked (IgnoreRequest from RobotsTxtMiddleware,
-        # OffsiteMiddleware, a project's middleware, or our own refusal), only ended (§5).
-        await self.pacer.after_failure(request, exception)
+        if self.lifecycle.stage(request) != Stage.IN_FLIGHT:  # not booked in this pass through the downloader
+            booker.end(request, dropped=True)
+            return None
+        self.recorder.record_failure(request, exception)
+        await self.recorder.finish(request)
         return None
 
 
@@ -177,19 +237,18 @@ class PoliteEarlyDeferMiddleware(_PacerComponent):
     """
 
     async def process_request(self, request: Request) -> Request | None:
-        pacer = self.pacer
-        if request.meta.get(DONT_PACE_META) or pacer.failed is not None or not pacer.can_defer(request):
+        if request.meta.get(DONT_PACE_META) or self.pacer.failed is not None or not self.booker.can_defer(request):
             return None
         host = host_key(request.url)
         if host is None:
             return None
         try:
-            due = await pacer.early_due(request, host)
+            due = await self.booker.early_due(request, host)
         except StoreError as exc:
             raise _stopped(request, exc) from exc
         if due is None:
             return None
-        _hold(pacer, request, host, due)
+        _hold(self.pacer, request, host, due)
         return request
 
 

@@ -301,6 +301,14 @@ class Report:
         counters.robots_unreachable_since = since
         counters.robots_cause = cause if since is not None else None
 
+    def robots_given_up(self, limit: float) -> set[str]:
+        """The hosts whose robots.txt has been unreachable (their requests held) for longer than ``limit`` seconds
+        (``POLITE_MAX_IDLE_WAIT``): the idle check does not keep the spider open for them (docs/spec.md §5, "The
+        robots.txt lifecycle")."""
+        now = self.clock()
+        return {host for host, c in self.hosts.items()
+                if c.robots_unreachable_since is not None and now - c.robots_unreachable_since > limit}
+
     def deferred(self, host: str, reason: DeferralReason, url: str | None = None, due: float | None = None) -> None:
         """A request of ``host`` (``url``, when known) was deferred for ``reason`` until ``due`` (this process's
         epoch s; None: unknown, or when its line frees). Also an event of the event log."""

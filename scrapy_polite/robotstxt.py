@@ -157,15 +157,15 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                     return None
                 continue
             assert isinstance(action, Hold)
-            if host is not None and pacer.failed is None and pacer.can_defer(request):
+            if host is not None and pacer.failed is None and pacer.booker.can_defer(request):
                 due = action.until - self._offset()
-                pacer.defer(host, due, "robots_unreachable", request)
+                pacer.booker.defer(host, due, "robots_unreachable", request)
                 _hold(pacer, request, host, due)
                 return request  # the engine hands it back to the scheduler, which holds it until due
             # Not from our scheduler: it waits, as a request that cannot be deferred waits for its host's turn.
-            limit = pacer.max_idle_wait
+            limit = pacer.config.max_idle_wait
             if now - action.since > limit:
-                pacer.inc("robots/given_up")
+                pacer.report.inc("robots/given_up")
                 raise IgnoreRequest(f"scrapy-polite: the robots.txt of {origin} has been unreachable for longer than "
                                     f"POLITE_MAX_IDLE_WAIT={limit:g} s; {request} was not sent")
             await await_deferred(reactor_sleep(max(0.0, min(action.until, action.since + limit + 0.001) - now)))
@@ -179,7 +179,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         if host is not None:
             self._hosts[origin] = host
         if expired:
-            self.pacer.inc("robots/expired")
+            self.pacer.report.inc("robots/expired")
             logger.info("scrapy-polite: the robots.txt of %s was read more than 24 hours ago: asking it again "
                         "(RFC 9309 §2.4)", origin)
         d = deferred_from_coro(self._ask(origin, request))
@@ -192,7 +192,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         before = self._states.get(origin)
         # Should reading fail unexpectedly (logged by the caller), the origin stays unreachable for an interval.
         state: RobotsState | None = answered(before, Answer("unreachable", cause="error"), self._now(),
-                                             self._now() + self.pacer.host_interval)
+                                             self._now() + self.pacer.policy.host_interval)
         waiters_get: Rules | None = None
         try:
             answer, hosts = await self._read(origin)
@@ -245,7 +245,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             location = _location(response)
             if location is None or hop == ROBOTS_MAX_REDIRECTS:
                 return self._answer(response, redirected_too_often=location is not None), hosts
-            self.pacer.inc("robots/redirects")
+            self.pacer.report.inc("robots/redirects")
             url = location
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -259,7 +259,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         body = truncate(response.body)
         if len(body) < len(response.body):
             assert self.pacer is not None
-            self.pacer.inc("robots/truncated")
+            self.pacer.report.inc("robots/truncated")
             logger.info("scrapy-polite: %s is %d bytes: only the first %d are parsed (RFC 9309 §2.5)", response.url,
                         len(response.body), len(body))
         return Answer("parsed", rules=Rules(build_from_crawler(self._parserimpl, self.crawler, body)))
@@ -270,10 +270,10 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         :func:`~scrapy_polite.robots.reask_floor` after ``now``."""
         pacer = self.pacer
         assert pacer is not None
-        at = now + reask_floor(failures, pacer.host_interval, pacer.max_backoff)
+        at = now + reask_floor(failures, pacer.policy.host_interval, pacer.policy.max_backoff)
         for host in hosts:
             try:
-                due = await pacer.due(host)
+                due = await pacer.booker.due(host)
             except StoreError:
                 continue  # the crawl is being stopped (logged once); the floor is enough for what is left of it
             at = max(at, due + self._offset())
@@ -286,7 +286,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         assert pacer is not None
         host = self._hosts.get(origin)
         if answer.kind == "unreachable" and state is not None:
-            pacer.inc("robots/unreachable")
+            pacer.report.inc("robots/unreachable")
             wait = state.retry_at - now
             if state.rules is not None:
                 logger.info("scrapy-polite: the robots.txt of %s is unreachable (%s): keeping the rules read before "
@@ -299,15 +299,15 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                             "asking again in %.1f s", origin, answer.cause, state.failures,
                             now - (state.since if state.since is not None else now), wait)
             if host is not None and state.holds and state.since is not None:
-                pacer.robots_unreachable(host, state.since - self._offset(), answer.cause)
+                pacer.report.robots_unreachable(host, state.since - self._offset(), answer.cause)
             return
         if answer.kind == "unavailable":
-            pacer.inc("robots/unavailable")
+            pacer.report.inc("robots/unavailable")
         if before is not None and before.since is not None:
             logger.info("scrapy-polite: the robots.txt of %s answered (%s) after %.1f s unreachable: it now decides "
                         "the requests held for it", origin, answer.cause or "2xx", now - before.since)
         if host is not None:
-            pacer.robots_unreachable(host, None)
+            pacer.report.robots_unreachable(host, None)
 
 
 def _location(response: Response) -> str | None:

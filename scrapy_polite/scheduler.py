@@ -77,7 +77,8 @@ class PoliteScheduler:
     Args:
         crawler: the crawler.
         inner: the wrapped scheduler (any ``BaseScheduler``).
-        pacer: the crawler's pacer.
+        pacer: the crawler's pacer, of which it takes the units it uses: the lifecycle (blocked and parkable
+            hosts, claims), the booker (a held request gives up its lines), the clocks (``sync``), the settings.
     """
 
     def __init__(self, crawler: Crawler, inner: Any, pacer: Pacer) -> None:
@@ -85,8 +86,11 @@ class PoliteScheduler:
         self.inner = inner
         self.pacer = pacer
         self.clock = pacer.clock
+        self.lifecycle = pacer.lifecycle
+        self.booker = pacer.booker
+        self.sync = pacer.sync
         self._jobdir: str | None = crawler.settings.get("JOBDIR") or None
-        self._held = HeldRequests(crawler, max_in_memory=pacer.max_held_in_memory, jobdir=self._jobdir)
+        self._held = HeldRequests(crawler, max_in_memory=pacer.config.max_held_in_memory, jobdir=self._jobdir)
         self._due: dict[str, float] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
@@ -101,7 +105,7 @@ class PoliteScheduler:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         pacer = get_pacer(crawler)
-        base = pacer.scheduler_base
+        base = pacer.config.scheduler_base
         inner_cls = load_object(base) if isinstance(base, str) else base
         if inner_cls is cls:
             raise SettingsError("POLITE_SCHEDULER_BASE must not be PoliteScheduler itself: name the scheduler it "
@@ -115,9 +119,8 @@ class PoliteScheduler:
         self.pacer.scheduler = self
         self._load()
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
-        options = self.pacer.shared_frontier if is_shared_scheduler(self.inner) else None
-        if options is not None:
-            self.shared = SharedWorker.open(self.crawler, self.pacer, self.inner, spider, options)
+        if self.pacer.config.shared_frontier and is_shared_scheduler(self.inner):
+            self.shared = SharedWorker.open(self.crawler, self.pacer, self.inner, spider)
         return result
 
     @property
@@ -173,7 +176,7 @@ class PoliteScheduler:
     def unpark(self) -> int:
         """Wake every host parked "until its line frees" that nothing holds back any more (the idle check,
         after :meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`); returns how many."""
-        parked = [host for host, due in self._due.items() if due == math.inf and not self.pacer.host_parkable(host)]
+        parked = [host for host, due in self._due.items() if due == math.inf and not self.lifecycle.parkable(host)]
         for host in parked:
             self.wake(host)
         return len(parked)
@@ -236,10 +239,10 @@ class PoliteScheduler:
         frontier = self.frontier
         if (frontier is not None and due is not None and frontier.owns(request)
                 and frontier.hold(request, host, due - self.clock())):
-            self.pacer.held(request, host)  # gives up its claim and lines
+            self.booker.held(request, host)  # gives up its claim and lines
             return
-        self._held.push(host, request, None if due is None else self.pacer.to_store(due))  # persisted: store time
-        if due is None and not self.pacer.host_parkable(host):
+        self._held.push(host, request, None if due is None else self.sync.to_store(due))  # persisted: store time
+        if due is None and not self.lifecycle.parkable(host):
             due = self.clock()  # nothing holds the host back any more: it may go now (docs/spec.md §5)
         when = due if due is not None else math.inf
         current = self._due.get(host)
@@ -250,7 +253,7 @@ class PoliteScheduler:
         stats = self.crawler.stats
         if stats is not None:
             stats.max_value("polite/deferred/max_held", self.held_count())
-        self.pacer.held(request, host)  # gives up its claim and lines: may wake the host (self.wake)
+        self.booker.held(request, host)  # gives up its claim and lines: may wake the host (self.wake)
 
     def wake(self, host: str) -> None:
         """What held the host back (its line, its claim, an address line) is gone: its held requests may go
@@ -302,7 +305,7 @@ class PoliteScheduler:
             host = entry[2]
             if host not in self._held or self._due.get(host, math.inf) > now:
                 continue  # a stale heap entry
-            if self.pacer.host_blocked(host):
+            if self.lifecycle.blocked(host):
                 self._due[host] = math.inf  # woken again when its line frees or its claim ends (lifecycle)
                 continue
             found = self._held.pop(host)  # None only when none of the host's records could be read back
@@ -311,7 +314,7 @@ class PoliteScheduler:
             else:
                 self._due[host] = math.inf
             if found is not None:
-                self.pacer.released(found, host)  # it claims its host until it is booked or leaves
+                self.lifecycle.release(found, host)  # it claims its host until it is booked or leaves
                 break
         return found
 
@@ -377,7 +380,7 @@ class PoliteScheduler:
     def _load(self) -> None:
         """Hold again what a previous run left under ``JOBDIR`` (stopped or killed), at the due times it
         recorded; a ``polite_deferred.pickle`` of an older version is moved into the held requests."""
-        to_local = self.pacer.to_local  # due times are persisted in the store's clock (docs/spec.md §5)
+        to_local = self.sync.to_local  # due times are persisted in the store's clock (docs/spec.md §5)
         dues = {host: 0.0 if due is None else to_local(due) for host, due in self._held.load().items()}
         path = self._path()
         if path and os.path.exists(path):

@@ -409,7 +409,7 @@ async def test_a_store_without_a_server_clock_is_on_this_process_clock_and_fails
     _fill(store)
     pacer = _pacer(store)
     try:
-        assert not pacer.server_clock
+        assert not pacer.sync.server_clock
         # Its errors stop the crawl at once: no outage to wait out (behind the watch of a table that comes back empty).
         assert isinstance(pacer.table, TableWatch) and not isinstance(pacer.table.store, StoreGuard)
         offset, rows = await deferred_from_coro(pacer.hosts_in_backoff())  # an asyncio task, as the crawl's
@@ -424,7 +424,7 @@ async def test_negative_control_a_server_clock_is_converted_and_its_outages_wait
     _fill(store)
     pacer = _pacer(store)
     try:
-        assert pacer.server_clock and isinstance(pacer.table, TableWatch) and isinstance(pacer.table.store, StoreGuard)
+        assert pacer.sync.server_clock and isinstance(pacer.table, TableWatch) and isinstance(pacer.table.store, StoreGuard)
         offset, _rows = await deferred_from_coro(pacer.hosts_in_backoff())
         assert offset == pytest.approx(100.0)  # the table's times + 100 s are this process's
     finally:

@@ -220,7 +220,7 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
     r1 = scheduler.next_request()
     assert r1 is not None
     active.add(r1)
-    assert isinstance(inline(pacer.before_request(r1, host)), Go)
+    assert isinstance(inline(pacer.booker.before_request(r1, host)), Go)
     r1.meta["polite_host"] = host_key(r1.url)
     t.advance(0.2)
     pacer.recorder.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "30"}, request=r1))
@@ -230,7 +230,7 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
     assert r2 is not None
     active.add(r2)
     r2.meta["polite_host"] = host
-    outcome = inline(pacer.before_request(r2, host))
+    outcome = inline(pacer.booker.before_request(r2, host))
     assert isinstance(outcome, Defer) and outcome.reason == "throttled"
     scheduler.hold(r2, host, outcome.due)
     active.discard(r2)
@@ -241,7 +241,7 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
         request = scheduler.next_request()
         if request is not None:
             active.add(request)
-            outcome = inline(pacer.before_request(request, host))
+            outcome = inline(pacer.booker.before_request(request, host))
             if isinstance(outcome, Go):
                 return 30.0, t.monotonic() - deferred_at
             scheduler.hold(request, host, outcome.due)
@@ -308,10 +308,10 @@ def test_a_wall_clock_step_does_not_bring_a_booking_forward_or_push_it_back():
         r1 = scrapy.Request("http://a.example/1", meta={"proxy": "http://p.example:1", "polite_host": "a.example"})
         r2 = scrapy.Request("http://a.example/2", meta={"proxy": "http://p.example:1", "polite_host": "a.example"})
         start = t.monotonic()
-        assert isinstance(inline(pacer.before_request(r1, "a.example")), Go)
-        pacer.release(r1, "a.example")
+        assert isinstance(inline(pacer.booker.before_request(r1, "a.example")), Go)
+        pacer.booker.release(r1, "a.example")
         t.step(step)
-        assert isinstance(inline(pacer.before_request(r2, "a.example")), Go)
+        assert isinstance(inline(pacer.booker.before_request(r2, "a.example")), Go)
         assert t.monotonic() - start == pytest.approx(want), (wall_clock, step, slept)
 
 

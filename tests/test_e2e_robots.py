@@ -454,7 +454,7 @@ async def test_five_redirects_are_followed_across_hosts(arrival_server):
     from scrapy_polite.pacer import find_pacer
 
     pacer = find_pacer(crawler)
-    assert pacer is not None and pacer.hosts["127.0.33.15"].requests == 3, log
+    assert pacer is not None and pacer.report.hosts["127.0.33.15"].requests == 3, log
 
 
 @pytest_twisted.ensureDeferred

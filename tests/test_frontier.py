@@ -22,6 +22,7 @@ from scrapy_polite.commands import run_command
 from scrapy_polite.frontier import LEASE_META, RedisFrontier, is_shared_scheduler, queue_mode
 from scrapy_polite.frontier_worker import SharedWorker
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
+from tests.support.scheduler_pacer import SchedulerPacer
 
 redis = pytest.importorskip("redis")
 scrapy_redis_queue = pytest.importorskip("scrapy_redis.queue")
@@ -273,7 +274,8 @@ def test_leases_are_listed_per_worker_renewing_or_not(redis_url):
 def idle_worker(farm: Farm) -> SharedWorker:
     """A worker's side of the frontier (its idle decision), with a crawler that has no engine to wake."""
     crawler = SimpleNamespace(settings=Settings({"CONCURRENT_REQUESTS": 16}), stats=None, engine=None)
-    pacer = SimpleNamespace(inc=lambda key, count=1: farm.stats.__setitem__(key, farm.stats.get(key, 0) + count))
+    pacer = SchedulerPacer()
+    pacer.report.counts = farm.stats  # type: ignore[misc]
     return SharedWorker(crawler, pacer, farm.worker(), inner=None)  # type: ignore[arg-type]
 
 

@@ -1,6 +1,6 @@
 """The glue units without real time (docs/spec.md §3, §5): :class:`~scrapy_polite.lifecycle.Lifecycle`,
 :class:`~scrapy_polite.booking.Booker`, :class:`~scrapy_polite.recording.Recorder` and the
-:class:`~scrapy_polite.pacer.Pacer` facade, driven by a fake clock, a fake sleep (it advances the fake clock
+:class:`~scrapy_polite.pacer.Pacer` that holds them, driven by a fake clock, a fake sleep (it advances the fake clock
 and returns a fired Deferred, or a Deferred the test fires), a ``MemoryStore`` on that clock behind an
 inline ``AsyncStore``, a fake holding scheduler and a fake resolution with fixed addresses.
 
@@ -32,7 +32,8 @@ from twisted.python.failure import Failure
 
 from scrapy_polite.booking import Booker
 from scrapy_polite.lifecycle import Lifecycle, Stage
-from scrapy_polite.pacer import Pacer
+from scrapy_polite.middleware import PoliteDownloaderMiddleware
+from scrapy_polite.pacer import CrawlStopped, Pacer
 from scrapy_polite.policy import HostState, host_key
 from scrapy_polite.recording import Recorder
 from scrapy_polite.reporting import Report
@@ -818,7 +819,7 @@ def test_a_published_delay_above_max_wait_defers_the_next_request():
 
 
 # --------------------------------------------------------------------------------------------------
-# The Pacer facade and store errors
+# The pacer's units and store errors
 
 
 def fake_crawler(**settings: Any) -> Any:
@@ -838,15 +839,15 @@ def test_the_pacer_paces_a_host_on_the_fake_clock():
     sleep = FakeSleep(clock)
     pacer = pacer_on(MemoryStore(clock=clock), clock, sleep)
     r1 = request("http://a.example/1", proxy="http://proxy.example:3128")  # no addresses of ours
-    assert inline(pacer.before_request(r1, "a.example")) == Go(sent_at=T0, address=None)
+    assert inline(pacer.booker.before_request(r1, "a.example")) == Go(sent_at=T0, address=None)
     r1.meta["polite_sent_at"] = T0
     clock.advance(0.5)
     pacer.recorder.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "3"}, request=r1))
     inline(pacer.recorder.finish(r1))
     assert not pacer.lifecycle.busy("a.example") and pacer.scheduler.wakes == ["a.example"]
     r2 = request("http://a.example/2", proxy="http://proxy.example:3128")
-    assert inline(pacer.before_request(r2, "a.example")) == Defer(due=T0 + 3.5, reason="throttled")
-    report = pacer.host_report()["a.example"]
+    assert inline(pacer.booker.before_request(r2, "a.example")) == Defer(due=T0 + 3.5, reason="throttled")
+    report = pacer.report.host_report()["a.example"]
     assert (report["requests"], report["throttles"], report["deferral_reasons"]) == (1, 1, {"throttled": 1})
     assert pacer.crawler.stats.get_value("polite/proxy_unpinned") == 2
     assert pacer.failed is None and sleep.calls == []
@@ -858,19 +859,19 @@ def test_a_store_error_stops_the_pacer():
     pacer = pacer_on(broken, clock, FakeSleep(clock))
     r = request("http://a.example/", proxy="http://proxy.example:3128")
     with pytest.raises(StoreError) as raised:
-        inline(pacer.before_request(r, "a.example"))
+        inline(pacer.booker.before_request(r, "a.example"))
     assert pacer.failed is raised.value
     assert pacer.crawler.stats.get_value("polite/store_errors") == 1
     assert not pacer.lifecycle.busy("a.example")  # the line is not leaked
-    # Nothing goes out after it, and the table is not asked again.
+    # Nothing goes out after it (the middleware checks the pacer first), and the table is not asked again.
     calls = broken.calls
-    with pytest.raises(StoreError) as again:
-        inline(pacer.before_request(request("http://b.example/", proxy="http://p:1"), "b.example"))
-    assert again.value is raised.value and broken.calls == calls
+    with pytest.raises(CrawlStopped) as again:
+        inline(PoliteDownloaderMiddleware(pacer).process_request(request("http://b.example/", proxy="http://p:1")))
+    assert again.value.__cause__ is raised.value and broken.calls == calls
     assert pacer.crawler.stats.get_value("polite/store_errors") == 1
     # Negative control: the same pacer on a working table books and never fails.
     working = pacer_on(MemoryStore(clock=clock), clock, FakeSleep(clock))
-    assert isinstance(inline(working.before_request(request("http://a.example/", proxy="http://p:1"), "a.example")),
+    assert isinstance(inline(working.booker.before_request(request("http://a.example/", proxy="http://p:1"), "a.example")),
                       Go)
     assert working.failed is None
 
@@ -885,10 +886,10 @@ def test_a_store_error_while_recording_stops_the_pacer(step):
     elif step == "record_failure":
         pacer.recorder.record_failure(r, txerror.ConnectionRefusedError())
     elif step == "set_crawl_delay":
-        pacer.set_crawl_delay("a.example", 5)
+        pacer.recorder.set_crawl_delay("a.example", 5)
     else:
         with pytest.raises(StoreError):
-            inline(pacer.early_due(r, "a.example"))
+            inline(pacer.booker.early_due(r, "a.example"))
     assert isinstance(pacer.failed, StoreError)
     with pytest.raises(StoreError):
         pacer.check()
@@ -912,7 +913,7 @@ def test_a_late_record_after_the_close_writes_nothing_and_stops_nothing(caplog):
     r2 = request("http://a.example/2")
     pacer.recorder.record_response(r2, Response(r2.url, status=429, headers={"Retry-After": "30"}, request=r2))
     pacer.recorder.record_failure(r2, txerror.ConnectionRefusedError())
-    pacer.set_crawl_delay("a.example", 9)
+    pacer.recorder.set_crawl_delay("a.example", 9)
     assert store.get("a.example").consec == 1 and store.get("a.example").crawl_delay == 0.0  # nothing written
     assert pacer.failed is None and pacer.crawler.stats.get_value("polite/store_errors") is None
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

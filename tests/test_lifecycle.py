@@ -98,27 +98,16 @@ class SteppedClock:
 
 
 class SchedulerPacer(StandInPacer):
-    """What the scheduler asks of the pacer, as :class:`~scrapy_polite.pacer.Pacer` answers it."""
+    """The units the scheduler takes from the pacer, the machine's own: its lifecycle, its booker, its clock."""
 
     def __init__(self, machine: LifecycleMachine) -> None:
         super().__init__(0.0, max_held_in_memory=1)  # its clock is the machine's; an embedded store's, the same
         self.m = machine
+        self.lifecycle = machine.lifecycle
+        self.booker = machine.booker
 
     def clock(self) -> float:
         return self.m.clock()
-
-    def host_blocked(self, host: str) -> bool:
-        return self.m.lifecycle.blocked(host)
-
-    def host_parkable(self, host: str) -> bool:
-        return self.m.lifecycle.parkable(host)
-
-    def released(self, request: Any, host: str) -> None:
-        self.m.lifecycle.release(request, host)
-
-    def held(self, request: Any, host: str) -> None:
-        self.m.booker.release(request, host)
-        self.m.lifecycle.held(request, host)
 
     def reconcile(self, *, force: bool = False) -> int:
         ended = self.m.lifecycle.reconcile(self.m.active)
@@ -546,7 +535,7 @@ async def test_the_pacers_reconcile_releases_the_reclaimed_requests_pin_and_hold
         crawler.engine = SimpleNamespace(downloader=SimpleNamespace(active=active))
         ra = request("http://a.example/1")
         active.add(ra)
-        go = await pacer.before_request(ra, "a.example")
+        go = await pacer.booker.before_request(ra, "a.example")
         resolution.pin(ra, "a.example", go.address)  # what the middleware does with a Go
         assert resolution.pins[("a.example", "192.0.2.1")] == 1 and store.get("a.example").held_by != 0
         assert pacer.reconcile(force=True) == 0  # negative control: still in the downloader

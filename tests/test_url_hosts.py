@@ -234,15 +234,9 @@ async def test_address_verdict_without_a_dns_query(dns_server, url, key, verdict
 @pytest_twisted.ensureDeferred
 async def test_rejected_hosts_are_refused_with_a_reason_and_no_query(dns_server, url):
     from scrapy_polite.middleware import PoliteDownloaderMiddleware
+    from tests.support.scheduler_pacer import SchedulerPacer
 
-    class FakePacer:
-        def __init__(self) -> None:
-            self.counts: dict[str, int] = {}
-
-        def inc(self, key: str, count: int = 1) -> None:
-            self.counts[key] = self.counts.get(key, 0) + count
-
-    pacer = FakePacer()
+    pacer = SchedulerPacer()
     mw = PoliteDownloaderMiddleware(pacer)  # type: ignore[arg-type]
     with no_dns() as log:
         try:

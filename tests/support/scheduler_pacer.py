@@ -1,16 +1,48 @@
-"""A stand-in for the pacer, with only what :class:`~scrapy_polite.scheduler.PoliteScheduler` uses of the
-facade (:class:`~scrapy_polite.pacer.Pacer`): for the scheduler's tests without a crawl."""
+"""The one shared stand-in for the pacer (:class:`~scrapy_polite.pacer.Pacer`, the container of a crawl's units),
+with the units the scheduler and the middleware's refusals take from it, for their tests without a crawl."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from scrapy_polite.seams import ClockSync
 
 
+class FreeLines:
+    """A lifecycle (:class:`~scrapy_polite.lifecycle.Lifecycle`'s scheduler side) whose lines are always free:
+    no host is blocked or parkable, claims and holds change nothing."""
+
+    def blocked(self, host: str) -> bool:
+        return False
+
+    def parkable(self, host: str) -> bool:
+        return False
+
+    def blocked_hosts(self) -> set[str]:
+        return set()
+
+    def release(self, request: Any, host: str) -> None:
+        pass
+
+    def held(self, request: Any, host: str) -> None:
+        pass
+
+
+class CountingReport:
+    """A report (:class:`~scrapy_polite.reporting.Report`) that counts the ``polite/...`` stats in ``counts``."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, float] = {}
+
+    def inc(self, key: str, count: float = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + count
+
+
 class SchedulerPacer:
-    """What PoliteScheduler uses of the pacer: an injected clock (``now``, set by the test), the bound of held
-    requests kept in memory, lines that are always free, and the pace table's clock.
+    """A pacer's units for the scheduler: an injected clock (``now``, set by the test), the bound of held requests
+    kept in memory, lines that are always free (:class:`FreeLines`, also as the booker a held request gives its
+    lines back to), a counting report, and the pace table's clock.
 
     Args:
         now: this process's clock at the start, epoch seconds.
@@ -19,34 +51,27 @@ class SchedulerPacer:
             store, whose clock is this one.
     """
 
-    def __init__(self, now: float, *, max_held_in_memory: int = 100, offset: float | None = None) -> None:
+    def __init__(self, now: float = 0.0, *, max_held_in_memory: int = 100, offset: float | None = None) -> None:
         self.now = now
-        self.max_held_in_memory = max_held_in_memory
+        self.config = SimpleNamespace(max_held_in_memory=max_held_in_memory, shared_frontier=False)
         self.scheduler: Any = None
-        self._sync = ClockSync(self.clock, server_clock=offset is not None)
+        self.lifecycle: Any = FreeLines()
+        self.booker: Any = self.lifecycle
+        self.report = CountingReport()
+        self.counts = self.report.counts
+        #: The units of a download's outcome: none (a test that reaches one fails on it).
+        self.recorder = self.resolution = self.unpinned = self.retries = None
+        self.sync = ClockSync(self.clock, server_clock=offset is not None)
         if offset is not None:
-            self._sync.observe(now - offset)
+            self.sync.observe(now - offset)
 
     def clock(self) -> float:
         return self.now
 
-    def to_store(self, local_time: float) -> float:
-        return self._sync.to_store(local_time)
-
-    def to_local(self, store_time: float) -> float:
-        return self._sync.to_local(store_time)
-
-    def host_blocked(self, host: str) -> bool:
-        return False
-
-    def host_parkable(self, host: str) -> bool:
-        return False
-
-    def released(self, request: Any, host: str) -> None:
-        pass
-
-    def held(self, request: Any, host: str) -> None:
-        pass
-
     def reconcile(self, *, force: bool = False) -> int:
         return 0
+
+    failed = None
+
+    def check(self) -> None:
+        """Nothing stopped the crawl."""
