@@ -1144,3 +1144,42 @@ def test_a_no_wait_connection_follows_a_replaced_file_without_waiting_for_its_lo
             other.close()
         inline.close()
         store.close()
+
+
+def test_a_step_that_asks_again_after_the_close_fails_at_once_and_leaves_no_timer():
+    """An update whose step was running when the table closed, and asks for another step after a wait, fails
+    with the close's error at once: no timer is left on the reactor after the close. Negative control: before the
+    close the same answer waits on the reactor's clock."""
+    from twisted.internet.task import Clock
+
+    from scrapy_polite.stores.threads import Stepper
+
+    class Pool:
+        """Runs each step by hand: ``pending`` holds the Deferred of the step running."""
+
+        def __init__(self) -> None:
+            self.pending: list[defer.Deferred[Any]] = []
+
+        def run_aside(self, fn: Any) -> defer.Deferred[Any]:
+            d: defer.Deferred[Any] = defer.Deferred()
+            self.pending.append(d)
+            return d
+
+    class Steps:
+        def step(self) -> Any:
+            raise AssertionError("the pool runs the steps by hand")
+
+    clock, pool = Clock(), Pool()
+    stepper = Stepper(clock, pool, lambda: StoreClosed("closed"))  # type: ignore[arg-type]
+    waiting = stepper.run(Steps())  # type: ignore[arg-type]
+    pool.pending.pop().callback(Again(0.5))
+    assert len(clock.getDelayedCalls()) == 1 and not waiting.called  # negative control: it waits for its step
+    stopped = stepper.run(Steps())  # type: ignore[arg-type]
+    stepper.stop()
+    failures: list[Failure] = []
+    waiting.addErrback(failures.append)
+    assert clock.getDelayedCalls() == [] and len(failures) == 1  # the waiting one's timer was cancelled
+    pool.pending.pop().callback(Again(0.5))  # the running step answers after the close
+    stopped.addErrback(failures.append)
+    assert clock.getDelayedCalls() == [] and len(failures) == 2
+    assert all(f.check(StoreClosed) for f in failures)

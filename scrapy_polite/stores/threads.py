@@ -135,6 +135,9 @@ class Stepper:
         if not isinstance(out, Again):
             result_d.callback(out)
             return
+        if self._stopped:  # closed while the step ran: no next step, no timer left after the close
+            result_d.errback(self._closed_error())
+            return
         if out.delay <= 0:
             self._step(steps, result_d)
             return
