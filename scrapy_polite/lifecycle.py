@@ -24,6 +24,11 @@ ours that swallows the exception): a request holding a line or a claim that the 
 
 Lines are *taken*, never assigned (:meth:`Lifecycle.take`): after any await, a line is re-checked and the
 request waits again if another took it meanwhile.
+
+Each request's place is one :class:`Paced` record, and every move checks the stage it leaves
+(:data:`ENTERED_FROM`): an illegal move is counted (``polite/lifecycle/illegal``) and logged, and raises
+:class:`IllegalMove` where :data:`STRICT` is on (the tests). A request that has ended may start a new pass (held
+again for a throttle retry, or sent again by a project's middleware).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-__all__ = ["Hold", "Stage", "Lifecycle", "Line"]
+__all__ = ["ENTERED_FROM", "Hold", "IllegalMove", "Stage", "Lifecycle", "Line", "Paced"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +61,38 @@ class Stage(str, enum.Enum):
 
 #: The stages a request has left the process's pacing in.
 ENDED = frozenset({Stage.FINISHED, Stage.DROPPED})
+
+#: The stages each stage may be entered from (None: a request this lifecycle has not seen; an ended request may
+#: begin a new pass). ``finished`` and ``dropped`` are entered from any stage (:meth:`Lifecycle.end`).
+ENTERED_FROM: dict[Stage, frozenset[Stage | None]] = {
+    Stage.HELD: frozenset({None, Stage.RELEASED, Stage.WAITING, Stage.BOOKED, Stage.IN_FLIGHT, *ENDED}),
+    Stage.RELEASED: frozenset({None, Stage.HELD, *ENDED}),
+    Stage.WAITING: frozenset({None, Stage.RELEASED, *ENDED}),
+    Stage.BOOKED: frozenset({Stage.WAITING}),
+    Stage.IN_FLIGHT: frozenset({Stage.WAITING, Stage.BOOKED}),
+}
+
+#: Raise :class:`IllegalMove` on an illegal move instead of counting and logging it (tests/conftest.py turns it on).
+STRICT = False
+
+
+class IllegalMove(AssertionError):
+    """A request was moved to a stage it may not enter from the one it was in (:data:`ENTERED_FROM`)."""
+
+
+@dataclass(slots=True)
+class Paced:
+    """One paced request's place in its life (like Scrapy's download ``Slot``, one record per request).
+
+    Attributes:
+        stage: where it is now.
+        host: the host key it was held, released or booked for (None: not known yet).
+        claimed: the host whose claim it holds (released by the scheduler, not arrived yet), or None.
+    """
+
+    stage: Stage | None = None
+    host: str | None = None
+    claimed: str | None = None
 
 
 @dataclass(slots=True)
@@ -112,10 +149,10 @@ class Lifecycle:
         self._inc = inc
         self._lines: dict[str, Line] = {}
         self._claims: dict[str, Any] = {}  # host → its released request on its way to the booking
-        self._claimed: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # request → host
         self._waiting_hosts: dict[str, set[str]] = {}  # ip: key → hosts deferred until it frees
-        self._stages: weakref.WeakKeyDictionary[Any, Stage] = weakref.WeakKeyDictionary()
-        self._hosts: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        #: request → its place (freed with the request).
+        self._paced: weakref.WeakKeyDictionary[Any, Paced] = weakref.WeakKeyDictionary()
+        self._illegal_seen: set[tuple[Stage | None, Stage]] = set()
         self._budget_waiters: dict[str, Any] = {}  # ip: key → the request waiting for its budget
         self._holds: dict[Any, Hold] = {}  # request → the in-flight hold its booking took in the table
 
@@ -123,11 +160,13 @@ class Lifecycle:
 
     def stage(self, request: Any) -> Stage | None:
         """The request's stage (None: never seen, or garbage-collected)."""
-        return self._stages.get(request)
+        paced = self._paced.get(request)
+        return paced.stage if paced is not None else None
 
     def host_of(self, request: Any) -> str | None:
         """The host key the request was held, released or booked for (None: unknown)."""
-        return self._hosts.get(request)
+        paced = self._paced.get(request)
+        return paced.host if paced is not None else None
 
     def busy(self, key: str) -> bool:
         """Some request holds the key's line."""
@@ -186,25 +225,23 @@ class Lifecycle:
     def held(self, request: Any, host: str) -> None:
         """``request`` is held by the scheduler (deferred, or resumed from disk): it gives up its claim and
         any line it still held, and whatever waited on those is woken."""
-        self._hosts[request] = host
+        paced = self._move(request, Stage.HELD, host)
         self._free(request, host)
-        self._stages[request] = Stage.HELD
+        paced.stage = Stage.HELD
 
     def release(self, request: Any, host: str) -> None:
         """The scheduler handed ``request`` to the engine: it claims its host until it reaches the booking
         (:meth:`arrive`) or leaves (:meth:`end`)."""
-        self._hosts[request] = host
-        self._stages[request] = Stage.RELEASED
+        paced = self._move(request, Stage.RELEASED, host)
         self._claims[host] = request  # the scheduler releases a host only when it is not blocked()
-        self._claimed[request] = host  # ended by this host, whatever host the request arrives for
+        paced.claimed = host  # ended by this host, whatever host the request arrives for
 
     # -- the middleware's and the booking's moves -----------------------------------------------------
 
     def arrive(self, request: Any, host: str) -> None:
         """``request`` reached the pacing middleware for ``host``: its claim (if any) is over; it now waits
         for its line or its booking. The host is woken: it is held back from here on by the line only."""
-        self._hosts[request] = host
-        self._stages[request] = Stage.WAITING
+        self._move(request, Stage.WAITING, host)
         self._unclaim(request)
 
     def take(self, key: str, request: Any) -> bool:
@@ -220,12 +257,12 @@ class Lifecycle:
 
     def booked(self, request: Any) -> None:
         """``request`` is booked in the table; it may still wait for its address's line (docs/spec.md §5)."""
-        self._stages[request] = Stage.BOOKED
+        self._move(request, Stage.BOOKED)
 
     def sent(self, request: Any, hold: Hold | None = None) -> None:
         """``request`` goes to the download handler (``in flight``), holding ``hold`` in the table (None: its
         booking held no row)."""
-        self._stages[request] = Stage.IN_FLIGHT
+        self._move(request, Stage.IN_FLIGHT)
         if hold is not None:
             self._holds[request] = hold
 
@@ -296,7 +333,7 @@ class Lifecycle:
         """``request`` gives up its host's line, its address's line (``address_key``) and its claim, when it
         holds them (idempotent); whatever waited on them is woken. Its stage is not changed (it is deferred,
         or ends next)."""
-        host = host if host is not None else self._hosts.get(request)
+        host = host if host is not None else self.host_of(request)
         if host is None:
             return
         self._free(request, host, address_key)
@@ -305,11 +342,14 @@ class Lifecycle:
             dropped: bool = False) -> None:
         """``request`` leaves the process's pacing (``finished``; ``dropped`` when it left without a
         download): everything it held is freed and its waiters woken (idempotent)."""
-        host = host if host is not None else self._hosts.get(request)
+        host = host if host is not None else self.host_of(request)
         if host is not None:
             self._free(request, host, address_key)
-        if self._stages.get(request) not in ENDED:
-            self._stages[request] = Stage.DROPPED if dropped else Stage.FINISHED
+        paced = self._paced.get(request)
+        if paced is None:
+            paced = self._paced[request] = Paced(host=host)
+        if paced.stage not in ENDED:
+            paced.stage = Stage.DROPPED if dropped else Stage.FINISHED
             if self.ended is not None:
                 self.ended(request)
 
@@ -325,7 +365,7 @@ class Lifecycle:
         if active is None:
             return 0
         gone = [(key, request) for key, request in self.holders()
-                if request not in active and self._stages.get(request) != Stage.HELD]
+                if request not in active and self.stage(request) != Stage.HELD]
         ended = 0
         seen: set[int] = set()
         for key, request in gone:
@@ -349,13 +389,38 @@ class Lifecycle:
 
     # -- internals -------------------------------------------------------------------------------------
 
+    def _move(self, request: Any, stage: Stage, host: str | None = None) -> Paced:
+        """Move ``request`` to ``stage`` (for ``host``, when given), checking the stage it leaves
+        (:data:`ENTERED_FROM`): an illegal move is counted and logged (the first of each kind at WARNING), raises
+        :class:`IllegalMove` when :data:`STRICT`, and is made all the same (the request's lines stay owned)."""
+        paced = self._paced.get(request)
+        if paced is None:
+            paced = self._paced[request] = Paced()
+        if paced.stage not in ENTERED_FROM[stage]:
+            move = (paced.stage, stage)
+            if self._inc is not None:
+                self._inc("lifecycle/illegal", 1)
+            log = logger.debug if move in self._illegal_seen else logger.warning
+            self._illegal_seen.add(move)
+            log("scrapy-polite: %s moved from %s to %s, which the request lifecycle does not allow (docs/spec.md §5)",
+                request, paced.stage.value if paced.stage is not None else "nowhere", stage.value)
+            if STRICT:
+                raise IllegalMove(f"{request} moved from {paced.stage} to {stage}")
+        paced.stage = stage
+        if host is not None:
+            paced.host = host
+        return paced
+
     def _unclaim(self, request: Any) -> None:
-        host = self._claimed.pop(request, None)
+        paced = self._paced.get(request)
+        host = paced.claimed if paced is not None else None
         if host is not None:
             self._end_claim(host, request)
 
     def _end_claim(self, host: str, request: Any) -> None:
-        self._claimed.pop(request, None)
+        paced = self._paced.get(request)
+        if paced is not None:
+            paced.claimed = None
         if self._claims.get(host) is request:
             del self._claims[host]
             self._wake(host)

@@ -145,6 +145,8 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
     "polite/lifecycle/reclaimed": "requests that left without passing scrapy-polite's middleware (a middleware "
                                   "returned another request in their place) and were found missing from the "
                                   "downloader: their host's line freed",
+    "polite/lifecycle/illegal": "moves of a request to a stage it may not enter from the one it was in (a bug: "
+                                "each kind is logged once at WARNING; docs/spec.md §5, \"The request lifecycle\")",
     "polite/ip_line/retaken": "bookings that came back from a slow pace table to find their address taken by "
                               "another request of the crawl, and waited for it",
     "polite/stranded": "the spider closed with reason `polite_stranded`: held requests were parked on nothing (a "

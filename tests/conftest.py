@@ -4,6 +4,7 @@
   in the test venv, and pytest's default (``prepend``) import mode only puts ``tests/`` on ``sys.path``.
 * ``arrival_server``: a factory fixture of loopback :class:`tests.support.server.ArrivalServer` instances,
   all stopped at the end of the test.
+* An illegal move of a request's lifecycle raises (:data:`scrapy_polite.lifecycle.STRICT`).
 * Hypothesis profiles for the property and fuzz tests (tests/test_properties.py, tests/test_fuzz.py):
   ``ci`` (the default: a bounded, derandomised run — the same examples every run, no example database) and
   ``fuzz`` (``HYPOTHESIS_PROFILE=fuzz``: many more random examples, for a long fuzzing session; every
@@ -28,6 +29,11 @@ settings.register_profile("ci", max_examples=150, deadline=None, derandomize=Tru
 settings.register_profile("fuzz", max_examples=20_000, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# An illegal move of a request's lifecycle raises in tests (a crawl counts and logs it: scrapy_polite/lifecycle.py).
+import scrapy_polite.lifecycle  # noqa: E402
+
+scrapy_polite.lifecycle.STRICT = True
 
 
 @pytest.fixture

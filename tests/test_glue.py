@@ -315,8 +315,13 @@ def sent(g: Glue, req: Request, outcome: Go | Defer) -> Go | Defer:
 
 
 def book(g: Glue, req: Request) -> Go | Defer:
-    """Book ``req`` at once (it must not wait)."""
-    return sent(g, req, inline(g.booker.before_request(req, req.meta["polite_host"])))
+    """Book ``req`` at once (it must not wait). A request deferred before comes back as the scheduler hands it out:
+    held, then released (its lifecycle's moves)."""
+    host = req.meta["polite_host"]
+    if g.lines.stage(req) == Stage.WAITING:
+        g.lines.held(req, host)
+        g.lines.release(req, host)
+    return sent(g, req, inline(g.booker.before_request(req, host)))
 
 
 def respond(g: Glue, req: Request, status: int = 200, **headers: str) -> Any:
@@ -1013,7 +1018,9 @@ async def test_a_released_address_keeps_the_interval_after_the_end_of_its_reques
     respond(g, ra)
     row = g.row("ip:192.0.2.1")
     assert row is not None and row.next_allowed >= end_a + 2.0 and row.held_by == 0 and row.held_until == 0
-    again = task(g.booker.before_request(rb, "b.example"))  # b comes back when the scheduler hands it out
+    g.booker.held(rb, "b.example")  # the scheduler holds b, then hands it out
+    g.lines.release(rb, "b.example")
+    again = task(g.booker.before_request(rb, "b.example"))
     await settle()
     assert not again.called, "b went inside the address's interval after a's end"
     g.sleep.wake()  # the wait for the address's next start ends

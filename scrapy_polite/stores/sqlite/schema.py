@@ -146,6 +146,25 @@ def set_up_nowait(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA busy_timeout = 0")
 
 
+def open_new_file(path: str, uri: str, timeout: float, *, nowait: bool) -> sqlite3.Connection:
+    """A connection to the file now at ``path`` (one that replaced the file a connection had open), set up and
+    migrated like a new one (:func:`set_up`), and set up as a no-wait connection when ``nowait``: it then never
+    waits for another connection's lock (``timeout`` is not used), and the set-up raises instead.
+
+    Raises:
+        sqlite3.Error: the file cannot be opened or set up (the connection is closed again).
+    """
+    db = connect(path, 0.0 if nowait else timeout)
+    try:
+        set_up(db, uri)
+        if nowait:
+            set_up_nowait(db)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
 def migrate(db: sqlite3.Connection, uri: str) -> None:
     """Bring the file's schema to :data:`SCHEMA_VERSION`, every step in one transaction.
 

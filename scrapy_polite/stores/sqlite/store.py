@@ -208,33 +208,19 @@ class SQLiteStore:
         and migrated like a new one — so this process shares the table the others now open (docs/spec.md §6, "A
         table that comes back empty": the crawl's :class:`~scrapy_polite.outage.TableWatch` then finds the
         table's identity gone and writes back what it knows). Its callers look at the path once per
-        :data:`FOLLOW_EVERY` seconds at most (one ``stat``).
-
-        A no-wait connection (the reactor's) sets the new file up without waiting either: while another connection
-        holds its lock, the set-up raises (:class:`~scrapy_polite.stores.StoreBusy` to the caller, which asks the
-        waiting connection) and the connection keeps the old file until a later look succeeds.
-
-        Raises:
-            sqlite3.Error: the file at the path cannot be opened or set up (locked, for a no-wait connection).
-        """
+        :data:`FOLLOW_EVERY` seconds at most (one ``stat``). A no-wait connection never waits for the new file's
+        lock (:func:`~scrapy_polite.stores.sqlite.schema.open_new_file`): StoreBusy, and it looks again later."""
         if self._closed:
             return
         self._looked = time.monotonic()
         found = schema.file_id(self.path)
         if found == self._file:
             return
-        db = schema.connect(self.path, 0.0 if self._nowait else self._timeout)
-        try:
-            schema.set_up(db, self.uri)
-            if self._nowait:
-                schema.set_up_nowait(db)
-        except BaseException:
-            db.close()
-            raise
+        db = schema.open_new_file(self.path, self.uri, self._timeout, nowait=self._nowait)
         logger.warning("scrapy-polite: the pace table file %s was %s under the running crawl; opening the file now "
                        "at that path", self.path, "deleted" if found is None else "replaced")
-        old, self._db, self._file = self._db, db, schema.file_id(self.path)
-        old.close()
+        self._db.close()
+        self._db, self._file = db, schema.file_id(self.path)
         if not self._nowait and self._mark.owned:
             self._mark.write(self._db, self._clock())
 
