@@ -34,39 +34,17 @@ table; a JSON key is its column's name lower-cased, with spaces and dashes as un
 
 from __future__ import annotations
 
+from . import help
 from .command import Command, add_global_options, execute, run_command
 from .frontier import print_shared_frontier
-from .help import (
-    EXIT_BAD_LOG,
-    EXIT_NO_HOST,
-    EXIT_OK,
-    EXIT_OUTPUT,
-    EXIT_STORE,
-    EXIT_USAGE,
-    EXIT_VIOLATED,
-    STATUSES,
-    VERB_HELP,
-    VERBS,
-    ExitStatus,
-)
+from .help import *  # noqa: F403  (the verbs' lines and the exit statuses: help.__all__, declared once)
 from .inputs import parse_since
 from .parsing import VerbParsers
 from .rows import HOST_COLUMNS
 
 __all__ = [
     "Command",
-    "EXIT_BAD_LOG",
-    "EXIT_NO_HOST",
-    "EXIT_OK",
-    "EXIT_OUTPUT",
-    "STATUSES",
-    "EXIT_STORE",
-    "EXIT_USAGE",
-    "EXIT_VIOLATED",
     "HOST_COLUMNS",
-    "VERBS",
-    "VERB_HELP",
-    "ExitStatus",
     "VerbParsers",
     "add_global_options",
     "execute",
@@ -74,3 +52,4 @@ __all__ = [
     "print_shared_frontier",
     "run_command",
 ]
+__all__ += help.__all__

@@ -23,78 +23,25 @@ and the fix: the crawl stops (fail closed), it never falls back to unpaced crawl
 
 from __future__ import annotations
 
+from . import base
 from .asyncstore import AsyncStore, ThreadedStore, open_async
-from .base import (
-    ABILITY_FLAGS,
-    DEFAULT_EVENTS_MAX,
-    EVENT_KINDS,
-    TABLE_KEY,
-    Again,
-    BackingOffListing,
-    CallThreads,
-    Event,
-    ExpiringRows,
-    KeyPrefixed,
-    ManyUpdateFn,
-    PaceStore,
-    ProcessLocal,
-    ServerClock,
-    Snapshot,
-    SteppedStore,
-    StoreBusy,
-    StoreClosed,
-    StoreCorrupt,
-    StoreError,
-    StoreOptions,
-    StoreUnavailable,
-    UpdateFn,
-    UpdateSteps,
-    has_ability,
-    hosts_backing_off,
-    table_name,
-)
+from .base import *  # noqa: F403  (the protocol, its abilities and errors: base.__all__, declared once)
 from .memory import AsyncMemoryStore, MemoryStore
 from .registry import open_store, register_store, registered_schemes, sqlite_path
 from .sqlite import SCHEMA_VERSION, AsyncSQLiteStore, SQLiteStore
 
 __all__ = [
-    "ABILITY_FLAGS",
-    "Again",
     "AsyncMemoryStore",
     "AsyncSQLiteStore",
     "AsyncStore",
-    "BackingOffListing",
-    "CallThreads",
-    "ExpiringRows",
-    "KeyPrefixed",
-    "ProcessLocal",
-    "ServerClock",
-    "DEFAULT_EVENTS_MAX",
-    "EVENT_KINDS",
-    "Event",
-    "ManyUpdateFn",
     "MemoryStore",
-    "PaceStore",
     "SCHEMA_VERSION",
     "SQLiteStore",
-    "Snapshot",
-    "StoreBusy",
-    "StoreClosed",
-    "StoreCorrupt",
-    "StoreError",
-    "StoreOptions",
-    "SteppedStore",
-    "StoreUnavailable",
-    "TABLE_KEY",
     "ThreadedStore",
-    "UpdateFn",
-    "UpdateSteps",
-    "has_ability",
-    "hosts_backing_off",
     "open_async",
     "open_store",
     "register_store",
     "registered_schemes",
     "sqlite_path",
-    "table_name",
 ]
+__all__ += base.__all__
