@@ -42,7 +42,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-__all__ = ["ENTERED_FROM", "Hold", "IllegalMove", "Stage", "Lifecycle", "Line", "Paced"]
+__all__ = ["ENTERED_FROM", "IN_DOWNLOADER", "Hold", "IllegalMove", "Stage", "Lifecycle", "Line", "Paced"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,10 @@ class Stage(str, enum.Enum):
 
 #: The stages a request has left the process's pacing in.
 ENDED = frozenset({Stage.FINISHED, Stage.DROPPED})
+
+#: The stages of a request the engine has (handed out by the scheduler, not ended): one the scheduler is given
+#: again in one of them left by a path no middleware of ours saw.
+IN_DOWNLOADER = frozenset({Stage.RELEASED, Stage.WAITING, Stage.BOOKED, Stage.IN_FLIGHT})
 
 #: The stages each stage may be entered from (None: a request this lifecycle has not seen; an ended request may
 #: begin a new pass). ``finished`` and ``dropped`` are entered from any stage (:meth:`Lifecycle.end`).
@@ -225,7 +229,8 @@ class Lifecycle:
     def held(self, request: Any, host: str) -> None:
         """``request`` is held by the scheduler (deferred, or resumed from disk): it gives up its claim and
         any line it still held, and whatever waited on those is woken."""
-        paced = self._move(request, Stage.HELD, host)
+        paced = self._checked(request, Stage.HELD)
+        paced.host = host
         self._free(request, host)
         paced.stage = Stage.HELD
 
@@ -390,9 +395,17 @@ class Lifecycle:
     # -- internals -------------------------------------------------------------------------------------
 
     def _move(self, request: Any, stage: Stage, host: str | None = None) -> Paced:
-        """Move ``request`` to ``stage`` (for ``host``, when given), checking the stage it leaves
-        (:data:`ENTERED_FROM`): an illegal move is counted and logged (the first of each kind at WARNING), raises
-        :class:`IllegalMove` when :data:`STRICT`, and is made all the same (the request's lines stay owned)."""
+        """Move ``request`` to ``stage`` (for ``host``, when given), checked (:meth:`_checked`)."""
+        paced = self._checked(request, stage)
+        paced.stage = stage
+        if host is not None:
+            paced.host = host
+        return paced
+
+    def _checked(self, request: Any, stage: Stage) -> Paced:
+        """The record of ``request``, about to enter ``stage``, checked against the stage it leaves
+        (:data:`ENTERED_FROM`): an illegal move is counted and logged (the first of each kind at WARNING) and raises
+        :class:`IllegalMove` when :data:`STRICT`; else it is made all the same (the request's lines stay owned)."""
         paced = self._paced.get(request)
         if paced is None:
             paced = self._paced[request] = Paced()
@@ -406,9 +419,6 @@ class Lifecycle:
                 request, paced.stage.value if paced.stage is not None else "nowhere", stage.value)
             if STRICT:
                 raise IllegalMove(f"{request} moved from {paced.stage} to {stage}")
-        paced.stage = stage
-        if host is not None:
-            paced.host = host
         return paced
 
     def _unclaim(self, request: Any) -> None:

@@ -53,6 +53,7 @@ from .contracts import fail_held_contract_requests
 from .frontier import is_shared_scheduler
 from .frontier_worker import SharedWorker
 from .held import HELD_DIR, HeldRequests
+from .lifecycle import IN_DOWNLOADER
 from .pacer import Pacer, get_pacer
 from .reactor import call_later, installed_reactor
 from .seams import SharedFrontier
@@ -190,6 +191,11 @@ class PoliteScheduler:
         if request in self._rehold:  # a deferred request coming back from the downloader: already held
             self._rehold.discard(request)
             return True
+        if self.lifecycle.stage(request) in IN_DOWNLOADER:
+            # The same object sent again (a middleware returned it, a spider yielded it twice) while the lifecycle
+            # still has it in the downloader: it left by a path no middleware of ours saw, so it ends here (its
+            # lines and claim freed at once, not at the next reconcile: docs/spec.md §5) and begins a new pass.
+            self.booker.end(request, dropped=True)
         return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:

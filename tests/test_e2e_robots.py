@@ -494,8 +494,11 @@ async def test_a_robots_txt_unreachable_past_the_idle_wait_ends_the_crawl_as_def
     assert crawler.stats.get_value("polite/deferred/not_crawled") == 4
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("scrapy_polite")]
     summary = [m for m in messages if m.startswith("scrapy-polite summary")]
-    # The deferrals by reason: the four, and the one that asked again each time, held again.
-    assert len(summary) == 1 and re.search(r"(\d+) deferred \(\1 robots.txt unreachable\)", summary[0]), summary
+    # The deferrals by reason: the four, and the one that asked again each time, held again; on a loaded machine a
+    # held page may come back while the host still backs off from the 503s, and is deferred as throttled.
+    found = re.search(r"(\d+) deferred \((\d+) robots.txt unreachable(?:, (\d+) throttled)?\)", summary[0] if summary else "")
+    assert len(summary) == 1 and found, summary
+    assert int(found[1]) == int(found[2]) + int(found[3] or 0) and int(found[2]) >= 4, summary
     assert f"{srv.address}: robots.txt unreachable (503) for" in summary[0], summary  # still so at close
     progress = [m for m in messages if re.match(r"scrapy-polite: (\d+ requests? held|only waiting)", m)]
     assert progress and all("robots.txt unreachable" in m for m in progress), progress

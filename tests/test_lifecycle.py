@@ -545,3 +545,77 @@ async def test_the_pacers_reconcile_releases_the_reclaimed_requests_pin_and_hold
         assert store.get("a.example").held_by == 0 and store.get("ip:192.0.2.1").held_by == 0
     finally:
         pacer.close()
+
+
+# -- every move is checked (docs/spec.md §5, "Every move is checked") --------------------------------------------
+
+
+def test_a_legal_life_counts_nothing_and_a_new_pass_after_its_end_is_legal():
+    counted: list[tuple[str, float]] = []
+    lc = Lifecycle(inc=lambda key, n: counted.append((key, n)))
+    r = scrapy.Request("http://a.example/")
+    lc.held(r, "a.example")
+    lc.release(r, "a.example")
+    lc.arrive(r, "a.example")
+    lc.booked(r)
+    lc.sent(r)
+    lc.end(r)
+    lc.held(r, "a.example")  # a throttle retry: the same request held again after its end
+    lc.release(r, "a.example")
+    lc.arrive(r, "a.example")
+    lc.sent(r)
+    assert lc.stage(r) == Stage.IN_FLIGHT and counted == []
+
+
+def test_an_illegal_move_raises_in_tests_and_is_counted_and_logged_once_at_warning_in_a_crawl(monkeypatch, caplog):
+    from scrapy_polite import lifecycle as lifecycle_module
+    from scrapy_polite.lifecycle import IllegalMove
+
+    counted: list[tuple[str, float]] = []
+    lc = Lifecycle(inc=lambda key, n: counted.append((key, n)))
+    r1, r2 = scrapy.Request("http://a.example/1"), scrapy.Request("http://a.example/2")
+    lc.held(r1, "a.example")
+    try:
+        lc.booked(r1)  # booked straight from held: it never arrived
+    except IllegalMove:
+        pass
+    else:
+        raise AssertionError("the tests run strict: an illegal move raises")
+    assert counted == [("lifecycle/illegal", 1)]
+    monkeypatch.setattr(lifecycle_module, "STRICT", False)  # as in a crawl
+    caplog.set_level("DEBUG", logger="scrapy_polite.lifecycle")
+    lc.held(r2, "a.example")
+    lc.booked(r2)
+    r3 = scrapy.Request("http://a.example/3")
+    lc.held(r3, "a.example")
+    lc.booked(r3)  # the same kind again: DEBUG
+    assert lc.stage(r2) == Stage.BOOKED  # made all the same
+    assert counted == [("lifecycle/illegal", 1)] * 3
+    levels = [rec.levelname for rec in caplog.records if "does not allow" in rec.getMessage()]
+    assert levels == ["WARNING", "DEBUG", "DEBUG"]  # the strict one was the first of its kind
+
+
+def test_a_request_given_to_the_scheduler_again_while_in_the_downloader_ends_and_frees_its_host():
+    """The same object enqueued again (a middleware after ours returned it, a spider yielded it twice) while it
+    holds its host's line: it left by a path no middleware of ours saw, so it is dropped at once (its line freed,
+    its host woken) and begins a new pass. Negative control: a new request is not touched."""
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_polite.pacer import Pacer
+
+    crawler = get_crawler(settings_dict={"POLITE_STORE": "memory://"})
+    pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), MemoryStore().open_async())
+    try:
+        scheduler = PoliteScheduler(crawler, Inner(), pacer)  # type: ignore[arg-type]
+        lc = pacer.lifecycle
+        r, other = scrapy.Request("http://a.example/1"), scrapy.Request("http://b.example/1")
+        lc.release(r, "a.example")
+        lc.arrive(r, "a.example")
+        assert lc.take("a.example", r) and lc.blocked("a.example")
+        assert scheduler.enqueue_request(r) and scheduler.enqueue_request(other)
+        assert lc.stage(r) == Stage.DROPPED and not lc.blocked("a.example")
+        assert lc.stage(other) is None
+        lc.release(r, "a.example")  # a new pass: legal (the tests run strict)
+        lc.arrive(r, "a.example")
+    finally:
+        pacer.close()

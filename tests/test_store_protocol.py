@@ -1134,11 +1134,15 @@ def test_a_no_wait_connection_follows_a_replaced_file_without_waiting_for_its_lo
             inline.get("a.example")
         assert timeouts == [0.0]  # it never waited for the lock
         assert inline._file != schema.file_id(path)  # kept the old file
+        monkeypatch.setattr(store_module, "FOLLOW_EVERY", 3600.0)  # no look for an hour, unless one is owed
+        with pytest.raises(StoreBusy):  # and writes nothing to it: the failed look is owed at the next call
+            put(inline, "b.example", FULL)
         other.execute("COMMIT")
         assert inline.get("a.example") is None  # the new file: the old rows are not in it
-        assert inline._file == schema.file_id(path) and timeouts == [0.0, 0.0]
+        assert inline._file == schema.file_id(path) and timeouts == [0.0, 0.0, 0.0]
+        monkeypatch.setattr(store_module, "FOLLOW_EVERY", 0.0)
         store.get("a.example")  # negative control: the waiting connection follows with its timeout
-        assert timeouts == [0.0, 0.0, 2.0]
+        assert timeouts == [0.0, 0.0, 0.0, 2.0]
     finally:
         if other is not None:
             other.close()

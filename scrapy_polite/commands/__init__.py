@@ -34,7 +34,7 @@ table; a JSON key is its column's name lower-cased, with spaces and dashes as un
 
 from __future__ import annotations
 
-from . import help
+from . import help as verb_help
 from .command import Command, add_global_options, execute, run_command
 from .frontier import print_shared_frontier
 from .help import *  # noqa: F403  (the verbs' lines and the exit statuses: help.__all__, declared once)
@@ -52,4 +52,4 @@ __all__ = [
     "print_shared_frontier",
     "run_command",
 ]
-__all__ += help.__all__
+__all__ += verb_help.__all__

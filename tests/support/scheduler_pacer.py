@@ -13,6 +13,9 @@ class FreeLines:
     """A lifecycle (:class:`~scrapy_polite.lifecycle.Lifecycle`'s scheduler side) whose lines are always free:
     no host is blocked or parkable, claims and holds change nothing."""
 
+    def stage(self, request: Any) -> None:
+        return None
+
     def blocked(self, host: str) -> bool:
         return False
 

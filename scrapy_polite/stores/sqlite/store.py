@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -63,9 +64,8 @@ class SQLiteStore:
     Attributes:
         recovery: what the opening found of an unclean stop (:class:`Recovery`), or None (every earlier
             opener closed cleanly, or is still running).
-        write_transactions: (class attribute) about how many write transactions every SQLiteStore of this
-            process has run, a counter for the benches (``bench/overhead.py`` prints it per page); not
-            exact when several threads write at once.
+        write_transactions: (class attribute) the write transactions of every SQLiteStore of this process, about
+            (not locked): ``bench/overhead.py`` prints it per page.
 
     Raises:
         StoreError: the file cannot be created, opened, migrated or written (unwritable directory,
@@ -203,26 +203,27 @@ class SQLiteStore:
         return _store_error(self.path, action, exc, closed=self._closed, nowait=self._nowait)
 
     def _follow(self) -> None:
-        """Under the connection's lock: when the path no longer names the file the connection has open (the file
-        was deleted, or another put in its place, under the running crawl), open the file at the path — set up
-        and migrated like a new one — so this process shares the table the others now open (docs/spec.md §6, "A
-        table that comes back empty": the crawl's :class:`~scrapy_polite.outage.TableWatch` then finds the
-        table's identity gone and writes back what it knows). Its callers look at the path once per
-        :data:`FOLLOW_EVERY` seconds at most (one ``stat``). A no-wait connection never waits for the new file's
-        lock (:func:`~scrapy_polite.stores.sqlite.schema.open_new_file`): StoreBusy, and it looks again later."""
+        """Under the connection's lock: when the path names another file than the one open (deleted, or replaced
+        under the crawl), open the file at the path (:func:`~scrapy_polite.stores.sqlite.schema.open_new_file`;
+        docs/spec.md §6, "A table that comes back empty": the crawl's TableWatch then writes back what it knows).
+        Callers look once per :data:`FOLLOW_EVERY` s at most (one ``stat``); a failed switch is looked at again at
+        the next call, so nothing is written to the old file (a no-wait connection: StoreBusy meanwhile)."""
         if self._closed:
             return
-        self._looked = time.monotonic()
         found = schema.file_id(self.path)
-        if found == self._file:
-            return
-        db = schema.open_new_file(self.path, self.uri, self._timeout, nowait=self._nowait)
-        logger.warning("scrapy-polite: the pace table file %s was %s under the running crawl; opening the file now "
-                       "at that path", self.path, "deleted" if found is None else "replaced")
-        self._db.close()
-        self._db, self._file = db, schema.file_id(self.path)
-        if not self._nowait and self._mark.owned:
-            self._mark.write(self._db, self._clock())
+        if found != self._file:
+            try:
+                db = schema.open_new_file(self.path, self.uri, self._timeout, nowait=self._nowait)
+            except BaseException:
+                self._looked = -math.inf  # owed: looked at again at the next call, nothing written to the old file
+                raise
+            logger.warning("scrapy-polite: the pace table file %s was %s under the running crawl; opening the file "
+                           "now at that path", self.path, "deleted" if found is None else "replaced")
+            self._db.close()
+            self._db, self._file = db, schema.file_id(self.path)
+            if not self._nowait and self._mark.owned:
+                self._mark.write(self._db, self._clock())
+        self._looked = time.monotonic()
 
     def _write(self, body: Callable[..., T], *args: Any) -> T:
         """``body(*args, connection, clock)`` in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock (after
