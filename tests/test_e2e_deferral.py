@@ -19,6 +19,7 @@ import pytest
 import pytest_twisted
 from scrapy import signals
 
+from scrapy_polite.clock import process_clock
 from scrapy_polite.held import HELD_DIR, read_held
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, Reply, gaps, page, scripted
@@ -97,7 +98,7 @@ async def _stall_crawl(healthy, bad, tmp_path, name):
     (tmp_path / name).mkdir()
     for srv in healthy + ([bad] if bad else []):
         srv.clear()
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, s, urls=_stall_urls(healthy, bad), timeout=90)
     ends = [a.end for srv in healthy for a in timeline(srv)]
     return crawler, t0, max(ends) - t0
@@ -212,7 +213,7 @@ async def test_deferred_requests_survive_a_stop_with_jobdir(arrival_server, tmp_
     assert stat(c1, "throttle/retries") == 1  # the package's own retry, saved with its count
     assert not c1.stats.get_value("retry/count")  # RETRY_TIMES untouched
     assert c1.spider.fetched == [] and c1.spider.failed == []
-    assert time.time() < due - 1.0, "run 1 took too long for the due-time check to mean anything"
+    assert process_clock() < due - 1.0, "run 1 took too long for the due-time check to mean anything"
 
     c2 = await run_crawl(StopSpider, s, urls=urls, timeout=30)
     both = timeline(srv)
@@ -247,7 +248,7 @@ class SignalSpider(ListSpider):
     def from_crawler(cls, crawler, *args, **kwargs):
         spider = super().from_crawler(crawler, *args, **kwargs)
         spider.dropped = []
-        spider.downloaded = []  # (time.time(), status, url) when the response reached the engine
+        spider.downloaded = []  # (process_clock(), status, url) when the response reached the engine
         crawler.signals.connect(spider._dropped, signal=signals.request_dropped)
         crawler.signals.connect(spider._downloaded, signal=signals.response_downloaded)
         return spider
@@ -256,7 +257,7 @@ class SignalSpider(ListSpider):
         self.dropped.append(request.url)
 
     def _downloaded(self, response, request, spider=None):
-        self.downloaded.append((time.time(), response.status, request.url))
+        self.downloaded.append((process_clock(), response.status, request.url))
 
 
 @pytest_twisted.ensureDeferred
@@ -362,11 +363,11 @@ async def _burst_crawl(arrival_server, tmp_path, monkeypatch, address: str, *, s
     put on the wire after that moment)."""
     import scrapy_polite.handler as handler_mod
 
-    sent: list[tuple[float, str]] = []  # (time.time() when the handler put the request on the wire, url)
+    sent: list[tuple[float, str]] = []  # (process_clock() when the handler put the request on the wire, url)
     original = handler_mod.PinnedHTTP11DownloadHandler.download_request
 
     async def spy(self, request):
-        sent.append((time.time(), request.url))
+        sent.append((process_clock(), request.url))
         return await original(self, request)
 
     monkeypatch.setattr(handler_mod.PinnedHTTP11DownloadHandler, "download_request", spy)
@@ -374,10 +375,10 @@ async def _burst_crawl(arrival_server, tmp_path, monkeypatch, address: str, *, s
     slow = Reply.html("<html><body><p>slow</p></body></html>", delay=0.3)
     srv.route("/*", scripted(*[page()] * 100, Reply.throttle(429, "2"), *[slow] * slow_after))
     urls = [srv.url(f"/seg/{i}") for i in range(200)]
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(spider_cls, settings(tmp_path, POLITE_HOST_INTERVAL=1.0, **overrides), urls=urls,
                               meta={"polite_burst": True}, timeout=120)
-    elapsed = time.time() - t0
+    elapsed = process_clock() - t0
     hits = timeline(srv)
     (throttle,) = [a for a in hits if a.status == 429]
     # Every segment once, and the throttled one again: the package retries it when its host is due.
@@ -503,7 +504,7 @@ class ProbeSpider(SignalSpider):
 
     def _sample(self):
         downloader = self.crawler.engine.downloader
-        self.samples.append((time.time(), [(r, r.meta.get("polite_sent_at")) for r in downloader.active]))
+        self.samples.append((process_clock(), [(r, r.meta.get("polite_sent_at")) for r in downloader.active]))
 
     @classmethod
     def from_crawler(cls, crawler, *args, **kwargs):
@@ -538,7 +539,7 @@ async def _one_line_crawl(arrival_server, tmp_path, base: int):
     urls = [a.url(f"/a/{i}") for i in range(20)] + [o.url(f"/o/{i}") for i in range(20) for o in others]
     s = settings(tmp_path, CONCURRENT_REQUESTS=16, POLITE_HOST_INTERVAL=0.1,
                  POLITE_HOST_DELAYS={a.address: 0.5})
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ProbeSpider, s, urls=urls, timeout=60)
     crowded, raw_max = _crowding(crawler.spider, f"http://{a.netloc}/", t0)
     a_done = max(x.end for x in timeline(a)) - t0

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from scrapy_polite.clock import process_clock
 from tests.support.fleet import ROOT, Crawl
 from tests.support.redis_cluster import redis_cluster_url  # noqa: F401
 from tests.support.redis_server import RedisServer, free_port, redis_url, unique_prefix  # noqa: F401
@@ -173,7 +174,7 @@ def test_redis_stopped_and_restarted_mid_crawl(arrival_server, tmp_path):
             seen[0] += 1
             if seen[0] == 4 and not stopped.is_set():  # b's 4th request: stop Redis before answering it
                 redis_server.stop()
-                down["stopped"] = time.time()
+                down["stopped"] = process_clock()
                 stopped.set()
             return page(info.path)
 
@@ -183,7 +184,7 @@ def test_redis_stopped_and_restarted_mid_crawl(arrival_server, tmp_path):
                                                           POLITE_IP_INTERVAL=0, POLITE_STORE_TIMEOUT=30))
         assert stopped.wait(60), (tmp_path / "outage.log").read_text()[-3000:]
         time.sleep(2.0)
-        down["end"] = time.time()
+        down["end"] = process_clock()
         redis_server.start()  # from the main thread (see RedisServer.start)
         result = crawl.result()
         hits = a.arrivals() + b.arrivals()
@@ -218,7 +219,7 @@ def test_redis_not_back_within_the_timeout_closes_the_spider(arrival_server, tmp
             return page(info.path)
 
         srv.route("/*", stop_at_3rd)
-        started = time.time()
+        started = process_clock()
         crawl = Crawl(tmp_path, "gone", [srv.url(f"/{i}") for i in range(10)],
                       settings(redis_server.url, "t:", POLITE_DNS_OVERRIDES={}, POLITE_IP_INTERVAL=0,
                                POLITE_STORE_TIMEOUT=2))
@@ -227,7 +228,7 @@ def test_redis_not_back_within_the_timeout_closes_the_spider(arrival_server, tmp
     assert stats["finish_reason"] == "polite_store_error", stats
     assert len(srv.arrivals()) == 3  # none after Redis went away
     assert stats["polite/store/outages"] == 1 and stats["polite/store/outage_seconds"] == pytest.approx(2.0, abs=0.5)
-    assert time.time() - started < 30
+    assert process_clock() - started < 30
     log = (tmp_path / "gone.log").read_text()
     assert "POLITE_STORE_TIMEOUT" in log and "Stopping the crawl" in log
 

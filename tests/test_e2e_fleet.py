@@ -29,6 +29,7 @@ import pytest
 
 from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.audit import AuditReport, audit, format_report
+from scrapy_polite.clock import process_clock
 from scrapy_polite.stores import StoreOptions, open_store
 from tests.support.farm import Worker, farm_name, farm_settings, push_requests
 from tests.support.fleet import Crawl
@@ -151,8 +152,8 @@ def test_a_killed_process_holds_its_host_until_the_bound_and_no_longer(table, re
                               **{k: v for k, v in store.items() if k != "store"})
     # The host answered once before (its quota's first answer is known: docs/spec.md §2), then the killed request.
     first = Crawl(tmp_path, "killed", [srv.url("/warm", host=HOST), srv.url("/killed/0", host=HOST)], settings)
-    deadline = time.time() + 60
-    while not started and time.time() < deadline:
+    deadline = process_clock() + 60
+    while not started and process_clock() < deadline:
         time.sleep(0.05)
     assert started, first.log.read_text()[-3000:]
     first.kill()  # its request is in flight: it never records an answer

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import redis
 
+from scrapy_polite.clock import process_clock
 from tests.support.farm import (
     ADDRESSES,
     INTERVAL,
@@ -207,7 +208,7 @@ def test_requests_in_flight_with_a_killed_worker_come_back_when_its_lease_expire
     victim = Worker(tmp_path, "fa", name, settings, [["fa", 0.0]])
     assert three.wait(60), victim.text()[-3000:]
     victim.killed()  # three requests in flight (one per host), three more taken and held for its lines
-    killed_at = time.time()
+    killed_at = process_clock()
     other = Worker(tmp_path, "fb", name, settings, [["fb", 0.0]])
     stats = other.stats()
     assert stats["finish_reason"] == "finished"

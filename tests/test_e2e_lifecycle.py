@@ -16,7 +16,6 @@ the remaining pages not crawled).
 from __future__ import annotations
 
 import gc
-import time
 import weakref
 from typing import Any
 
@@ -25,6 +24,7 @@ import pytest_twisted
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import HtmlResponse
 
+from scrapy_polite.clock import process_clock
 from scrapy_polite.pacer import discard_pacer, find_pacer, get_pacer
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import open_store
@@ -38,7 +38,7 @@ TIMEOUT = 60.0
 def seed_backoff(uri: str, host: str, seconds: float = 2.0) -> None:
     """The host backs off from an earlier run: one throttle, next allowed in ``seconds``."""
     store = open_store(uri)
-    now = time.time()
+    now = process_clock()
     state = HostState(next_allowed=now + seconds, consec=1, throttled_at=now, updated=now)
     try:
         store.update(host, lambda _old, _now: (state, None))
@@ -87,9 +87,9 @@ async def crawl(srv, tmp_path, urls: list[str], spider: type[ListSpider] = ListS
     uri = f"sqlite:///{tmp_path}/pace.sqlite3"
     seed_backoff(uri, srv.address)
     settings = polite_settings(POLITE_STORE=uri, POLITE_IP_INTERVAL=0, POLITE_HOST_INTERVAL=0.1, **overrides)
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(spider, settings, urls=urls, timeout=TIMEOUT)
-    return crawler, time.time() - t0
+    return crawler, process_clock() - t0
 
 
 def assert_finished(crawler, elapsed: float) -> None:
@@ -128,12 +128,12 @@ async def test_held_requests_refused_by_offsite_do_not_strand_the_host(arrival_s
     seed_backoff(uri, off.address)
     settings = polite_settings(POLITE_STORE=uri, POLITE_IP_INTERVAL=0, POLITE_HOST_INTERVAL=0.1,
                                DOWNLOADER_MIDDLEWARES={"scrapy.downloadermiddlewares.offsite.OffsiteMiddleware": 500})
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(OffsiteSpider, settings, urls=urls, timeout=TIMEOUT)
     assert paths(ok) == ["/a", "/b"] and paths(off) == []
     assert crawler.stats.get_value("offsite/filtered") == 4
     assert crawler.stats.get_value("polite/deferrals/throttled") == 2  # the allowed host's, held then fetched
-    assert_finished(crawler, time.time() - t0)
+    assert_finished(crawler, process_clock() - t0)
 
 
 @pytest_twisted.ensureDeferred

@@ -18,10 +18,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest_twisted
 
+from scrapy_polite.clock import process_clock
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, Reply, gaps, page, scripted
@@ -89,10 +89,10 @@ async def test_every_host_spaced_by_interval(arrival_server, tmp_path):
     hosts = [arrival_server(f"127.0.1.{i}") for i in (1, 2, 3)]
     for srv in hosts:
         paths = srv.site(5)  # "/", /p/0 .. /p/4: 6 pages per host
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, settings(tmp_path, POLITE_HOST_INTERVAL=1.0),
                               urls=[srv.url("/") for srv in hosts], follow=True, timeout=60)
-    elapsed = time.time() - t0
+    elapsed = process_clock() - t0
     assert crawler.stats.get_value("finish_reason") == "finished"
     for srv in hosts:
         hits = timeline(srv)
@@ -150,7 +150,7 @@ async def test_retry_after_http_date_relative_to_date_header(arrival_server, tmp
     srv = arrival_server("127.0.1.11")
 
     def dated(info, count):
-        server_now = int(time.time()) - 100
+        server_now = int(process_clock()) - 100
         return Reply(429, {"Content-Type": "text/plain",
                            # BaseHTTPRequestHandler also sends its own Date (our clock) first; Scrapy's
                            # Headers.get() returns the last value, which is this one.
@@ -356,7 +356,7 @@ async def test_backoff_survives_process_restart(arrival_server, tmp_path):
     assert row is not None and row.consec == 1
     assert abs((row.next_allowed - row.throttled_at) - 6.0) < 1e-6
 
-    asked_at = time.time()
+    asked_at = process_clock()
     assert asked_at < hold_end - 1.0, "the first crawl took too long for this test to mean anything"
     crawler = await run_crawl(ListSpider, settings(tmp_path, POLITE_STORE=store), urls=[srv.url("/second")],
                               timeout=40)
@@ -438,9 +438,9 @@ async def test_decimal_retry_after_kept_exactly_and_spider_closes_deferred(arriv
     srv = arrival_server("127.0.1.73")
     srv.route("/*", scripted(Reply.throttle(429, "299.997")))
     s = settings(tmp_path, POLITE_MAX_IDLE_WAIT=1.0)
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, s, urls=[srv.url("/p/0"), srv.url("/p/1")], timeout=40)
-    elapsed = time.time() - t0
+    elapsed = process_clock() - t0
     assert crawler.stats.get_value("finish_reason") == "polite_deferred"
     assert elapsed < 20
     hits = timeline(srv)

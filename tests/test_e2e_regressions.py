@@ -22,7 +22,6 @@ import asyncio
 import logging
 import socket
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ import scrapy
 from scrapy import Request
 from scrapy.utils.defer import deferred_from_coro
 
+from scrapy_polite.clock import process_clock
 from scrapy_polite.held import read_held
 from scrapy_polite.policy import HostState
 from scrapy_polite.settings import SettingsError
@@ -221,7 +221,7 @@ async def test_start_that_awaits_is_not_closed_early(arrival_server, tmp_path, p
     for srv in (throttled, healthy):
         srv.route("/*", page())
     uri = sqlite_uri(tmp_path)
-    now = time.time()
+    now = process_clock()
     seed(uri, {"127.0.4.10": HostState(next_allowed=now + 1000, consec=1, throttled_at=now, updated=now)})
     crawler = await run_crawl(
         PausingStartSpider, settings(POLITE_STORE=uri, POLITE_HOST_INTERVAL=0.2, POLITE_MAX_IDLE_WAIT=5),
@@ -348,7 +348,7 @@ async def _crawl_with_robots(srv, tmp_path, robots: Reply, *, pages: int):
     srv.route("/robots.txt", robots)
     srv.route("/*", page())
     uri = sqlite_uri(tmp_path)
-    now = time.time()
+    now = process_clock()
     seed(uri, {srv.address: HostState(crawl_delay=5.0, ok_seen=True, updated=now)})
     # POLITE_MAX_IDLE_WAIT=2: a page held for an unreachable robots.txt (asked again 5 s later) ends the crawl.
     crawler = await run_crawl(ListSpider, settings(POLITE_STORE=uri, ROBOTSTXT_OBEY=True, POLITE_MAX_IDLE_WAIT=2),
@@ -404,7 +404,7 @@ class StopWhenDoneSpider(ListSpider):
     def parse(self, response, user_meta):
         yield from super().parse(response, user_meta)
         if self.stop_at is None and len(self.fetched) >= self.stop_after:
-            self.stop_at = time.time()
+            self.stop_at = process_clock()
             deferred_from_coro(self.crawler.stop_async())
 
 
@@ -425,10 +425,10 @@ async def test_throttled_hosts_do_not_stall_robots_txt(arrival_server, tmp_path)
     for srv in bad + [good]:
         srv.route("/*", page())
     uri = sqlite_uri(tmp_path)
-    now = time.time()
+    now = process_clock()
     seed(uri, {srv.address: HostState(next_allowed=now + 40, consec=1, throttled_at=now, updated=now) for srv in bad})
     urls = [srv.url("/x") for srv in bad] + [good.url(f"/g{i}") for i in range(5)]
-    t0 = time.time()
+    t0 = process_clock()
     try:
         crawler = await run_crawl(
             StopWhenDoneSpider,
@@ -436,7 +436,7 @@ async def test_throttled_hosts_do_not_stall_robots_txt(arrival_server, tmp_path)
             urls=urls, stop_after=5, timeout=10)
     except CrawlTimeout as exc:
         crawler = exc.crawler
-    t_end = time.time()
+    t_end = process_clock()
     good_hits = hits(good)
     timeline = [(a.path, round(a.start - t0, 2)) for a in good_hits]
     assert good_hits and good_hits[0].start - t0 < 3.0, (

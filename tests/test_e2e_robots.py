@@ -21,7 +21,6 @@ import logging
 import re
 import socket
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -29,6 +28,7 @@ import pytest_twisted
 import scrapy
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 
+from scrapy_polite.clock import process_clock
 from scrapy_polite.robotstxt import PoliteRobotsTxtMiddleware
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, ArrivalServer, Reply, RequestInfo
@@ -95,7 +95,7 @@ async def test_an_unreachable_robots_txt_holds_the_host_until_it_answers(arrival
     """
     srv = arrival_server("127.0.33.1")
     srv.route("/robots.txt", unreachable_for(6.0, Reply.robots(RULES)))
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, settings(RETRY_ENABLED=True), urls=[srv.url(p) for p in FOUR], timeout=50)
     log = describe(srv, t0)
     robots = robots_hits(srv)
@@ -124,7 +124,7 @@ async def test_negative_control_scrapy_s_own_middleware_reads_the_503_as_allow_a
     the test above guards against."""
     srv = arrival_server("127.0.33.2")
     srv.route("/robots.txt", unreachable_for(6.0, Reply.robots(RULES)))
-    t0 = time.time()
+    t0 = process_clock()
     await run_crawl(ListSpider, stock(settings(RETRY_ENABLED=True)), urls=[srv.url(p) for p in FOUR], timeout=50)
     log = describe(srv, t0)
     robots = robots_hits(srv)
@@ -142,7 +142,7 @@ async def test_the_retry_after_of_a_robots_txt_503_is_honoured(arrival_server):
     after the 503 (the 1 s interval alone would allow 1 s), and no page arrives before its 200."""
     srv = arrival_server("127.0.33.3")
     srv.route("/robots.txt", lambda info, count: Reply.throttle(503, "3") if count == 0 else Reply.robots(RULES))
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, settings(), urls=[srv.url(p) for p in FOUR], timeout=40)
     log = describe(srv, t0)
     robots = robots_hits(srv)
@@ -161,7 +161,7 @@ async def test_a_robots_txt_500_is_asked_again_at_a_doubling_pace_too(arrival_se
     srv = arrival_server("127.0.33.19")
     srv.route("/robots.txt", lambda info, count: Reply.html("<p>oops</p>", status=500) if count < 2
               else Reply.robots(RULES))
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, settings(), urls=[srv.url(p) for p in FOUR], timeout=40)
     log = describe(srv, t0)
     robots = robots_hits(srv)
@@ -185,7 +185,7 @@ async def test_a_robots_txt_that_times_out_holds_the_host(arrival_server):
         return Reply.text(RULES, delay=2.0) if count < 2 else Reply.robots(RULES)
 
     srv.route("/robots.txt", robots)
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, settings(DOWNLOAD_TIMEOUT=1), urls=[srv.url(p) for p in FOUR], timeout=40)
     srv.wait_idle(3.0)
     log = describe(srv, t0) + f"; robots.txt asked at {[round(t - t0, 2) for t in asked]}"
@@ -250,7 +250,7 @@ async def test_a_404_robots_txt_allows_everything_whatever_its_body(arrival_serv
     four pages are fetched, none held."""
     srv = arrival_server("127.0.33.6")
     srv.route("/robots.txt", Reply.text("User-agent: *\nDisallow: /\n", status=404))
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, settings(), urls=[srv.url(p) for p in FOUR], timeout=40)
     log = describe(srv, t0)
     assert sorted(a.path for a in pages(srv)) == sorted(FOUR), log
@@ -304,8 +304,6 @@ class ShiftedClock:
         self.offset = 0.0
 
     def __call__(self) -> float:
-        from scrapy_polite.clock import process_clock
-
         return process_clock() + self.offset
 
 
@@ -353,7 +351,7 @@ async def test_robots_txt_rules_expire_after_24_hours(arrival_server):
     its new rules (``Disallow: /b``) and Crawl-delay (2 s) apply: ``/private/2`` is fetched, ``/b`` is not, and the
     pages after the new robots.txt are at least 2 s apart."""
     srv = arrival_server("127.0.33.10")
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await aged_crawl(srv, 24 * 3600 + 1)
     log = describe(srv, t0)
     robots = robots_hits(srv)
@@ -438,7 +436,7 @@ async def test_five_redirects_are_followed_across_hosts(arrival_server):
     paced there (``b``'s three at least its 0.5 s interval apart)."""
     a, b = arrival_server("127.0.33.14"), arrival_server("127.0.33.15")
     redirect_chain(a, b, 5)
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, settings(POLITE_HOST_INTERVAL=0.5), urls=[a.url(p) for p in FOUR],
                               timeout=40)
     log = f"a: {describe(a, t0)}; b: {describe(b, t0)}"
@@ -483,10 +481,10 @@ async def test_a_robots_txt_unreachable_past_the_idle_wait_ends_the_crawl_as_def
     caplog.set_level(logging.INFO)
     srv = arrival_server("127.0.33.18")
     srv.route("/robots.txt", BUSY)
-    t0 = time.time()
+    t0 = process_clock()
     crawler = await run_crawl(ListSpider, settings(POLITE_MAX_IDLE_WAIT=4, LOGSTATS_INTERVAL=1),
                               urls=[srv.url(p) for p in FOUR], timeout=40)
-    elapsed = time.time() - t0
+    elapsed = process_clock() - t0
     log = describe(srv, t0)
     assert pages(srv) == [], log
     assert 3 <= len(robots_hits(srv)) <= 4 and elapsed < 15, (elapsed, log)

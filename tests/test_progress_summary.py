@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from typing import Any
 
 import pytest
 import pytest_twisted
 
+from scrapy_polite.clock import process_clock
 from scrapy_polite.policy import Decision, HostState
 from scrapy_polite.reporting import Report, Span
 from scrapy_polite.stores import open_store
@@ -254,7 +254,7 @@ def polite_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 async def test_startup_and_progress_lines_at_info_when_a_host_is_in_backoff(tmp_path, arrival_server, caplog,
                                                                             in_backoff):
     srv = arrival_server("127.0.0.41")
-    written = time.time()
+    written = process_clock()
     # 4 s: the crawl's start-up (seconds on a loaded machine) must not use up the backoff before the table is read
     uri = backoff_table(tmp_path, "127.0.0.41" if in_backoff else None, seconds=4.0)
     caplog.set_level(logging.INFO)
@@ -298,11 +298,11 @@ async def test_the_summary_of_a_real_crawl(arrival_server, caplog):
     settings = polite_settings(POLITE_HOST_INTERVAL=0.3, POLITE_IP_INTERVAL=0.0,
                                POLITE_DNS_OVERRIDES={"lan.test": ["10.0.0.7"]}, RETRY_ENABLED=True,
                                RETRY_TIMES=3)
-    started = time.time()
+    started = process_clock()
     crawler = await run_crawl(ListSpider, settings, timeout=60,
                               urls=[healthy.url("/1"), healthy.url("/2"), healthy.url("/3"),
                                     busy.url("/x"), "http://lan.test/"])
-    elapsed = time.time() - started
+    elapsed = process_clock() - started
     summary = [line for line in polite_lines(caplog) if line.startswith("scrapy-polite summary:")]
     assert len(summary) == 1
     text = summary[0]

@@ -25,7 +25,6 @@ reactor is shared by the whole test session).
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +37,8 @@ from scrapy.spidermiddlewares.httperror import HttpError
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet.defer import Deferred
+
+from scrapy_polite.clock import process_clock
 
 __all__ = ["CrawlTimeout", "Failed", "Fetched", "ListSpider", "TEST_SETTINGS", "polite_settings", "run_crawl"]
 
@@ -180,7 +181,7 @@ class Fetched:
 
     url: str
     status: int
-    time: float  # time.time() when the callback/errback ran
+    time: float  # process_clock() when the callback/errback ran
     ip: str | None  # response.ip_address: the address actually connected to
     meta: dict[str, Any] = field(default_factory=dict)  # the user meta the request was made with
     latency: float | None = None  # meta['download_latency']
@@ -262,7 +263,7 @@ class ListSpider(scrapy.Spider):
             Fetched(
                 url=response.url,
                 status=response.status,
-                time=time.time(),
+                time=process_clock(),
                 ip=str(ip) if ip is not None else None,
                 meta=dict(user_meta),
                 latency=response.meta.get("download_latency"),
@@ -290,7 +291,7 @@ class ListSpider(scrapy.Spider):
             self._record(failure.value.response, user_meta, via_errback=True)
             return
         exc = failure.value
-        self.failed.append(Failed(request.url, type(exc).__name__, str(exc), time.time(), dict(user_meta)))
+        self.failed.append(Failed(request.url, type(exc).__name__, str(exc), process_clock(), dict(user_meta)))
 
     # -- convenience -------------------------------------------------------------------------------
     def statuses(self) -> list[int]:

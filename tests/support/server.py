@@ -40,6 +40,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from scrapy_polite.clock import process_clock
+
 __all__ = [
     "Arrival",
     "ArrivalServer",
@@ -62,7 +64,7 @@ class Arrival:
     """One request as the server saw it.
 
     ``host`` is the Host header without port (IPv6 brackets removed, lower-cased); ``start`` is
-    ``time.time()`` right after the request line was read, ``end`` right after the response was
+    ``process_clock()`` right after the request line was read, ``end`` right after the response was
     written; ``server_address`` is the local address the connection was accepted on and ``client_port``
     the peer's port (equal ports on consecutive arrivals = one keep-alive connection; with more than one
     client address, compare ``(client_host, client_port)``).
@@ -252,7 +254,7 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
 
     def parse_request(self) -> bool:
         # Called right after the request line was read (and before the headers are).
-        self._t_start = time.time()
+        self._t_start = process_clock()
         self.server.owner._begin()
         self._in_flight = True
         ok = super().parse_request()
@@ -284,7 +286,7 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self, head: bool = False) -> None:
         owner = self.server.owner
-        start = getattr(self, "_t_start", time.time())
+        start = getattr(self, "_t_start", process_clock())
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else b""
         host = _host_without_port(self.headers.get("Host", "")) or owner.address
@@ -325,7 +327,7 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
         if not head and payload:
             self.wfile.write(payload)
         self.wfile.flush()
-        end = time.time()
+        end = process_clock()
         owner._record(
             Arrival(
                 host=host,
