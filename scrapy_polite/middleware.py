@@ -191,7 +191,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             self.booker.end(request, dropped=True)
             return response
         refusal = self.unpinned.refusal(request, response)  # decided when it was recorded: counted once
-        decision = await self.recorder.finish(request)
+        decision = await self.recorder.recorded(request)
+        self.booker.end(request)
         if refusal is not None:
             raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")
         due = self.retries.due(request, decision)
@@ -221,7 +222,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             booker.end(request, dropped=True)
             return None
         self.recorder.record_failure(request, exception)
-        await self.recorder.finish(request)
+        await self.recorder.recorded(request)
+        booker.end(request)
         return None
 
 

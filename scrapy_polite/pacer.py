@@ -167,7 +167,7 @@ class Pacer:
                              sleep or reactor_sleep, self._store_failed,
                              download_timeout=crawler.settings.getfloat("DOWNLOAD_TIMEOUT", DEFAULT_TIMEOUT))
         self.recorder = Recorder(config, self.table, self.lifecycle, self.report, self.sync, self.booker.override,
-                                 self.booker.end, self._store_failed, self.user_agent)
+                                 self._store_failed, self.user_agent)
         self._reconciled = float("-inf")
         self._scheduler: HoldingScheduler | None = None
         self.retries = ThrottleRetries(config.policy, self.report, self.sync, self.booker.can_defer)

@@ -89,14 +89,12 @@ class Recorder:
         report: counters and stats.
         clock: this process's clock and its offset to the table's clock.
         override: ``override(host, request) -> seconds | None``, the request's interval override.
-        end: ``end(request, host)`` ends the request's life: frees its lines and claim, wakes its host.
         on_store_error: called with a :class:`~scrapy_polite.stores.StoreError` (stops the crawl).
         user_agent: the user agent robots.txt delays are read for (for the log).
     """
 
     def __init__(self, config: PoliteConfig, store: DeferredStore, lifecycle: Lifecycle, report: Report,
                  clock: ClockSync, override: Callable[[str, Any], float | None],
-                 end: Callable[[Any, str | None], None],
                  on_store_error: Callable[[StoreError], None], user_agent: str) -> None:
         self.config = config
         self.policy: PacingPolicy = config.policy
@@ -105,13 +103,12 @@ class Recorder:
         self.report = report
         self.clock = clock
         self.override = override
-        self.end = end
         self.on_store_error = on_store_error
         self.user_agent = user_agent
         #: host → the table's time of the last throttle seen (for burst requests decided before it).
         self.throttle_marks: dict[str, float] = {}
         self._clamped_hosts: set[str] = set()
-        #: The records of requests that hold no line (burst, robots.txt), awaited by :meth:`finish`.
+        #: The records of requests that hold no line (burst, robots.txt), awaited by :meth:`recorded`.
         self._unlined: weakref.WeakKeyDictionary[Any, defer.Deferred[Any]] = weakref.WeakKeyDictionary()
         #: Hosts whose malformed rate-limit fields, or clamped quota, were logged (once per host and field).
         self._ratelimit_logged: set[tuple[str, str]] = set()
@@ -299,23 +296,20 @@ class Recorder:
         else:
             logger.error("scrapy-polite could not record %s for %s", label, host, exc_info=failure.value)
 
-    async def finish(self, request: Request) -> Decision | None:
-        """After the response or failure was handled: wait for its record, then end the request's life
-        (its lines and claim freed, its host woken: docs/spec.md §5). A request that never reached the
-        booking (dropped or answered by another middleware) is ended too.
+    async def recorded(self, request: Request) -> Decision | None:
+        """Wait for the record of ``request``'s response or failure (docs/spec.md §5, "Recording"); the caller
+        then ends the request's life (:meth:`Booker.end <scrapy_polite.booking.Booker.end>`).
 
-        Returns the record's :class:`~scrapy_polite.policy.Decision` (None: nothing was recorded, or the
-        table could not be written)."""
+        Returns the record's :class:`~scrapy_polite.policy.Decision` (None: nothing was recorded, the request never
+        reached the booking, or the table could not be written)."""
         host = request.meta.get(HOST_META)
         if host is None:
-            self.end(request, None)
             return None
         pending = self._unlined.pop(request, None)
         recording = self.lifecycle.take_recording(host, request)
         if recording is not None:
             pending = recording
         result = await await_deferred(pending) if pending is not None else None
-        self.end(request, host)
         return result if isinstance(result, Decision) else None
 
     def throttled_since(self, request: Request) -> bool:

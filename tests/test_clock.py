@@ -42,10 +42,10 @@ from scrapy_polite.scheduler import PoliteScheduler
 from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore, SQLiteStore
-from tests.support import server as server_module
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.scheduler_pacer import SchedulerPacer
 from tests.support.server import Reply, scripted
+from tests.test_glue import finish
 
 #: The fake wall clock's start (epoch s, 2033): far from time.time(), so a unit reading the real clock is caught.
 T0 = 2_000_000_000.0
@@ -224,7 +224,7 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
     r1.meta["polite_host"] = host_key(r1.url)
     t.advance(0.2)
     pacer.recorder.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "30"}, request=r1))
-    inline(pacer.recorder.finish(r1))
+    inline(finish(pacer, r1))
     active.discard(r1)
     r2 = scheduler.next_request()
     assert r2 is not None
@@ -377,10 +377,9 @@ async def crawl_with_a_step(arrival_server: Any, monkeypatch: pytest.MonkeyPatch
                             step: float, retry_after: int) -> tuple[float, Any]:
     """Three pages of one host, the first request answered 429 with ``Retry-After``; 1 s after that 429 was
     served (the host's requests are held by then), the crawl process's ``time.time`` steps by ``step`` (the
-    server keeps the real clock for its log). Returns the gap between the 429's end and the next arrival
+    server's log reads a clock no step moves: tests.support.server.clock). Returns the gap between the 429's end and the next arrival
     (the first held request released), by the server's log, and the crawler."""
     real = time.time
-    monkeypatch.setattr(server_module, "time", SimpleNamespace(time=real, sleep=time.sleep))
     srv = arrival_server(address)
     stepper = threading.Timer(1.0, lambda: monkeypatch.setattr(time, "time", lambda: real() + step))
 

@@ -52,7 +52,7 @@ from scrapy_polite.resolver import PublicHostnameResolver
 from scrapy_polite.robots import parse_robots_delay
 from scrapy_polite.settings import DEFAULTS, PoliteConfig, SettingsError
 from tests.support.scheduler_pacer import SchedulerPacer
-from tests.test_glue import T0, glue, inline, request
+from tests.test_glue import T0, finish, glue, inline, request
 
 # --------------------------------------------------------------------------------------------------
 # Retry-After
@@ -105,7 +105,7 @@ def test_fuzz_response_headers_through_the_recorder(status, headers, elapsed):
     g.clock.advance(elapsed)
     d = g.recorder.record_response(req, Response(req.url, status=status, headers=headers, request=req))
     assert d is None or d.called
-    inline(g.recorder.finish(req))
+    inline(finish(g, req))
     row = g.row("a.example")
     assert row is not None and math.isfinite(row.next_allowed)
     assert before is None or row.next_allowed >= before.next_allowed

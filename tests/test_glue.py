@@ -265,13 +265,21 @@ def glue(*, settings: dict[str, Any] | None = None, addresses: dict[str, list[st
     sleeper = FakeSleep(clock) if sleep == "fake" else HandSleep(clock)
     errors: list[StoreError] = []
     booker = Booker(config, astore, lines, resolution, report, sync, sleeper, errors.append)  # type: ignore[arg-type]
-    recorder = Recorder(config, astore, lines, report, sync, booker.override, booker.end, errors.append,
+    recorder = Recorder(config, astore, lines, report, sync, booker.override, errors.append,
                         "test-agent")
     fake_scheduler = FakeScheduler(owns) if scheduler else None
     booker.scheduler = fake_scheduler
     lines.wake = fake_scheduler.wake if fake_scheduler is not None else None
     return Glue(clock, sleeper, store, astore, lines, stats, report, sync, resolution, booker, recorder,
                 fake_scheduler, errors)
+
+
+async def finish(units: Any, request: Request) -> Any:
+    """What the downloader middleware does after a download (docs/spec.md §5): wait for the request's record,
+    then end its life. ``units``: anything with the pacer's ``recorder`` and ``booker``."""
+    decision = await units.recorder.recorded(request)
+    units.booker.end(request)
+    return decision
 
 
 def inline(coro: Any) -> Any:
@@ -328,7 +336,7 @@ def respond(g: Glue, req: Request, status: int = 200, **headers: str) -> Any:
     """The response arrives now: record it (its Deferred has fired) and finish the request."""
     d = g.recorder.record_response(req, Response(req.url, status=status, headers=headers, request=req))
     assert d is not None and d.called
-    inline(g.recorder.finish(req))
+    inline(finish(g, req))
     return d.result
 
 
@@ -776,7 +784,7 @@ async def test_finish_awaits_the_record_then_frees_the_line_and_wakes_the_schedu
     g.clock.advance(0.25)
     d = g.recorder.record_response(r1, Response(r1.url, status=200, request=r1))
     assert d is not None and not d.called
-    finishing = task(g.recorder.finish(r1))
+    finishing = task(finish(g, r1))
     await settle()
     # Negative control: until the record is written the line stays held, and nobody is woken.
     assert not finishing.called
@@ -794,7 +802,7 @@ async def test_finish_awaits_the_record_then_frees_the_line_and_wakes_the_schedu
 
 def test_finish_of_an_unpaced_request_does_nothing():
     g = glue()
-    inline(g.recorder.finish(Request("http://a.example/")))
+    inline(finish(g, Request("http://a.example/")))
     assert g.scheduler.wakes == []
 
 
@@ -848,7 +856,7 @@ def test_the_pacer_paces_a_host_on_the_fake_clock():
     r1.meta["polite_sent_at"] = T0
     clock.advance(0.5)
     pacer.recorder.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "3"}, request=r1))
-    inline(pacer.recorder.finish(r1))
+    inline(finish(pacer, r1))
     assert not pacer.lifecycle.busy("a.example") and pacer.scheduler.wakes == ["a.example"]
     r2 = request("http://a.example/2", proxy="http://proxy.example:3128")
     assert inline(pacer.booker.before_request(r2, "a.example")) == Defer(due=T0 + 3.5, reason="throttled")

@@ -47,7 +47,7 @@ from scrapy_polite.seams import ClockSync, Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore
 from tests.support.scheduler_pacer import SchedulerPacer as StandInPacer
-from tests.test_glue import T0, FakeResolution, FakeSleep, FakeStats, inline
+from tests.test_glue import T0, FakeResolution, FakeSleep, FakeStats, finish, inline
 from tests.test_held import Timer, make_crawler
 
 HOST_INTERVAL, IP_INTERVAL = 1.0, 2.0
@@ -167,7 +167,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.booker = Booker(config, astore, self.lifecycle, self.resolution, report, sync,  # type: ignore[arg-type]
                              FakeSleep(self.clock), lambda exc: None)
         self.recorder = Recorder(config, astore, self.lifecycle, report, sync, self.booker.override,
-                                 self.booker.end, lambda exc: None, "test-agent")
+                                 lambda exc: None, "test-agent")
         self.crawler = make_crawler()
         self.pacer = SchedulerPacer(self)
         self.scheduler = PoliteScheduler(self.crawler, Inner(), self.pacer)  # type: ignore[arg-type]
@@ -226,6 +226,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         """The wall clock steps (NTP, a VM resumed): nothing held may go early, nothing may stall."""
         self.clock.step(seconds)
 
+    @precondition(lambda self: not self.closed)  # Scrapy closes a scheduler once
     @rule()
     def close(self) -> None:
         """The spider closes: every request ends crawled, dropped, or reported as not crawled."""
@@ -308,7 +309,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             headers = {"Retry-After": retry_after} if retry_after is not None and status in (429, 503) else {}
             self.recorder.record_response(request, Response(request.url, status=status, headers=headers,
                                                             request=request))
-        decision = inline(self.recorder.finish(request))
+        decision = inline(finish(self, request))
         self.active.discard(request)
         if decision is not None and decision.throttle and status != "failure":
             # the middleware's throttle retry: the same request is held until its host is due

@@ -33,7 +33,7 @@ from scrapy_polite.reporting import Report
 from scrapy_polite.seams import ClockSync, Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore
-from tests.test_glue import T0, FakeClock, FakeResolution, FakeScheduler, FakeSleep, FakeStats, inline
+from tests.test_glue import T0, FakeClock, FakeResolution, FakeScheduler, FakeSleep, FakeStats, finish, inline
 
 POLICY = PacingPolicy(host_interval=1.0, max_backoff=300.0, max_wait=60.0, max_retry_after=3600.0)
 IP_INTERVAL = 2.0
@@ -267,7 +267,7 @@ class _Process:
         self.booker = Booker(config, store.open_async(), self.lines, self.resolution, report,  # type: ignore[arg-type]
                              sync, FakeSleep(clock), self.errors.append)
         self.recorder = Recorder(config, store.open_async(), self.lines, report, sync, self.booker.override,
-                                 self.booker.end, self.errors.append, "test-agent")
+                                 self.errors.append, "test-agent")
         self.booker.scheduler = FakeScheduler(True)
 
 
@@ -344,7 +344,7 @@ def test_the_glue_keeps_the_invariants_across_processes(events, processes):
                 d = proc.recorder.record_response(req, Response(req.url, status=status, headers=headers,
                                                                 request=req))
             assert d is None or d.called
-            inline(proc.recorder.finish(req))
+            inline(finish(proc, req))
             row = store.get(host)
             assert row is not None
             # A response answers for the moment its request was sent: one step above the backoff of that

@@ -38,7 +38,7 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet.defer import Deferred
 
-from scrapy_polite.clock import process_clock
+from tests.support.server import clock
 
 __all__ = ["CrawlTimeout", "Failed", "Fetched", "ListSpider", "TEST_SETTINGS", "polite_settings", "run_crawl"]
 
@@ -154,7 +154,15 @@ async def run_crawl(
             reactor._nameResolver = old_name_resolver
     if timed_out:
         raise CrawlTimeout(f"crawl of {spider_cls.__name__} did not finish within {timeout} s", crawler)
+    assert_no_illegal_moves(crawler.stats.get_stats() if crawler.stats is not None else {}, spider_cls.__name__)
     return crawler
+
+
+def assert_no_illegal_moves(stats: dict[str, Any], where: str) -> None:
+    """A crawl's stats count no illegal move of a request (``polite/lifecycle/illegal``, docs/spec.md §5): every
+    crawl of the suite checks its lifecycle, in this process (where the move also raises) or in a child's."""
+    illegal = stats.get("polite/lifecycle/illegal")
+    assert not illegal, f"{where}: {illegal} illegal lifecycle moves (the crawl's log names them)"
 
 
 #: Seconds :func:`run_crawl` gives a timed-out crawl's stop to complete before it gives up on the crawl.
@@ -181,7 +189,7 @@ class Fetched:
 
     url: str
     status: int
-    time: float  # process_clock() when the callback/errback ran
+    time: float  # clock() when the callback/errback ran
     ip: str | None  # response.ip_address: the address actually connected to
     meta: dict[str, Any] = field(default_factory=dict)  # the user meta the request was made with
     latency: float | None = None  # meta['download_latency']
@@ -263,7 +271,7 @@ class ListSpider(scrapy.Spider):
             Fetched(
                 url=response.url,
                 status=response.status,
-                time=process_clock(),
+                time=clock(),
                 ip=str(ip) if ip is not None else None,
                 meta=dict(user_meta),
                 latency=response.meta.get("download_latency"),
@@ -291,7 +299,7 @@ class ListSpider(scrapy.Spider):
             self._record(failure.value.response, user_meta, via_errback=True)
             return
         exc = failure.value
-        self.failed.append(Failed(request.url, type(exc).__name__, str(exc), process_clock(), dict(user_meta)))
+        self.failed.append(Failed(request.url, type(exc).__name__, str(exc), clock(), dict(user_meta)))
 
     # -- convenience -------------------------------------------------------------------------------
     def statuses(self) -> list[int]:

@@ -16,6 +16,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from tests.support.crawl import assert_no_illegal_moves
 from tests.support.redis_server import unique_prefix
 from tests.support.server import Arrival, Reply, RequestInfo, page
 
@@ -61,7 +62,9 @@ class Worker:
         finally:
             self._log.close()
         assert self.proc.returncode == 0, self.text()[-4000:]
-        return json.loads(self.out.read_text())  # type: ignore[no-any-return]
+        stats: dict[str, Any] = json.loads(self.out.read_text())
+        assert_no_illegal_moves(stats, self.label)
+        return stats
 
     def signal(self, sig: int) -> None:
         os.kill(self.proc.pid, sig)

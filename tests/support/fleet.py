@@ -94,4 +94,8 @@ class Crawl:
         finally:
             self._log.close()
         assert self.proc.returncode == 0, self.log.read_text()[-4000:]
-        return json.loads(self.out.read_text())  # type: ignore[no-any-return]
+        from tests.support.crawl import assert_no_illegal_moves  # not at the top: this module is also the child
+
+        result: dict[str, Any] = json.loads(self.out.read_text())
+        assert_no_illegal_moves(result["stats"], "a fleet crawl")
+        return result

@@ -27,8 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from scrapy_polite.clock import process_clock
-from tests.support.server import Arrival, Handler, Reply, RequestInfo, page
+from tests.support.server import Arrival, Handler, Reply, RequestInfo, clock, page
 
 __all__ = ["H2ArrivalServer"]
 
@@ -170,7 +169,7 @@ class H2ArrivalServer:
                 elif message == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-        start = process_clock()
+        start = clock()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", headers.get(":authority", "")).rsplit(":", 1)[0].lower()
         path = scope["path"]
@@ -187,7 +186,7 @@ class H2ArrivalServer:
         out_headers.append((b"content-length", str(len(body)).encode()))
         # Logged before the reply is sent: hypercorn may cancel the app as soon as the stream is complete.
         with self._lock:
-            self._arrivals.append(Arrival(host=host, path=path, start=start, end=process_clock(), status=reply.status,
+            self._arrivals.append(Arrival(host=host, path=path, start=start, end=clock(), status=reply.status,
                                           server_address=info.server_address, client_port=info.client_port,
                                           method=info.method, target=path))
         await send({"type": "http.response.start", "status": reply.status, "headers": out_headers})

@@ -47,8 +47,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 
-from scrapy_polite.clock import process_clock
-from tests.support.server import Handler, Reply, RequestInfo
+from tests.support.server import Handler, Reply, RequestInfo, clock
 
 __all__ = ["FORMS", "Quota"]
 
@@ -98,7 +97,7 @@ class Quota:
             self.mode = "bucket" if self.form in ("ietf", "draft") else "window"
         self._lock = threading.Lock()
         self._tokens = float(self.quota)
-        self._filled_at = process_clock()
+        self._filled_at = clock()
         self._window_start = 0.0
         self._used = 0
         self._spent_seen = False
@@ -166,7 +165,7 @@ class Quota:
         """A server handler that takes one unit of the quota per request."""
 
         def handle(info: RequestInfo, count: int) -> Reply:
-            allowed, remaining, reset, reset_at = self._take(process_clock())
+            allowed, remaining, reset, reset_at = self._take(clock())
             headers = self.headers(remaining, reset, reset_at)
             with self._lock:
                 if self._spent_seen and self.quieted < self.quiet:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from scrapy_polite.clock import process_clock
 
 __all__ = [
+    "clock",
     "Arrival",
     "ArrivalServer",
     "Handler",
@@ -55,6 +56,13 @@ __all__ = [
 ]
 
 
+def clock() -> float:
+    """Now on the add-on's process clock (:data:`scrapy_polite.clock.process_clock`: epoch seconds that a step of
+    the wall clock does not move), read from its anchor, so a test that swaps the process clock or the wall
+    clock out (tests/test_clock.py) moves neither the servers' arrival logs nor the spiders' times."""
+    return process_clock.anchor + time.monotonic()
+
+
 # --------------------------------------------------------------------------------------------------
 # Data types
 
@@ -64,7 +72,7 @@ class Arrival:
     """One request as the server saw it.
 
     ``host`` is the Host header without port (IPv6 brackets removed, lower-cased); ``start`` is
-    ``process_clock()`` right after the request line was read, ``end`` right after the response was
+    ``clock()`` right after the request line was read, ``end`` right after the response was
     written; ``server_address`` is the local address the connection was accepted on and ``client_port``
     the peer's port (equal ports on consecutive arrivals = one keep-alive connection; with more than one
     client address, compare ``(client_host, client_port)``).
@@ -254,7 +262,7 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
 
     def parse_request(self) -> bool:
         # Called right after the request line was read (and before the headers are).
-        self._t_start = process_clock()
+        self._t_start = clock()
         self.server.owner._begin()
         self._in_flight = True
         ok = super().parse_request()
@@ -286,7 +294,7 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
 
     def _serve(self, head: bool = False) -> None:
         owner = self.server.owner
-        start = getattr(self, "_t_start", process_clock())
+        start = getattr(self, "_t_start", clock())
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else b""
         host = _host_without_port(self.headers.get("Host", "")) or owner.address
@@ -327,7 +335,7 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
         if not head and payload:
             self.wfile.write(payload)
         self.wfile.flush()
-        end = process_clock()
+        end = clock()
         owner._record(
             Arrival(
                 host=host,
