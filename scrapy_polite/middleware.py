@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from typing_extensions import Self
 
+    from .booking import Booker
+    from .policy import Decision
+    from .recording import Recorder
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware"]
@@ -191,8 +195,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             self.booker.end(request, dropped=True)
             return response
         refusal = self.unpinned.refusal(request, response)  # decided when it was recorded: counted once
-        decision = await self.recorder.recorded(request)
-        self.booker.end(request)
+        decision = await end_when_recorded(self.recorder, self.booker, request)
         if refusal is not None:
             raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")
         due = self.retries.due(request, decision)
@@ -222,9 +225,18 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             booker.end(request, dropped=True)
             return None
         self.recorder.record_failure(request, exception)
-        await self.recorder.recorded(request)
-        booker.end(request)
+        await end_when_recorded(self.recorder, booker, request)
         return None
+
+
+async def end_when_recorded(recorder: Recorder, booker: Booker, request: Request) -> Decision | None:
+    """The end of a download's pass (docs/spec.md §5, "Recording"): wait for the record of its response or failure,
+    then end the pass (:meth:`Booker.end <scrapy_polite.booking.Booker.end>`: its lines and claim freed, its host
+    woken), however the wait ends. Returns the record's decision (None: nothing was recorded)."""
+    try:
+        return await recorder.recorded(request)
+    finally:
+        booker.end(request)
 
 
 class PoliteEarlyDeferMiddleware(_PacerComponent):

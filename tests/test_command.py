@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from scrapy.settings import Settings
 
+from scrapy_polite.clock import process_clock
 from scrapy_polite.commands import (
     EXIT_NO_HOST,
     EXIT_OK,
@@ -52,7 +53,7 @@ class Table:
     def __init__(self, kind: str, tmp_path: Path) -> None:
         self.kind = kind
         self.tmp_path = tmp_path
-        self.now = time.time()
+        self.now = process_clock()  # what the embedded stores' now reads, in this process
         if kind == "memory":
             self.store = MemoryStore()
             self.uri = "memory://"

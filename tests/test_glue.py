@@ -32,7 +32,7 @@ from twisted.python.failure import Failure
 
 from scrapy_polite.booking import Booker
 from scrapy_polite.lifecycle import Lifecycle, Stage
-from scrapy_polite.middleware import PoliteDownloaderMiddleware
+from scrapy_polite.middleware import PoliteDownloaderMiddleware, end_when_recorded
 from scrapy_polite.pacer import CrawlStopped, Pacer
 from scrapy_polite.policy import HostState, host_key
 from scrapy_polite.recording import Recorder
@@ -275,11 +275,9 @@ def glue(*, settings: dict[str, Any] | None = None, addresses: dict[str, list[st
 
 
 async def finish(units: Any, request: Request) -> Any:
-    """What the downloader middleware does after a download (docs/spec.md §5): wait for the request's record,
-    then end its life. ``units``: anything with the pacer's ``recorder`` and ``booker``."""
-    decision = await units.recorder.recorded(request)
-    units.booker.end(request)
-    return decision
+    """What the downloader middleware does after a download (its own function, docs/spec.md §5): wait for the
+    request's record, then end its pass. ``units``: anything with the pacer's ``recorder`` and ``booker``."""
+    return await end_when_recorded(units.recorder, units.booker, request)
 
 
 def inline(coro: Any) -> Any:
@@ -798,6 +796,26 @@ async def test_finish_awaits_the_record_then_frees_the_line_and_wakes_the_schedu
     assert not g.lines.busy("a.example") and not g.lines.busy("ip:192.0.2.1")
     assert g.scheduler.wakes == ["a.example"]
     assert g.resolution.pins[("a.example", A1)] == 0  # unpinned
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_pass_whose_wait_for_its_record_is_cancelled_still_ends():
+    """The crawl stopping cancels the middleware's wait for a slow record: the request's lines are freed and its
+    host woken all the same (docs/spec.md §5), not left to the reconcile."""
+    g = glue(addresses={"a.example": [A1]}, gated=True)
+    r1 = request("http://a.example/1")
+    assert book(g, r1) == Go(sent_at=T0, address=A1)
+    g.astore.gated = True
+    g.recorder.record_response(r1, Response(r1.url, status=200, request=r1))
+    finishing = task(finish(g, r1))
+    await settle()
+    assert g.lines.holds("a.example", r1)  # negative control: waiting for the record, the line is held
+    finishing.cancel()
+    await settle()
+    assert finishing.called
+    assert not g.lines.busy("a.example") and not g.lines.busy("ip:192.0.2.1")
+    assert g.scheduler.wakes == ["a.example"]
+    finishing.addErrback(lambda failure: None)
 
 
 def test_finish_of_an_unpaced_request_does_nothing():
