@@ -280,7 +280,7 @@ async def test_a_crawl_stopped_by_the_addon_sets_its_runners_bootstrap_failed(ar
     from scrapy.crawler import CrawlerRunner
 
     from scrapy_polite.stores import register_store
-    from tests.support.crawl import TEST_SETTINGS, ListSpider
+    from tests.support.crawl import TEST_SETTINGS, ListSpider, assert_no_illegal_moves
 
     srv = arrival_server("127.0.0.44")
     _FailingAfter.limit = limit
@@ -291,6 +291,7 @@ async def test_a_crawl_stopped_by_the_addon_sets_its_runners_bootstrap_failed(ar
     crawler = runner.create_crawler(ListSpider)
     await runner.crawl(crawler, urls=[srv.url(f"/{i}") for i in range(6)])
     reason = crawler.stats.get_value("finish_reason")
+    assert_no_illegal_moves(crawler.stats.get_stats(), "a crawl stopped by its table")
     assert not bystander.bootstrap_failed
     if limit == 1000:
         assert reason == "finished" and not runner.bootstrap_failed and len(srv.arrivals()) == 6

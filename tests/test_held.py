@@ -29,6 +29,7 @@ from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.held import HELD_DIR, HeldRequests, read_held
 from scrapy_polite.reactor import installed_reactor
 from scrapy_polite.scheduler import DEFERRED_FILE, PoliteScheduler
+from tests.support.crawl import assert_no_illegal_moves
 from tests.support.scheduler_pacer import SchedulerPacer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -379,7 +380,9 @@ def held_crawl(requests: int, bound: int) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "tests.support.held_crawl", "--requests", str(requests),
                           "--max-in-memory", str(bound)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert_no_illegal_moves(result["stats"], "held_crawl")
+    return result
 
 
 def growth_per_1000(samples: list[list[int]], start: int, end: int) -> float:
