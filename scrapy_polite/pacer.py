@@ -169,6 +169,7 @@ class Pacer:
         self.recorder = Recorder(config, self.table, self.lifecycle, self.report, self.sync, self.booker.override,
                                  self._store_failed, self.user_agent)
         self._reconciled = float("-inf")
+        self._scheduler: HoldingScheduler | None = None
         self.retries = ThrottleRetries(config.policy, self.report, self.sync, self.booker.can_defer)
         #: The requests of a *checked* download handler (docs/spec.md §4.1).
         self.unpinned = UnpinnedRequests(_modes(crawler), config.address_filter, self.report.inc)
@@ -184,11 +185,11 @@ class Pacer:
         """The scheduler holding deferred requests (attached while it is open), or None. Setting it wires it to
         the units that hand it requests (the booker's deferrals) and wake it (the lifecycle's freed lines and
         ended requests)."""
-        return self.booker.scheduler  # the booker's reference is the one kept
+        return self._scheduler
 
     @scheduler.setter
     def scheduler(self, scheduler: HoldingScheduler | None) -> None:
-        self.booker.scheduler = scheduler
+        self._scheduler = self.booker.scheduler = scheduler
         self.lifecycle.wake = scheduler.wake if scheduler is not None else None
         self.lifecycle.ended = scheduler.ended if scheduler is not None else None
 
