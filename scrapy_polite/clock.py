@@ -13,8 +13,8 @@ clock's rate (on Linux NTP slews ``CLOCK_MONOTONIC`` as it slews the wall clock)
 sum of the steps since the anchor of the wall clock.
 
 Processes on one machine share ``CLOCK_MONOTONIC``, so processes anchored under the same wall-clock setting
-read the same process clock; one anchored after a step of ``s`` seconds reads ``s`` off the others
-(docs/spec.md §6 says what that means for a shared SQLite file).
+read the same process clock; one anchored after a step of ``s`` seconds reads ``s`` off the others, so a
+shared SQLite file keeps one anchor for its openers (docs/spec.md §6, "One clock per file").
 """
 
 from __future__ import annotations

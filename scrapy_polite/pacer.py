@@ -65,6 +65,7 @@ from .stores import (
     PaceStore,
     ProcessLocal,
     ServerClock,
+    SharedClock,
     StoreClosed,
     StoreError,
     StoreOptions,
@@ -147,7 +148,8 @@ class Pacer:
         self.report = Report(crawler.stats, clock)
         #: The one owner of every paced request's stage, lines and claims (docs/spec.md §5).
         self.lifecycle = Lifecycle(inc=self.report.inc)
-        self.sync = ClockSync(clock, server_clock=has_ability(self._backend, ServerClock))
+        self.sync = ClockSync(clock, server_clock=has_ability(self._backend, ServerClock),
+                              offset=self._backend.clock_offset if has_ability(self._backend, SharedClock) else 0.0)
         self.resolution = Resolution(crawler, config.address_filter, self.report, self._resolver_missing)
         self.guard = StoreGuard(store, timeout=config.store_timeout, report=self.report, clock=clock,
                                 sleep=sleep or reactor_sleep)
@@ -225,7 +227,7 @@ class Pacer:
 
         Returns:
             ``(offset, rows)``: ``offset`` (seconds) turns the table's times into this process's clock (0
-            unless the table has a server clock), ``rows`` the ``(host, state)`` rows sorted by host.
+            unless the table has a server clock or a shared one), ``rows`` the ``(host, state)`` rows sorted by host.
 
         Raises:
             StoreError: the table cannot be read.
@@ -237,7 +239,7 @@ class Pacer:
             return now, hosts_backing_off(backend, now)
 
         store_now, rows = await await_deferred(threads.deferToThread(scan))
-        return (self.clock() - store_now if self.sync.server_clock else 0.0), rows
+        return (self.clock() - store_now if self.sync.server_clock else self.sync.offset), rows
 
     def logged_events(self, since: float | None = None, limit: int = 1_000_000) -> list[Event]:
         """The pace table's event log (:meth:`PaceStore.events <scrapy_polite.stores.PaceStore.events>`),

@@ -183,13 +183,15 @@ class ClockSync:
     Args:
         clock: this process's clock, epoch seconds (the process clock; tests inject one).
         server_clock: the table has a clock of its own (a server's); when False (SQLite, memory: the
-            table's clock *is* this process's clock) the offset stays 0.
+            table's clock is this process's clock, shifted by a fixed ``offset``) the offset stays as given.
+        offset: seconds, this process's clock minus the table's until the first observation of a server clock,
+            and for good without one (a SQLite file's one clock, docs/spec.md §6 "One clock per file").
     """
 
-    def __init__(self, clock: Callable[[], float], *, server_clock: bool = False) -> None:
+    def __init__(self, clock: Callable[[], float], *, server_clock: bool = False, offset: float = 0.0) -> None:
         self.clock = clock
         self.server_clock = server_clock
-        self.offset = 0.0  # local clock minus the store's clock, seconds
+        self.offset = offset  # local clock minus the store's clock, seconds
 
     def observe(self, store_now: float) -> None:
         """Record the store's clock as read now."""

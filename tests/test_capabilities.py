@@ -37,6 +37,7 @@ from scrapy_polite.stores import (
     MemoryStore,
     ProcessLocal,
     ServerClock,
+    SharedClock,
     Snapshot,
     SQLiteStore,
     SteppedStore,
@@ -127,6 +128,7 @@ def test_the_embedded_backends_declare_only_their_abilities(tmp_path):
     try:
         assert has_ability(memory, ProcessLocal) and not has_ability(sqlite, ProcessLocal)
         assert has_ability(sqlite, BackingOffListing) and not has_ability(memory, BackingOffListing)
+        assert has_ability(sqlite, SharedClock) and not has_ability(memory, SharedClock)
         for ability in (ServerClock, ExpiringRows, CallThreads, KeyPrefixed, SteppedStore):
             assert not has_ability(memory, ability), ability
             assert not has_ability(sqlite, ability), ability

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import threading
 import time
 from types import SimpleNamespace
@@ -28,6 +29,7 @@ import pytest
 import pytest_twisted
 import scrapy
 from scrapy.http import Response
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.test import get_crawler
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -37,11 +39,12 @@ from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.clock import ProcessClock, process_clock
 from scrapy_polite.held import HELD_DIR
 from scrapy_polite.pacer import Pacer
-from scrapy_polite.policy import host_key
+from scrapy_polite.policy import HostState, host_key
 from scrapy_polite.scheduler import PoliteScheduler
 from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore, SQLiteStore
+from scrapy_polite.stores.sqlite import marks as marks_module
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.scheduler_pacer import SchedulerPacer
 from tests.support.server import Reply, scripted
@@ -428,3 +431,102 @@ async def test_e2e_negative_control_on_the_wall_clock_a_forward_step_releases_ea
     monkeypatch.setattr(clock_module.ProcessClock, "__call__", lambda self: time.time())
     gap, _ = await crawl_with_a_step(arrival_server, monkeypatch, tmp_path, "127.0.7.3", +STEP, 10)
     assert gap < 8.0, f"the wall clock was expected to release the held request early (gap {gap:.2f} s)"
+
+
+# ---------------------------------------------------------------------------------------------------
+# One clock per SQLite file (docs/spec.md §6): processes anchored before and after a step agree
+
+
+def _opener(path: str, t: FakeTime, *, mark: bool = True) -> SQLiteStore:
+    """The table as a process anchored on ``t`` now opens it (a crawl leaves a mark; a command does not)."""
+    clock = ProcessClock(wall=t.wall, monotonic=t.monotonic)
+    assert clock() == t.wall()  # anchored now
+    return SQLiteStore(path, clock=clock, mark=mark)
+
+
+def _book(store: SQLiteStore, host: str, interval: float) -> None:
+    store.update(host, lambda state, now: (HostState(next_allowed=now + interval, updated=now), None))
+
+
+@pytest.mark.parametrize("step", [+STEP, -STEP], ids=["forward", "backward"])
+@pytest.mark.parametrize("shared", [True, False], ids=["one-clock", "negative-control-own-clocks"])
+def test_processes_anchored_before_and_after_a_step_read_one_table_clock(monkeypatch, tmp_path, step, shared):
+    """A crawl books a host for 10 s; 2 s later the wall clock steps and a second crawl opens the file: it
+    reads the table's time as the first does, so the host is 8 s off for both. With a clock each (a system
+    that does not say which boot this is: the code before this change), the second reads the row ``step``
+    seconds off: after a forward step it books at once (50 s early), after a backward one it waits 68 s."""
+    if not shared:
+        monkeypatch.setattr(marks_module, "_boot_id", lambda: "")
+    path = str(tmp_path / "pace.sqlite3")
+    t = FakeTime()
+    first = _opener(path, t)
+    try:
+        _book(first, "a.example", 10.0)
+        t.advance(2.0)
+        t.step(step)
+        second = _opener(path, t)
+        try:
+            assert first.clock_offset == 0.0
+            assert second.clock_offset == pytest.approx(step if shared else 0.0)
+            snapshot = second.read(["a.example"])
+            wait = snapshot.states["a.example"].next_allowed - snapshot.now
+            assert wait == pytest.approx(8.0 if shared else 8.0 - step)
+            assert abs(snapshot.now - first.now()) == pytest.approx(0.0 if shared else abs(step), abs=1e-6)
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def test_the_first_crawl_to_open_a_file_nobody_has_open_sets_its_clock(tmp_path):
+    """The anchor is kept while an opener of this boot runs; the next crawl to open the file when none runs
+    writes its own (the table stays near the wall clock), the anchor of another boot goes, and a command
+    (no mark) reads the clock of the crawl it finds."""
+    path = str(tmp_path / "pace.sqlite3")
+    t = FakeTime()
+    _opener(path, t).close()
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("INSERT INTO clocks (boot, anchor) VALUES ('another-boot', 1.0)")
+    db.close()
+    t.step(STEP)
+    crawl = _opener(path, t)  # nobody has the file open: its clock is this process's
+    try:
+        assert crawl.clock_offset == 0.0
+        t.step(STEP)
+        command = _opener(path, t, mark=False)
+        try:
+            assert command.clock_offset == pytest.approx(STEP) and command.now() == pytest.approx(crawl.now())
+        finally:
+            command.close()
+        db = sqlite3.connect(path)
+        try:
+            boots = [boot for boot, in db.execute("SELECT boot FROM clocks")]
+        finally:
+            db.close()
+        assert boots == [marks_module._boot_id()]
+    finally:
+        crawl.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_pacer_turns_a_shared_table_clock_into_its_own(tmp_path):
+    """The second crawl's pacer maps the table's due times to its own clock by the fixed offset: the host
+    booked for 10 s by the first crawl is due 8 s later by the second's clock, not 8 s + the step."""
+    path = str(tmp_path / "pace.sqlite3")
+    t = FakeTime()
+    first = _opener(path, t)
+    _book(first, "a.example", 10.0)
+    t.advance(2.0)
+    t.step(STEP)
+    clock = ProcessClock(wall=t.wall, monotonic=t.monotonic)
+    second = SQLiteStore(path, clock=clock, mark=True)
+    crawler = get_crawler(ListSpider, {"POLITE_STORE": f"sqlite:///{path}"})
+    pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), second.open_async(), clock=clock)
+    try:
+        assert pacer.sync.offset == pytest.approx(STEP) and not pacer.sync.server_clock
+        due = await deferred_from_coro(pacer.booker.due("a.example"))
+        assert due - clock() == pytest.approx(8.0)
+    finally:
+        pacer.close()
+        first.close()

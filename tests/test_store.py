@@ -240,7 +240,7 @@ def test_sqlite_migrates_a_version_1_file_keeping_its_rows_and_adding_the_event_
     try:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 2
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert tables == {"hosts", "events", "openers", "identity"}
+        assert tables == {"hosts", "events", "openers", "identity", "clocks"}
     finally:
         db.close()
 
@@ -567,7 +567,7 @@ def test_sqlite_migrates_a_version_3_file_keeping_its_rows_without_latency(tmp_p
         s.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     finally:
         db.close()
 

@@ -62,6 +62,7 @@ __all__ = [
     "KeyPrefixed",
     "ProcessLocal",
     "ServerClock",
+    "SharedClock",
     "EVENT_KINDS",
     "DEFAULT_EVENTS_MAX",
     "Event",
@@ -351,6 +352,17 @@ class ServerClock(Protocol):
 
     #: The declaration itself: True (a store whose member is anything else has no server clock).
     server_clock: Literal[True] = True
+
+
+@runtime_checkable
+class SharedClock(Protocol):
+    """An embedded table whose clock is this process's shifted by a fixed offset, one clock for every process
+    that opens it on this boot of the machine (SQLite: docs/spec.md §6, "One clock per file"). The pacer turns
+    its due times into this process's clock with it (:class:`~scrapy_polite.seams.ClockSync`). A store without
+    it and without a :class:`ServerClock` reads this process's clock itself (offset 0)."""
+
+    #: Seconds, this process's clock minus the table's, fixed while the table is open.
+    clock_offset: float
 
 
 @runtime_checkable

@@ -1,7 +1,11 @@
-"""The crash window of the SQLite pace table (docs/spec.md §6, "After a crash"): every crawl that opens the file
-leaves a "running" mark in its ``openers`` table, beats it while it writes and removes it at its clean close; an
-opening that finds the mark of a process of this machine that is gone treats every row changed within
-:data:`CRASH_WINDOW` seconds before that process's last heartbeat, or since, as just booked."""
+"""The openers of the SQLite pace table: the crash window (docs/spec.md §6, "After a crash") and the table's clock
+(§6, "One clock per file").
+
+Every crawl that opens the file leaves a "running" mark in its ``openers`` table, beats it while it writes and
+removes it at its clean close; an opening that finds the mark of a process of this machine that is gone treats
+every row changed within :data:`CRASH_WINDOW` seconds before that process's last heartbeat, or since, as just
+booked. Every opener of one boot of the machine reads the table's time on one anchor (:func:`table_clock`), so
+processes started before and after a step of the wall clock agree on it."""
 
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ import sqlite3
 import uuid
 from collections.abc import Callable
 
-__all__ = ["BEAT_EVERY", "CRASH_WINDOW", "Mark", "Recovery"]
+from ...clock import ProcessClock
+
+__all__ = ["BEAT_EVERY", "CRASH_WINDOW", "Mark", "Recovery", "keep_clock", "table_clock"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +110,52 @@ def _gone(pid: int, boot: str, started: int, my_boot: str) -> bool:
 
 
 
+def _machine_marks(db: sqlite3.Connection) -> list[tuple[str, int, float, str, bool]]:
+    """The marks left by openers of this machine: ``(token, pid, beat, boot, gone)``, ``gone`` when the process
+    that left it is gone (:func:`_gone`; never for a mark of this process's open stores)."""
+    boot = _boot_id()
+    return [(token, pid, beat, their_boot, token not in OPEN_TOKENS and _gone(pid, their_boot, started, boot))
+            for token, pid, beat, their_boot, started in
+            db.execute("SELECT token, pid, beat, boot, started FROM openers WHERE machine = ?",
+                       (socket.gethostname(),)).fetchall()]
+
+
+def table_clock(db: sqlite3.Connection, clock: Callable[[], float], *, owner: bool) -> float:
+    """Inside the opening transaction, before the opener leaves its mark: how far this process's clock is ahead
+    of the table's, seconds (the table's time is ``clock() - offset``), so that every opener of the file on one
+    boot of this machine reads one clock (docs/spec.md §6, "One clock per file").
+
+    The processes of one boot share the monotonic clock; the table's clock is ``anchor + monotonic()`` with the
+    anchor kept in the file for that boot (table ``clocks``). An opener adopts it while another opener of this
+    boot is running (its mark is live), or when it leaves no mark (a command); the first crawl to open the file
+    when none runs (``owner``) writes its own process clock's anchor (offset 0): a table is never read on an
+    anchor older than its running openers need. A ``clock`` that is not a :class:`~scrapy_polite.clock.ProcessClock`
+    (a test's), or a system that does not say which boot this is, reads its own clock (offset 0).
+    """
+    boot = _boot_id()
+    if not isinstance(clock, ProcessClock) or not boot:
+        return 0.0
+    mine = clock.anchor
+    row = db.execute("SELECT anchor FROM clocks WHERE boot = ?", (boot,)).fetchone()
+    running = any(their_boot == boot and not gone for _, _, _, their_boot, gone in _machine_marks(db))
+    if row is not None and (running or not owner):
+        return mine - float(row[0])
+    if owner:  # no opener of this boot runs: the table's clock is this process's (a past boot's anchor goes)
+        keep_clock(db, clock, 0.0)
+    return 0.0
+
+
+def keep_clock(db: sqlite3.Connection, clock: Callable[[], float], offset: float) -> None:
+    """Inside a write transaction: write the anchor of the table's clock this opener reads (``clock`` minus
+    ``offset`` seconds, :func:`table_clock`) as this boot's, the only one the file keeps: at the opening of
+    the first crawl, and in a new file found at the table's path (the openers that follow it there keep reading
+    one clock)."""
+    boot = _boot_id()
+    if isinstance(clock, ProcessClock) and boot:
+        db.execute("DELETE FROM clocks")
+        db.execute("INSERT INTO clocks (boot, anchor) VALUES (?, ?)", (boot, clock.anchor - offset))
+
+
 _INSERT = ("INSERT OR REPLACE INTO openers (token, pid, machine, boot, started, opened, beat) "
            "VALUES (?, ?, ?, ?, ?, ?, ?)")
 
@@ -130,11 +182,7 @@ class Mark:
         :data:`CRASH_WINDOW` seconds before the earliest of their last heartbeats, or since, as just booked
         (:data:`REPAIR`), remove those marks and leave this opener's. Returns what was found (None: no
         unclean stop)."""
-        machine, boot = socket.gethostname(), _boot_id()
-        dead = [(token, pid, beat) for token, pid, beat, their_boot, started in
-                db.execute("SELECT token, pid, beat, boot, started FROM openers WHERE machine = ?",
-                           (machine,)).fetchall()
-                if token not in OPEN_TOKENS and _gone(pid, their_boot, started, boot)]
+        dead = [(token, pid, beat) for token, pid, beat, _, gone in _machine_marks(db) if gone]
         recovery = _repair(db, dead, now, uri) if dead else None
         self.token, self.owned, self._beat = uuid.uuid4().hex, True, now
         self.write(db, now)

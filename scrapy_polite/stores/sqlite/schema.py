@@ -23,7 +23,9 @@ __all__ = ["SCHEMA_VERSION", "connect", "file_id", "migrate", "set_up", "set_up_
 #: 6: the in-flight hold of a host's and an address's row (``held_until``, ``held_by``: docs/spec.md §3, "In
 #: flight"), and the table's identity (table ``identity``, one random id written when the file is created:
 #: docs/spec.md §6, "A table that comes back empty").
-SCHEMA_VERSION = 6
+#: 7: the table's clock (table ``clocks``: the anchor of the process clock every opener of one boot of the machine
+#: reads the table's time with, docs/spec.md §6 "One clock per file").
+SCHEMA_VERSION = 7
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -110,9 +112,16 @@ CREATE TABLE IF NOT EXISTS identity (id TEXT NOT NULL);
 INSERT INTO identity (id) SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM identity)
 """
 
+#: The table's clock (docs/spec.md §6, "One clock per file"): per boot of the machine (``boot``, Linux's boot id),
+#: the anchor (``wall0 - mono0``, seconds) of the process clock that the openers of that boot read the table's time
+#: with. A file written before it gets one at its next opening.
+_SCHEMA_V7 = """
+CREATE TABLE IF NOT EXISTS clocks (boot TEXT PRIMARY KEY, anchor REAL NOT NULL) WITHOUT ROWID;
+"""
+
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
 MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5,
-                               5: _SCHEMA_V6}
+                               5: _SCHEMA_V6, 6: _SCHEMA_V7}
 
 
 def file_id(path: str) -> tuple[int, int] | None:

@@ -2,8 +2,9 @@
 
 Every read-modify-write runs inside a ``BEGIN IMMEDIATE`` transaction (alone, or with the others of its
 group: :meth:`SQLiteStore.run_group`, docs/spec.md §6 "Group commit"), so concurrent processes on one machine
-never lose an update; the clock (the monotonic process clock, :data:`~scrapy_polite.clock.process_clock`)
-is read inside the transaction.
+never lose an update; the clock (the monotonic process clock, :data:`~scrapy_polite.clock.process_clock`, on
+the anchor every opener of this boot shares: docs/spec.md §6, "One clock per file") is read inside the
+transaction.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from ..base import (
     StoreError,
     UpdateFn,
 )
-from . import rows, schema
-from .marks import Mark, Recovery
+from . import checkpoints, rows, schema
+from .marks import Mark, Recovery, keep_clock, table_clock
 from .table import GROUP_MAX, AsyncSQLiteStore
 
 __all__ = ["FOLLOW_EVERY", "SQLiteStore"]
@@ -53,15 +54,19 @@ class SQLiteStore:
         timeout: seconds to wait for another process's write lock before failing.
         nowait: a connection that never waits for a lock (an operation that would wait raises
             :class:`StoreBusy`) and never checkpoints the WAL; use :meth:`nowait` to make one.
-        clock: the store's clock, epoch seconds, read inside each transaction: the monotonic process clock by
-            default, so the store's ``now`` never goes backwards in a process and ignores steps of the wall
-            clock (docs/spec.md §6; tests inject one).
+        clock: this process's clock, epoch seconds: the monotonic process clock by default. The table's clock,
+            read inside each transaction, is this clock minus :attr:`clock_offset`, so the store's ``now`` never
+            goes backwards in a process, ignores steps of the wall clock, and is one clock for every process of
+            this machine's boot that opens the file (docs/spec.md §6, "One clock per file"; tests inject one).
         events_max: the most events the event log keeps (``POLITE_EVENT_LOG_SIZE``); an append beyond it
             deletes the oldest.
         mark: leave a "running" mark in the file while open, removed by :meth:`close` (docs/spec.md §6,
             "After a crash"); the connection :meth:`nowait` makes beats its opener's.
 
     Attributes:
+        clock_offset: seconds, this process's clock minus the table's (:func:`~.marks.table_clock`), fixed while
+            the store is open: 0 for the first crawl to open the file, the wall clock's steps between its
+            anchor and this process's for a process started after them.
         recovery: what the opening found of an unclean stop (:class:`Recovery`), or None (every earlier
             opener closed cleanly, or is still running).
         write_transactions: (class attribute) the write transactions of every SQLiteStore of this process, about
@@ -76,7 +81,7 @@ class SQLiteStore:
 
     def __init__(self, path: str, *, timeout: float = 30.0, nowait: bool = False,
                  clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX,
-                 mark: bool = False, _token: str | None = None) -> None:
+                 mark: bool = False, _token: str | None = None, _offset: float | None = None) -> None:
         self.path = os.path.abspath(path)
         self.uri = f"sqlite:///{self.path}"
         self.recovery: Recovery | None = None
@@ -88,7 +93,8 @@ class SQLiteStore:
         self._closed = False
         self._nowait = nowait
         self._timeout = timeout
-        self._clock = clock
+        self._process_clock = clock
+        self._shift(_offset or 0.0)
         #: The file the connection has open (device, inode), and when the path was last looked at
         #: (:meth:`_follow`, ``time.monotonic``).
         self._file: tuple[int, int] | None = None
@@ -104,13 +110,22 @@ class SQLiteStore:
                 schema.set_up_nowait(self._db)
                 return
             schema.set_up(self._db, self.uri)
-            # Prove we can write now, not halfway through the crawl (fail closed at start); look for the
-            # marks of unclean stops and leave ours, in the same transaction.
+            # Prove we can write now, not halfway through the crawl (fail closed at start); read the table's
+            # clock, look for the marks of unclean stops and leave ours, in the same transaction.
             with self._opening():
-                if mark and _token is None:
+                owner = mark and _token is None
+                if _offset is None:
+                    self._shift(table_clock(self._db, clock, owner=owner))
+                if owner:
                     self.recovery = self._mark.leave(self._db, self._clock(), self.uri)
         except (sqlite3.Error, OSError) as exc:
             raise self._error("open", exc) from exc
+
+    def _shift(self, offset: float) -> None:
+        """Read the table's clock ``offset`` seconds behind this process's (:attr:`clock_offset`)."""
+        clock = self._process_clock
+        self.clock_offset = offset
+        self._clock: Callable[[], float] = clock if offset == 0 else (lambda: clock() - offset)
 
     @contextlib.contextmanager
     def _opening(self) -> Iterator[None]:
@@ -128,13 +143,14 @@ class SQLiteStore:
         """A second connection to the same file that never waits for a lock: an operation that would wait
         raises :class:`StoreBusy` instead, and it never checkpoints the WAL (see :meth:`checkpoint`).
         :class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore` runs these on the reactor thread (tens of µs)."""
-        return SQLiteStore(self.path, nowait=True, clock=self._clock, events_max=self.events_max,
-                           _token=self._mark.token)
+        return SQLiteStore(self.path, nowait=True, clock=self._process_clock, events_max=self.events_max,
+                           _token=self._mark.token, _offset=self.clock_offset)
 
     def sibling(self) -> SQLiteStore:
         """Another connection to the same file that waits for the lock like this one (for a thread of its
         own: :class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore` writes the event log through one)."""
-        return SQLiteStore(self.path, clock=self._clock, events_max=self.events_max, mark=False)
+        return SQLiteStore(self.path, clock=self._process_clock, events_max=self.events_max, mark=False,
+                           _offset=self.clock_offset)
 
     def open_async(self, reactor: Any = None, *, restart_frames: int = 8192, event_chunk: int = 250,
                    group_max: int = GROUP_MAX) -> AsyncSQLiteStore:
@@ -154,49 +170,18 @@ class SQLiteStore:
         return max(0, size - 32) // (self.page_size + 24)  # a 32-byte header, a 24-byte one per frame
 
     def checkpoint(self, *, restart_wait: float | None = None) -> tuple[int, int]:
-        """Copy the WAL back into the database file and sync it (``synchronous=NORMAL``).
-
-        Args:
-            restart_wait: None: ``PRAGMA wal_checkpoint(PASSIVE)``, which never waits for, nor stops, other
-                connections' writes. Seconds: ``PRAGMA wal_checkpoint(TRUNCATE)``, which waits up to that long
-                for the write lock (holding it, other connections' writes wait) and for the readers of the
-                WAL to finish, copies the whole WAL back, then starts the WAL over itself (its file cut to
-                nothing); a PASSIVE copy when the wait runs out. Without it, processes sharing the file and
-                writing all the time may never let the WAL start over (one writes between another's complete
-                copy and its own next write, which alone would start it over): its file grows without bound
-                (docs/spec.md §6, "The WAL's bound"). RESTART, which leaves the start-over to the next
-                writer, was measured to start it over in only 23 of 96 checkpoints for two processes.
-
-        Returns:
-            ``(frames, copied)``: the frames (pages) in the WAL, and how many of them are now copied back
-            (``frames == copied``: the next write starts the WAL over from its beginning, unless a reader of
-            another connection still reads it; ``(0, 0)`` after a TRUNCATE that did it); ``(-1, -1)`` when
-            the file is not in WAL mode, another connection's checkpoint is running, or a TRUNCATE's wait ran
-            out (SQLite's busy flag: the WAL was not started over).
+        """Copy the WAL back into the database file and sync it (:func:`~.checkpoints.checkpoint`, whose
+        ``restart_wait`` and result it has), under the connection's lock.
 
         Raises:
             StoreError: the file cannot be written.
         """
         try:
             with self._lock:
-                if restart_wait is None:
-                    row = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                else:
-                    self._db.execute(f"PRAGMA busy_timeout = {max(0, int(restart_wait * 1000))}")
-                    try:
-                        row = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                    finally:
-                        wait = 0 if self._nowait else int(self._timeout * 1000)
-                        self._db.execute(f"PRAGMA busy_timeout = {wait}")
+                return checkpoints.checkpoint(self._db, restart_wait,
+                                              busy_timeout=0.0 if self._nowait else self._timeout)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
-        if row is None:
-            return (-1, -1)
-        if restart_wait is not None and int(row[0]):
-            # Busy: the wait ran out (another connection's write or read went on), SQLite copied what it could
-            # and did not start the WAL over: said as "could not run", so the WAL's length is watched again.
-            return (-1, -1)
-        return (int(row[1]), int(row[2]))
 
     def _error(self, action: str, exc: BaseException) -> StoreError:
         # (self._closed is set under the lock before the connection was closed: the call found it closed)
@@ -222,7 +207,9 @@ class SQLiteStore:
             self._db.close()
             self._db, self._file = db, schema.file_id(self.path)
             if not self._nowait and self._mark.owned:
-                self._mark.write(self._db, self._clock())
+                with self._opening():
+                    keep_clock(self._db, self._process_clock, self.clock_offset)
+                    self._mark.write(self._db, self._clock())
         self._looked = time.monotonic()
 
     def _write(self, body: Callable[..., T], *args: Any) -> T:
