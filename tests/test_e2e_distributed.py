@@ -6,8 +6,10 @@ real ``redis-server``, and the checks read the **server-side** arrival log:
 * four processes, five hosts (two of them on one address), on one Redis and on a Redis Cluster: no two requests to one host, or to one address,
   closer than the interval, across processes; a 429 with ``Retry-After`` answered to one process holds
   every process off; one process runs with its clock 30 s ahead and the spacing still holds (the table's
-  clock is the server's). Negative control: the same crawl with a pace table per process (``memory://``)
-  breaks the spacing;
+  clock is the server's); the same on one SQLite file (its openers read one clock). Negative controls: the
+  same crawl with a pace table per process (``memory://``) breaks the spacing;
+* a process anchored 5 s ahead joins a crawl on one SQLite file: it books on the file's clock, and no spacing
+  breaks; read on a clock per process (the code before "One clock per file"), it does;
 * Redis stopped and restarted mid-crawl: no request goes out while it is down, the crawl finishes, the
   stats count the outage, and the hold recorded before the outage is still honoured after it; not back
   within ``POLITE_STORE_TIMEOUT``: the spider closes with reason ``polite_store_error``;
@@ -108,21 +110,37 @@ PROCESSES = 4
 PAGES = 3
 
 
-def run_four(tmp_path: Any, arrival_server: Any, store: str, prefix: str, skew: float = 0.0
-             ) -> tuple[list[Arrival], list[dict[str, Any]]]:
+def run_four(tmp_path: Any, arrival_server: Any, store: str, prefix: str, skew: float = 0.0,
+             patch: list[str] | None = None) -> tuple[list[Arrival], list[dict[str, Any]]]:
     servers = start_servers(arrival_server)
     crawls = [Crawl(tmp_path, f"crawl{p}", urls_for(servers, p, PAGES), settings(store, prefix),
-                    skew=skew if p == PROCESSES - 1 else 0.0)
+                    skew=skew if p == PROCESSES - 1 else 0.0, patch=patch)
               for p in range(PROCESSES)]
     results = [c.result() for c in crawls]
     return all_arrivals(servers), results
 
 
-@pytest.mark.parametrize("table", ["redis", "redis_cluster", "redis_cluster_sharded"])
+def spacing_problems(hits: list[Arrival]) -> list[str]:
+    """Every host's and every address's spacing broken in the arrival log."""
+    problems = []
+    for host in HOSTS:
+        problems += violations([a for a in hits if a.host == host], H1_INTERVAL if host == "h1.test" else HOST_INTERVAL)
+    problems += violations([a for a in hits if HOSTS[a.host] == "127.0.9.4"], IP_INTERVAL)  # h4 + h5
+    for address in ("127.0.9.1", "127.0.9.2", "127.0.9.3"):
+        problems += violations([a for a in hits if HOSTS[a.host] == address], IP_INTERVAL)
+    return problems
+
+
+@pytest.mark.parametrize("table", ["redis", "redis_cluster", "redis_cluster_sharded", "sqlite"])
 def test_four_processes_share_one_budget_per_host_and_address(table, request, arrival_server, tmp_path):
     # One Redis server, or a Redis Cluster of three nodes (redis+cluster://), or the cluster with the sharded
-    # layout (every row in its own slot, a booking over two: docs/scale.md): the same guarantees.
-    store = request.getfixturevalue("redis_url" if table == "redis" else "redis_cluster_url")
+    # layout (every row in its own slot, a booking over two: docs/scale.md): the same guarantees. And one SQLite
+    # file on this machine, whose openers read one clock (docs/spec.md §6, "One clock per file"): the process
+    # anchored 30 s ahead (as one started after a step of the wall clock) books on the others' time.
+    if table == "sqlite":
+        store = f"sqlite:///{tmp_path / 'pace.sqlite3'}"
+    else:
+        store = request.getfixturevalue("redis_url" if table == "redis" else "redis_cluster_url")
     if table == "redis_cluster_sharded":
         store += "?layout=sharded"
     prefix = unique_prefix("e2e")
@@ -130,12 +148,7 @@ def test_four_processes_share_one_budget_per_host_and_address(table, request, ar
     assert len({(a.host, a.path) for a in hits}) == PROCESSES * PAGES * len(HOSTS), describe(hits)  # every page
     # The skewed process really was 30 s ahead.
     assert results[-1]["clock_ahead"] > 29.0 and results[0]["clock_ahead"] < 1.0
-    problems = []
-    for host in HOSTS:
-        problems += violations([a for a in hits if a.host == host], H1_INTERVAL if host == "h1.test" else HOST_INTERVAL)
-    problems += violations([a for a in hits if HOSTS[a.host] == "127.0.9.4"], IP_INTERVAL)  # h4 + h5
-    for address in ("127.0.9.1", "127.0.9.2", "127.0.9.3"):
-        problems += violations([a for a in hits if HOSTS[a.host] == address], IP_INTERVAL)
+    problems = spacing_problems(hits)
     assert not problems, "\n".join(problems) + "\n" + describe(hits)
     # Every process crawled every host (they shared the work, none waited it all out alone).
     for p in range(PROCESSES):
@@ -148,6 +161,36 @@ def test_four_processes_share_one_budget_per_host_and_address(table, request, ar
     throttled_process = throttled.path.split("/")[1]
     assert {a.path.split("/")[1] for a in after} - {throttled_process}, "no other process came back to h1"
     assert sum(r["stats"].get("polite/throttles/429", 0) for r in results) == 1
+
+
+#: Pages per host of each process of the joined crawl: the first still crawls every host when the second joins.
+PAGES_JOINED = 10
+
+
+@pytest.mark.parametrize("patch", [[], ["own_clock"]], ids=["one-clock", "negative-control-a-clock-each"])
+def test_a_process_anchored_after_a_step_joins_a_sqlite_crawl_on_its_clock(patch, arrival_server, tmp_path):
+    """A crawl runs on one SQLite file; once its requests arrive, a second process anchored 5 s ahead (as one
+    started after a step of the wall clock) joins it on the same hosts. It reads the table on the first's
+    clock (docs/spec.md §6, "One clock per file"): no host's spacing is broken. With a clock each (the code
+    before), it reads every row 5 s old and books hosts the first still holds."""
+    servers = start_servers(arrival_server)
+    store = f"sqlite:///{tmp_path / 'pace.sqlite3'}"
+    first = Crawl(tmp_path, "first", urls_for(servers, 0, PAGES_JOINED), settings(store, "unused:"), patch=patch)
+    deadline = process_clock() + 60.0
+    while len(all_arrivals(servers)) < 5 and process_clock() < deadline:
+        time.sleep(0.05)
+    second = Crawl(tmp_path, "second", urls_for(servers, 1, PAGES_JOINED), settings(store, "unused:"), skew=5.0, patch=patch)
+    results = [first.result(), second.result()]
+    hits = all_arrivals(servers)
+    assert results[1]["clock_ahead"] > 4.0 and len({(a.host, a.path) for a in hits}) == 2 * PAGES_JOINED * len(HOSTS)
+    joined = [a for a in hits if a.path.startswith("/p1/")]
+    overlap = [a for a in hits if a.path.startswith("/p0/") and a.start > min(b.start for b in joined)]
+    assert overlap, "the second process joined after the first was done: nothing was shared\n" + describe(hits)
+    problems = spacing_problems(hits)
+    if patch:
+        assert len(problems) >= 3, f"{len(problems)} broken:\n" + describe(hits)
+    else:
+        assert not problems, "\n".join(problems) + "\n" + describe(hits)
 
 
 def test_negative_control_a_table_per_process_breaks_the_spacing(arrival_server, tmp_path):

@@ -4,7 +4,8 @@
 :meth:`Crawl.result` waits for it and returns its stats, the statuses its spider saw and how far its clock
 ran ahead. A config's ``patch`` names test-only changes made before the crawl starts, for negative controls:
 ``"no_hold"`` (the booking holds no row while its request is in flight, the behaviour before the in-flight hold),
-``"no_watch"`` (the table's identity is never read: a table that comes back empty goes unseen, as before).
+``"no_watch"`` (the table's identity is never read: a table that comes back empty goes unseen, as before),
+``"own_clock"`` (a SQLite file's openers each read their own process clock, as before "One clock per file").
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ def apply_patches(names: list[str]) -> None:
             from scrapy_polite import outage
 
             outage.TableWatch._checks = lambda self: False  # type: ignore[method-assign]
+        elif name == "own_clock":  # the boot is not known: no anchor shared through the file
+            from scrapy_polite.stores.sqlite import marks
+
+            marks._boot_id = lambda: ""
         else:  # pragma: no cover - a test's typo
             raise ValueError(f"unknown patch {name!r}")
 
