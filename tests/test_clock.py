@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -437,6 +438,13 @@ async def test_e2e_negative_control_on_the_wall_clock_a_forward_step_releases_ea
 # One clock per SQLite file (docs/spec.md §6): processes anchored before and after a step agree
 
 
+@pytest.fixture(autouse=True)
+def _one_boot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every opener of this module's tables is on one boot, with no time namespace, whatever the system says."""
+    monkeypatch.setattr(marks_module, "_boot_id", lambda: "test-boot")
+    monkeypatch.setattr(marks_module, "_clock_key", lambda: "test-boot")
+
+
 def _opener(path: str, t: FakeTime, *, mark: bool = True) -> SQLiteStore:
     """The table as a process anchored on ``t`` now opens it (a crawl leaves a mark; a command does not)."""
     clock = ProcessClock(wall=t.wall, monotonic=t.monotonic)
@@ -457,6 +465,7 @@ def test_processes_anchored_before_and_after_a_step_read_one_table_clock(monkeyp
     seconds off: after a forward step it books at once (50 s early), after a backward one it waits 68 s."""
     if not shared:
         monkeypatch.setattr(marks_module, "_boot_id", lambda: "")
+        monkeypatch.setattr(marks_module, "_clock_key", lambda: "")
     path = str(tmp_path / "pace.sqlite3")
     t = FakeTime()
     first = _opener(path, t)
@@ -504,7 +513,7 @@ def test_the_first_crawl_to_open_a_file_nobody_has_open_sets_its_clock(tmp_path)
             boots = [boot for boot, in db.execute("SELECT boot FROM clocks")]
         finally:
             db.close()
-        assert boots == [marks_module._boot_id()]
+        assert boots == ["test-boot"]
     finally:
         crawl.close()
 
@@ -530,3 +539,28 @@ async def test_the_pacer_turns_a_shared_table_clock_into_its_own(tmp_path):
     finally:
         pacer.close()
         first.close()
+
+
+def test_a_crawl_that_finds_a_crash_mark_keeps_the_clock_of_the_crashed_crawl(tmp_path):
+    """The crawl that crashed wrote its rows on the file's clock: the next one (a supervisor's restart after a
+    step) reads them on it too, and only the crawl after a clean close sets the clock again."""
+    path = str(tmp_path / "pace.sqlite3")
+    t = FakeTime()
+    crashed = _opener(path, t)
+    _book(crashed, "a.example", 600.0)  # a long backoff, before the crash window (9 s before its last beat)
+    crashed.close()
+    db = sqlite3.connect(path)
+    with db:  # the mark a killed process leaves: its pid runs no process
+        db.execute("INSERT INTO openers (token, pid, machine, boot, started, opened, beat) VALUES "
+                   "('gone', 999999999, ?, 'test-boot', 1, ?, ?)", (socket.gethostname(), T0, T0 + 9.0))
+    db.close()
+    t.advance(10.0)
+    t.step(STEP)
+    restarted = _opener(path, t)
+    try:
+        assert restarted.recovery is not None and restarted.clock_offset == pytest.approx(STEP)
+        snapshot = restarted.read(["a.example"])
+        assert snapshot.states["a.example"].next_allowed - snapshot.now == pytest.approx(590.0)
+    finally:
+        restarted.close()
+    assert _opener(path, t).clock_offset == 0.0  # every opener closed cleanly: this crawl's clock

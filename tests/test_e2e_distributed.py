@@ -164,7 +164,7 @@ def test_four_processes_share_one_budget_per_host_and_address(table, request, ar
 
 
 #: Pages per host of each process of the joined crawl: the first still crawls every host when the second joins.
-PAGES_JOINED = 10
+PAGES_JOINED = 20
 
 
 @pytest.mark.parametrize("patch", [[], ["own_clock"]], ids=["one-clock", "negative-control-a-clock-each"])
@@ -188,7 +188,7 @@ def test_a_process_anchored_after_a_step_joins_a_sqlite_crawl_on_its_clock(patch
     assert overlap, "the second process joined after the first was done: nothing was shared\n" + describe(hits)
     problems = spacing_problems(hits)
     if patch:
-        assert len(problems) >= 3, f"{len(problems)} broken:\n" + describe(hits)
+        assert problems, describe(hits)
     else:
         assert not problems, "\n".join(problems) + "\n" + describe(hits)
 

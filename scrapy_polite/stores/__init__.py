@@ -3,10 +3,10 @@
 * :mod:`.base` — :class:`PaceStore` (the protocol, the event log's ``append_events`` / ``events`` included),
   :class:`Event`, :class:`Snapshot`, :class:`StoreError`, :class:`StoreBusy`, :class:`StoreClosed`,
   :class:`StoreOptions`, and :class:`SteppedStore` / :class:`UpdateSteps` / :class:`Again` (updates run step
-  by step, Redis's); the optional abilities a backend declares (:class:`ServerClock`, :class:`ExpiringRows`,
-  :class:`CallThreads`, :class:`BackingOffListing`, :class:`ProcessLocal`, :class:`KeyPrefixed`), the one
-  question that asks for them (:func:`has_ability`) and the helpers that use a backend with or without them
-  (:func:`hosts_backing_off`, :func:`table_name`);
+  by step, Redis's); the optional abilities a backend declares (:class:`ServerClock`, :class:`SharedClock`,
+  :class:`ExpiringRows`, :class:`CallThreads`, :class:`BackingOffListing`, :class:`ProcessLocal`,
+  :class:`KeyPrefixed`), the one question that asks for them (:func:`has_ability`) and the helpers that use a
+  backend with or without them (:func:`hosts_backing_off`, :func:`table_name`);
 * :mod:`.memory` — ``memory://`` (with its inline async table); :mod:`.sqlite` — ``sqlite:///path``, the
   embedded default (a package: schema, crash marks, rows, store, its async table with group commit); ``redis``
   (optional) — ``redis://``, ``redis+cluster://`` (a package: URI and cluster, Lua files, codec, client, store,

@@ -25,6 +25,8 @@ member exists). A backend without one is used the plain way:
 * :class:`ServerClock` — its ``now`` is a server's clock (Redis ``TIME``): due times are converted to this
   process's clock, outages are waited out. Without: the clock is this process's, and a store error stops
   the crawl at once.
+* :class:`SharedClock` — an embedded table's clock is this process's shifted by a fixed offset, one for
+  every opener of this boot (SQLite). Without: this process's clock itself.
 * :class:`ExpiringRows` — rows expire on their own (key TTLs). Without: stale rows are swept at start
   (:meth:`PaceStore.expire`).
 * :class:`CallThreads` — each call waits on the network: the generic threaded table
@@ -430,9 +432,10 @@ def has_ability(store: object, ability: Callable[..., A]) -> TypeIs[A]:
     """``store`` has the optional ``ability`` (one of the protocols above; docs/spec.md §6, "Abilities"): for
     an ability declared by a flag (:data:`ABILITY_FLAGS`: :class:`ServerClock`, :class:`ExpiringRows`,
     :class:`ProcessLocal`) the backend's flag **is** ``True`` (``server_clock = False`` declares no server
-    clock, where ``isinstance`` would only see that the member exists); for any other (:class:`CallThreads`,
-    :class:`SteppedStore`, :class:`BackingOffListing`, :class:`KeyPrefixed`) it has the protocol's members
-    (``isinstance``). Costs tens of microseconds: asked once, when the table is opened, never per call.
+    clock, where ``isinstance`` would only see that the member exists); for any other (:class:`SharedClock`,
+    :class:`CallThreads`, :class:`SteppedStore`, :class:`BackingOffListing`, :class:`KeyPrefixed`) it has the
+    protocol's members (``isinstance``). Costs tens of microseconds: asked once, when the table is opened,
+    never per call.
 
     ``ability`` is typed as a callable returning the protocol because a type checker refuses a protocol class
     where ``type[A]`` is expected (PEP 544); pass the protocol class itself.

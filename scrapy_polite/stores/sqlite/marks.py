@@ -111,13 +111,27 @@ def _gone(pid: int, boot: str, started: int, my_boot: str) -> bool:
 
 
 def _machine_marks(db: sqlite3.Connection) -> list[tuple[str, int, float, str, bool]]:
-    """The marks left by openers of this machine: ``(token, pid, beat, boot, gone)``, ``gone`` when the process
-    that left it is gone (:func:`_gone`; never for a mark of this process's open stores)."""
+    """The marks left by openers of this machine name: ``(token, pid, beat, boot, gone)``, ``gone`` when the
+    process that left it is gone (:func:`_gone`; never for a mark of this process's open stores)."""
     boot = _boot_id()
     return [(token, pid, beat, their_boot, token not in OPEN_TOKENS and _gone(pid, their_boot, started, boot))
             for token, pid, beat, their_boot, started in
             db.execute("SELECT token, pid, beat, boot, started FROM openers WHERE machine = ?",
                        (socket.gethostname(),)).fetchall()]
+
+
+def _clock_key() -> str:
+    """Which monotonic clock this process reads: the boot (:func:`_boot_id`, ``""`` when unknown), and the
+    offsets of its Linux time namespace when it is in one (``/proc/self/timens_offsets``: a container whose
+    monotonic clock is shifted shares the boot but not the clock)."""
+    boot = _boot_id()
+    try:
+        with open("/proc/self/timens_offsets") as f:
+            offsets = " ".join(f.read().split())
+    except OSError:
+        return boot
+    return boot if not boot or not offsets or set(offsets.split()[1::3] + offsets.split()[2::3]) <= {"0"} \
+        else f"{boot} {offsets}"
 
 
 def table_clock(db: sqlite3.Connection, clock: Callable[[], float], *, owner: bool) -> float:
@@ -126,34 +140,36 @@ def table_clock(db: sqlite3.Connection, clock: Callable[[], float], *, owner: bo
     boot of this machine reads one clock (docs/spec.md §6, "One clock per file").
 
     The processes of one boot share the monotonic clock; the table's clock is ``anchor + monotonic()`` with the
-    anchor kept in the file for that boot (table ``clocks``). An opener adopts it while another opener of this
-    boot is running (its mark is live), or when it leaves no mark (a command); the first crawl to open the file
-    when none runs (``owner``) writes its own process clock's anchor (offset 0): a table is never read on an
-    anchor older than its running openers need. A ``clock`` that is not a :class:`~scrapy_polite.clock.ProcessClock`
-    (a test's), or a system that does not say which boot this is, reads its own clock (offset 0).
+    anchor kept in the file for that clock (table ``clocks``, :func:`_clock_key`). An opener adopts it while the
+    file holds a "running" mark of this boot (of any machine name, live or left by a crash), or when it leaves no
+    mark itself (a command); a crawl (``owner``) that opens the file when every earlier opener of this boot closed
+    cleanly writes its own process clock's anchor (offset 0), so the table's clock stays within the steps of the
+    wall clock made while the file was in use. A ``clock`` that is not a
+    :class:`~scrapy_polite.clock.ProcessClock` (a test's), or a system that does not say which boot this is,
+    reads its own clock (offset 0).
     """
-    boot = _boot_id()
+    boot, key = _boot_id(), _clock_key()
     if not isinstance(clock, ProcessClock) or not boot:
         return 0.0
-    mine = clock.anchor
-    row = db.execute("SELECT anchor FROM clocks WHERE boot = ?", (boot,)).fetchone()
-    running = any(their_boot == boot and not gone for _, _, _, their_boot, gone in _machine_marks(db))
-    if row is not None and (running or not owner):
-        return mine - float(row[0])
-    if owner:  # no opener of this boot runs: the table's clock is this process's (a past boot's anchor goes)
-        keep_clock(db, clock, 0.0)
+    row = db.execute("SELECT anchor FROM clocks WHERE boot = ?", (key,)).fetchone()
+    marked = db.execute("SELECT 1 FROM openers WHERE boot = ? LIMIT 1", (boot,)).fetchone() is not None
+    if row is not None and (marked or not owner):
+        return clock.anchor - float(row[0])
+    if owner:  # every opener of this boot closed cleanly: the table's clock is this process's
+        keep_clock(db, clock, 0.0, replace=True)
     return 0.0
 
 
-def keep_clock(db: sqlite3.Connection, clock: Callable[[], float], offset: float) -> None:
-    """Inside a write transaction: write the anchor of the table's clock this opener reads (``clock`` minus
-    ``offset`` seconds, :func:`table_clock`) as this boot's, the only one the file keeps: at the opening of
-    the first crawl, and in a new file found at the table's path (the openers that follow it there keep reading
-    one clock)."""
-    boot = _boot_id()
+def keep_clock(db: sqlite3.Connection, clock: Callable[[], float], offset: float, *, replace: bool) -> None:
+    """Inside a write transaction: keep the anchor of the table's clock this opener reads (``clock`` minus
+    ``offset`` seconds, :func:`table_clock`) as its clock's, and forget the anchors of other boots: at the
+    opening of a crawl that sets the clock (``replace``), and in a new file found at the table's path, where an
+    anchor already written by another opener of this clock is kept (``replace`` False)."""
+    boot, key = _boot_id(), _clock_key()
     if isinstance(clock, ProcessClock) and boot:
-        db.execute("DELETE FROM clocks")
-        db.execute("INSERT INTO clocks (boot, anchor) VALUES (?, ?)", (boot, clock.anchor - offset))
+        db.execute("DELETE FROM clocks WHERE substr(boot, 1, length(?)) != ?", (boot, boot))
+        db.execute(f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO clocks (boot, anchor) VALUES (?, ?)",
+                   (key, clock.anchor - offset))
 
 
 _INSERT = ("INSERT OR REPLACE INTO openers (token, pid, machine, boot, started, opened, beat) "

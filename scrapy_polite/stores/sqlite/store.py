@@ -128,15 +128,17 @@ class SQLiteStore:
         self._clock: Callable[[], float] = clock if offset == 0 else (lambda: clock() - offset)
 
     @contextlib.contextmanager
-    def _opening(self) -> Iterator[None]:
-        """The opening's write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back when it raises)."""
-        self._db.execute("BEGIN IMMEDIATE")
+    def _opening(self, db: sqlite3.Connection | None = None) -> Iterator[None]:
+        """The opening's write transaction on ``db`` (the store's connection, or one to a new file at its path):
+        ``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back when it raises."""
+        db = db or self._db
+        db.execute("BEGIN IMMEDIATE")
         try:
             yield
-            self._db.execute("COMMIT")
+            db.execute("COMMIT")
         except BaseException:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
 
     def nowait(self) -> SQLiteStore:
@@ -197,19 +199,22 @@ class SQLiteStore:
             return
         found = schema.file_id(self.path)
         if found != self._file:
+            db = None
             try:
                 db = schema.open_new_file(self.path, self.uri, self._timeout, nowait=self._nowait)
+                if not self._nowait and self._mark.owned:  # our mark and clock in it, before any write of ours
+                    with self._opening(db):
+                        keep_clock(db, self._process_clock, self.clock_offset, replace=False)
+                        self._mark.write(db, self._clock())
             except BaseException:
+                if db is not None:
+                    db.close()
                 self._looked = -math.inf  # owed: looked at again at the next call, nothing written to the old file
                 raise
             logger.warning("scrapy-polite: the pace table file %s was %s under the running crawl; opening the file "
                            "now at that path", self.path, "deleted" if found is None else "replaced")
             self._db.close()
             self._db, self._file = db, schema.file_id(self.path)
-            if not self._nowait and self._mark.owned:
-                with self._opening():
-                    keep_clock(self._db, self._process_clock, self.clock_offset)
-                    self._mark.write(self._db, self._clock())
         self._looked = time.monotonic()
 
     def _write(self, body: Callable[..., T], *args: Any) -> T:
