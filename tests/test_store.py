@@ -655,3 +655,20 @@ def test_sqlite_a_mark_whose_pid_now_runs_another_process_or_another_boot_is_gon
         db.execute("DELETE FROM openers")
         db.commit()
         db.close()
+
+
+@pytest.mark.parametrize("kill_says", [PermissionError, ProcessLookupError],
+                         ids=["another-users-process", "negative-control-no-process"])
+def test_sqlite_a_mark_of_another_users_process_hidden_by_proc_is_not_gone(monkeypatch, kill_says):
+    """With ``/proc`` mounted ``hidepid``, another user's running crawl has no ``/proc/<pid>`` for us, but
+    ``kill(pid, 0)`` says it runs (PermissionError): its mark is live (its start time unknown), not an unclean
+    stop to repair and remove. Negative control: a pid that runs no process is gone."""
+    from scrapy_polite.stores.sqlite import marks
+
+    def kill(pid: int, signal: int) -> None:
+        raise kill_says(pid)
+
+    monkeypatch.setattr(marks.os, "kill", kill)
+    hidden = 2**22 + 12345  # no /proc entry
+    assert marks._start_time(hidden) == (0 if kill_says is PermissionError else None)
+    assert marks._gone(hidden, "b", 777, "b") == (kill_says is ProcessLookupError)

@@ -76,18 +76,20 @@ def _boot_id() -> str:
 
 def _start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), 0 when this
-    system does not say (no ``/proc``), None when ``pid`` runs no process or a zombie (killed, not reaped)."""
+    system does not say (no ``/proc``, or another user's process it hides: ``hidepid``), None when ``pid`` runs
+    no process or a zombie (killed, not reaped)."""
+    others = False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return None
-    except PermissionError:  # another user's process
-        pass
+    except PermissionError:  # another user's process: it runs
+        others = True
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rpartition(")")[2].split()
     except FileNotFoundError:
-        return None if os.path.isdir("/proc/self") else 0
+        return 0 if others or not os.path.isdir("/proc/self") else None
     except OSError:
         return 0
     try:
