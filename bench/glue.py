@@ -83,7 +83,7 @@ def build(store_uri: str, event_log: bool):
     crawler.spider = BenchSpider()
     pacer = get_pacer(crawler)
     scheduler = PoliteScheduler(crawler, _Queue(), pacer)
-    pacer.scheduler = scheduler
+    pacer.booker.attach(scheduler)
     return scheduler, PoliteEarlyDeferMiddleware(pacer), PoliteDownloaderMiddleware(pacer), \
         PoliteExtension(crawler, pacer), pacer
 

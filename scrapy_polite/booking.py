@@ -110,6 +110,13 @@ class Booker:
         # Hold tokens: random in their high bits (another process's tokens differ), counted in the low ones.
         self._tokens = itertools.count((int.from_bytes(os.urandom(4), "big") << 30) | 1)
 
+    def attach(self, scheduler: HoldingScheduler | None) -> None:
+        """Wire the scheduler that holds deferred requests, at its open (None at its close): the booker hands it
+        its deferrals, and the lifecycle wakes it when a line frees or a request ends."""
+        self.scheduler = scheduler
+        self.lifecycle.wake = scheduler.wake if scheduler is not None else None
+        self.lifecycle.ended = scheduler.ended if scheduler is not None else None
+
     # -- inputs -----------------------------------------------------------------------------------------
 
     def override(self, host: str, request: Request | None = None) -> float | None:

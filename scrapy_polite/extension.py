@@ -166,7 +166,7 @@ class PoliteExtension:
         the downloader no longer has is freed (:meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`)
         and every host parked on it is woken. If something held can then never move, the spider closes with
         reason ``polite_stranded``, naming what was not crawled, instead of staying open forever."""
-        scheduler = self.pacer.scheduler
+        scheduler = self.pacer.booker.scheduler
         if scheduler is None:
             return
         self.pacer.reconcile(force=True)
@@ -263,7 +263,7 @@ class PoliteExtension:
 
     def held_hosts(self) -> list[HeldHost]:
         """The requests the scheduler holds, per host (empty without the scheduler)."""
-        scheduler = self.pacer.scheduler
+        scheduler = self.pacer.booker.scheduler
         if scheduler is None:
             return []
         return [HeldHost(host, count, due) for host, count, due in scheduler.held_hosts()]
@@ -271,7 +271,7 @@ class PoliteExtension:
     def log_progress(self) -> None:
         """Log the progress line at INFO (:func:`~scrapy_polite.summary.format_progress`), when requests are
         held or hosts back off."""
-        scheduler = self.pacer.scheduler
+        scheduler = self.pacer.booker.scheduler
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
         idle = (scheduler is not None and not scheduler.has_pending_requests()
                 and not getattr(downloader, "active", None))

@@ -287,7 +287,7 @@ def _log_refusal(logged: set[str], url: str, reason: str) -> None:
 
 def _hold(pacer: Pacer, request: Request, host: str, due: float | None) -> None:
     """Hand a deferred request to the holding scheduler (only requests it owns are ever deferred)."""
-    scheduler = pacer.scheduler
+    scheduler = pacer.booker.scheduler
     if scheduler is None:  # closed between the decision and now: nothing can hold it any more
         raise IgnoreRequest(f"scrapy-polite: the scheduler closed while {request} was deferred")
     scheduler.hold(request, host, due)

@@ -56,7 +56,7 @@ from .recording import SERVER_SIDE_FAILURES, Recorder
 from .reporting import Report
 from .resolution import Resolution
 from .retrying import ThrottleRetries
-from .seams import ClockSync, Defer, Go, HoldingScheduler, Redefer, ResolverNotInstalled
+from .seams import ClockSync, Defer, Go, Redefer, ResolverNotInstalled
 from .settings import PoliteConfig
 from .stores import (
     AsyncStore,
@@ -171,7 +171,6 @@ class Pacer:
         self.recorder = Recorder(config, self.table, self.lifecycle, self.report, self.sync, self.booker.override,
                                  self._store_failed, self.user_agent)
         self._reconciled = float("-inf")
-        self._scheduler: HoldingScheduler | None = None
         self.retries = ThrottleRetries(config.policy, self.report, self.sync, self.booker.can_defer)
         #: The requests of a *checked* download handler (docs/spec.md §4.1).
         self.unpinned = UnpinnedRequests(_modes(crawler), config.address_filter, self.report.inc)
@@ -181,19 +180,6 @@ class Pacer:
                      inc=self.report.inc)
 
     # -- wiring ------------------------------------------------------------------------------------------
-
-    @property
-    def scheduler(self) -> HoldingScheduler | None:
-        """The scheduler holding deferred requests (attached while it is open), or None. Setting it wires it to
-        the units that hand it requests (the booker's deferrals) and wake it (the lifecycle's freed lines and
-        ended requests)."""
-        return self._scheduler
-
-    @scheduler.setter
-    def scheduler(self, scheduler: HoldingScheduler | None) -> None:
-        self._scheduler = self.booker.scheduler = scheduler
-        self.lifecycle.wake = scheduler.wake if scheduler is not None else None
-        self.lifecycle.ended = scheduler.ended if scheduler is not None else None
 
     def effective_interval(self, host: str, request: Request | None = None) -> float:
         """The interval (seconds) the pacer applies to ``host`` for ``request`` now: the policy's effective

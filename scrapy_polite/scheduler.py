@@ -117,7 +117,7 @@ class PoliteScheduler:
     # -- BaseScheduler interface -------------------------------------------------------------------------
 
     def open(self, spider: Spider) -> Any:
-        self.pacer.scheduler = self
+        self.pacer.booker.attach(self)
         self._load()
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
         if self.pacer.config.shared_frontier and is_shared_scheduler(self.inner):
@@ -161,7 +161,7 @@ class PoliteScheduler:
             if self.crawler.stats is not None:
                 self.crawler.stats.set_value("polite/deferred/not_saved", self.held_count())
         finally:
-            self.pacer.scheduler = None
+            self.pacer.booker.attach(None)
         return self.inner.close(reason) if hasattr(self.inner, "close") else None
 
     def has_pending_requests(self) -> bool:

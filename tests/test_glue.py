@@ -861,7 +861,7 @@ def pacer_on(store: MemoryStore, clock: FakeClock, sleep: Any) -> Pacer:
     crawler = fake_crawler()
     pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), store.open_async(), clock=clock,
                   sleep=sleep)
-    pacer.scheduler = FakeScheduler()
+    pacer.booker.attach(FakeScheduler())
     return pacer
 
 
@@ -875,7 +875,7 @@ def test_the_pacer_paces_a_host_on_the_fake_clock():
     clock.advance(0.5)
     pacer.recorder.record_response(r1, Response(r1.url, status=429, headers={"Retry-After": "3"}, request=r1))
     inline(finish(pacer, r1))
-    assert not pacer.lifecycle.busy("a.example") and pacer.scheduler.wakes == ["a.example"]
+    assert not pacer.lifecycle.busy("a.example") and pacer.booker.scheduler.wakes == ["a.example"]
     r2 = request("http://a.example/2", proxy="http://proxy.example:3128")
     assert inline(pacer.booker.before_request(r2, "a.example")) == Defer(due=T0 + 3.5, reason="throttled")
     report = pacer.report.host_report()["a.example"]

@@ -80,7 +80,7 @@ class HoldSpider(scrapy.Spider):
 
     def _sample(self) -> None:
         pacer = find_pacer(self.crawler)
-        scheduler = pacer.scheduler if pacer is not None else None
+        scheduler = pacer.booker.scheduler if pacer is not None else None
         held = scheduler.held_count() if scheduler is not None else 0
         self.samples.append((held, rss_bytes()))
 

@@ -31,6 +31,9 @@ class FreeLines:
     def held(self, request: Any, host: str) -> None:
         pass
 
+    def attach(self, scheduler: Any) -> None:
+        pass
+
 
 class CountingReport:
     """A report (:class:`~scrapy_polite.reporting.Report`) that counts the ``polite/...`` stats in ``counts``."""
@@ -57,7 +60,6 @@ class SchedulerPacer:
     def __init__(self, now: float = 0.0, *, max_held_in_memory: int = 100, offset: float | None = None) -> None:
         self.now = now
         self.config = SimpleNamespace(max_held_in_memory=max_held_in_memory, shared_frontier=False)
-        self.scheduler: Any = None
         self.lifecycle: Any = FreeLines()
         self.booker: Any = self.lifecycle
         self.report = CountingReport()
