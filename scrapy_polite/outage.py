@@ -268,15 +268,16 @@ class TableWatch:
             return self._after_restore(lambda: self.read(keys))
         checked = self._checks()
         d = self.store.read([TABLE_KEY, *keys] if checked else keys)
-        d.addCallback(self._read, keys, checked)
+        d.addCallback(self._read, keys, checked, self.identity)
         return d
 
-    def _read(self, snapshot: Snapshot, keys: Sequence[str], checked: bool) -> Snapshot | Deferred[Snapshot]:
+    def _read(self, snapshot: Snapshot, keys: Sequence[str], checked: bool,
+              expected: int | None) -> Snapshot | Deferred[Snapshot]:
         states = snapshot.states
         if checked:
             table = states.pop(TABLE_KEY)
             if self._lost(table):
-                return self._after_loss(lambda: self.read(keys))
+                return self._after_loss(lambda: self.read(keys), expected)
             if self.identity is None and table is not None:
                 self.identity = table.held_by
             self.whole_at = snapshot.now
@@ -317,12 +318,13 @@ class TableWatch:
             return writes, (result, states, new, now, identity)
 
         d = self.store.update_many([TABLE_KEY, *keys] if checked else keys, watched)
-        d.addCallback(self._updated, keys, fn, checked)
+        d.addCallback(self._updated, keys, fn, checked, expected)
         return d
 
-    def _updated(self, outcome: Any, keys: Sequence[str], fn: ManyUpdateFn[T], checked: bool) -> T | Deferred[T]:
+    def _updated(self, outcome: Any, keys: Sequence[str], fn: ManyUpdateFn[T], checked: bool,
+                 expected: int | None) -> T | Deferred[T]:
         if outcome is _LOST:
-            return self._after_loss(lambda: self.update_many(keys, fn))
+            return self._after_loss(lambda: self.update_many(keys, fn), expected)
         result, states, new, now, identity = outcome
         if checked:
             self.identity = identity
@@ -354,8 +356,12 @@ class TableWatch:
 
     # -- a table that came back empty ----------------------------------------------------------------------
 
-    def _after_loss(self, again: Callable[[], Deferred[T]]) -> Deferred[T]:
-        """Restore the table (once, whatever the number of calls that found it lost), then ``again()``."""
+    def _after_loss(self, again: Callable[[], Deferred[T]], expected: int | None) -> Deferred[T]:
+        """Restore the table (once, whatever the number of calls that found it lost), then ``again()``. A call
+        made on the identity ``expected`` that a restore has replaced since (it was in flight meanwhile, e.g.
+        waiting out the outage) found the loss already repaired: it is only made again."""
+        if self._restoring is None and self.identity != expected:
+            return again()
         if self._restoring is None:
             restoring: Deferred[None] = deferred_from_coro(self._restore())
             if restoring.called:  # an inline store: already restored

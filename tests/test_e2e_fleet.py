@@ -165,8 +165,9 @@ def test_a_killed_process_holds_its_host_until_the_bound_and_no_longer(table, re
     waited = survivor[0].start - started[0]
     # Never before the bound (the killed request might still be in progress at the server)...
     assert waited >= bound - 0.1, f"booked {waited:.3f} s after the killed request's start, bound {bound} s"
-    # ...and taken soon after it: the hold of a dead process is released by itself.
-    assert waited <= bound + 3.0, f"booked {waited:.3f} s after the killed request's start, bound {bound} s"
+    # ...and taken soon after it: the hold of a dead process is released by itself, long before the killed
+    # request's 30 s answer. (The slack includes the survivor's start-up, seconds on a loaded machine.)
+    assert waited <= bound + 10.0, f"booked {waited:.3f} s after the killed request's start, bound {bound} s"
 
 
 # --------------------------------------------------------------------------------------------------
