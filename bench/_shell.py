@@ -7,9 +7,8 @@ components are called at the same places, as often, and of the same kind (``asyn
 an ``async def`` download handler that awaits Scrapy's own, a scheduler that delegates to Scrapy's), so
 ``shell/plain`` in the overhead benchmark is the floor under ``polite/plain`` for any add-on of this shape:
 
-* a downloader middleware at 50 with an ``async def process_request`` (the early-defer middleware);
-* one at the end of the chain with ``async def process_request``, ``async def process_response`` and
-  ``async def process_exception`` (the pacing middleware);
+* a downloader middleware at the end of the chain with ``async def process_request``, ``async def
+  process_response`` and ``async def process_exception`` (the pacing middleware);
 * an extension with receivers for ``response_downloaded`` and ``response_received`` (the record and the
   give-up), and ``spider_idle``;
 * a scheduler that wraps Scrapy's (``enqueue_request``, ``next_request``, ``has_pending_requests``, ``len``);
@@ -28,11 +27,6 @@ from scrapy.core.scheduler import Scheduler
 from scrapy.http import Response
 
 __all__ = ["SHELL_SETTINGS"]
-
-
-class ShellEarlyMiddleware:
-    async def process_request(self, request: Request) -> None:
-        return None
 
 
 class ShellMiddleware:
@@ -101,7 +95,7 @@ class ShellDownloadHandler(HTTP11DownloadHandler):
 
 #: Settings that install the shell on top of plain Scrapy's.
 SHELL_SETTINGS: dict[str, Any] = {
-    "DOWNLOADER_MIDDLEWARES": {ShellEarlyMiddleware: 50, ShellMiddleware: 960},
+    "DOWNLOADER_MIDDLEWARES": {ShellMiddleware: 960},
     "EXTENSIONS": {ShellExtension: 0},
     "SCHEDULER": ShellScheduler,
     "DOWNLOAD_HANDLERS": {"http": ShellDownloadHandler, "https": ShellDownloadHandler},

@@ -10,10 +10,10 @@ several per cent from run to run. This isolates the add-on's part: one page's pa
 component the add-on installs, called as Scrapy calls them, on a running asyncio reactor, for 50 loopback
 hosts with every interval 0 (as in ``bench/overhead.py``):
 
-``PoliteScheduler.enqueue_request`` / ``next_request`` (around a trivial inner queue), the early-defer
-middleware's and the downloader middleware's ``process_request`` (the store read, the resolution from the
-resolver's cache, the booking transaction, the pin), the pacer's ``response_downloaded`` handler (the
-record) and the middleware's ``process_response`` (the line and the pin released).
+``PoliteScheduler.enqueue_request`` / ``next_request`` (around a trivial inner queue), the downloader
+middleware's ``process_request`` (the resolution from the resolver's cache, the booking transaction, the pin),
+the pacer's ``response_downloaded`` handler (the record) and the middleware's ``process_response`` (the line
+and the pin released).
 
 Printed: the process's CPU time per page of that path minus the same loop without the add-on (building the
 ``Request`` and the response), the median of ``--rounds`` alternating rounds, for the SQLite store (a fresh
@@ -58,14 +58,14 @@ class _Queue:
 
 
 def build(store_uri: str, event_log: bool):
-    """The add-on's components around one crawler: ``(scheduler, early mw, mw, extension, pacer)``."""
+    """The add-on's components around one crawler: ``(scheduler, mw, extension, pacer)``."""
     from scrapy import Spider
     from scrapy.crawler import CrawlerRunner
     from scrapy.utils.test import get_crawler
     from twisted.internet import reactor
 
     from scrapy_polite.extension import PoliteExtension
-    from scrapy_polite.middleware import PoliteDownloaderMiddleware, PoliteEarlyDeferMiddleware
+    from scrapy_polite.middleware import PoliteDownloaderMiddleware
     from scrapy_polite.pacer import get_pacer
     from scrapy_polite.resolver import PublicHostnameResolver
     from scrapy_polite.scheduler import PoliteScheduler
@@ -84,8 +84,7 @@ def build(store_uri: str, event_log: bool):
     pacer = get_pacer(crawler)
     scheduler = PoliteScheduler(crawler, _Queue(), pacer)
     pacer.booker.attach(scheduler)
-    return scheduler, PoliteEarlyDeferMiddleware(pacer), PoliteDownloaderMiddleware(pacer), \
-        PoliteExtension(crawler, pacer), pacer
+    return scheduler, PoliteDownloaderMiddleware(pacer), PoliteExtension(crawler, pacer), pacer
 
 
 async def measure(args, store: str, directory: str) -> tuple[list[float], int]:
@@ -96,7 +95,7 @@ async def measure(args, store: str, directory: str) -> tuple[list[float], int]:
     from twisted.internet import reactor, task
 
     uri = "memory://" if store == "memory" else f"sqlite:///{directory}/{store}-glue.sqlite3"
-    scheduler, early, mw, ext, pacer = build(uri, args.event_log)
+    scheduler, mw, ext, pacer = build(uri, args.event_log)
     hosts = [f"127.0.5.{10 + i}" for i in range(50)]
     urls = [f"http://{h}:8000/p/{i}" for i in range(args.pages // len(hosts) + 1) for h in hosts][: args.pages]
 
@@ -104,7 +103,6 @@ async def measure(args, store: str, directory: str) -> tuple[list[float], int]:
         request = Request(url)
         scheduler.enqueue_request(request)
         request = scheduler.next_request()
-        assert await early.process_request(request) is None
         assert await mw.process_request(request) is None
         response = HtmlResponse(url, status=200, body=BODY, request=request)
         mw.response_downloaded(response, request)  # the handler of the signal (connected in from_crawler)

@@ -3,11 +3,10 @@
 It installs
 
 * :class:`~scrapy_polite.middleware.PoliteDownloaderMiddleware` at downloader-middleware priority 950 (or
-  after the last other downloader middleware configured above that), and
-  :class:`~scrapy_polite.middleware.PoliteEarlyDeferMiddleware` at 50 (before robots.txt handling);
+  after the last other downloader middleware configured above that);
 * :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` in place of Scrapy's ``RobotsTxtMiddleware`` (same
-  priority; the robots.txt lifecycle of RFC 9309, docs/spec.md §5, "The robots.txt lifecycle"), unless robots.txt
-  handling is disabled or is a project's own subclass of Scrapy's;
+  priority; the robots.txt lifecycle of RFC 9309, docs/spec.md §5, "The robots.txt lifecycle", and the early
+  deferral), unless robots.txt handling is disabled or is a project's own subclass of Scrapy's;
 * :class:`~scrapy_polite.extension.PoliteExtension`;
 * :class:`~scrapy_polite.scheduler.PoliteScheduler` as ``SCHEDULER``, wrapping the project's own scheduler
   (moved to ``POLITE_SCHEDULER_BASE``);
@@ -68,8 +67,6 @@ PLAYWRIGHT_ABORT = "PLAYWRIGHT_ABORT_REQUEST"
 PLAYWRIGHT_CONTEXTS = "PLAYWRIGHT_CONTEXTS"
 PLAYWRIGHT_LAUNCH = "PLAYWRIGHT_LAUNCH_OPTIONS"
 MIDDLEWARE_PRIORITY = 950
-EARLY_MIDDLEWARE = "scrapy_polite.middleware.PoliteEarlyDeferMiddleware"
-EARLY_MIDDLEWARE_PRIORITY = 50
 ROBOTS_MIDDLEWARE = "scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware"
 SCRAPY_ROBOTS_MIDDLEWARE = "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware"
 #: The ``scrapy check`` contracts (docs/guides/contracts.md), by ``SPIDER_CONTRACTS`` priority.
@@ -137,7 +134,6 @@ class Addon:
             _install_browser_guard(settings)
         log_modes(modes)
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)
-        settings["DOWNLOADER_MIDDLEWARES"][EARLY_MIDDLEWARE] = EARLY_MIDDLEWARE_PRIORITY
         _install_robots_middleware(settings)
         settings["EXTENSIONS"][EXTENSION] = 0
         current = settings.get("SCHEDULER")
@@ -313,7 +309,7 @@ def _last_priority(settings: Settings) -> int:
     return a request or response from ``process_request`` behind our back (the host's line would stay
     taken) and we see each request as it will be sent."""
     others = [v for k, v in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items()
-              if v is not None and component_name(k) not in (MIDDLEWARE, EARLY_MIDDLEWARE)]
+              if v is not None and component_name(k) != MIDDLEWARE]
     return max([MIDDLEWARE_PRIORITY] + [int(v) + 1 for v in others])
 
 

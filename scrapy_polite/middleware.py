@@ -29,7 +29,6 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .lifecycle import Stage
 from .pacer import CrawlStopped, Pacer, get_pacer
-from .policy import host_key
 from .seams import Defer, Redefer, ResolverNotInstalled
 from .settings import polite_enabled
 from .stores import StoreError
@@ -239,31 +238,21 @@ async def end_when_recorded(recorder: Recorder, booker: Booker, request: Request
         booker.end(request)
 
 
-class PoliteEarlyDeferMiddleware(_PacerComponent):
-    """Defers a request of a throttled host *before* the rest of the downloader middlewares see it.
+class PoliteEarlyDeferMiddleware:
+    """Formerly the early deferral at priority 50; that is now part of
+    :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` (docs/spec.md §5, "The early deferral"), the only place
+    a request waited for something its host's backoff also held back. Kept so that a project listing it in
+    ``DOWNLOADER_MIDDLEWARES`` still starts: it logs one WARNING and disables itself.
 
-    Installed by the add-on at priority 50, before Scrapy's ``RobotsTxtMiddleware`` (100): without it, the
-    first request of a host still backing off from an earlier run would wait inside ``RobotsTxtMiddleware``
-    while the host's robots.txt request waits out the backoff, and both would hold downloader slots that
-    other hosts could use (docs/spec.md §5: other hosts run at full speed). Only requests the
-    :class:`~scrapy_polite.scheduler.PoliteScheduler` handed out are deferred; the decision is the same
-    predicate as in :class:`PoliteDownloaderMiddleware` (docs/spec.md §2).
+    Raises:
+        NotConfigured: always.
     """
 
-    async def process_request(self, request: Request) -> Request | None:
-        if request.meta.get(DONT_PACE_META) or self.pacer.failed is not None or not self.booker.can_defer(request):
-            return None
-        host = host_key(request.url)
-        if host is None:
-            return None
-        try:
-            due = await self.booker.early_due(request, host)
-        except StoreError as exc:
-            raise _stopped(request, exc) from exc
-        if due is None:
-            return None
-        _hold(self.pacer, request, host, due)
-        return request
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> PoliteEarlyDeferMiddleware:
+        logger.warning("scrapy-polite: PoliteEarlyDeferMiddleware is no longer needed (the early deferral is part of "
+                       "PoliteRobotsTxtMiddleware): remove it from DOWNLOADER_MIDDLEWARES")
+        raise NotConfigured("the early deferral is part of PoliteRobotsTxtMiddleware")
 
 
 def _stopped(request: Request, exc: Exception) -> CrawlStopped:

@@ -411,12 +411,13 @@ class StopWhenDoneSpider(ListSpider):
 @pytest_twisted.ensureDeferred
 async def test_throttled_hosts_do_not_stall_robots_txt(arrival_server, tmp_path):
     """Four hosts (127.0.4.51-54) are still backing off from an earlier run (rows with ``consec=1`` and
-    ``next_allowed = now + 40``), with ``ROBOTSTXT_OBEY=True``. Their requests are deferred before robots.txt
-    handling, so the healthy host 127.0.4.50 is crawled at once: its first page within 3 s, all five within
+    ``next_allowed = now + 40``), with ``ROBOTSTXT_OBEY=True``. Their requests are deferred before they wait for
+    their robots.txt (the early deferral, docs/spec.md §5), so the healthy host 127.0.4.50 is crawled at once: its first page within 3 s, all five within
     5 s. Then ``crawler.stop_async()`` (called by the spider) ends the crawl within 3 s although requests
     are still held.
 
-    Fails when the throttled hosts' first requests wait inside ``RobotsTxtMiddleware`` behind their
+    Fails (checked with ``PoliteRobotsTxtMiddleware._deferred_early`` patched to return False) when the
+    throttled hosts' first requests wait inside ``RobotsTxtMiddleware`` behind their
     robots.txt request, which waits out the backoff in line: they hold the downloader and the healthy host
     gets nothing (before the fix: no healthy page at all, and the crawl only ended after ~40 s, the 10 s
     safety timeout's stop waiting behind those in-line waits)."""
