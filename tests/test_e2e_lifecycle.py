@@ -96,6 +96,17 @@ async def crawl(srv, tmp_path, urls: list[str], spider: type[ListSpider] = ListS
     return crawler, process_clock() - t0
 
 
+async def fill_cache(srv, tmp_path) -> dict[str, Any]:
+    """A first run (no backoff) puts /c1 and /c2 of ``srv`` in an HTTP cache; returns the cache's settings."""
+    srv.route("/*", page())
+    cache = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "httpcache")}
+    first = await run_crawl(ListSpider, polite_settings(POLITE_STORE=f"sqlite:///{tmp_path}/first.sqlite3",
+                                                        POLITE_IP_INTERVAL=0, POLITE_HOST_INTERVAL=0.1, **cache),
+                            urls=[srv.url("/c1"), srv.url("/c2")], timeout=TIMEOUT)
+    assert first.stats.get_value("finish_reason") == "finished" and paths(srv) == ["/c1", "/c2"]
+    return cache
+
+
 def assert_finished(crawler, elapsed: float) -> None:
     stats = crawler.stats.get_stats()
     assert stats.get("finish_reason") == "finished", (stats.get("finish_reason"), elapsed)
@@ -145,12 +156,7 @@ async def test_held_requests_answered_by_the_http_cache_do_not_strand_the_host(a
     """A first run fills the HTTP cache with /c1 and /c2; the second starts with the host in backoff: the
     cached pages are answered by ``HttpCacheMiddleware`` after release, the others are fetched."""
     srv = arrival_server("127.0.5.12")
-    srv.route("/*", page())
-    cache = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "httpcache")}
-    first = await run_crawl(ListSpider, polite_settings(POLITE_STORE=f"sqlite:///{tmp_path}/first.sqlite3",
-                                                        POLITE_IP_INTERVAL=0, POLITE_HOST_INTERVAL=0.1, **cache),
-                            urls=[srv.url("/c1"), srv.url("/c2")], timeout=TIMEOUT)
-    assert first.stats.get_value("finish_reason") == "finished" and paths(srv) == ["/c1", "/c2"]
+    cache = await fill_cache(srv, tmp_path)
     before = len(paths(srv))
     urls = [srv.url(p) for p in ("/a", "/c1", "/b", "/c2", "/c")]
     crawler, elapsed = await crawl(srv, tmp_path, urls, **cache)
@@ -168,12 +174,7 @@ async def test_a_throttled_hosts_cached_pages_are_not_held_back(arrival_server, 
     Negative control: with ``ROBOTSTXT_OBEY`` the early deferral holds every start request of the host, the
     cached ones too, until the backoff ends."""
     srv = arrival_server("127.0.5.15")
-    srv.route("/*", page())
-    cache = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "httpcache")}
-    first = await run_crawl(ListSpider, polite_settings(POLITE_STORE=f"sqlite:///{tmp_path}/first.sqlite3",
-                                                        POLITE_IP_INTERVAL=0, POLITE_HOST_INTERVAL=0.1, **cache),
-                            urls=[srv.url("/c1"), srv.url("/c2")], timeout=TIMEOUT)
-    assert first.stats.get_value("finish_reason") == "finished" and paths(srv) == ["/c1", "/c2"]
+    cache = await fill_cache(srv, tmp_path)
     for robots, cached_first in ((False, True), (True, False)):
         before = len(srv.arrivals())
         crawler, elapsed = await crawl(srv, tmp_path / str(robots), [srv.url(p) for p in ("/a", "/c1", "/c2")],
