@@ -184,7 +184,7 @@ async def main(args) -> None:
         names = ["plain", "polite"] + (["polite (memory://)"] if args.memory else [])
         names += ["shell"] if args.shell else []
         if args.only:  # for a sampling profiler (py-spy record -- python bench/overhead.py --only polite)
-            names = [{"plain": "plain", "polite": "polite", "memory": "polite (memory://)"}[args.only]]
+            names = [{"memory": "polite (memory://)"}.get(args.only, args.only)]
         rates: dict[str, list[float]] = {name: [] for name in names}
         cpus: dict[str, list[float]] = {name: [] for name in names}
         txs: dict[str, list[float]] = {name: [] for name in names}
@@ -247,7 +247,7 @@ if __name__ == "__main__":
                         help="a setting of the polite runs (repeatable), e.g. -s POLITE_EVENT_LOG=false")
     parser.add_argument("--no-gc", dest="collect", action="store_false",
                         help="the garbage collector off during the measured crawls (bench/instructions.py)")
-    parser.add_argument("--only", choices=["plain", "polite", "memory"],
+    parser.add_argument("--only", choices=["plain", "polite", "memory", "shell"],
                         help="run only this crawl (--repeat times), e.g. under a sampling profiler")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=10, help=argparse.SUPPRESS)
