@@ -140,14 +140,18 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         url = urlparse_cached(request)
         origin = f"{url.scheme}://{url.netloc}"
         host = host_key(request.url)
+        early = True  # the early deferral is still to be decided (once per pass)
         while True:
             now = self._now()
             action = decide(self._states.get(origin), now)
             if isinstance(action, Apply):
                 self.process_request_2(action.rules.parser, request)  # IgnoreRequest when disallowed
                 return None
-            if isinstance(action, (Fetch, Wait)) and await self._deferred_early(request, host):
-                return request  # the engine hands it back to the scheduler, which holds it until due
+            if early and isinstance(action, (Fetch, Wait)):
+                early = False
+                if await self._deferred_early(request, host):
+                    return request  # the engine hands it back to the scheduler, which holds it until due
+                continue  # decided again: another request may have asked robots.txt during the read
             if isinstance(action, Fetch):
                 self._start(origin, host, request, expired=action.expired)
                 continue

@@ -413,3 +413,89 @@ async def test_a_waiting_request_is_dropped_once_robots_txt_was_unreachable_past
         assert middleware.crawler.stats.get_value("polite/robots/unreachable") == len(engine.asked)
     finally:
         discard_pacer(middleware.crawler)
+
+
+# -- the early deferral (docs/spec.md §5) -----------------------------------------------------------------------------
+
+
+class HoldingScheduler:
+    """Stands in for PoliteScheduler: owns every request, records what it is asked to hold."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[str, str, float | None]] = []
+
+    def owns(self, request: Request) -> bool:
+        return True
+
+    def hold(self, request: Request, host: str, due: float | None) -> None:
+        self.held.append((request.url, host, due))
+
+
+def early_middleware(engine: ScriptedEngine, reads: list) -> tuple[PoliteRobotsTxtMiddleware, HoldingScheduler]:
+    """A robots.txt middleware whose scheduler holds requests and whose table reads (``Booker.early_due``) wait
+    until the test answers them: each read is a Deferred appended to ``reads``."""
+    from scrapy.utils.defer import maybe_deferred_to_future
+    from twisted.internet.defer import Deferred
+
+    middleware = waiting_middleware(engine)
+    scheduler = HoldingScheduler()
+    booker = middleware.pacer.booker
+    booker.scheduler = scheduler  # type: ignore[assignment]
+
+    async def early_due(request: Request, host: str) -> float | None:
+        reads.append(Deferred())
+        return await maybe_deferred_to_future(reads[-1])
+
+    booker.early_due = early_due  # type: ignore[method-assign]
+    return middleware, scheduler
+
+
+async def turns(n: int = 3) -> None:
+    """Let the reactor run ``n`` turns (the downloader's tasks start, answered reads go on)."""
+    from twisted.internet import reactor, task
+
+    for _ in range(n):
+        await task.deferLater(reactor, 0, lambda: None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_about_to_wait_for_robots_txt_of_a_host_that_should_defer_is_held_unasked():
+    """The table says the host is due later: the request is handed to the scheduler with that moment, and
+    robots.txt is not asked (it would wait out the backoff in line beside the request). Negative control: a host
+    that need not defer (the read answers None) goes on: robots.txt is asked and judges the request."""
+    engine, reads = ScriptedEngine(200), []
+    middleware, scheduler = early_middleware(engine, reads)
+    try:
+        held = as_the_downloader_runs_it(middleware, Request("http://h.example/a"))
+        await turns()
+        reads[0].callback(1234.0)
+        request = await held
+        assert request is not None and request.url == "http://h.example/a"
+        assert scheduler.held == [("http://h.example/a", "h.example", 1234.0)] and engine.asked == []
+        going = as_the_downloader_runs_it(middleware, Request("http://h.example/b"))
+        await turns()
+        reads[1].callback(None)
+        assert await going is None and len(engine.asked) == 1
+    finally:
+        discard_pacer(middleware.crawler)
+
+
+@pytest_twisted.ensureDeferred
+async def test_requests_whose_reads_cross_robots_txt_being_asked_ask_it_once():
+    """Two requests of one origin read the table while robots.txt is not known; the first read answers, its request
+    asks robots.txt; the second's answers after that: it waits for the same robots.txt, which is asked once.
+    Fails when a request acts on what it decided before its read (the origin was "unknown": it asks again)."""
+    engine, reads = ScriptedEngine(200), []
+    middleware, scheduler = early_middleware(engine, reads)
+    try:
+        first = as_the_downloader_runs_it(middleware, Request("http://h.example/a"))
+        second = as_the_downloader_runs_it(middleware, Request("http://h.example/b"))
+        await turns()
+        assert len(reads) == 2
+        reads[0].callback(None)
+        await turns()  # the first request asks robots.txt
+        reads[1].callback(None)
+        assert await first is None and await second is None
+        assert len(engine.asked) == 1 and scheduler.held == []
+    finally:
+        discard_pacer(middleware.crawler)
