@@ -301,7 +301,7 @@ def _state_dict(state: Any) -> dict[str, Any]:
 
 def _deferred(rep: dict[str, Any]) -> str:
     """Deferrals because the host slows us down (``throttled``, ``Crawl-delay``), in the summary's words; the
-    ordinary waits for the host's line are turn waits (README, "Stats")."""
+    ordinary waits for the host's line are turn waits (docs/getting-started.md, "The words")."""
     from scrapy_polite.reporting import TURN_REASONS
     from scrapy_polite.summary import reason_words
 
