@@ -22,6 +22,8 @@ from typing import Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
+from .settings.declaration import DEFAULTS
+
 __all__ = ["leftover_settings_warning", "refuse_to_start", "where_set"]
 
 logger = logging.getLogger(__name__)
@@ -113,6 +115,8 @@ def refuse_to_start(exc: BaseException, settings: Any = None) -> BaseException:
     match = _SETTING.search(message)
     source = where_set(settings, match.group(0)) if match is not None and settings is not None else None
     suffix = f" ({match.group(0) if match else 'it'} is set {source})" if source else ""
+    if match is not None and "Fix:" not in message:
+        suffix += _fix_of_setting(match.group(0))
     logger.error("scrapy-polite cannot start the crawl: %s%s", message, suffix)
     logger.debug("scrapy-polite: the crawl was refused here", exc_info=exc)
     try:
@@ -123,6 +127,14 @@ def refuse_to_start(exc: BaseException, settings: Any = None) -> BaseException:
     _install_twisted_filter()
     _retrieve_in_current_task(exc)
     return exc
+
+
+def _fix_of_setting(name: str) -> str:
+    """The ``Fix:`` part of an error that names setting ``name`` (docs/guides/troubleshooting.md, "The crawl refuses
+    to start"): give it a value the error describes, or remove it for its default."""
+    if name not in DEFAULTS:
+        return f". Fix: change {name} as described"
+    return f". Fix: change {name} as described, or remove it to use its default ({DEFAULTS[name]!r})"
 
 
 def _retrieve_in_current_task(exc: BaseException) -> None:
