@@ -32,7 +32,7 @@ downloader held full by waiting calls costs about three times plain Scrapy's gar
 happen here, and neither does waiting on the GIL or a lock. The figures are what the code costs, not what a
 loaded crawl pays; pages/s is not measured. The counts still move a little (the reactor's loop turns depend
 on timing): about 1 % of a 1,000-page difference. Needs ``valgrind`` (Debian: ``apt-get install -y
-valgrind``). Takes about 4 minutes per mode and round at the defaults.
+valgrind``). Takes about 4 minutes per mode and round: 48 minutes at the defaults (4 modes, 3 rounds).
 """
 
 from __future__ import annotations

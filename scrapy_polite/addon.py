@@ -6,7 +6,9 @@ It installs
   after the last other downloader middleware configured above that);
 * :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` in place of Scrapy's ``RobotsTxtMiddleware`` (same
   priority; the robots.txt lifecycle of RFC 9309, docs/spec.md §5, "The robots.txt lifecycle", and the early
-  deferral), unless robots.txt handling is disabled or is a project's own subclass of Scrapy's;
+  deferral), unless robots.txt handling is disabled, turned off by the project or is a project's own subclass of
+  Scrapy's: with ``ROBOTSTXT_OBEY``, :class:`~scrapy_polite.middleware.PoliteEarlyDeferMiddleware` at 50 then does
+  the early deferral;
 * :class:`~scrapy_polite.extension.PoliteExtension`;
 * :class:`~scrapy_polite.scheduler.PoliteScheduler` as ``SCHEDULER``, wrapping the project's own scheduler
   (moved to ``POLITE_SCHEDULER_BASE``);
@@ -67,6 +69,8 @@ PLAYWRIGHT_ABORT = "PLAYWRIGHT_ABORT_REQUEST"
 PLAYWRIGHT_CONTEXTS = "PLAYWRIGHT_CONTEXTS"
 PLAYWRIGHT_LAUNCH = "PLAYWRIGHT_LAUNCH_OPTIONS"
 MIDDLEWARE_PRIORITY = 950
+EARLY_MIDDLEWARE = "scrapy_polite.middleware.PoliteEarlyDeferMiddleware"
+EARLY_MIDDLEWARE_PRIORITY = 50
 ROBOTS_MIDDLEWARE = "scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware"
 SCRAPY_ROBOTS_MIDDLEWARE = "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware"
 #: The ``scrapy check`` contracts (docs/guides/contracts.md), by ``SPIDER_CONTRACTS`` priority.
@@ -134,7 +138,9 @@ class Addon:
             _install_browser_guard(settings)
         log_modes(modes)
         settings["DOWNLOADER_MIDDLEWARES"][MIDDLEWARE] = _last_priority(settings)
-        _install_robots_middleware(settings)
+        if _install_robots_middleware(settings) and settings.getbool("ROBOTSTXT_OBEY"):
+            # robots.txt is judged by a middleware other than ours: the early deferral needs a middleware of its own.
+            settings["DOWNLOADER_MIDDLEWARES"][EARLY_MIDDLEWARE] = EARLY_MIDDLEWARE_PRIORITY
         settings["EXTENSIONS"][EXTENSION] = 0
         current = settings.get("SCHEDULER")
         current_path = current if isinstance(current, str) else f"{current.__module__}.{current.__qualname__}"
@@ -200,7 +206,7 @@ def _install_browser_proxy(settings: Settings) -> None:
                      priority=max(settings.getpriority(PLAYWRIGHT_CONTEXTS) or 0, SETTINGS_PRIORITIES["addon"]))
 
 
-def _install_robots_middleware(settings: Settings) -> None:
+def _install_robots_middleware(settings: Settings) -> bool:
     """Put :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` in place of Scrapy's ``RobotsTxtMiddleware``
     with Scrapy's add-on helper (``replace_in_component_priority_dict``), at its priority, in
     ``DOWNLOADER_MIDDLEWARES_BASE`` and, when the project lists Scrapy's there too, in ``DOWNLOADER_MIDDLEWARES``.
@@ -208,12 +214,14 @@ def _install_robots_middleware(settings: Settings) -> None:
     Left alone: robots.txt handling disabled (Scrapy's set to None), ours set to None by the project (its opt-out),
     ours (or a subclass of ours) configured already
     (Scrapy's is then disabled: one robots.txt gate), a project's own subclass of Scrapy's (kept, with a WARNING when
-    ``ROBOTSTXT_OBEY`` is on: the RFC 9309 lifecycle is then not in force)."""
+    ``ROBOTSTXT_OBEY`` is on: the RFC 9309 lifecycle is then not in force).
+
+    Returns:
+        Whether a robots.txt middleware other than ours is in force (the early deferral, which ours decides, then
+        needs :class:`~scrapy_polite.middleware.PoliteEarlyDeferMiddleware`: docs/spec.md §5).
+    """
     scrapy_cls = load_object(SCRAPY_ROBOTS_MIDDLEWARE)
     ours_cls = load_object(ROBOTS_MIDDLEWARE)
-    listed = settings.getdict("DOWNLOADER_MIDDLEWARES")
-    if any(value is None and _loads_to(key, ours_cls) for key, value in listed.items()):
-        return  # the project turned ours off (``{PoliteRobotsTxtMiddleware: None}``): its choice
     enabled = {}  # the robots.txt middlewares in force: class → key, over the base and the project's lists
     for key, priority in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items():
         try:
@@ -222,24 +230,28 @@ def _install_robots_middleware(settings: Settings) -> None:
             continue  # Scrapy reports it when it builds the middlewares
         if isinstance(cls, type) and issubclass(cls, scrapy_cls) and priority is not None:
             enabled[cls] = key
+    listed = settings.getdict("DOWNLOADER_MIDDLEWARES")
+    if any(value is None and _loads_to(key, ours_cls) for key, value in listed.items()):
+        return bool(enabled)  # the project turned ours off (``{PoliteRobotsTxtMiddleware: None}``): its choice
     if any(issubclass(cls, ours_cls) for cls in enabled):
         for cls, key in enabled.items():
             if cls is scrapy_cls:
                 settings["DOWNLOADER_MIDDLEWARES"][key] = None
-        return
+        return False
     others = [cls for cls in enabled if cls is not scrapy_cls]
     if others:
         if settings.getbool("ROBOTSTXT_OBEY"):
             logger.warning("scrapy-polite: robots.txt is handled by %s, not by %s: a robots.txt answered 5xx or that "
                            "cannot be reached is not read as \"disallow everything\" (RFC 9309), nor asked again",
                            ", ".join(component_name(c) for c in others), ROBOTS_MIDDLEWARE)
-        return
+        return True
     if scrapy_cls not in enabled:
-        return  # robots.txt handling is disabled
+        return False  # robots.txt handling is disabled
     for name in ("DOWNLOADER_MIDDLEWARES_BASE", "DOWNLOADER_MIDDLEWARES"):
         # Both, when the project lists Scrapy's too: else the base's entry would come back from under it.
         if any(_loads_to(key, scrapy_cls) and value is not None for key, value in settings.getdict(name).items()):
             settings.replace_in_component_priority_dict(name, scrapy_cls, ours_cls)
+    return False
 
 
 def _loads_to(key: Any, cls: type) -> bool:
@@ -309,7 +321,7 @@ def _last_priority(settings: Settings) -> int:
     return a request or response from ``process_request`` behind our back (the host's line would stay
     taken) and we see each request as it will be sent."""
     others = [v for k, v in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items()
-              if v is not None and component_name(k) != MIDDLEWARE]
+              if v is not None and component_name(k) not in (MIDDLEWARE, EARLY_MIDDLEWARE)]
     return max([MIDDLEWARE_PRIORITY] + [int(v) + 1 for v in others])
 
 

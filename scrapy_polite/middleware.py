@@ -29,6 +29,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .lifecycle import Stage
 from .pacer import CrawlStopped, Pacer, get_pacer
+from .policy import host_key
 from .seams import Defer, Redefer, ResolverNotInstalled
 from .settings import polite_enabled
 from .stores import StoreError
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware"]
+__all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware", "defer_early"]
 
 
 class _PacerComponent:
@@ -238,21 +239,42 @@ async def end_when_recorded(recorder: Recorder, booker: Booker, request: Request
         booker.end(request)
 
 
-class PoliteEarlyDeferMiddleware:
-    """Formerly the early deferral at priority 50; that is now part of
-    :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` (docs/spec.md §5, "The early deferral"), the only place
-    a request waited for something its host's backoff also held back. Kept so that a project listing it in
-    ``DOWNLOADER_MIDDLEWARES`` still starts: it logs one WARNING and disables itself.
+class PoliteEarlyDeferMiddleware(_PacerComponent):
+    """The early deferral (docs/spec.md §5) when robots.txt is judged by a middleware other than
+    :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware`, which decides it itself: defers a request of a host
+    that should defer *before* the rest of the downloader middlewares see it, so that it does not wait inside that
+    robots.txt middleware while the host's robots.txt request waits out the backoff (two downloader slots other hosts
+    could use).
 
-    Raises:
-        NotConfigured: always.
+    Installed by the add-on at priority 50 only then (``ROBOTSTXT_OBEY`` on, and robots.txt handled by Scrapy's
+    middleware, kept by the project's opt-out, or by a project's own subclass of it): it reads the host's row for
+    every request it sees. Only requests the :class:`~scrapy_polite.scheduler.PoliteScheduler` handed out are
+    deferred; the predicate is docs/spec.md §2's.
     """
 
-    @classmethod
-    def from_crawler(cls, crawler: Crawler) -> PoliteEarlyDeferMiddleware:
-        logger.warning("scrapy-polite: PoliteEarlyDeferMiddleware is no longer needed (the early deferral is part of "
-                       "PoliteRobotsTxtMiddleware): remove it from DOWNLOADER_MIDDLEWARES")
-        raise NotConfigured("the early deferral is part of PoliteRobotsTxtMiddleware")
+    async def process_request(self, request: Request) -> Request | None:
+        return request if await defer_early(self.pacer, request, host_key(request.url)) else None
+
+
+async def defer_early(pacer: Pacer, request: Request, host: str | None) -> bool:
+    """**The early deferral** (docs/spec.md §5) of ``request`` of ``host``, on the host's row read from the table:
+    True when it was handed to the scheduler to hold until the host is due (the caller returns it to the engine).
+    Only requests the scheduler handed out are held; a ``dont_pace`` request or one without a host never is.
+
+    Raises:
+        CrawlStopped: the table cannot be read (the crawl is being stopped).
+    """
+    if (host is None or request.meta.get(DONT_PACE_META) or pacer.failed is not None
+            or not pacer.booker.can_defer(request)):
+        return False
+    try:
+        due = await pacer.booker.early_due(request, host)
+    except StoreError as exc:
+        raise _stopped(request, exc) from exc
+    if due is None:
+        return False
+    _hold(pacer, request, host, due)
+    return True
 
 
 def _stopped(request: Request, exc: Exception) -> CrawlStopped:

@@ -111,7 +111,8 @@ class HostCounters:
         ratelimit_holds: responses that said the host's quota was spent (the host was held until its reset);
         given_up / given_up_urls: pages given up after throttles (and the first :data:`GIVEN_UP_URLS` URLs);
         refusals: requests refused, by reason (``non_public``);
-        state: the host's row as last recorded by this process (None: not recorded yet);
+        state: the host's row as this process last knew it: its last record, the table's at start (a host in
+            backoff), or the table's when a booking deferred (None: none yet);
         throttle_cause: what the last throttle was (``"429, Retry-After 30 s"``, ``"a TimeoutError"``,
             ``"3 backoff steps already in the pace table"``), None before any;
         backoff_due: this process's epoch s at which the host's backoff ends (None: not backing off);

@@ -42,7 +42,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
-from .middleware import _hold, _stopped
+from .middleware import _hold, defer_early
 from .pacer import Pacer, get_pacer
 from .policy import host_key
 from .reactor import await_deferred, reactor_sleep
@@ -67,7 +67,6 @@ from .robots import (
 )
 from .settings import polite_enabled
 from .stores import StoreError
-from .vocabulary import DONT_PACE_META
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -149,7 +148,8 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 return None
             if early and isinstance(action, (Fetch, Wait)):
                 early = False
-                if await self._deferred_early(request, host):
+                # The early deferral (docs/spec.md §5): a host that should defer is held, its robots.txt not asked.
+                if await defer_early(pacer, request, host):
                     return request  # the engine hands it back to the scheduler, which holds it until due
                 continue  # decided again: another request may have asked robots.txt during the read
             if isinstance(action, Fetch):
@@ -176,27 +176,6 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 raise IgnoreRequest(f"scrapy-polite: the robots.txt of {origin} has been unreachable for longer than "
                                     f"POLITE_MAX_IDLE_WAIT={limit:g} s; {request} was not sent")
             await await_deferred(reactor_sleep(max(0.0, min(action.until, action.since + limit + 0.001) - now)))
-
-    async def _deferred_early(self, request: Request, host: str | None) -> bool:
-        """**The early deferral** (docs/spec.md §5): a request about to wait for its origin's robots.txt, of a host
-        that should defer now (§2: backing off, from an earlier run or another process), is held by the scheduler
-        until the host is due (True), and its robots.txt is not asked meanwhile: otherwise the request would wait
-        here while robots.txt waits out the backoff in line, two downloader slots that other hosts could use.
-        Only requests the scheduler handed out are held; the table is read only while the origin's robots.txt is
-        not known (a request that passes here is booked, and deferred there, by the pacing middleware)."""
-        pacer = self.pacer
-        assert pacer is not None
-        if (host is None or request.meta.get(DONT_PACE_META) or pacer.failed is not None
-                or not pacer.booker.can_defer(request)):
-            return False
-        try:
-            due = await pacer.booker.early_due(request, host)
-        except StoreError as exc:
-            raise _stopped(request, exc) from exc
-        if due is None:
-            return False
-        _hold(pacer, request, host, due)
-        return True
 
     # -- asking robots.txt --------------------------------------------------------------------------------------
 

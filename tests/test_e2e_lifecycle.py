@@ -1,8 +1,8 @@
 """End-to-end: nothing held is ever stranded (docs/spec.md §5, "The request lifecycle").
 
 Each crawl starts with a host in backoff from an earlier run (its SQLite row: one throttle, next allowed
-in 2 s), so every start request of that host is held by the scheduler (the early deferral, before robots.txt
-handling). When the host comes due, its held
+in 2 s), so every start request of that host is held by the scheduler (the early deferral, in robots.txt
+handling, before the middlewares after it). When the host comes due, its held
 requests are released one at a time; some of them are then dropped or answered *before* the pacing
 middleware books them — by ``RobotsTxtMiddleware``, ``OffsiteMiddleware``, ``HttpCacheMiddleware``, a
 project middleware raising ``IgnoreRequest`` or returning a ``Response`` or another request. Each crawl must finish on its
@@ -129,8 +129,8 @@ async def test_held_requests_disallowed_by_robots_txt_do_not_strand_the_host(arr
 
 @pytest_twisted.ensureDeferred
 async def test_held_requests_refused_by_offsite_do_not_strand_the_host(arrival_server, tmp_path):
-    """``OffsiteMiddleware`` placed after the early deferral (as a project may order it, here at 500), both
-    hosts in backoff. Scrapy's ``OffsiteMiddleware`` refuses an offsite request when it is scheduled (its
+    """``OffsiteMiddleware`` placed before the pacing middleware (as a project may order it, here at 500), both
+    hosts in backoff, ``ROBOTSTXT_OBEY`` off (the booking defers). Scrapy's ``OffsiteMiddleware`` refuses an offsite request when it is scheduled (its
     ``request_scheduled`` handler), so the other host's requests are never held: only the allowed host's
     two are, and they are fetched once due; the crawl finishes on its own."""
     ok = arrival_server("127.0.5.1")
@@ -171,8 +171,9 @@ async def test_a_throttled_hosts_cached_pages_are_not_held_back(arrival_server, 
     """Without ``ROBOTSTXT_OBEY`` nothing waits before the pacing middleware, so nothing defers before it either
     (docs/spec.md §5, "The early deferral"): the pages of a host in backoff that the HTTP cache answers reach
     the spider at once, before the backoff ends; the others are deferred by the booking and fetched after it.
-    Negative control: with ``ROBOTSTXT_OBEY`` the early deferral holds every start request of the host, the
-    cached ones too, until the backoff ends."""
+    Negative control: with ``ROBOTSTXT_OBEY`` the cached pages wait for the backoff's end too (the early deferral
+    holds every start request before it would wait for robots.txt; without it they would wait for a robots.txt that
+    waits out the backoff, and ``assert_finished`` finds nothing deferred)."""
     srv = arrival_server("127.0.5.15")
     cache = await fill_cache(srv, tmp_path)
     for robots, cached_first in ((False, True), (True, False)):

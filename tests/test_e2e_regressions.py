@@ -33,6 +33,7 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy_polite.clock import process_clock
 from scrapy_polite.held import read_held
 from scrapy_polite.policy import HostState
+from scrapy_polite.robotstxt import PoliteRobotsTxtMiddleware
 from scrapy_polite.settings import SettingsError
 from scrapy_polite.stores import open_store
 from tests.support.crawl import CrawlTimeout, ListSpider, polite_settings, run_crawl
@@ -408,19 +409,23 @@ class StopWhenDoneSpider(ListSpider):
             deferred_from_coro(self.crawler.stop_async())
 
 
+@pytest.mark.parametrize("robots", ["ours", "scrapy"])
 @pytest_twisted.ensureDeferred
-async def test_throttled_hosts_do_not_stall_robots_txt(arrival_server, tmp_path):
+async def test_throttled_hosts_do_not_stall_robots_txt(arrival_server, tmp_path, robots):
     """Four hosts (127.0.4.51-54) are still backing off from an earlier run (rows with ``consec=1`` and
     ``next_allowed = now + 40``), with ``ROBOTSTXT_OBEY=True``. Their requests are deferred before they wait for
     their robots.txt (the early deferral, docs/spec.md §5), so the healthy host 127.0.4.50 is crawled at once: its first page within 3 s, all five within
     5 s. Then ``crawler.stop_async()`` (called by the spider) ends the crawl within 3 s although requests
     are still held.
 
-    Fails (checked with ``PoliteRobotsTxtMiddleware._deferred_early`` patched to return False) when the
+    Fails (checked with ``scrapy_polite.robotstxt.defer_early`` patched to return False) when the
     throttled hosts' first requests wait inside ``RobotsTxtMiddleware`` behind their
     robots.txt request, which waits out the backoff in line: they hold the downloader and the healthy host
     gets nothing (before the fix: no healthy page at all, and the crawl only ended after ~40 s, the 10 s
-    safety timeout's stop waiting behind those in-line waits)."""
+    safety timeout's stop waiting behind those in-line waits).
+
+    ``robots="scrapy"``: the project turns our robots.txt middleware off, so Scrapy's judges robots.txt and the
+    add-on's PoliteEarlyDeferMiddleware (priority 50) does the early deferral instead."""
     bad = [arrival_server(f"127.0.4.{i}") for i in range(51, 55)]
     good = arrival_server("127.0.4.50")
     for srv in bad + [good]:
@@ -433,7 +438,8 @@ async def test_throttled_hosts_do_not_stall_robots_txt(arrival_server, tmp_path)
     try:
         crawler = await run_crawl(
             StopWhenDoneSpider,
-            settings(POLITE_STORE=uri, ROBOTSTXT_OBEY=True, CONCURRENT_REQUESTS=8, POLITE_HOST_INTERVAL=0.1),
+            settings(POLITE_STORE=uri, ROBOTSTXT_OBEY=True, CONCURRENT_REQUESTS=8, POLITE_HOST_INTERVAL=0.1,
+                     DOWNLOADER_MIDDLEWARES={PoliteRobotsTxtMiddleware: None} if robots == "scrapy" else {}),
             urls=urls, stop_after=5, timeout=10)
     except CrawlTimeout as exc:
         crawler = exc.crawler

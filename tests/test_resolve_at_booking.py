@@ -60,12 +60,23 @@ def test_a_request_deferred_for_the_line_does_not_resolve():
 
 
 def test_a_throttled_host_defers_without_a_lookup_each_time_it_comes_back():
-    # Its early deferral (PoliteEarlyDeferMiddleware) reads only the table: no resolution at all.
+    """Another process throttled the host. Its first request here resolves and books: the booking finds the backoff
+    and defers it. The next ones defer on that row (docs/spec.md §5, "The early deferral"): no lookup, no
+    transaction. Negative control: with the row forgotten, a request resolves and books again."""
     g = counting_glue({"t.example": [A1]})
     g.store.update("t.example", lambda s, now: (_throttled(now), None))
-    for _ in range(3):
-        assert inline(g.booker.early_due(request("http://t.example/"), "t.example")) == T0 + 300
-    assert g.resolution.calls == []
+    transactions = []
+    update_many = g.store.update_many
+    g.store.update_many = lambda keys, fn: (transactions.append(keys), update_many(keys, fn))[1]  # type: ignore
+    for i in range(3):
+        assert book(g, request(f"http://t.example/{i}")) == Defer(due=T0 + 300, reason="throttled")
+    assert g.resolution.calls == ["t.example"] and len(transactions) == 1
+    g.report.hosts.clear()
+    assert book(g, request("http://t.example/x")) == Defer(due=T0 + 300, reason="throttled")
+    assert g.resolution.calls == ["t.example"] * 2 and len(transactions) == 2
+    # The table's row still answers the early deferral's read (robots.txt not known yet) without a lookup.
+    assert inline(g.booker.early_due(request("http://t.example/"), "t.example")) == T0 + 300
+    assert g.resolution.calls == ["t.example"] * 2
 
 
 def _throttled(now: float) -> Any:

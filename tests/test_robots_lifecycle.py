@@ -290,6 +290,23 @@ def test_a_project_s_own_robots_middleware_is_kept_with_a_warning(caplog):
     assert not caplog.records  # the negative control: robots.txt not obeyed, nothing to say
 
 
+@pytest.mark.parametrize("project,obey,early", [
+    ({}, True, False),  # ours in place: it decides the early deferral
+    ({OurSubclass: 100}, True, False),
+    ({PoliteRobotsTxtMiddleware: None}, True, True),  # the opt-out keeps Scrapy's
+    ({SCRAPY: None, OwnRobots: 100}, True, True),  # a project's own subclass of Scrapy's
+    ({SCRAPY: None, OwnRobots: 100}, False, False),  # robots.txt not obeyed: nothing waits for it
+    ({SCRAPY: None}, True, False),  # robots.txt handling disabled
+], ids=["ours", "subclass-of-ours", "opt-out", "own-subclass", "not-obeyed", "disabled"])
+def test_the_early_defer_middleware_is_installed_only_where_robots_txt_is_not_ours(project, obey, early):
+    """docs/spec.md §5, "The early deferral": a robots.txt middleware other than ours makes requests wait for
+    robots.txt without deferring them first, so the add-on puts PoliteEarlyDeferMiddleware at 50 before it."""
+    settings = Settings({"DOWNLOADER_MIDDLEWARES": project, "ROBOTSTXT_OBEY": obey, "POLITE_STORE": "memory://"})
+    Addon().update_settings(settings)
+    merged = settings.getwithbase("DOWNLOADER_MIDDLEWARES")
+    assert (merged.get("scrapy_polite.middleware.PoliteEarlyDeferMiddleware") == 50) is early
+
+
 def test_the_add_on_installs_it_through_update_settings():
     settings = Settings({"ROBOTSTXT_OBEY": True, "POLITE_STORE": "memory://"})
     Addon().update_settings(settings)
