@@ -516,3 +516,39 @@ async def test_requests_whose_reads_cross_robots_txt_being_asked_ask_it_once():
         assert len(engine.asked) == 1 and scheduler.held == []
     finally:
         discard_pacer(middleware.crawler)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_arriving_while_robots_txt_is_asked_is_held_when_its_host_should_defer():
+    """robots.txt is being asked (its answer not in yet) when a second request of the origin comes: the table now
+    says the host is due later (another process throttled it), so that request is held, not left waiting for
+    robots.txt; robots.txt is asked once. Negative control: the first request, whose read said go, waits for the
+    answer and is judged by it."""
+    from scrapy.utils.defer import maybe_deferred_to_future
+    from twisted.internet.defer import Deferred
+
+    answer: Deferred = Deferred()
+
+    class SlowEngine(ScriptedEngine):
+        async def download_async(self, request):  # noqa: ANN001, ANN201
+            await maybe_deferred_to_future(answer)
+            return await super().download_async(request)
+
+    engine, reads = SlowEngine(200), []
+    middleware, scheduler = early_middleware(engine, reads)
+    try:
+        first = as_the_downloader_runs_it(middleware, Request("http://h.example/a"))
+        await turns()
+        reads[0].callback(None)
+        await turns()  # robots.txt asked, its answer held back
+        second = as_the_downloader_runs_it(middleware, Request("http://h.example/b"))
+        await turns()
+        reads[1].callback(99.0)
+        await turns()
+        assert second.called, "the request waits for robots.txt instead of being held"
+        held = await second
+        assert held is not None and scheduler.held == [("http://h.example/b", "h.example", 99.0)]
+        answer.callback(None)
+        assert await first is None and len(engine.asked) == 1 and len(reads) == 2
+    finally:
+        discard_pacer(middleware.crawler)
