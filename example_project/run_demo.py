@@ -334,7 +334,7 @@ def print_results(results: dict[str, dict[str, Any]]) -> None:
     print("  requests, statuses, min gap: server side (gap = a request's arrival - the previous response's end);\n"
           "  expected = max(POLITE_HOST_INTERVAL, Crawl-delay, POLITE_IP_INTERVAL) (each host has its own address);\n"
           "  throttles, backoff steps, turn waits, deferred, Crawl-delay: scrapy-polite's host_report(), in the\n"
-          "  words of its closing summary (README, \"Stats\");\n"
+          "  words of its closing summary (docs/getting-started.md, \"The words\");\n"
           "  consec, next_allowed: the persisted pace table")
 
 

@@ -330,8 +330,9 @@ class PoliteScheduler:
         parts = []
         for host, count in self._held.items():
             due = self._due.get(host, math.inf)
-            when = "when its line frees" if due == math.inf else f"due in {max(0.0, due - now):.0f} s"
-            parts.append(f"{host}: {count} requests, {when}")
+            when = ("when its line frees" if due == math.inf else "due now" if due - now < 0.5
+                    else f"due in {due - now:.0f} s")
+            parts.append(f"{host}: {count} request{'' if count == 1 else 's'}, {when}")
         return "Deferred: " + "; ".join(parts)
 
     def held_hosts(self) -> list[tuple[str, int, float]]:
@@ -364,8 +365,8 @@ class PoliteScheduler:
         if not self._jobdir:
             if stats is not None:
                 stats.set_value("polite/deferred/not_crawled", count)
-            logger.warning("scrapy-polite: %d deferred requests were not crawled (set JOBDIR to resume them). %s",
-                           count, summary)
+            logger.warning("scrapy-polite: %d deferred %s not crawled (set JOBDIR to resume them). %s",
+                           count, "request was" if count == 1 else "requests were", summary)
             return
         spider = self.crawler.spider
         for request in left:

@@ -133,8 +133,8 @@ def _fix_of_setting(name: str) -> str:
     """The ``Fix:`` part of an error that names setting ``name`` (docs/guides/troubleshooting.md, "The crawl refuses
     to start"): give it a value the error describes, or remove it for its default."""
     if name not in DEFAULTS:
-        return f". Fix: change {name} as described"
-    return f". Fix: change {name} as described, or remove it to use its default ({DEFAULTS[name]!r})"
+        return f". Fix: give {name} a value as the error says."
+    return f". Fix: give {name} a value as the error says, or remove it to use its default ({DEFAULTS[name]!r})."
 
 
 def _retrieve_in_current_task(exc: BaseException) -> None:

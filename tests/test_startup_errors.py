@@ -116,8 +116,8 @@ def test_addon_only_in_custom_settings(tmp_path, server):
 def test_invalid_setting_on_the_command_line(tmp_path, server):
     proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_HOST_INTERVAL=-1")
     assert_refused(proc, server, "POLITE_HOST_INTERVAL must be a finite number of seconds >= 0, got '-1'",
-                   "(POLITE_HOST_INTERVAL is set on the command line (-s)). Fix: change POLITE_HOST_INTERVAL as "
-                   "described, or remove it to use its default (1.0)")
+                   "(POLITE_HOST_INTERVAL is set on the command line (-s)). Fix: give POLITE_HOST_INTERVAL a value "
+                   "as the error says, or remove it to use its default (1.0).")
 
 
 def test_invalid_dns_setting(tmp_path, server):
@@ -193,5 +193,6 @@ def test_a_setting_error_gets_one_fix_part(caplog):
         refuse_to_start(ValueError("POLITE_MAX_WAIT must be > 0 seconds, got 0"))
         refuse_to_start(NotConfigured("POLITE_ADAPTIVE and AutoThrottle both pace. Fix: turn one off"))
     first, second = (r.getMessage() for r in caplog.records)
-    assert first.endswith("got 0. Fix: change POLITE_MAX_WAIT as described, or remove it to use its default (60.0)")
+    assert first.endswith("got 0. Fix: give POLITE_MAX_WAIT a value as the error says, or remove it to use its "
+                          "default (60.0).")
     assert second.count("Fix:") == 1 and second.endswith("Fix: turn one off")
