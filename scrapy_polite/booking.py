@@ -17,7 +17,7 @@ from twisted.internet.defer import Deferred, DeferredList
 
 from .lifecycle import Hold, Lifecycle
 from .outage import DeferredStore
-from .policy import Booking, Deferral, HostState, PacingPolicy, ip_key
+from .policy import Booking, HostState, PacingPolicy, ip_key
 from .reactor import await_deferred
 from .reporting import Report
 from .resolution import Resolution
@@ -156,8 +156,7 @@ class Booker:
     # -- the steps --------------------------------------------------------------------------------------
 
     def defer(self, host: str, due: float | None, reason: DeferralReason, request: Request | None = None) -> Defer:
-        """Count a deferral of ``host`` (of ``request``, when known) and return it (``due``: this process's
-        clock, or None)."""
+        """Count a deferral of ``host`` (of ``request``, if known); ``due``: this process's clock, or None."""
         self.report.deferred(host, reason, request.url if request is not None else None, due)
         return Defer(due=due, reason=reason)
 
@@ -190,9 +189,9 @@ class Booker:
         override = self.override(host, request)
         lifecycle = self.lifecycle
         lifecycle.arrive(request, host)
-        if deferrable:
-            known = self._known_deferral(host, override)
-            if known is not None:  # deferred on what this process knows: no lookup, no transaction
+        if deferrable:  # on the row this process knows (docs/spec.md §5, "The early deferral"): no lookup, no booking
+            known = self.policy.defer_verdict(self.report.known(host), self.clock.store_now(), override=override)
+            if known is not None:
                 return self.defer(host, self.clock.to_local(known.due), known.reason, request)
         if request.meta.get(BURST_META):
             return await self._burst(request, host, override, deferrable)
@@ -205,17 +204,6 @@ class Booker:
         except BaseException:
             self.release(request, host)
             raise
-
-    def _known_deferral(self, host: str, override: float | None) -> Deferral | None:
-        """The deferral predicate of docs/spec.md §2 on the host's row as this process last knew it (its own record,
-        the table at start, a booking that deferred: ``Report`` counters' ``state``), or None (docs/spec.md §5, "The
-        early deferral"). A row the table has moved on from since only defers too little (the booking then reads the
-        table and defers) or until a ``next_allowed`` the table still holds (it never moves back but by a reset)."""
-        counters = self.report.hosts.get(host)
-        state = counters.state if counters is not None else None
-        if state is None:
-            return None
-        return self.policy.defer_verdict(state, self.clock.store_now(), override=override)
 
     async def _burst(self, request: Request, host: str, override: float | None, deferrable: bool) -> Go | Defer:
         """A burst request skips the interval unless its host should defer (docs/spec.md §5, burst)."""
@@ -268,7 +256,7 @@ class Booker:
                 return await self._go(request, host, booking, now, address, ip_paced, hold[0])
             verdict = self.policy.defer_verdict(booking.host, now, override=override)
             if verdict is not None and deferrable:
-                self.report.counters(host).state = booking.host  # the host's next requests defer on it
+                self.report.counters(host).state = booking.host  # the row known next (Report.known)
                 self.release(request, host)
                 return self.defer(host, self.clock.to_local(verdict.due), verdict.reason, request)
             if booking.held:

@@ -205,6 +205,14 @@ class Report:
             c = self.hosts[host] = HostCounters()
         return c
 
+    def known(self, host: str) -> HostState | None:
+        """The host's row as this process last knew it (:attr:`HostCounters.state`), or None. A row the table has moved
+        on from since says too little (the booking then reads the table and defers, and its row is known next) or a
+        ``next_allowed`` the table still holds (it only moves back by a reset): docs/spec.md §5, "The early
+        deferral"."""
+        counters = self.hosts.get(host)
+        return counters.state if counters is not None else None
+
     def inc(self, key: str, count: float = 1) -> None:
         """Add ``count`` to the stat ``polite/<key>``."""
         if self._inc_value is not None:
