@@ -9,8 +9,8 @@ an ``async def`` download handler that awaits Scrapy's own, a scheduler that del
 
 * a downloader middleware at the end of the chain with ``async def process_request``, ``async def
   process_response`` and ``async def process_exception`` (the pacing middleware);
-* an extension with receivers for ``response_downloaded`` and ``response_received`` (the record and the
-  give-up), and ``spider_idle``;
+* an extension with receivers for ``response_downloaded`` (the record) and ``spider_idle`` (the give-up's
+  ``response_received`` receiver is connected only while a given-up response is on its way: none here);
 * a scheduler that wraps Scrapy's (``enqueue_request``, ``next_request``, ``has_pending_requests``, ``len``);
 * an HTTP/1.1 download handler whose ``async def download_request`` awaits Scrapy's.
 
@@ -45,14 +45,10 @@ class ShellExtension:
     def from_crawler(cls, crawler: Any) -> ShellExtension:
         ext = cls()
         crawler.signals.connect(ext.response_downloaded, signal=signals.response_downloaded)
-        crawler.signals.connect(ext.response_received, signal=signals.response_received)
         crawler.signals.connect(ext.spider_idle, signal=signals.spider_idle)
         return ext
 
     def response_downloaded(self, response: Response, request: Request) -> None:
-        pass
-
-    def response_received(self, response: Response, request: Request) -> None:
         pass
 
     def spider_idle(self) -> None:

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware", "defer_early"]
+__all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware", "defer_early", "hold_request"]
 
 
 class _PacerComponent:
@@ -95,7 +95,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         # Every downloaded response is recorded as it leaves the download handler, before any middleware acts on it.
         crawler.signals.connect(middleware.response_downloaded, signal=signals.response_downloaded)
         # A throttled page whose retries are spent is given up once its response reaches the engine.
-        crawler.signals.connect(middleware.retries.response_received, signal=signals.response_received)
+        middleware.retries.attach(crawler.signals)
         return middleware
 
     async def process_request(self, request: Request) -> Request | None:
@@ -135,7 +135,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         except (StoreError, ResolverNotInstalled) as exc:
             raise _stopped(request, exc) from exc
         if isinstance(outcome, Defer):
-            _hold(self.pacer, request, host, outcome.due)
+            hold_request(self.pacer, request, host, outcome.due)
             return request  # the engine hands it back to the scheduler, which keeps it until due
         request.meta[SENT_AT_META] = outcome.sent_at
         if outcome.serial is not None:
@@ -200,7 +200,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")
         due = self.retries.due(request, decision)
         if due is not None:
-            _hold(self.pacer, request, request.meta[HOST_META], due)
+            hold_request(self.pacer, request, request.meta[HOST_META], due)
             return request
         return response
 
@@ -219,7 +219,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             except StoreError as exc:
                 raise _stopped(request, exc) from exc
             booker.defer(host, due, "throttled")
-            _hold(self.pacer, request, host, due)
+            hold_request(self.pacer, request, host, due)
             return request
         if self.lifecycle.stage(request) != Stage.IN_FLIGHT:  # not booked in this pass through the downloader
             booker.end(request, dropped=True)
@@ -273,7 +273,7 @@ async def defer_early(pacer: Pacer, request: Request, host: str | None) -> bool:
         raise _stopped(request, exc) from exc
     if due is None:
         return False
-    _hold(pacer, request, host, due)
+    hold_request(pacer, request, host, due)
     return True
 
 
@@ -296,7 +296,7 @@ def _log_refusal(logged: set[str], url: str, reason: str) -> None:
         logger.debug("scrapy-polite refuses %s: %s", url, reason)
 
 
-def _hold(pacer: Pacer, request: Request, host: str, due: float | None) -> None:
+def hold_request(pacer: Pacer, request: Request, host: str, due: float | None) -> None:
     """Hand a deferred request to the holding scheduler (only requests it owns are ever deferred)."""
     scheduler = pacer.booker.scheduler
     if scheduler is None:  # closed between the decision and now: nothing can hold it any more

@@ -11,8 +11,9 @@ The count is kept in ``meta['polite_throttle_retries']``, so it survives a ``JOB
 is spent the response goes on as Scrapy would handle it (``RetryMiddleware`` may retry it, within
 ``RETRY_TIMES``); when a throttled response of such a page reaches the engine, the page is **given up**:
 counted (``polite/throttle/given_up``) and named in the closing summary. ``polite/throttle/retries`` counts
-the retries. Requests with ``dont_retry`` or ``dont_pace``, and requests the scheduler cannot hold
-(robots.txt, ``engine.download``), are left to Scrapy.
+the retries. The ``response_received`` receiver is connected only while such a response is on its way (a
+crawl that gives nothing up pays no receiver per response: issue 31, point 7). Requests with ``dont_retry`` or
+``dont_pace``, and requests the scheduler cannot hold (robots.txt, ``engine.download``), are left to Scrapy.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scrapy import signals
+
 from .policy import Decision, PacingPolicy
+from .reactor import call_later
 from .reporting import Report
 from .seams import ClockSync
 from .vocabulary import DONT_PACE_META, HOST_META, THROTTLE_RETRIES_META
@@ -58,6 +62,30 @@ class ThrottleRetries:
         #: Requests whose throttled response was handed on after the budget was spent (until it reaches the
         #: engine, or Scrapy's RetryMiddleware replaces it with a retry).
         self._handed_on: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: The crawler's signals (:meth:`attach`; None: not connected, a unit test calls the receiver itself).
+        self._signals: Any = None
+        self._listening = False
+
+    def attach(self, signal_manager: Any) -> None:
+        """Listen on ``signal_manager`` (the crawler's ``signals``) for ``response_received`` while a handed-on
+        response is on its way (:meth:`response_received`), and only then."""
+        self._signals = signal_manager
+
+    def _listen(self, on: bool) -> None:
+        """Connect (``on``) or disconnect the ``response_received`` receiver, once per change."""
+        if self._signals is None or on is self._listening:
+            return
+        self._listening = on
+        if on:
+            self._signals.connect(self.response_received, signal=signals.response_received)
+        else:
+            self._signals.disconnect(self.response_received, signal=signals.response_received)
+
+    def _quiet(self) -> None:
+        """Disconnect the receiver if nothing handed on is on its way any more (a reactor turn after the last
+        arrived: disconnecting during the signal's dispatch would skip the receiver after ours)."""
+        if not self._handed_on:
+            self._listen(False)
 
     def due(self, request: Request, decision: Decision | None) -> float | None:
         """When the request's page is to be retried (this process's epoch s), counting the retry; None when
@@ -76,6 +104,7 @@ class ThrottleRetries:
         retries = int(meta.get(RETRIES_META) or 0)
         if not self.policy.retry_throttled(throttle=True, retries=retries):
             self._handed_on.add(request)
+            self._listen(True)
             return None
         meta[RETRIES_META] = retries + 1
         self.report.inc("throttle/retries")
@@ -90,7 +119,13 @@ class ThrottleRetries:
         did not retry it, or gave up too): the page is given up."""
         if request in self._handed_on:
             self._handed_on.discard(request)
-            host = request.meta.get(HOST_META) or "?"
-            self.report.gave_up(host, request.url)
-            logger.warning("scrapy-polite gave up %s after %d throttle retries (POLITE_THROTTLE_RETRIES): "
-                           "%s kept answering %d", request.url, self.policy.throttle_retries, host, response.status)
+            self._given_up(request, response)
+        if not self._handed_on and self._listening:  # nothing more on its way (retried by Scrapy, or arrived)
+            call_later(0, self._quiet)
+
+    def _given_up(self, request: Request, response: Response) -> None:
+        """Count and log the page of ``request`` as given up (its throttled ``response`` reached the engine)."""
+        host = request.meta.get(HOST_META) or "?"
+        self.report.gave_up(host, request.url)
+        logger.warning("scrapy-polite gave up %s after %d throttle retries (POLITE_THROTTLE_RETRIES): "
+                       "%s kept answering %d", request.url, self.policy.throttle_retries, host, response.status)

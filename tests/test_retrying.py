@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.http import Response
+from scrapy.signalmanager import SignalManager
 
+from scrapy_polite import retrying as retrying_module
 from scrapy_polite.policy import Decision, HostState, PacingPolicy
 from scrapy_polite.reporting import Report
 from scrapy_polite.retrying import RETRIES_META, ThrottleRetries
@@ -61,6 +63,40 @@ def test_the_spent_budget_hands_the_response_on_and_the_page_is_given_up_when_it
     assert retries.report.counters("a.example").given_up_urls == [r.url]
     retries.response_received(Response(r.url, status=429), r)  # counted once
     assert stats.values["polite/throttle/given_up"] == 1
+
+
+def _receivers(manager: SignalManager) -> list[Any]:
+    from pydispatch import dispatcher
+
+    return list(dispatcher.liveReceivers(dispatcher.getAllReceivers(manager.sender, signals.response_received)))
+
+
+def test_the_receiver_is_connected_only_while_a_handed_on_response_is_on_its_way(monkeypatch):
+    """No ``response_received`` receiver while nothing is handed on (a crawl that gives nothing up pays none per
+    response: issue 31); handing a response on connects it once; its arrival gives the page up and disconnects it
+    one reactor turn later (not during the signal's dispatch). Negative control: while a second handed-on response
+    is still on its way, the first one's arrival keeps the receiver."""
+    turns: list[Any] = []
+    monkeypatch.setattr(retrying_module, "call_later", lambda delay, fn: turns.append(fn))
+    manager = SignalManager()
+    retries, stats = make(budget=0)
+    retries.attach(manager)
+    assert len(_receivers(manager)) == 0
+    r1, r2 = request(), Request("http://a.example/q", meta={"polite_host": "a.example"})
+    assert retries.due(r1, THROTTLE) is None and retries.due(r2, THROTTLE) is None  # the budget is 0: handed on
+    assert _receivers(manager) == [retries.response_received]  # connected once
+    manager.send_catch_log(signals.response_received, response=Response(r1.url, status=429), request=r1)
+    assert stats.values["polite/throttle/given_up"] == 1
+    for fn in turns:
+        fn()
+    assert len(_receivers(manager)) == 1, "r2 is still on its way: the receiver stays"
+    manager.send_catch_log(signals.response_received, response=Response(r2.url, status=429), request=r2)
+    assert stats.values["polite/throttle/given_up"] == 2 and len(_receivers(manager)) == 1  # not during dispatch
+    for fn in turns:
+        fn()
+    assert len(_receivers(manager)) == 0
+    manager.send_catch_log(signals.response_received, response=Response(r1.url, status=429), request=r1)
+    assert stats.values["polite/throttle/given_up"] == 2
 
 
 def test_a_response_of_a_request_never_handed_on_is_not_given_up():

@@ -130,7 +130,8 @@ def meta_page() -> str:
 SIGNAL_WORDS = {
     "response_downloaded": "records the response on its host's row (status, `Retry-After`, quota fields), the one "
                            "owner of a download's outcome",
-    "response_received": "checks a *checked* handler's response (its address, a redirect to another host)",
+    "response_received": "gives up a page whose throttle retries are spent once its throttled response reaches the "
+                         "engine (connected only while such a response is on its way)",
     "robots_parsed": "reads the host's `Crawl-delay` / `Request-rate` from the parser Scrapy built",
     "spider_opened": "opens the pace table, lists the hosts that start in backoff, warns about pacing it does not "
                      "own",
