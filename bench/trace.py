@@ -11,8 +11,8 @@ is warm (after a third of the pages), the calls of the next ``--window`` pages a
 its calls are the store's own), from the spider's callback of one page to the callback of the page
 ``--window`` later. Printed: the package modules and package functions those pages ran (each counted once:
 the set one page's path touches, since every page of the window takes the same path), and the package calls
-per page. ``--list`` prints them. Issue "One request, one place" sets the targets: at most 10 modules and 60
-functions.
+per page. ``--list`` prints them, with the calls per page of those not called once per page. Issue "One
+request, one place" sets the targets: at most 10 modules and 60 functions.
 
 Nothing leaves the machine; a few seconds.
 """
@@ -105,7 +105,9 @@ def main() -> None:
           f"{len(functions)} package functions, {sum(calls.values()) / args.window:.0f} package calls per page")
     if args.list:
         for module in modules:
-            names = [f"{name}:{line}" for path, name, line in functions if path == module]
+            names = [f"{name}:{line}" + (f" ×{calls[(path, name, line)] / args.window:g}"
+                                          if calls[(path, name, line)] != args.window else "")
+                     for path, name, line in functions if path == module]
             print(f"  {module} ({len(names)}): " + ", ".join(names))
 
 

@@ -354,7 +354,7 @@ def wake_engine(crawler: Crawler) -> None:
     Uses ``ExecutionEngine._slot.nextcall.schedule()`` (private; Scrapy 2.18.0 and 2.19.0): Scrapy has
     no public way to wake the engine; ``engine.crawl()`` would also schedule a request.
     """
-    slot = getattr(crawler.engine, "_slot", None)
+    slot = getattr(crawler_engine(crawler), "_slot", None)
     nextcall = getattr(slot, "nextcall", None)
     if nextcall is not None:
         nextcall.schedule()

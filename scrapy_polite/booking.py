@@ -256,7 +256,7 @@ class Booker:
                 return await self._go(request, host, booking, now, address, ip_paced, hold[0])
             verdict = self.policy.defer_verdict(booking.host, now, override=override)
             if verdict is not None and deferrable:
-                self.report.counters(host).state = booking.host  # the row known next (Report.known)
+                self.report.know(host, booking.host)
                 self.release(request, host)
                 return self.defer(host, self.clock.to_local(verdict.due), verdict.reason, request)
             if booking.held:

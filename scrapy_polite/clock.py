@@ -59,7 +59,8 @@ class ProcessClock:
 
     def __call__(self) -> float:
         """The time now, Unix epoch seconds of the process clock."""
-        return self.anchor + self.monotonic()
+        anchor = self._anchor  # read many times per page: the property only for the first read
+        return (self.anchor if anchor is None else anchor) + self.monotonic()
 
     def wall_step(self) -> float:
         """How far the wall clock has stepped since the anchor, seconds (positive: it is ahead of this

@@ -213,6 +213,11 @@ class Report:
         counters = self.hosts.get(host)
         return counters.state if counters is not None else None
 
+    def know(self, host: str, state: HostState | None) -> None:
+        """Remember ``state`` as the host's row this process knows (:meth:`known`): the row a booking that deferred
+        found in the table (docs/spec.md §5, "The early deferral")."""
+        self.counters(host).state = state
+
     def inc(self, key: str, count: float = 1) -> None:
         """Add ``count`` to the stat ``polite/<key>``."""
         if self._inc_value is not None:

@@ -42,7 +42,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
-from .middleware import _hold, defer_early
+from .middleware import defer_early, hold_request
 from .pacer import Pacer, get_pacer
 from .policy import host_key
 from .reactor import await_deferred, reactor_sleep
@@ -167,7 +167,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             if host is not None and pacer.failed is None and pacer.booker.can_defer(request):
                 due = action.until - self._offset()
                 pacer.booker.defer(host, due, "robots_unreachable", request)
-                _hold(pacer, request, host, due)
+                hold_request(pacer, request, host, due)
                 return request  # the engine hands it back to the scheduler, which holds it until due
             # Not from our scheduler: it waits, as a request that cannot be deferred waits for its host's turn.
             limit = pacer.config.max_idle_wait

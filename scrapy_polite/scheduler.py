@@ -68,6 +68,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["PoliteScheduler"]
 
+#: Seconds between two pokes of the engine while a held request is due but not taken (its host's line busy, the
+#: downloader full): the engine also asks whenever a download ends.
+REPOLL = 1.0
+
 #: The file in which versions before :mod:`scrapy_polite.held` saved held requests; read once on resume.
 DEFERRED_FILE = "polite_deferred.pickle"
 
@@ -275,18 +279,22 @@ class PoliteScheduler:
         heapq.heappush(self._heap, (due, next(self._seq), host))
         self._arm()
 
-    def _arm(self, *, fallback: float = 0.0) -> None:
+    def _arm(self, *, wake: bool = True) -> None:
         """Poke the engine when the earliest held request is due (it also polls every few seconds).
 
-        An entry already due is re-polled after ``fallback`` seconds only: the engine asks for requests
-        again whenever a download ends, so polling faster would only spin."""
+        An entry already due wakes the engine at once (``wake``: it asks on its next turn; False when the caller
+        just did) and is re-polled after :data:`REPOLL` seconds only: the engine asks for requests again whenever
+        a download ends, so polling faster would only spin. A timer already set for that re-poll is kept, not
+        cancelled and set again: waking a host costs one engine call, no timer (issue 31, point 7)."""
         while self._heap and self._stale(self._heap[0]):
             heapq.heappop(self._heap)
         if self._closing or not self._heap:
             return
         delay = self._heap[0][0] - self.clock()
         if delay <= 0:
-            delay = fallback
+            if wake:
+                wake_engine(self.crawler)
+            delay = REPOLL
         if self._timer is not None and self._timer.active():
             if self._timer.getTime() - installed_reactor().seconds() <= delay:
                 return
@@ -301,9 +309,11 @@ class PoliteScheduler:
     def _poke(self) -> None:
         self._timer = None
         wake_engine(self.crawler)
-        self._arm(fallback=1.0)
+        self._arm(wake=False)
 
     def _next_due(self) -> Request | None:
+        if not self._heap:
+            return None
         now = self.clock()
         found: Request | None = None
         while self._heap and self._heap[0][0] <= now:

@@ -2,6 +2,7 @@
 
 * Makes the package (and ``tests.support``) importable from a source checkout: the package is not installed
   in the test venv, and pytest's default (``prepend``) import mode only puts ``tests/`` on ``sys.path``.
+* ``store``: each embedded pace table in turn (memory, SQLite in a temporary file); a module may define its own.
 * ``arrival_server``: a factory fixture of loopback :class:`tests.support.server.ArrivalServer` instances,
   all stopped at the end of the test.
 * An illegal move of a request's lifecycle raises (:data:`scrapy_polite.lifecycle.STRICT`).
@@ -51,3 +52,13 @@ def arrival_server():
     yield start
     for srv in servers:
         srv.stop()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request, tmp_path):
+    """Each embedded backend in turn, closed afterwards: a test that takes ``store`` runs against both."""
+    from scrapy_polite.stores import MemoryStore, SQLiteStore
+
+    s = MemoryStore() if request.param == "memory" else SQLiteStore(str(tmp_path / "pace.sqlite3"))
+    yield s
+    s.close()

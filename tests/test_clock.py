@@ -36,7 +36,6 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from scrapy_polite import clock as clock_module
-from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.clock import ProcessClock, process_clock
 from scrapy_polite.held import HELD_DIR
 from scrapy_polite.pacer import Pacer
@@ -47,7 +46,7 @@ from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore, SQLiteStore
 from scrapy_polite.stores.sqlite import marks as marks_module
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
-from tests.support.scheduler_pacer import SchedulerPacer
+from tests.support.scheduler_pacer import SchedulerPacer, no_timers
 from tests.support.server import Reply, scripted
 from tests.test_glue import finish
 
@@ -160,23 +159,6 @@ class Inner:
         return len(self.requests)
 
 
-class Timer:
-    """A reactor timer that never fires: the test polls ``next_request`` itself."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.cancelled = False
-
-    def active(self) -> bool:
-        return not self.cancelled
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def getTime(self) -> float:  # noqa: N802 (Twisted's name)
-        return self.delay
-
-
 def inline(d: Any) -> Any:
     """The result of a coroutine that must complete without the reactor."""
     out: list[Any] = []
@@ -205,7 +187,7 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
         ``(due, sent)``: monotonic seconds after the deferral at which the request was due (the
         Retry-After), and at which it was sent (booked ``Go``).
     """
-    monkeypatch.setattr(scheduler_module, "call_later", lambda delay, fn: Timer(delay))
+    no_timers(monkeypatch)
     t = FakeTime()
     clock = t.wall if wall_clock else ProcessClock(wall=t.wall, monotonic=t.monotonic)
     settings = {"POLITE_HOST_INTERVAL": 1.0, "POLITE_IP_INTERVAL": 0.0, "POLITE_MAX_WAIT": 60.0,
@@ -352,7 +334,7 @@ def test_the_embedded_stores_now_ignores_a_step_of_time_time(monkeypatch, tmp_pa
 def test_held_due_times_are_persisted_in_the_stores_clock_and_converted_on_resume(monkeypatch, tmp_path):
     """A process 100 s ahead of the server holds a request due at local T0 + 30 (server T0 - 70): JOBDIR
     records the server's time; a resuming process 5 s *behind* the server holds it until its own T0 - 75."""
-    monkeypatch.setattr(scheduler_module, "call_later", lambda delay, fn: Timer(delay))
+    no_timers(monkeypatch)
     crawler = get_crawler(ListSpider, {"JOBDIR": str(tmp_path)})
     crawler.spider = ListSpider()
     first = PoliteScheduler(crawler, Inner([]), SchedulerPacer(T0, offset=100.0))  # type: ignore[arg-type]

@@ -27,10 +27,9 @@ from scrapy.utils.test import get_crawler
 from scrapy_polite import held as held_module
 from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.held import HELD_DIR, HeldRequests, read_held
-from scrapy_polite.reactor import installed_reactor
 from scrapy_polite.scheduler import DEFERRED_FILE, PoliteScheduler
 from tests.support.crawl import assert_no_illegal_moves
-from tests.support.scheduler_pacer import SchedulerPacer
+from tests.support.scheduler_pacer import SchedulerPacer, no_timers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = 1_000_000.0
@@ -272,26 +271,9 @@ class Inner:
         return 0
 
 
-class Timer:
-    """A reactor timer that never fires (the tests call ``next_request`` themselves)."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.cancelled = False
-
-    def active(self) -> bool:
-        return not self.cancelled
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def getTime(self) -> float:  # noqa: N802 (Twisted's name)
-        return installed_reactor().seconds() + self.delay
-
-
 @pytest.fixture(autouse=True)
-def no_timers(monkeypatch):
-    monkeypatch.setattr(scheduler_module, "call_later", lambda delay, fn: Timer(delay))
+def timers(monkeypatch):
+    return no_timers(monkeypatch)
 
 
 def scheduler(crawler: Any, max_held_in_memory: int) -> PoliteScheduler:
@@ -337,6 +319,37 @@ def test_held_requests_come_back_in_due_order_from_memory_and_disk(bound):
     s.close("finished")
     stats = crawler.stats.get_stats()
     assert stats.get("polite/deferred/spilled", 0) == max(0, 8 - bound)
+
+
+def test_waking_a_due_host_wakes_the_engine_at_once_and_keeps_one_repoll_timer(monkeypatch, timers):
+    """A host whose line frees (``wake``) with a request held and due: the engine is woken at once (it asks on its
+    next turn), and one re-poll timer of ``REPOLL`` seconds is set and then kept across later wakes, never
+    cancelled and set again (issue 31: a wake costs one engine call, no timer)."""
+    wakes: list[Any] = []
+    monkeypatch.setattr(scheduler_module, "wake_engine", wakes.append)
+    crawler = make_crawler()
+    s = scheduler(crawler, 100)
+    for i in range(3):
+        s.hold(request(crawler, f"http://a/{i}"), "a", None)  # held for the line: due as soon as woken
+    woke_at_hold = len(wakes)
+    for _ in range(3):
+        s.wake("a")
+    assert len(wakes) - woke_at_hold == 3, "every wake of a due host wakes the engine itself"
+    assert [t.delay for t in timers] == [scheduler_module.REPOLL] and not timers[0].cancelled
+    s.close("finished")
+
+
+def test_negative_control_a_held_host_not_due_does_not_wake_the_engine(monkeypatch, timers):
+    """A host held until a moment 30 s ahead: its wake (its line freed) neither wakes the engine nor sets a
+    re-poll timer; the one timer is for its due time."""
+    wakes: list[Any] = []
+    monkeypatch.setattr(scheduler_module, "wake_engine", wakes.append)
+    crawler = make_crawler()
+    s = scheduler(crawler, 100)
+    s.hold(request(crawler, "http://a/0"), "a", T0 + 30)
+    s.wake("a")
+    assert wakes == [] and [round(t.delay) for t in timers if not t.cancelled] == [30]
+    s.close("finished")
 
 
 def test_jobdir_a_killed_scheduler_loses_no_held_request(tmp_path):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from scrapy_polite import policy as policy_module
 from scrapy_polite.policy import NEVER_SEEN, Deferral, HostState, PacingPolicy, host_key, parse_retry_after
-from scrapy_polite.stores import MemoryStore, SQLiteStore
+from scrapy_polite.stores import SQLiteStore
 
 #: The reference defaults, in seconds: base 1 s, backoff cap 300 s, wait cap 60 s.
 BASE = 1.0
@@ -149,16 +149,6 @@ def test_gate_no_retry_after_is_none():
 # --------------------------------------------------------------------------------------------------
 # The gate's persisted sequences, replayed against real stores
 # --------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request, tmp_path):
-    if request.param == "memory":
-        s = MemoryStore()
-    else:
-        s = SQLiteStore(str(tmp_path / "pace.sqlite3"))
-    yield s
-    s.close()
 
 
 def _apply(store, host, status, *, end=T0, retry_after=None, sent_at=None):

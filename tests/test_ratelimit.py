@@ -16,6 +16,7 @@ import pytest
 from scrapy_polite.policy import HostState, PacingPolicy
 from scrapy_polite.ratelimit import QuotaPolicy, RateLimits, ServiceLimit, parse_rate_limits
 from scrapy_polite.stores import SCHEMA_VERSION, SQLiteStore
+from tests.support.stores import write_version_1_file
 
 #: GitHub's documented example reset (2013-07-01T17:47:53Z) minus 73 s: "now" for the epoch-time examples.
 NOW = 1372700873.0 - 73.0
@@ -394,21 +395,11 @@ def test_reset_keeps_the_announced_interval_and_forgets_the_hold():
 
 def test_sqlite_migrates_a_version_1_file_keeping_its_rows_with_no_quota(tmp_path):
     path = tmp_path / "pace.sqlite3"
-    db = sqlite3.connect(path)  # what version 1 wrote: the hosts table without the quota's columns
-    db.executescript("""
-        CREATE TABLE hosts (host TEXT PRIMARY KEY, next_allowed REAL NOT NULL, consec INTEGER NOT NULL,
-            crawl_delay REAL NOT NULL, ok_seen INTEGER NOT NULL, throttled_at REAL NOT NULL,
-            updated REAL NOT NULL) WITHOUT ROWID;
-        CREATE INDEX hosts_updated ON hosts (updated);
-        INSERT INTO hosts VALUES ('a.example', 1800000005.5, 3, 2.5, 1, 1800000001.0, 1800000002.0);
-        PRAGMA user_version = 1;
-    """)
-    db.close()
+    row = write_version_1_file(path)  # the hosts table without the quota's columns
     store = SQLiteStore(str(path))
     try:
         old = store.get("a.example")
-        assert old == HostState(next_allowed=1800000005.5, consec=3, crawl_delay=2.5, ok_seen=True,
-                                throttled_at=1800000001.0, updated=1800000002.0)
+        assert old == row
         assert (old.ratelimit_interval, old.ratelimit_until) == (0.0, 0.0)
         quota = HostState(ratelimit_interval=0.6, ratelimit_until=T0 + 12, updated=T0)
         store.update("b.example", lambda state, now: (quota, None))

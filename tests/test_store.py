@@ -19,6 +19,7 @@ import pytest
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import SCHEMA_VERSION, MemoryStore, SQLiteStore, StoreError, open_store
 from scrapy_polite.stores.sqlite import rows
+from tests.support.stores import write_version_1_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,17 +28,6 @@ T0 = 1_800_000_000.0
 #: A state with every field away from its default, with awkward floats, to catch any lossy column.
 FULL = HostState(next_allowed=T0 + 0.123456789, consec=7, crawl_delay=2.5, ok_seen=True,
                  throttled_at=T0 - 1e-6, updated=T0 + 1 / 3)
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request, tmp_path):
-    """Each backend in turn; the shared suite below runs against both."""
-    if request.param == "memory":
-        s = MemoryStore()
-    else:
-        s = SQLiteStore(str(tmp_path / "pace.sqlite3"))
-    yield s
-    s.close()
 
 
 def _put(store, host, state):
@@ -217,20 +207,10 @@ def test_sqlite_migrates_a_version_1_file_keeping_its_rows_and_adding_the_event_
     from scrapy_polite.stores import Event
 
     path = tmp_path / "pace.sqlite3"
-    db = sqlite3.connect(path)  # the schema version 1 wrote: the hosts table only
-    db.executescript("""
-        CREATE TABLE hosts (host TEXT PRIMARY KEY, next_allowed REAL NOT NULL, consec INTEGER NOT NULL,
-            crawl_delay REAL NOT NULL, ok_seen INTEGER NOT NULL, throttled_at REAL NOT NULL,
-            updated REAL NOT NULL) WITHOUT ROWID;
-        CREATE INDEX hosts_updated ON hosts (updated);
-        INSERT INTO hosts VALUES ('a.example', 1800000005.5, 3, 2.5, 1, 1800000001.0, 1800000002.0);
-        PRAGMA user_version = 1;
-    """)
-    db.close()
+    row = write_version_1_file(path)  # the hosts table only
     s = SQLiteStore(str(path))
     try:
-        assert s.get("a.example") == HostState(next_allowed=1800000005.5, consec=3, crawl_delay=2.5, ok_seen=True,
-                                               throttled_at=1800000001.0, updated=1800000002.0)
+        assert s.get("a.example") == row
         assert s.events() == []
         s.append_events([Event(T0, "booking", "a.example")])
         assert s.events() == [Event(T0, "booking", "a.example")]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from scrapy_polite import scheduler as scheduler_module
+from scrapy_polite.reactor import installed_reactor
 from scrapy_polite.seams import ClockSync
 
 
@@ -80,3 +82,33 @@ class SchedulerPacer:
 
     def check(self) -> None:
         """Nothing stopped the crawl."""
+
+
+class Timer:
+    """A reactor timer (what the scheduler's ``call_later`` returns) that never fires: the test calls
+    ``next_request`` itself. ``delay``: seconds from when it was set; ``cancelled``: whether it was."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.cancelled = False
+
+    def active(self) -> bool:
+        return not self.cancelled
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def getTime(self) -> float:  # noqa: N802 (Twisted's name)
+        return installed_reactor().seconds() + self.delay
+
+
+def no_timers(monkeypatch: Any) -> list[Timer]:
+    """Replace the scheduler's timers by :class:`Timer` s that never fire; returns the list of those it sets."""
+    timers: list[Timer] = []
+
+    def call_later(delay: float, fn: Any) -> Timer:
+        timers.append(Timer(delay))
+        return timers[-1]
+
+    monkeypatch.setattr(scheduler_module, "call_later", call_later)
+    return timers

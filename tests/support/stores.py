@@ -19,18 +19,22 @@ Fixtures (import them into the test module: ``from tests.support.stores import a
 * ``any_store`` — a :class:`StoreUnderTest` per backend;
 * ``clocked_store`` — the backends whose clock can be injected (exact clock values);
 * ``persistent_store`` — the backends that keep their rows when reopened.
+
+:func:`write_version_1_file` writes an SQLite file as the first schema did, for the migration tests.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from scrapy_polite.policy import HostState
 from scrapy_polite.stores import DEFAULT_EVENTS_MAX, MemoryStore, PaceStore, SQLiteStore, StoreOptions
 
 __all__ = ["T0", "FakeClock", "Backend", "BACKENDS", "StoreUnderTest", "any_store", "clocked_store",
@@ -39,6 +43,24 @@ __all__ = ["T0", "FakeClock", "Backend", "BACKENDS", "StoreUnderTest", "any_stor
 #: The fake clock's start, Unix epoch seconds (2033): far from today's time.time(), so a store that reads
 #: the real clock instead of the injected one is caught.
 T0 = 2_000_000_000.0
+
+
+def write_version_1_file(path: Any) -> HostState:
+    """Write at ``path`` a pace-table file as schema version 1 wrote it (the ``hosts`` table only, without the
+    quota's, the hold's or the event log's columns and tables) holding one row, of ``a.example``; returns that row
+    as it reads once migrated."""
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE hosts (host TEXT PRIMARY KEY, next_allowed REAL NOT NULL, consec INTEGER NOT NULL,
+            crawl_delay REAL NOT NULL, ok_seen INTEGER NOT NULL, throttled_at REAL NOT NULL,
+            updated REAL NOT NULL) WITHOUT ROWID;
+        CREATE INDEX hosts_updated ON hosts (updated);
+        INSERT INTO hosts VALUES ('a.example', 1800000005.5, 3, 2.5, 1, 1800000001.0, 1800000002.0);
+        PRAGMA user_version = 1;
+    """)
+    db.close()
+    return HostState(next_allowed=1800000005.5, consec=3, crawl_delay=2.5, ok_seen=True, throttled_at=1800000001.0,
+                     updated=1800000002.0)
 
 
 class FakeClock:
