@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware", "defer_early", "hold_request"]
+__all__ = ["PoliteDownloaderMiddleware", "PoliteEarlyDeferMiddleware", "defer_early"]
 
 
 class _PacerComponent:

@@ -99,6 +99,27 @@ def test_the_receiver_is_connected_only_while_a_handed_on_response_is_on_its_way
     assert stats.values["polite/throttle/given_up"] == 2
 
 
+def test_a_response_handed_on_while_the_disconnect_is_pending_keeps_the_receiver(monkeypatch):
+    """The last handed-on response arrives (the disconnect is due on the next turn), and before that turn another
+    one is handed on: the pending disconnect finds it on its way and keeps the receiver, and its page is given up
+    when it arrives (a disconnect that did not look again would lose it)."""
+    turns: list[Any] = []
+    monkeypatch.setattr(retrying_module, "call_later", lambda delay, fn: turns.append(fn))
+    manager = SignalManager()
+    retries, stats = make(budget=0)
+    retries.attach(manager)
+    r1, r2 = request(), Request("http://a.example/q", meta={"polite_host": "a.example"})
+    assert retries.due(r1, THROTTLE) is None
+    manager.send_catch_log(signals.response_received, response=Response(r1.url, status=429), request=r1)
+    assert turns, "the disconnect is pending"
+    assert retries.due(r2, THROTTLE) is None  # handed on before the pending turn runs
+    for fn in turns:
+        fn()
+    assert _receivers(manager) == [retries.response_received]
+    manager.send_catch_log(signals.response_received, response=Response(r2.url, status=429), request=r2)
+    assert stats.values["polite/throttle/given_up"] == 2
+
+
 def test_a_response_of_a_request_never_handed_on_is_not_given_up():
     retries, stats = make()
     r = request()
