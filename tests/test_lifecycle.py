@@ -47,8 +47,9 @@ from scrapy_polite.seams import ClockSync, Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore
 from tests.support.scheduler_pacer import SchedulerPacer as StandInPacer
+from tests.support.scheduler_pacer import Timer
 from tests.test_glue import T0, FakeResolution, FakeSleep, FakeStats, finish, inline
-from tests.test_held import Timer, make_crawler
+from tests.test_held import make_crawler
 
 HOST_INTERVAL, IP_INTERVAL = 1.0, 2.0
 HOSTS = ["a.test", "b.test", "c.test", "d.test"]
