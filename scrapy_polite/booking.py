@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredList
 
+from .clock import ClockSync
 from .lifecycle import Hold, Lifecycle
 from .outage import DeferredStore
 from .policy import Booking, HostState, PacingPolicy, ip_key
 from .reactor import await_deferred
 from .reporting import Report
 from .resolution import Resolution
-from .seams import ClockSync, Defer, Go, HoldingScheduler
+from .seams import Defer, Go, HoldingScheduler
 from .settings import PoliteConfig
 from .stores import ManyUpdateFn, Snapshot, StoreError
 from .vocabulary import BURST_META, DELAY_META, HOST_META, INVALID_DELAY_META, IP_META, DeferralReason, parse_seconds
@@ -71,6 +72,14 @@ def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor:
         return writes, (booking, now)
 
     return [host, *keys.values()], fn
+
+
+def hold_of(booking: Booking, host: str, token: int, ip_interval: float) -> Hold | None:
+    """The in-flight hold ``booking`` took (the rows it wrote with ``token``, each with the interval its release
+    keeps free: the host's, ``ip_interval`` seconds for an address), or None (docs/spec.md §3, "In flight")."""
+    keys = {(host if key == "" else ip_key(key)): (booking.interval if key == "" else ip_interval)
+            for key, row in booking.writes.items() if row.held_by == token}
+    return Hold(token, keys) if keys else None
 
 
 class Booker:
@@ -299,7 +308,7 @@ class Booker:
                 while not lifecycle.take(key, request):
                     await await_deferred(lifecycle.wait_for([key]))
                 now = await self._address_free(host, key, request)
-        lifecycle.sent(request, self._hold_of(booking, host, token))
+        lifecycle.sent(request, hold_of(booking, host, token, self.config.ip_interval))
         self.report.booked(host)
         self.report.events.booking(host, request.url, at=now, address=address,
                                    due=booking.host.next_allowed if booking.host is not None else None,
@@ -330,12 +339,6 @@ class Booker:
             raise
         self.clock.observe(now)
         return booking, now
-
-    def _hold_of(self, booking: Booking, host: str, token: int) -> Hold | None:
-        """The in-flight hold ``booking`` took (the rows it wrote with ``token``), or None."""
-        keys = {(host if key == "" else ip_key(key)): (booking.interval if key == "" else self.config.ip_interval)
-                for key, row in booking.writes.items() if row.held_by == token}
-        return Hold(token, keys) if keys else None
 
     # -- after the request ------------------------------------------------------------------------------
 
@@ -387,24 +390,29 @@ class Booker:
         lifecycle wakes what waited on them (docs/spec.md §5)."""
         if host is None:
             host = request.meta.get(HOST_META) or self.lifecycle.host_of(request)
-            if host is None:
-                return
+        if host is not None:
+            self.lifecycle.free(request, host, self._let_go(request, host))
+
+    def _let_go(self, request: Request, host: str) -> str | None:
+        """Release the in-flight hold of ``request`` and unpin it: the key of its address's line, or None."""
         self.release_hold(request)
         address = request.meta.get(IP_META)
-        if address:
-            self.resolution.unpin(request, host)
-        self.lifecycle.free(request, host, ip_key(address) if address else None)
+        if not address:
+            return None
+        self.resolution.unpin(request, host)
+        return ip_key(address)
 
     def held(self, request: Request, host: str) -> None:
-        """``request`` is held by the scheduler: :meth:`release`, and its stage is ``held`` (docs/spec.md §5)."""
-        self.release(request, host)
-        self.lifecycle.held(request, host)
+        """``request`` is held by the scheduler: :meth:`release`, and its stage is ``held``, in one move of the
+        lifecycle (docs/spec.md §5)."""
+        self.lifecycle.held(request, host, self._let_go(request, host))
 
     def end(self, request: Request, host: str | None = None, *, dropped: bool = False) -> None:
         """``request`` leaves the process's pacing: :meth:`release`, then its stage is ``finished`` (or
-        ``dropped``: it left without a download)."""
-        self.release(request, host)
-        self.lifecycle.end(request, host, dropped=dropped)
+        ``dropped``: it left without a download), in one move of the lifecycle."""
+        if host is None:
+            host = request.meta.get(HOST_META) or self.lifecycle.host_of(request)
+        self.lifecycle.end(request, host, self._let_go(request, host) if host is not None else None, dropped=dropped)
 
     async def early_due(self, request: Request, host: str) -> float | None:
         """When a request of a host that should defer now (docs/spec.md §2) may come back (this process's clock, epoch

@@ -63,7 +63,8 @@ if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
 def _redefer_if_throttled(crawler: Crawler, request: Request) -> None:
     """Raise :class:`~scrapy_polite.seams.Redefer` for a burst request decided before its host throttled and
     queued in Scrapy's slot since: it must not be sent into the backoff."""
+    if not request.meta.get(BURST_META):  # the usual case: no lookup of the pacer
+        return
     pacer = find_pacer(crawler)
-    if (pacer is not None and request.meta.get(BURST_META) and pacer.recorder.throttled_since(request)
-            and pacer.booker.can_defer(request)):
+    if pacer is not None and pacer.recorder.throttled_since(request) and pacer.booker.can_defer(request):
         raise Redefer(request.url)

@@ -182,19 +182,10 @@ class Lifecycle:
         line = self._lines.get(key)
         return line is not None and line.holder is request
 
-    def holder(self, key: str) -> Any:
-        """The request holding the key's line, or None."""
-        line = self._lines.get(key)
-        return line.holder if line is not None else None
-
     @property
     def ip_waiter(self) -> dict[str, Any]:
         """``ip:`` key → the request waiting in line for that address's budget (a copy, for reports)."""
         return dict(self._budget_waiters)
-
-    def claimant(self, host: str) -> Any:
-        """The host's released request still on its way to the booking, or None."""
-        return self._claims.get(host)
 
     def blocked(self, host: str) -> bool:
         """The host's next held request must wait: its line is taken or its claim is out."""
@@ -226,12 +217,12 @@ class Lifecycle:
 
     # -- the scheduler's moves ----------------------------------------------------------------------------
 
-    def held(self, request: Any, host: str) -> None:
+    def held(self, request: Any, host: str, address_key: str | None = None) -> None:
         """``request`` is held by the scheduler (deferred, or resumed from disk): it gives up its claim and
-        any line it still held, and whatever waited on those is woken."""
+        any line it still held (its address's: ``address_key``), and whatever waited on those is woken."""
         paced = self._checked(request, Stage.HELD)
         paced.host = host
-        self._free(request, host)
+        self._free(request, host, address_key)
         paced.stage = Stage.HELD
 
     def release(self, request: Any, host: str) -> None:

@@ -55,7 +55,7 @@ from .frontier_worker import SharedWorker
 from .held import HELD_DIR, HeldRequests
 from .lifecycle import IN_DOWNLOADER
 from .pacer import Pacer, get_pacer
-from .reactor import call_later, installed_reactor
+from .reactor import call_later
 from .seams import SharedFrontier
 from .settings import SettingsError
 
@@ -102,6 +102,7 @@ class PoliteScheduler:
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
         self._timer: Any = None
+        self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
         self._closing = False
         #: This worker's side of the shared frontier (scrapy-redis's scheduler), set at open; None: held
         #: requests live here.
@@ -290,16 +291,17 @@ class PoliteScheduler:
             heapq.heappop(self._heap)
         if self._closing or not self._heap:
             return
-        delay = self._heap[0][0] - self.clock()
-        if delay <= 0:
+        now = self.clock()
+        at = self._heap[0][0]
+        if at <= now:
             if wake:
                 wake_engine(self.crawler)
-            delay = REPOLL
+            at = now + REPOLL
         if self._timer is not None and self._timer.active():
-            if self._timer.getTime() - installed_reactor().seconds() <= delay:
+            if self._timer_at <= at:
                 return
             self._timer.cancel()
-        self._timer = call_later(delay, self._poke)
+        self._timer, self._timer_at = call_later(at - now, self._poke), at
 
     def _stale(self, entry: tuple[float, int, str]) -> bool:
         """A heap entry whose host has nothing held, or whose due time was moved since it was pushed."""

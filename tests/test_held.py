@@ -352,6 +352,17 @@ def test_negative_control_a_held_host_not_due_does_not_wake_the_engine(monkeypat
     s.close("finished")
 
 
+def test_the_one_timer_follows_the_earliest_due_time(timers):
+    """Held hosts due at +30, +10, +20 s: the timer set for +30 is replaced by one for +10 (cancelled, set again);
+    the host due at +20 keeps it (negative control: a later due time never replaces an earlier timer)."""
+    crawler = make_crawler()
+    s = scheduler(crawler, 100)
+    for host, due in (("a", 30), ("b", 10), ("c", 20)):
+        s.hold(request(crawler, f"http://{host}/0"), host, T0 + due)
+    assert [(round(t.delay), t.cancelled) for t in timers] == [(30, True), (10, False)]
+    s.close("finished")
+
+
 def test_jobdir_a_killed_scheduler_loses_no_held_request(tmp_path):
     """A scheduler that holds requests and is never closed (a kill): a new one on the same JOBDIR holds them
     all again at their due times and hands them out in due order."""

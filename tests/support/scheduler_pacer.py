@@ -7,8 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from scrapy_polite import scheduler as scheduler_module
-from scrapy_polite.reactor import installed_reactor
-from scrapy_polite.seams import ClockSync
+from scrapy_polite.clock import ClockSync
 
 
 class FreeLines:
@@ -97,9 +96,6 @@ class Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
-
-    def getTime(self) -> float:  # noqa: N802 (Twisted's name)
-        return installed_reactor().seconds() + self.delay
 
 
 def no_timers(monkeypatch: Any) -> list[Timer]:
