@@ -33,9 +33,6 @@ from .browser import BrowserRequestGuard, proxy_refusal
 from .browser_proxy import CHROMIUM_ARGS, BrowserProxy, ProxyOptions
 from .handlers import (
     CHECKED,
-    HANDLER_FAMILIES,
-    PINNED,
-    PINNED_HTTP11_HANDLER,
     SchemeMode,
     UnsafeHandlerError,
     component_path,
@@ -61,9 +58,6 @@ MIDDLEWARE = "scrapy_polite.middleware.PoliteDownloaderMiddleware"
 EXTENSION = "scrapy_polite.extension.PoliteExtension"
 SCHEDULER = "scrapy_polite.scheduler.PoliteScheduler"
 RESOLVER = "scrapy_polite.resolver.PublicHostnameResolver"
-HANDLER = PINNED_HTTP11_HANDLER
-#: The handlers ours replace (pinned mode, scrapy_polite/handlers.py): Scrapy's HTTP/1.1 and HTTP/2 handlers.
-REPLACEABLE_HANDLERS = {path for path, family in HANDLER_FAMILIES.items() if family.mode == PINNED}
 #: The setting through which scrapy-playwright asks whether to abort a browser request.
 PLAYWRIGHT_ABORT = "PLAYWRIGHT_ABORT_REQUEST"
 PLAYWRIGHT_CONTEXTS = "PLAYWRIGHT_CONTEXTS"

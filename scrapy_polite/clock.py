@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["ProcessClock", "process_clock"]
+__all__ = ["ClockSync", "ProcessClock", "process_clock"]
 
 
 class ProcessClock:
@@ -62,11 +62,48 @@ class ProcessClock:
         anchor = self._anchor  # read many times per page: the property only for the first read
         return (self.anchor if anchor is None else anchor) + self.monotonic()
 
-    def wall_step(self) -> float:
-        """How far the wall clock has stepped since the anchor, seconds (positive: it is ahead of this
-        clock); for the log only."""
-        return self.wall() - self()
-
 
 #: This process's clock: every local due time, wait and timer, and the embedded stores' ``now``.
 process_clock = ProcessClock()
+
+
+class ClockSync:
+    """The offset between this process's clock and the pace table's (a server clock may differ).
+
+    Every read and write of the table returns the store's ``now``; :meth:`observe` records the offset at
+    that moment, so times of the table (due times) can be turned into this process's clock for the
+    scheduler's timers, and local moments (a throttle seen) into the table's clock.
+
+    The local clock is the monotonic process clock (:data:`process_clock`,
+    docs/spec.md §5), so a step of this machine's wall clock moves neither side of the offset: a due time of
+    the table turned into the local clock is not brought forward (or pushed back) by it.
+
+    Args:
+        clock: this process's clock, epoch seconds (the process clock; tests inject one).
+        server_clock: the table has a clock of its own (a server's); when False (SQLite, memory: the
+            table's clock is this process's clock, shifted by a fixed ``offset``) the offset stays as given.
+        offset: seconds, this process's clock minus the table's until the first observation of a server clock,
+            and for good without one (a SQLite file's one clock, docs/spec.md §6 "One clock per file").
+    """
+
+    def __init__(self, clock: Callable[[], float], *, server_clock: bool = False, offset: float = 0.0) -> None:
+        self.clock = clock
+        self.server_clock = server_clock
+        self.offset = offset  # local clock minus the store's clock, seconds
+
+    def observe(self, store_now: float) -> None:
+        """Record the store's clock as read now."""
+        if self.server_clock:
+            self.offset = self.clock() - store_now
+
+    def to_local(self, store_time: float) -> float:
+        """A moment of the store's clock, in this process's clock."""
+        return store_time + self.offset
+
+    def to_store(self, local_time: float) -> float:
+        """A moment of this process's clock, in the store's clock (what is persisted, docs/spec.md §5)."""
+        return local_time - self.offset
+
+    def store_now(self) -> float:
+        """The store's clock now, estimated from the last observation."""
+        return self.clock() - self.offset

@@ -12,7 +12,7 @@ WARNING).
 
 Times: a booking or a response carries the ``now`` of its store transaction; a wait, a deferral or a refusal,
 which have no transaction, the store's clock as estimated from the last one
-(:meth:`~scrapy_polite.seams.ClockSync.store_now`).
+(:meth:`~scrapy_polite.clock.ClockSync.store_now`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.python.failure import Failure
 
+from .clock import ClockSync
 from .policy import HostState
-from .seams import ClockSync
 from .stores.base import Event
 from .vocabulary import DeferralReason, RefusalReason
 
@@ -91,7 +91,7 @@ class EventLog:
     Args:
         writer: the store (:class:`~scrapy_polite.stores.AsyncStore`); None: the log is off (every call
             returns at once, nothing is kept).
-        clock: this process's clock and its offset to the store's (:class:`~scrapy_polite.seams.ClockSync`).
+        clock: this process's clock and its offset to the store's (:class:`~scrapy_polite.clock.ClockSync`).
         call_later: ``call_later(seconds, fn) -> IDelayedCall``, the reactor's ``callLater``.
         inc: ``inc(stat, count)``, adds to ``polite/<stat>`` (the dropped events).
         flush_interval: seconds an event may wait in memory before its batch is written.

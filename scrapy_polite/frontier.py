@@ -355,12 +355,6 @@ class RedisFrontier:
         if ids:
             self._background(self.server.hdel, self._lease_key, *ids)
 
-    def note_host(self, request: Request, host: str) -> None:
-        """The host a leased request is for (for reports)."""
-        lease_id = request.meta.get(LEASE_META)
-        if isinstance(lease_id, str) and lease_id in self.leased:
-            self.leased[lease_id] = host
-
     # -- renewal, reports, close -------------------------------------------------------------------------
 
     def renew(self, *, alive: bool = True) -> FrontierState:

@@ -214,11 +214,6 @@ class HeldRequests:
     def __contains__(self, host: object) -> bool:
         return host in self._hosts
 
-    def count(self, host: str) -> int:
-        """How many requests of ``host`` are held."""
-        entry = self._hosts.get(host)
-        return len(entry) if entry is not None else 0
-
     @property
     def in_memory(self) -> int:
         """How many held requests are in memory."""

@@ -15,7 +15,7 @@ uses, as Scrapy's components take ``crawler.stats`` or ``engine.downloader``:
 * :attr:`Pacer.resolution` (:class:`~scrapy_polite.resolution.Resolution`) and :attr:`Pacer.unpinned`
   (:class:`~scrapy_polite.handlers.UnpinnedRequests`) — public-only resolution, pinning, checked handlers;
 * :attr:`Pacer.report` (:class:`~scrapy_polite.reporting.Report`) — per-host counters and ``polite/...`` stats;
-* :attr:`Pacer.sync` (:class:`~scrapy_polite.seams.ClockSync`) — this process's clock and the table's;
+* :attr:`Pacer.sync` (:class:`~scrapy_polite.clock.ClockSync`) — this process's clock and the table's;
 * :attr:`Pacer.store` — the pace table, an :class:`~scrapy_polite.stores.AsyncStore` (I/O never blocks the
   reactor), and :attr:`Pacer.table`, the same behind a :class:`~scrapy_polite.outage.StoreGuard` (calls wait
   through an outage of a server store) and a :class:`~scrapy_polite.outage.TableWatch`.
@@ -45,7 +45,7 @@ from twisted.internet.defer import Deferred
 from ._compat import crawler_engine
 from .booking import DEFAULT_TIMEOUT, Booker
 from .browser import bind_browser
-from .clock import process_clock
+from .clock import ClockSync, process_clock
 from .events import EventLog
 from .handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
 from .lifecycle import Lifecycle
@@ -56,7 +56,7 @@ from .recording import SERVER_SIDE_FAILURES, Recorder
 from .reporting import Report
 from .resolution import Resolution
 from .retrying import ThrottleRetries
-from .seams import ClockSync, Defer, Go, Redefer, ResolverNotInstalled
+from .seams import Defer, Go, Redefer, ResolverNotInstalled
 from .settings import PoliteConfig
 from .stores import (
     AsyncStore,

@@ -20,6 +20,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from ._compat import server_side_failure_types
+from .clock import ClockSync
 from .lifecycle import Lifecycle
 from .outage import DeferredStore
 from .policy import (
@@ -35,7 +36,6 @@ from .policy import (
 from .ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
 from .reactor import await_deferred
 from .reporting import Report
-from .seams import ClockSync
 from .settings import PoliteConfig
 from .stores import StoreError
 from .vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, SENT_AT_META

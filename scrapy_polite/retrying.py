@@ -25,15 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
+from .clock import ClockSync
 from .policy import Decision, PacingPolicy
 from .reactor import call_later
 from .reporting import Report
-from .seams import ClockSync
 from .vocabulary import DONT_PACE_META, HOST_META, THROTTLE_RETRIES_META
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.http import Response
+    from scrapy.signalmanager import SignalManager
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +64,10 @@ class ThrottleRetries:
         #: engine, or Scrapy's RetryMiddleware replaces it with a retry).
         self._handed_on: weakref.WeakSet[Any] = weakref.WeakSet()
         #: The crawler's signals (:meth:`attach`; None: not connected, a unit test calls the receiver itself).
-        self._signals: Any = None
+        self._signals: SignalManager | None = None
         self._listening = False
 
-    def attach(self, signal_manager: Any) -> None:
+    def attach(self, signal_manager: SignalManager) -> None:
         """Listen on ``signal_manager`` (the crawler's ``signals``) for ``response_received`` while a handed-on
         response is on its way (:meth:`response_received`), and only then."""
         self._signals = signal_manager

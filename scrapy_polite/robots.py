@@ -10,7 +10,6 @@ applies (both are limits the site published).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -18,8 +17,6 @@ from typing import Any, Final, Literal
 from protego import Protego
 
 from .vocabulary import parse_seconds
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "ALLOW_ALL",
@@ -38,7 +35,6 @@ __all__ = [
     "classify_status",
     "decide",
     "fetching",
-    "given_up",
     "parse_robots_delay",
     "reask_floor",
     "robots_delay",
@@ -263,13 +259,6 @@ def reask_floor(failures: int, interval: float, cap: float) -> float:
     if failures <= 0:
         return 0.0
     return min(cap, interval * 2.0 ** min(failures - 1, 60))
-
-
-def given_up(state: RobotsState | None, now: float, limit: float) -> bool:
-    """The origin's robots.txt has been unreachable, with no rules to fall back on, for longer than ``limit``
-    seconds (``POLITE_MAX_IDLE_WAIT``): the crawl stops waiting for it."""
-    return (state is not None and state.rules is None and state.since is not None
-            and state.phase in ("unreachable", "fetching") and now - state.since > limit)
 
 
 def truncate(body: bytes, limit: int = ROBOTS_MAX_BYTES) -> bytes:

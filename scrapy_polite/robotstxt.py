@@ -125,10 +125,6 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         assert self.pacer is not None
         return 0.0 if self.clock is None else self.clock() - self.pacer.clock()
 
-    def state(self, origin: str) -> RobotsState | None:
-        """The origin's robots.txt state (``scheme://host:port`` as the request's URL has it; for tests and reports)."""
-        return self._states.get(origin)
-
     async def process_request(self, request: Request) -> Request | None:  # type: ignore[override]
         pacer = self.pacer
         if pacer is None:

@@ -1,9 +1,8 @@
-"""The typed seams between the glue units (docs/spec.md §5): outcomes of a booking, the holding
-scheduler's protocol, and the clock offset between this process and the pace table's clock."""
+"""The typed seams between the glue units (docs/spec.md §5): outcomes of a booking and the holding
+scheduler's protocol."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -15,7 +14,7 @@ if TYPE_CHECKING:
 
     from .frontier_report import FrontierState
 
-__all__ = ["Go", "Defer", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "SharedFrontier", "ClockSync"]
+__all__ = ["Go", "Defer", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "SharedFrontier"]
 
 
 @dataclass(frozen=True)
@@ -167,45 +166,3 @@ class SharedFrontier(Protocol):
     def clear(self) -> None:
         """Delete the frontier (the shared queue is flushed too)."""
         ...
-
-
-class ClockSync:
-    """The offset between this process's clock and the pace table's (a server clock may differ).
-
-    Every read and write of the table returns the store's ``now``; :meth:`observe` records the offset at
-    that moment, so times of the table (due times) can be turned into this process's clock for the
-    scheduler's timers, and local moments (a throttle seen) into the table's clock.
-
-    The local clock is the monotonic process clock (:data:`~scrapy_polite.clock.process_clock`,
-    docs/spec.md §5), so a step of this machine's wall clock moves neither side of the offset: a due time of
-    the table turned into the local clock is not brought forward (or pushed back) by it.
-
-    Args:
-        clock: this process's clock, epoch seconds (the process clock; tests inject one).
-        server_clock: the table has a clock of its own (a server's); when False (SQLite, memory: the
-            table's clock is this process's clock, shifted by a fixed ``offset``) the offset stays as given.
-        offset: seconds, this process's clock minus the table's until the first observation of a server clock,
-            and for good without one (a SQLite file's one clock, docs/spec.md §6 "One clock per file").
-    """
-
-    def __init__(self, clock: Callable[[], float], *, server_clock: bool = False, offset: float = 0.0) -> None:
-        self.clock = clock
-        self.server_clock = server_clock
-        self.offset = offset  # local clock minus the store's clock, seconds
-
-    def observe(self, store_now: float) -> None:
-        """Record the store's clock as read now."""
-        if self.server_clock:
-            self.offset = self.clock() - store_now
-
-    def to_local(self, store_time: float) -> float:
-        """A moment of the store's clock, in this process's clock."""
-        return store_time + self.offset
-
-    def to_store(self, local_time: float) -> float:
-        """A moment of this process's clock, in the store's clock (what is persisted, docs/spec.md §5)."""
-        return local_time - self.offset
-
-    def store_now(self) -> float:
-        """The store's clock now, estimated from the last observation."""
-        return self.clock() - self.offset

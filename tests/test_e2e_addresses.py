@@ -29,6 +29,7 @@ from twisted.internet.error import ConnectError
 
 from scrapy_polite import addon as addon_module
 from scrapy_polite.addon import Addon, UnsafeHandlerError
+from scrapy_polite.handlers import HANDLER_FAMILIES, PINNED, PINNED_HTTP11_HANDLER
 from scrapy_polite.pacer import find_pacer
 from scrapy_polite.seams import ResolverNotInstalled
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
@@ -457,12 +458,12 @@ def test_unsafe_handler_given_as_a_class_is_refused():
         Addon().update_settings(Settings({"DOWNLOAD_HANDLERS": {"https": OwnResolvingHandler}}))
 
 
-@pytest.mark.parametrize("handler", sorted(h for h in addon_module.REPLACEABLE_HANDLERS if "H2" not in h))
+@pytest.mark.parametrize("handler", sorted(h for h, family in HANDLER_FAMILIES.items() if family.mode == PINNED and "H2" not in h))
 def test_scrapy_http11_handlers_are_replaced_by_the_pinned_one(handler):
     settings = Settings({"DOWNLOAD_HANDLERS": {"http": handler, "https": handler}})
     Addon().update_settings(settings)
-    assert settings.getdict("DOWNLOAD_HANDLERS")["http"] == addon_module.HANDLER
-    assert settings.getdict("DOWNLOAD_HANDLERS")["https"] == addon_module.HANDLER
+    assert settings.getdict("DOWNLOAD_HANDLERS")["http"] == PINNED_HTTP11_HANDLER
+    assert settings.getdict("DOWNLOAD_HANDLERS")["https"] == PINNED_HTTP11_HANDLER
 
 
 def test_unsafe_handler_is_accepted_with_allow_private():

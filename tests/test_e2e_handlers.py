@@ -25,12 +25,11 @@ import pytest_twisted
 import scrapy
 from scrapy.settings import Settings
 
-from scrapy_polite import addon as addon_module
 from scrapy_polite.addon import Addon, UnsafeHandlerError
 from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.browser import BrowserRequestGuard
 from scrapy_polite.clock import process_clock
-from scrapy_polite.handlers import CHECKED, PINNED, UnpinnedRequests, handler_modes
+from scrapy_polite.handlers import CHECKED, PINNED, PINNED_HTTP11_HANDLER, UnpinnedRequests, handler_modes
 from scrapy_polite.reactor import await_deferred
 from scrapy_polite.resolver import MixedAnswer, PublicHostnameResolver
 from scrapy_polite.stores import open_store
@@ -140,7 +139,7 @@ def test_the_addon_installs_the_pinned_h2_handler_and_keeps_checked_ones():
     settings = Settings({"DOWNLOAD_HANDLERS": {"https": H2}})
     Addon().update_settings(settings)
     assert settings.getdict("DOWNLOAD_HANDLERS") == {
-        **settings.getdict("DOWNLOAD_HANDLERS"), "http": addon_module.HANDLER,
+        **settings.getdict("DOWNLOAD_HANDLERS"), "http": PINNED_HTTP11_HANDLER,
         "https": "scrapy_polite.handler.PinnedH2DownloadHandler"}
     settings = Settings({"DOWNLOAD_HANDLERS": {"http": HTTPX, "https": HTTPX}})
     Addon().update_settings(settings)
@@ -174,7 +173,7 @@ def test_a_checked_handler_given_as_a_class_is_written_back_as_that_class():
 
     settings = Settings({"DOWNLOAD_HANDLERS": {"https": HTTP11DownloadHandler}})
     Addon().update_settings(settings)
-    assert settings.getdict("DOWNLOAD_HANDLERS")["https"] == addon_module.HANDLER
+    assert settings.getdict("DOWNLOAD_HANDLERS")["https"] == PINNED_HTTP11_HANDLER
 
 
 def test_the_startup_line_names_each_schemes_mode(caplog):

@@ -18,9 +18,9 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer
 
+from scrapy_polite.clock import ClockSync
 from scrapy_polite.events import EventLog, describe
 from scrapy_polite.pacer import find_pacer
-from scrapy_polite.seams import ClockSync
 from scrapy_polite.stores import Event, SQLiteStore
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 

@@ -31,13 +31,14 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
 from scrapy_polite.booking import Booker
+from scrapy_polite.clock import ClockSync
 from scrapy_polite.lifecycle import Lifecycle, Stage
 from scrapy_polite.middleware import PoliteDownloaderMiddleware, end_when_recorded
 from scrapy_polite.pacer import CrawlStopped, Pacer
 from scrapy_polite.policy import HostState, host_key
 from scrapy_polite.recording import Recorder
 from scrapy_polite.reporting import Report
-from scrapy_polite.seams import ClockSync, Defer, Go
+from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import AsyncStore, MemoryStore, StoreError
 

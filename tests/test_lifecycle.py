@@ -37,13 +37,13 @@ from twisted.python.failure import Failure
 from scrapy_polite import booking as booking_module
 from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.booking import Booker
-from scrapy_polite.clock import ProcessClock
+from scrapy_polite.clock import ClockSync, ProcessClock
 from scrapy_polite.lifecycle import Lifecycle, Stage
 from scrapy_polite.policy import HostState, ip_key
 from scrapy_polite.recording import Recorder
 from scrapy_polite.reporting import Report
 from scrapy_polite.scheduler import PoliteScheduler
-from scrapy_polite.seams import ClockSync, Defer, Go
+from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore
 from tests.support.scheduler_pacer import SchedulerPacer as StandInPacer

@@ -26,11 +26,12 @@ from scrapy import Request
 from scrapy.http import Response
 
 from scrapy_polite.booking import Booker
+from scrapy_polite.clock import ClockSync
 from scrapy_polite.lifecycle import Lifecycle
 from scrapy_polite.policy import HostState, PacingPolicy, ip_key
 from scrapy_polite.recording import Recorder
 from scrapy_polite.reporting import Report
-from scrapy_polite.seams import ClockSync, Defer, Go
+from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore
 from tests.test_glue import T0, FakeClock, FakeResolution, FakeScheduler, FakeSleep, FakeStats, finish, inline

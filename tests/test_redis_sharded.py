@@ -127,7 +127,7 @@ def test_negative_control_the_table_layout_keeps_every_row_in_one_slot(redis_clu
 
 def test_the_slot_groups_of_a_booking_follow_its_rows_slots(redis_cluster_url, sharded):
     keys = ["a.example", "ip:192.0.2.1", "ip:192.0.2.2"]
-    groups = sharded.slot_groups(keys)
+    groups = sharded.keys.slot_groups(keys)
     slots = [key_slot(sharded.keys.row(k).encode()) for k in keys]
     assert sorted(i for g in groups for i in g) == [0, 1, 2]
     assert [slots[g[0]] for g in groups] == sorted(set(slots))  # locked in the order of the slots
@@ -226,7 +226,7 @@ def test_a_write_whose_lock_was_taken_is_not_applied_and_says_so(sharded, monkey
     keys = ["a.example", "ip:192.0.2.1"]
     sharded.update_many(keys, bump_both)
     names = [sharded.keys.row(k) for k in keys]
-    order = [names[g[0]] for g in sharded.slot_groups(keys)]
+    order = [names[g[0]] for g in sharded.keys.slot_groups(keys)]
     real = sharded.server.run_scripts
 
     def steal_then_write(script, calls):
@@ -262,7 +262,7 @@ def test_a_write_after_its_lock_expired_never_overwrites_a_newer_row(redis_clust
         keys = ["a.example", "ip:192.0.2.1"]
         sharded.update_many(keys, bump_both)
         names = [sharded.keys.row(k) for k in keys]
-        last = [names[g[0]] for g in sharded.slot_groups(keys)][-1]
+        last = [names[g[0]] for g in sharded.keys.slot_groups(keys)][-1]
         last_key = keys[names.index(last)]
         real = sharded.server.run_scripts
 

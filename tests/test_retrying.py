@@ -11,10 +11,10 @@ from scrapy.http import Response
 from scrapy.signalmanager import SignalManager
 
 from scrapy_polite import retrying as retrying_module
+from scrapy_polite.clock import ClockSync
 from scrapy_polite.policy import Decision, HostState, PacingPolicy
 from scrapy_polite.reporting import Report
 from scrapy_polite.retrying import RETRIES_META, ThrottleRetries
-from scrapy_polite.seams import ClockSync
 
 T0 = 2_000_000_000.0
 

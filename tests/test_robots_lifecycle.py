@@ -1,5 +1,5 @@
 """The robots.txt lifecycle's pure state machine (:mod:`scrapy_polite.robots`: ``decide``, ``answered``,
-``classify_status``, ``reask_floor``, ``given_up``, ``truncate``), a Hypothesis state machine whose invariants are
+``classify_status``, ``reask_floor``, ``truncate``), a Hypothesis state machine whose invariants are
 RFC 9309's, and the add-on's installation of :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` in place
 of Scrapy's (docs/spec.md §5, "The robots.txt lifecycle"). Each rule has its negative control beside it; the crawls
 are in tests/test_e2e_robots.py."""
@@ -44,7 +44,6 @@ from scrapy_polite.robots import (
     classify_status,
     decide,
     fetching,
-    given_up,
     reask_floor,
     truncate,
 )
@@ -131,21 +130,12 @@ def test_failures_are_unreachable_unless_no_server_was_asked(exc, kind):
     assert answer.kind == kind and answer.cause == type(exc).__name__
 
 
-# -- the re-ask's floor, giving up, truncation --------------------------------------------------------------------
+# -- the re-ask's floor, truncation --------------------------------------------------------------------
 
 
 def test_the_re_ask_floor_doubles_up_to_the_cap():
     assert [reask_floor(n, 1.0, 10.0) for n in range(6)] == [0.0, 1.0, 2.0, 4.0, 8.0, 10.0]
     assert reask_floor(10_000, 1.0, 300.0) == 300.0  # no overflow
-
-
-def test_a_host_is_given_up_only_when_held_longer_than_the_limit():
-    held = answered(fetching(None), Answer("unreachable", cause="503"), 0.0, 1.0)
-    assert not given_up(held, 300.0, 300.0) and given_up(held, 300.1, 300.0)
-    assert given_up(fetching(held), 301.0, 300.0)  # asking again does not end the spell
-    parsed = answered(fetching(None), Answer("parsed", rules=RULES), 0.0, 0.0)
-    fallback = answered(fetching(parsed), Answer("unreachable", cause="503"), 0.0, 1.0)
-    assert not given_up(fallback, 1000.0, 300.0) and not given_up(parsed, 1000.0, 300.0) and not given_up(None, 1e9, 1)
 
 
 def test_truncate_keeps_500_kib_to_the_last_line_break():

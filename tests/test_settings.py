@@ -22,6 +22,7 @@ from scrapy_polite.settings import (
     PoliteConfig,
     SettingsError,
     as_settings,
+    checked_handlers,
     parse_dict_setting,
     parse_list_setting,
     polite_enabled,
@@ -49,7 +50,7 @@ def networks(config: PoliteConfig | DNSConfig) -> list[str]:
 @pytest.mark.parametrize("settings", [{}, Settings(), Settings(DEFAULTS)], ids=["dict", "Settings", "defaults"])
 def test_defaults(settings):
     config = PoliteConfig.from_settings(settings)
-    assert config.enabled is True
+    assert polite_enabled(settings) is True
     assert config.policy.host_interval == 1.0 and config.ip_interval == 2.0
     assert config.policy.throttle_statuses == frozenset({429, 503})
     assert config.store_uri is None and config.host_delays == {}
@@ -168,8 +169,9 @@ def test_dns_overrides_are_read_only():
 ])
 @pytest.mark.parametrize("make", [dict, cmdline], ids=["dict", "cmdline"])
 def test_booleans(make, value, expected):
-    config = PoliteConfig.from_settings(make(POLITE_ALLOW_PRIVATE=value, POLITE_ENABLED=value))
-    assert config.address_filter.allow_private is expected and config.enabled is expected
+    settings = make(POLITE_ALLOW_PRIVATE=value, POLITE_ENABLED=value)
+    config = PoliteConfig.from_settings(settings)
+    assert config.address_filter.allow_private is expected and polite_enabled(settings) is expected
     assert Settings({"X": value}).getbool("X") is expected  # the same as Scrapy's own reading
 
 
@@ -310,8 +312,9 @@ def test_valid_values_are_the_negative_control():
     """Every setting of the table above, with a valid value of the same shape: no error, and each is read."""
     assert set(VALID) == set(DEFAULTS) == {case[0] for case in INVALID}
     for make in (dict, cmdline):
-        config = PoliteConfig.from_settings(make(**VALID))
-        assert config.enabled is False and config.address_filter.allow_private is True
+        settings = make(**VALID)
+        config = PoliteConfig.from_settings(settings)
+        assert polite_enabled(settings) is False and config.address_filter.allow_private is True
         assert config.policy.host_interval == 0 and config.policy.max_wait == 0.1
         assert config.policy.throttle_statuses == {429} and config.host_delays == {"api.example.com": 0.0}
         assert config.store_uri == "memory://" and config.store_expire == 60
@@ -323,7 +326,7 @@ def test_valid_values_are_the_negative_control():
         assert config.policy.ratelimit_headers is False
         assert config.policy.adaptive is not None
         assert (config.policy.adaptive.factor, config.policy.adaptive.cap) == (3.0, 30.0)
-        assert config.checked_handlers == ("myproject.handlers.A", "myproject.handlers.B")
+        assert checked_handlers(settings) == ("myproject.handlers.A", "myproject.handlers.B")
         assert config.dns.address_filter.allowed_networks == (ipaddress.ip_network("10.0.0.0/8"),)
         assert dict(config.dns.overrides) == {"a.test": ("127.0.0.1",)}
         assert config.dns.nameservers == (("127.0.0.1", 5353),)

@@ -226,8 +226,6 @@ class PoliteConfig:
         store_timeout: ``POLITE_STORE_TIMEOUT``, seconds a server store may stay unreachable mid-crawl
             before the spider closes with reason ``polite_store_error`` (> 0).
         host_delays: ``POLITE_HOST_DELAYS`` with normalised host keys, seconds.
-        enabled: ``POLITE_ENABLED``.
-        checked_handlers: ``POLITE_CHECKED_HANDLERS``, import paths (:func:`checked_handlers`).
         scheduler_base: ``POLITE_SCHEDULER_BASE``, the scheduler class (or its import path) wrapped.
         dns: the address rules and DNS settings (:class:`DNSConfig`), read from this crawler's settings;
             :attr:`address_filter` is ``dns.address_filter``.
@@ -239,7 +237,6 @@ class PoliteConfig:
     store_uri: str | None
     store_expire: float
     host_delays: Mapping[str, float] = field(default_factory=dict)
-    enabled: bool = True
     scheduler_base: str | type[Any] = DEFAULTS["POLITE_SCHEDULER_BASE"]
     max_held_in_memory: int = DEFAULTS["POLITE_MAX_HELD_IN_MEMORY"]
     dns: DNSConfig = field(default_factory=DNSConfig)
@@ -247,7 +244,6 @@ class PoliteConfig:
     store_timeout: float = DEFAULTS["POLITE_STORE_TIMEOUT"]
     event_log: bool = DEFAULTS["POLITE_EVENT_LOG"]
     event_log_size: int = DEFAULTS["POLITE_EVENT_LOG_SIZE"]
-    checked_handlers: tuple[str, ...] = ()
     shared_frontier: bool = DEFAULTS["POLITE_SHARED_FRONTIER"]
     frontier_key: str = DEFAULTS["POLITE_FRONTIER_KEY"]
     lease_time: float = DEFAULTS["POLITE_LEASE_TIME"]
@@ -272,7 +268,8 @@ class PoliteConfig:
                 of the other), a ``POLITE_ADAPTIVE_FACTOR`` <= 0.
         """
         settings = as_settings(settings)
-        enabled = polite_enabled(settings)
+        polite_enabled(settings)  # these two are checked here, and read where they are used (the add-on,
+        checked_handlers(settings)  # the handlers' modes)
         policy = _policy(settings)
         host_delays = _host_delays(settings)
         store_timeout = _positive_seconds(settings, "POLITE_STORE_TIMEOUT",
@@ -289,7 +286,6 @@ class PoliteConfig:
             store_uri=_store_uri(settings),
             store_expire=_seconds(settings, "POLITE_STORE_EXPIRE"),
             host_delays=host_delays,
-            enabled=enabled,
             scheduler_base=_scheduler_base(settings),
             dns=DNSConfig.from_settings(settings),
             store_prefix=_store_prefix(settings),
@@ -298,7 +294,6 @@ class PoliteConfig:
             event_log_size=_count(settings, "POLITE_EVENT_LOG_SIZE", minimum=1,
                                   what="the most events the event log keeps, e.g. 100000",
                                   fix="; set POLITE_EVENT_LOG = False to keep no log"),
-            checked_handlers=checked_handlers(settings),
             shared_frontier=_bool(settings, "POLITE_SHARED_FRONTIER"),
             frontier_key=_frontier_key(settings),
             lease_time=lease_time,

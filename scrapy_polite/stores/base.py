@@ -344,7 +344,7 @@ class SteppedStore(Protocol):
 class ServerClock(Protocol):
     """A store whose clock is a server's (Redis ``TIME``): its ``now`` is the one clock of every booking and
     record across machines. The pacer converts its due times to this process's clock
-    (:class:`~scrapy_polite.seams.ClockSync`) and waits out its outages
+    (:class:`~scrapy_polite.clock.ClockSync`) and waits out its outages
     (:class:`~scrapy_polite.outage.StoreGuard`, ``POLITE_STORE_TIMEOUT``). A store without it reads this
     process's monotonic clock, and a store error stops the crawl at once (docs/spec.md §6).
 
@@ -360,7 +360,7 @@ class ServerClock(Protocol):
 class SharedClock(Protocol):
     """An embedded table whose clock is this process's shifted by a fixed offset, one clock for every process
     that opens it on this boot of the machine (SQLite: docs/spec.md §6, "One clock per file"). The pacer turns
-    its due times into this process's clock with it (:class:`~scrapy_polite.seams.ClockSync`). A store without
+    its due times into this process's clock with it (:class:`~scrapy_polite.clock.ClockSync`). A store without
     it and without a :class:`ServerClock` reads this process's clock itself (offset 0)."""
 
     #: Seconds, this process's clock minus the table's, fixed while the table is open.

@@ -137,10 +137,6 @@ class RedisStore(ServerClock, ExpiringRows, CallThreads, KeyPrefixed, SteppedSto
 
     # -- reads ------------------------------------------------------------------------------------------
 
-    def slot_groups(self, keys: Sequence[str]) -> list[list[int]]:
-        """See :meth:`Keys.slot_groups <scrapy_polite.stores.redis.keys.Keys.slot_groups>`."""
-        return self.keys.slot_groups(keys)
-
     def read_rows(self, keys: Sequence[str], record: str | None = None) -> tuple[list[Row], float, bytes | None]:
         """The rows of ``keys``, the server's clock and, when ``record`` names an idempotence record, its value
         (None: absent), in one round trip (one script: atomic, on the node of the keys' slot)."""
@@ -162,7 +158,9 @@ class RedisStore(ServerClock, ExpiringRows, CallThreads, KeyPrefixed, SteppedSto
 
     def read(self, keys: Sequence[str]) -> Snapshot:
         """See :meth:`PaceStore.read <scrapy_polite.stores.base.PaceStore.read>`. ``sharded`` on a cluster: one
-        atomic read per slot, in the order of :meth:`slot_groups`; the clock is that of the first key's slot."""
+        atomic read per slot, in the order of
+        :meth:`Keys.slot_groups <scrapy_polite.stores.redis.keys.Keys.slot_groups>`; the clock is that of the first
+        key's slot."""
         keys = list(keys)
         if not keys:
             return Snapshot({}, self.now())

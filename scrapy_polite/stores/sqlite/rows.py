@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from ...policy import HostState, state_from_fields
 from ..base import Event, ManyUpdateFn, Snapshot, UpdateFn
 
-__all__ = ["CALLER_ERRORS", "Op", "REFUSALS", "get", "get_op", "read", "read_op", "update", "update_many",
+__all__ = ["CALLER_ERRORS", "Op", "REFUSALS", "get_op", "read", "read_op", "update", "update_many",
            "update_many_op", "update_op"]
 
 T = TypeVar("T")
@@ -92,11 +92,6 @@ def encode(key: str, state: HostState) -> tuple[Any, ...]:
 
 
 # -- the operations ---------------------------------------------------------------------------------------------
-
-
-def get(key: str) -> Op[HostState | None]:
-    """The operation of :meth:`PaceStore.get <scrapy_polite.stores.base.PaceStore.get>`."""
-    return partial(get_op, key)
 
 
 def read(keys: Sequence[str]) -> Op[Snapshot]:
