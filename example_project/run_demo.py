@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     from scrapy.utils.project import get_project_settings
 
     from scrapy_polite.pacer import find_pacer
-    from scrapy_polite.robots import parse_robots_delay
+    from scrapy_polite.policy.robots import parse_robots_delay
 
     settings = get_project_settings()
     if store_uri:

@@ -39,9 +39,9 @@ from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, check_resolver
 from .addon import component_name as name
 from .pacer import Pacer, discard_pacer, get_pacer
 from .policy import host_key
+from .policy.robots import robots_delay
 from .reactor import await_deferred, installed_reactor
 from .resolver import PublicHostnameResolver
-from .robots import robots_delay
 from .seams import ResolverNotInstalled
 from .settings import SettingsError, polite_enabled
 from .startup import leftover_settings_warning, refuse_to_start

@@ -33,7 +33,7 @@ from .policy import (
     ip_key,
     parse_retry_after,
 )
-from .ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
+from .policy.ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
 from .reactor import await_deferred
 from .reporting import Report
 from .settings import PoliteConfig

@@ -3,7 +3,8 @@
 
 The add-on installs :class:`PoliteRobotsTxtMiddleware` in place of Scrapy's (same priority, 100), so users keep
 ``ROBOTSTXT_OBEY``, ``ROBOTSTXT_PARSER`` and ``ROBOTSTXT_USER_AGENT``. Per origin (scheme, host and port) it keeps
-a :class:`~scrapy_polite.robots.RobotsState` and does what the pure :func:`~scrapy_polite.robots.decide` says:
+a :class:`~scrapy_polite.policy.robots.RobotsState` and does what the pure
+:func:`~scrapy_polite.policy.robots.decide` says:
 
 * **2xx**: the rules apply for 24 hours (§2.4), then robots.txt is asked again and the new rules and Crawl-delay
   apply (``polite/robots/expired``);
@@ -11,14 +12,14 @@ a :class:`~scrapy_polite.robots.RobotsState` and does what the pure :func:`~scra
 * **5xx, 429, a network error, a timeout**: "unreachable", everything disallowed (§2.3.1.4): the origin's
   requests are **held** by :class:`~scrapy_polite.scheduler.PoliteScheduler` (deferral reason
   ``robots_unreachable``), not dropped, and robots.txt is asked again when the host's backoff ends (the pace
-  table's, ``Retry-After`` honoured; :func:`~scrapy_polite.robots.reask_floor` for 5xx the table does not count
+  table's, ``Retry-After`` honoured; :func:`~scrapy_polite.policy.robots.reask_floor` for 5xx the table does not count
   as throttles); its answer then applies to the held requests. A request the scheduler cannot hold waits. A
   robots.txt unreachable for longer than ``POLITE_MAX_IDLE_WAIT`` ends like deferred requests do (the idle
   check closes the spider ``polite_deferred``; a waiting request is dropped, ``polite/robots/given_up``). A
   re-ask after 24 hours that finds robots.txt unreachable keeps the rules read before (§2.4);
-* up to :data:`~scrapy_polite.robots.ROBOTS_MAX_REDIRECTS` redirects are followed (§2.3.1.2), across hosts: each
+* up to :data:`~scrapy_polite.policy.robots.ROBOTS_MAX_REDIRECTS` redirects are followed (§2.3.1.2), across hosts: each
   hop is a request to its own host, booked and paced there; the robots.txt reached is the original origin's;
-* the first :data:`~scrapy_polite.robots.ROBOTS_MAX_BYTES` are parsed (§2.5).
+* the first :data:`~scrapy_polite.policy.robots.ROBOTS_MAX_BYTES` are parsed (§2.5).
 
 robots.txt requests are not retried by Scrapy's ``RetryMiddleware`` (``dont_retry``) nor redirected by its
 ``RedirectMiddleware`` (``dont_redirect``): the re-asks at the host's backoff replace Scrapy's immediate retries,
@@ -45,9 +46,7 @@ from twisted.internet.defer import Deferred
 from .middleware import defer_early, hold_request
 from .pacer import Pacer, get_pacer
 from .policy import host_key
-from .reactor import await_deferred, reactor_sleep
-from .resolver import HostNotFound, InvalidHostName
-from .robots import (
+from .policy.robots import (
     ALLOW_ALL,
     ROBOTS_MAX_BYTES,
     ROBOTS_MAX_REDIRECTS,
@@ -65,6 +64,8 @@ from .robots import (
     reask_floor,
     truncate,
 )
+from .reactor import await_deferred, reactor_sleep
+from .resolver import HostNotFound, InvalidHostName
 from .settings import polite_enabled
 from .stores import StoreError
 
@@ -270,7 +271,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
     async def _retry_at(self, hosts: list[str], failures: int, now: float) -> float:
         """When an unreachable robots.txt is asked again (this middleware's clock): when every host its requests
         went to is due in the pace table (its backoff, ``Retry-After`` included), and no sooner than
-        :func:`~scrapy_polite.robots.reask_floor` after ``now``."""
+        :func:`~scrapy_polite.policy.robots.reask_floor` after ``now``."""
         pacer = self.pacer
         assert pacer is not None
         at = now + reask_floor(failures, pacer.policy.host_interval, pacer.policy.max_backoff)

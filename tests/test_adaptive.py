@@ -1,4 +1,4 @@
-"""Adaptive pacing, the pure rules (docs/spec.md §2, "Adaptive pacing"): :class:`~scrapy_polite.adaptive.AdaptivePolicy`
+"""Adaptive pacing, the pure rules (docs/spec.md §2, "Adaptive pacing"): :class:`~scrapy_polite.policy.adaptive.AdaptivePolicy`
 and its use by :class:`~scrapy_polite.policy.PacingPolicy` (``after_response``, ``book``, ``effective_interval``),
 exactly, on an injected clock. Hypothesis for the invariants (never below the floor, never above the cap,
 one step at a time), exact values for the formulas, and negative controls (adaptive pacing off; a
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scrapy_polite.adaptive import GROWTH, MAX_STRAIN_STEPS, SMOOTHING, AdaptivePolicy
 from scrapy_polite.policy import HostState, PacingPolicy
+from scrapy_polite.policy.adaptive import GROWTH, MAX_STRAIN_STEPS, SMOOTHING, AdaptivePolicy
 
 T0 = 1_900_000_000.0
 #: Seconds: the resolution of a difference of two epoch times as floats (``next_allowed - end``).

@@ -31,7 +31,7 @@ from twisted.web.client import (
 )
 
 from scrapy_polite._compat import pinned_agent, server_side_failure_types, wake_engine
-from scrapy_polite.robots import parse_robots_delay
+from scrapy_polite.policy.robots import parse_robots_delay
 from tests.support.server import ArrivalServer, Reply, always
 
 # Twisted warns when a response's transport lacks abortConnection (its own proxy transport): not ours to fix.

@@ -76,7 +76,7 @@ def test_demo_hosts_are_the_expected_ones():
         sys.path.remove(str(PROJECT))
     assert {name: role for name, (_address, role) in run_demo.HOSTS.items()} == HOSTS
     assert run_demo.RETRY_AFTER == RETRY_AFTER
-    from scrapy_polite.robots import parse_robots_delay
+    from scrapy_polite.policy.robots import parse_robots_delay
 
     with open(run_demo.ROBOTS_FILE, "rb") as f:
         assert parse_robots_delay(f.read(), "polite-demo/1.0") == ROBOTS_CRAWL_DELAY

@@ -8,7 +8,7 @@ the parser's documented refusal comes out, so no exception escapes into the craw
 * host keys and URLs (:func:`~scrapy_polite.hosts.url_host`, :func:`~scrapy_polite.policy.host_key`,
   :func:`~scrapy_polite.hosts.name_host`, the middleware's refusal), IDN and IPv6 zone ids included, and
   the cache's fast path against a parse of the whole URL;
-* robots.txt ingestion (:func:`~scrapy_polite.robots.parse_robots_delay`);
+* robots.txt ingestion (:func:`~scrapy_polite.policy.robots.parse_robots_delay`);
 * DNS answers: a UDP server answering the resolver with random, truncated and bit-flipped messages;
 * ``JOBDIR`` files: what a crawl left under ``JOBDIR``, truncated, flipped or replaced, then resumed;
 * settings (:meth:`PoliteConfig.from_settings <scrapy_polite.settings.PoliteConfig.from_settings>`).
@@ -48,8 +48,8 @@ from twisted.internet.error import DNSLookupError
 
 from scrapy_polite.hosts import InvalidHost, name_host, url_host
 from scrapy_polite.policy import InvalidRetryAfter, host_key, parse_retry_after
+from scrapy_polite.policy.robots import parse_robots_delay
 from scrapy_polite.resolver import PublicHostnameResolver
-from scrapy_polite.robots import parse_robots_delay
 from scrapy_polite.settings import DEFAULTS, PoliteConfig, SettingsError
 from tests.support.scheduler_pacer import SchedulerPacer
 from tests.test_glue import T0, finish, glue, inline, request

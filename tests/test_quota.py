@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scrapy_polite.policy import FIRST_ANSWER_POLL, FIRST_ANSWER_TIMEOUT, HostState, PacingPolicy
-from scrapy_polite.ratelimit import QuotaPolicy, RateLimits, ServiceLimit, parse_rate_limits
+from scrapy_polite.policy.ratelimit import QuotaPolicy, RateLimits, ServiceLimit, parse_rate_limits
 
 T0 = 1_800_000_000.0
 #: A fast host interval (1 ms): only the quota slows the host down.

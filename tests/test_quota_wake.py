@@ -4,7 +4,7 @@ booking"): a Hypothesis ``RuleBasedStateMachine`` over the pure policy, on an in
 One host's row (the pace table), requests booked on it (:meth:`PacingPolicy.book`), and answers to them in the
 three header styles — IETF ``RateLimit-Policy``/``RateLimit``, ``RateLimit-Limit``/``-Remaining``/``-Reset``,
 ``X-RateLimit-*`` with a delta, an epoch (also in the past) or an epoch-milliseconds reset — parsed by
-:func:`~scrapy_polite.ratelimit.parse_rate_limits`, with edge values (``r=0``, ``t=0``, no reset, no window,
+:func:`~scrapy_polite.policy.ratelimit.parse_rate_limits`, with edge values (``r=0``, ``t=0``, no reset, no window,
 ``q=1``, 429s), in any order (:meth:`PacingPolicy.after_response`); download failures; answers that never come.
 One process (one request in flight at a time, as a host's line makes it) or several sharing the row.
 
@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from scrapy_polite.policy import FIRST_ANSWER_TIMEOUT, HostState, PacingPolicy
-from scrapy_polite.ratelimit import parse_rate_limits
+from scrapy_polite.policy.ratelimit import parse_rate_limits
 
 T0 = 1_800_000_000.0
 STYLES = ("ietf", "draft", "x-delta", "x-epoch", "x-epoch-ms", "x-epoch-past")

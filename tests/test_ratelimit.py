@@ -1,4 +1,4 @@
-"""Announced quotas (docs/spec.md §2, "Announced quotas"): the parsers of scrapy_polite.ratelimit on real-world
+"""Announced quotas (docs/spec.md §2, "Announced quotas"): the parsers of scrapy_polite.policy.ratelimit on real-world
 examples and on malformed input, the policy's rules (``after_ratelimit``, the interval, the hold, deferral),
 and the quota's columns in the SQLite pace table (an old file migrated, its rows kept).
 
@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from scrapy_polite.policy import HostState, PacingPolicy
-from scrapy_polite.ratelimit import QuotaPolicy, RateLimits, ServiceLimit, parse_rate_limits
+from scrapy_polite.policy.ratelimit import QuotaPolicy, RateLimits, ServiceLimit, parse_rate_limits
 from scrapy_polite.stores import SCHEMA_VERSION, SQLiteStore
 from tests.support.stores import write_version_1_file
 

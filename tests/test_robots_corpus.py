@@ -1,7 +1,7 @@
-"""scrapy_polite.robots against real robots.txt files (Protego's public corpus, ``tests/data/robots``).
+"""scrapy_polite.policy.robots against real robots.txt files (Protego's public corpus, ``tests/data/robots``).
 
 Every file has a ``Crawl-delay`` or ``Request-rate`` line in some real-world spelling. For each file and
-user agent, :func:`scrapy_polite.robots.parse_robots_delay` must not raise and must equal what Protego itself
+user agent, :func:`scrapy_polite.policy.robots.parse_robots_delay` must not raise and must equal what Protego itself
 reports, computed here independently: ``crawl_delay(ua)`` and ``request_rate(ua)`` (``n/s`` → ``s/n``
 seconds), the larger of the two when both are published.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from protego import Protego
 
-from scrapy_polite.robots import parse_robots_delay
+from scrapy_polite.policy.robots import parse_robots_delay
 
 AGENTS = ("scrapy-polite-test", "Scrapy", "*")
 _ENV = "POLITE_ROBOTS_CORPUS"

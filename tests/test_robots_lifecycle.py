@@ -1,4 +1,4 @@
-"""The robots.txt lifecycle's pure state machine (:mod:`scrapy_polite.robots`: ``decide``, ``answered``,
+"""The robots.txt lifecycle's pure state machine (:mod:`scrapy_polite.policy.robots`: ``decide``, ``answered``,
 ``classify_status``, ``reask_floor``, ``truncate``), a Hypothesis state machine whose invariants are
 RFC 9309's, and the add-on's installation of :class:`~scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware` in place
 of Scrapy's (docs/spec.md §5, "The robots.txt lifecycle"). Each rule has its negative control beside it; the crawls
@@ -25,11 +25,10 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.test import get_crawler
 from twisted.internet.error import ConnectionRefusedError, TimeoutError
 
-from scrapy_polite import robots as robots_module
 from scrapy_polite.addon import Addon, _install_robots_middleware
 from scrapy_polite.pacer import discard_pacer
-from scrapy_polite.resolver import DNSServerFailure, HostNotFound
-from scrapy_polite.robots import (
+from scrapy_polite.policy import robots as robots_module
+from scrapy_polite.policy.robots import (
     ALLOW_ALL,
     ROBOTS_MAX_BYTES,
     ROBOTS_TTL,
@@ -47,6 +46,7 @@ from scrapy_polite.robots import (
     reask_floor,
     truncate,
 )
+from scrapy_polite.resolver import DNSServerFailure, HostNotFound
 from scrapy_polite.robotstxt import PoliteRobotsTxtMiddleware, answer_of_failure
 
 RULES = Rules(parser="rules")  # any object: the machine never looks inside
@@ -324,7 +324,7 @@ def test_the_middleware_keeps_robotstxt_parser_and_obey():
 
 
 def test_constants_meet_rfc_9309():
-    from scrapy_polite.robots import ROBOTS_MAX_REDIRECTS
+    from scrapy_polite.policy.robots import ROBOTS_MAX_REDIRECTS
 
     assert ROBOTS_TTL <= 24 * 3600 and ROBOTS_MAX_BYTES >= 500 * 1024 and ROBOTS_MAX_REDIRECTS >= 5
     assert not math.isinf(ROBOTS_TTL)

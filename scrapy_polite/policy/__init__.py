@@ -15,15 +15,18 @@ Everything that decides *how long* a host must be left alone lives here, one mod
   :meth:`~PacingPolicy.takes_step` / :meth:`~PacingPolicy.success_delay` (no dead steps, and Retry-After sets
   the scale);
 * :mod:`.quota` — the announced quotas' rules, which :class:`PacingPolicy` inherits:
-  :meth:`~PacingPolicy.after_ratelimit` (parsed by :mod:`scrapy_polite.ratelimit`),
+  :meth:`~PacingPolicy.after_ratelimit` (parsed by :mod:`.ratelimit`),
   :meth:`~PacingPolicy.quota_booking` and :meth:`~PacingPolicy.answered_without_quota` (the quota's count);
 * :mod:`.booking` — the booking step's rules, which :class:`PacingPolicy` inherits: :meth:`~PacingPolicy.book`
   (over a host's addresses), the in-flight hold (:meth:`~PacingPolicy.held_until`,
-  :meth:`~PacingPolicy.release_hold`, :meth:`~PacingPolicy.finish_address`) and :meth:`~PacingPolicy.restore`.
+  :meth:`~PacingPolicy.release_hold`, :meth:`~PacingPolicy.finish_address`) and :meth:`~PacingPolicy.restore`;
+* the inputs of those rules, each imported from its own module: :mod:`.ratelimit` (the rate-limit fields a
+  response announces), :mod:`.adaptive` (adaptive pacing's interval) and :mod:`.robots` (the robots.txt
+  lifecycle of RFC 9309 per origin, and a robots.txt's delay).
 
 Every rule takes the state and the time (Unix epoch seconds) and returns a new state; nothing here reads
-a clock, a file or the network, so each rule can be tested exactly on an injected clock. Import the names
-from here (``scrapy_polite.policy``): the modules' split is not part of the API.
+a clock, a file or the network, so each rule can be tested exactly on an injected clock. Import the names of
+the rules from here (``scrapy_polite.policy``): the split of those modules is not part of the API.
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..adaptive import AdaptivePolicy
-from ..ratelimit import RateLimits
 from ..vocabulary import parse_seconds
+from .adaptive import AdaptivePolicy
 from .booking import BookingRules
 from .quota import QuotaRules
+from .ratelimit import RateLimits
 from .state import NEVER_SEEN, Decision, Deferral, HostState, RateLimitDecision, replace
 
 __all__ = ["PacingPolicy", "MAX_BACKOFF_EXPONENT"]
@@ -45,7 +45,7 @@ class PacingPolicy(QuotaRules, BookingRules):
             response was a throttle before it hands the response on (an int ≥ 0).
         ratelimit_headers: ``POLITE_RATELIMIT_HEADERS``, read the hosts' announced quotas (and honour the
             ones recorded in the table).
-        adaptive: ``POLITE_ADAPTIVE``'s rules (:class:`~scrapy_polite.adaptive.AdaptivePolicy`), or None when it
+        adaptive: ``POLITE_ADAPTIVE``'s rules (:class:`~scrapy_polite.policy.adaptive.AdaptivePolicy`), or None when it
             is off: each host's interval then also follows its smoothed latency and strain steps.
 
     Raises:
@@ -87,7 +87,7 @@ class PacingPolicy(QuotaRules, BookingRules):
         A published Crawl-delay larger than an override always wins; an override can only slow us down
         below the base interval when it is larger than it. The interval of an announced quota counts only
         while ``ratelimit_headers`` is on. With ``adaptive`` on, that ``eff`` is the floor of the host's adaptive
-        interval (:meth:`AdaptivePolicy.interval <scrapy_polite.adaptive.AdaptivePolicy.interval>`, docs/spec.md
+        interval (:meth:`AdaptivePolicy.interval <scrapy_polite.policy.adaptive.AdaptivePolicy.interval>`, docs/spec.md
         §2 "Adaptive pacing"), which is returned instead: never below the floor.
         """
         eff = self.host_interval
@@ -148,7 +148,7 @@ class PacingPolicy(QuotaRules, BookingRules):
                 moment, this response answers for the same moment of the host's mood: a throttle takes
                 no second step and a success takes no step off. None: judge against the current state.
             override: a per-host, per-spider or per-request interval (seconds), see :meth:`effective_interval`.
-            ratelimits: the response's rate-limit fields (:func:`~scrapy_polite.ratelimit.parse_rate_limits`),
+            ratelimits: the response's rate-limit fields (:func:`~scrapy_polite.policy.ratelimit.parse_rate_limits`),
                 applied first by :meth:`after_ratelimit` (so this response's delay already honours them);
                 ignored when ``ratelimit_headers`` is off.
             serial: the request's booking serial (``HostState.booked`` after its booking,

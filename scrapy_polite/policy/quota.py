@@ -1,7 +1,7 @@
 """The rules of the hosts' announced quotas (docs/spec.md §2, "Announced quotas" and "Quota booking"), which
 :class:`~scrapy_polite.policy.PacingPolicy` inherits from :class:`QuotaRules`: what a response's rate-limit
 fields leave in the host's row (:meth:`~QuotaRules.after_ratelimit`, the fields parsed by
-:mod:`scrapy_polite.ratelimit`), what an answer without them leaves (:meth:`~QuotaRules.answered_without_quota`),
+:mod:`scrapy_polite.policy.ratelimit`), what an answer without them leaves (:meth:`~QuotaRules.answered_without_quota`),
 and the request each booking takes from the quota (:meth:`~QuotaRules.quota_booking`, refilled at its reset).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..ratelimit import REQUESTS, RateLimits, ServiceLimit
+from .ratelimit import REQUESTS, RateLimits, ServiceLimit
 from .state import NEVER_SEEN, HostState, RateLimitDecision, replace
 
 __all__ = ["QuotaRules", "FIRST_ANSWER_POLL", "FIRST_ANSWER_TIMEOUT"]

@@ -11,9 +11,9 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from ..adaptive import AdaptivePolicy
 from ..addresses import AddressFilter
 from ..policy import PacingPolicy, host_key
+from ..policy.adaptive import AdaptivePolicy
 from ..vocabulary import parse_seconds
 from .declaration import DEFAULTS
 from .dns import DNSConfig

@@ -1,5 +1,5 @@
 """A loopback server's quota: enforces ``q`` requests per ``w`` seconds and announces it in one of the
-rate-limit header forms (scrapy_polite.ratelimit), for the end-to-end tests and ``bench/ratelimit.py``.
+rate-limit header forms (scrapy_polite.policy.ratelimit), for the end-to-end tests and ``bench/ratelimit.py``.
 
 Usage::
 

@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 
 from protego import Protego
 
-from .vocabulary import parse_seconds
+from ..vocabulary import parse_seconds
 
 __all__ = [
     "ALLOW_ALL",
