@@ -148,7 +148,7 @@ class Lifecycle:
                  ended: Callable[[Any], None] | None = None) -> None:
         self.wake = wake
         #: ``ended(request)``, called once when a request leaves (finished or dropped): the home of held
-        #: requests ends its lease (:class:`~scrapy_polite.frontier.RedisFrontier`); None: nothing to tell.
+        #: requests ends its lease (:class:`~scrapy_polite.frontier.leases.RedisFrontier`); None: nothing to tell.
         self.ended = ended
         self._inc = inc
         self._lines: dict[str, Line] = {}

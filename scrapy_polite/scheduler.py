@@ -15,14 +15,14 @@ request the downloader middleware defers is handed back to it and **held** by ho
   their due time; without ``JOBDIR`` the requests still held at close are reported (count and hosts) and
   counted (``polite/deferred/not_crawled``).
 
-With a **shared** scheduler (scrapy-redis's, detected by :func:`~scrapy_polite.frontier.is_shared_scheduler`;
+With a **shared** scheduler (scrapy-redis's, detected by :func:`~scrapy_polite.frontier.leases.is_shared_scheduler`;
 ``POLITE_SHARED_FRONTIER``) the scheduler decides a held request's home differently (docs/spec.md §5, "The
 shared frontier"):
 
 * a worker never takes more than it can send: it takes from the shared queue only while the requests in
   its downloader plus those it holds for its lines are fewer than ``CONCURRENT_REQUESTS``, so N workers
   share the queue as they do without the add-on;
-* every request it takes is leased in Redis (:class:`~scrapy_polite.frontier.RedisFrontier`) until its
+* every request it takes is leased in Redis (:class:`~scrapy_polite.frontier.leases.RedisFrontier`) until its
   response, final error or drop; a request deferred until a moment (throttle, Crawl-delay) goes back to
   Redis, held by host until due, for any worker to take; one deferred only for a line of this worker stays
   here, still leased;
@@ -50,8 +50,8 @@ from twisted.internet import threads
 
 from ._compat import wake_engine
 from .contracts import fail_held_contract_requests
-from .frontier import is_shared_scheduler
-from .frontier_worker import SharedWorker
+from .frontier.leases import is_shared_scheduler
+from .frontier.worker import SharedWorker
 from .held import HELD_DIR, HeldRequests
 from .lifecycle import IN_DOWNLOADER
 from .pacer import Pacer, get_pacer
@@ -227,7 +227,7 @@ class PoliteScheduler:
     def shared_wait(self, window: float) -> float | None:
         """Seconds this idle worker stays open for the shared frontier (``window``: its idle window, s), None
         without one or when nothing there keeps it open (:meth:`SharedWorker.wait
-        <scrapy_polite.frontier_worker.SharedWorker.wait>`; docs/spec.md §5, "Idle")."""
+        <scrapy_polite.frontier.worker.SharedWorker.wait>`; docs/spec.md §5, "Idle")."""
         return self.shared.wait(window) if self.shared is not None else None
 
     def __len__(self) -> int:

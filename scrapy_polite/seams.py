@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from twisted.internet.defer import Deferred
 
-    from .frontier_report import FrontierState
+    from .frontier.report import FrontierState
 
 __all__ = ["Go", "Defer", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "SharedFrontier"]
 
@@ -111,7 +111,7 @@ class HoldingScheduler(Protocol):
 
 class SharedFrontier(Protocol):
     """The home of held and in-flight requests shared by every worker of a crawl (docs/spec.md §5, "The
-    shared frontier"; :class:`~scrapy_polite.frontier.RedisFrontier` with scrapy-redis). The scheduler
+    shared frontier"; :class:`~scrapy_polite.frontier.leases.RedisFrontier` with scrapy-redis). The scheduler
     chooses it at open; nothing else needs to know where a held request lives."""
 
     key: str

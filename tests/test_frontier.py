@@ -1,4 +1,4 @@
-"""The shared frontier's Redis steps (``scrapy_polite/frontier.py``; docs/spec.md §5, "The shared frontier"),
+"""The shared frontier's Redis steps (``scrapy_polite/frontier/leases.py``; docs/spec.md §5, "The shared frontier"),
 against a real ``redis-server`` and scrapy-redis's own queue classes: take and lease in one step, hold until
 due, skip blocked hosts, return a dead worker's leases, end leases, give back at close. The crawls are in
 ``tests/test_e2e_frontier.py``."""
@@ -19,8 +19,8 @@ from scrapy.settings import Settings
 from twisted.internet import defer
 
 from scrapy_polite.commands import run_command
-from scrapy_polite.frontier import LEASE_META, RedisFrontier, is_shared_scheduler, queue_mode
-from scrapy_polite.frontier_worker import SharedWorker
+from scrapy_polite.frontier.leases import LEASE_META, RedisFrontier, is_shared_scheduler, queue_mode
+from scrapy_polite.frontier.worker import SharedWorker
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
 from tests.support.scheduler_pacer import SchedulerPacer
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import IO, Any
 
-from ..frontier_report import waiting_in_redis
+from ..frontier.report import waiting_in_redis
 from ..settings import PoliteConfig
 from ..words import format_table, plural
 

@@ -138,7 +138,7 @@ def leasers(rows: list[Any], now: float) -> tuple[WorkerLeases, ...]:
 @dataclass(frozen=True)
 class FrontierState:
     """What the shared frontier holds, as last read (:meth:`RedisFrontier.renew
-    <scrapy_polite.frontier.RedisFrontier.renew>`).
+    <scrapy_polite.frontier.leases.RedisFrontier.renew>`).
 
     Attributes:
         returned: requests given back by stopped or dead workers, to be taken first.

@@ -21,7 +21,7 @@ With scrapy-redis's scheduler (``scrapy_redis.scheduler.Scheduler``, wrapped by
 
 A worker's id is ``<hostname>-<pid>-<random>``: the scheduler logs it at start, and the leases in Redis (and
 ``scrapy polite hosts``) name it, so a lease can be tied to its process. What is held and leased is read for
-the logs and reports by :mod:`scrapy_polite.frontier_report`.
+the logs and reports by :mod:`scrapy_polite.frontier.report`.
 
 Requests are serialised by scrapy-redis's own serializer (``request.to_dict``: callbacks, errbacks,
 priority and meta, ``polite_throttle_retries`` included) and a request taken back never passes the
@@ -49,9 +49,9 @@ from scrapy.utils.request import request_from_dict
 from twisted.internet import threads
 from twisted.internet.defer import Deferred, DeferredList
 
-from .frontier_report import LEASERS_LUA, NOW_LUA, FrontierState, describe_leases, leasers, read_hosts
-from .reactor import call_later
-from .vocabulary import LEASE_META, THROTTLE_RETRIES_META
+from ..reactor import call_later
+from ..vocabulary import LEASE_META, THROTTLE_RETRIES_META
+from .report import LEASERS_LUA, NOW_LUA, FrontierState, describe_leases, leasers, read_hosts
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -128,7 +128,7 @@ return 1
 #: count, renewed; ARGV = worker to renew ('': none), lease seconds, lease key prefix, this worker (its own
 #: leases are not listed). Returns {expired, returned, held, first due host, its delay from now (s, as a
 #: string), now (s, as a string), then four fields per other worker that leases requests
-#: (:data:`~scrapy_polite.frontier_report.LEASERS_LUA`)}.
+#: (:data:`~scrapy_polite.frontier.report.LEASERS_LUA`)}.
 _RENEW = _NOW + LEASERS_LUA + """
 if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])

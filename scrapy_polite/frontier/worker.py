@@ -1,7 +1,7 @@
 """This worker's side of the shared frontier (docs/spec.md §5, "The shared frontier"; docs/guides/many-crawlers.md):
 what :class:`~scrapy_polite.scheduler.PoliteScheduler` does with a scrapy-redis scheduler.
 
-* it **takes** from the frontier (:class:`~scrapy_polite.frontier.RedisFrontier`) only while the requests in
+* it **takes** from the frontier (:class:`~scrapy_polite.frontier.leases.RedisFrontier`) only while the requests in
   its downloader plus those it holds for its lines are fewer than ``CONCURRENT_REQUESTS``;
 * it **renews** its leases every second (every third of ``POLITE_LEASE_TIME`` if shorter) on a thread, which
   also returns the leases of workers that stopped renewing, and pokes the engine when something is due;
@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet import task
 
-from ._compat import wake_engine
-from .frontier import RedisFrontier
-from .frontier_report import FrontierState, WorkerLeases, beat_period
-from .reactor import call_later, installed_reactor
+from .._compat import wake_engine
+from ..reactor import call_later, installed_reactor
+from .leases import RedisFrontier
+from .report import FrontierState, WorkerLeases, beat_period
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
-    from .pacer import Pacer
-    from .seams import SharedFrontier
+    from ..pacer import Pacer
+    from ..seams import SharedFrontier
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class SharedWorker:
         crawler: the crawler (its engine's downloader, its stats).
         pacer: the crawler's pacer, of which it takes the report (stats) and the lifecycle (blocked hosts, the
             claim of a request taken for a held host).
-        frontier: the frontier (:class:`~scrapy_polite.frontier.RedisFrontier`).
+        frontier: the frontier (:class:`~scrapy_polite.frontier.leases.RedisFrontier`).
         inner: scrapy-redis's scheduler (its own ``next_request`` for a queue class of its own, ``persist``).
     """
 
