@@ -94,7 +94,7 @@ def main() -> None:
 
     apply_patches(config.get("patch", []))  # test-only changes (negative controls), as tests/support/fleet.py's
     if config.get("lease_wait") is False:
-        from scrapy_polite import frontier_worker
+        from scrapy_polite.frontier import worker as frontier_worker
 
         frontier_worker.stopped_leasers = lambda *args, **kwargs: []  # type: ignore[assignment]
     settings = {**FARM_SETTINGS, "USER_AGENT": config["worker"], **config["settings"]}
