@@ -57,7 +57,7 @@ nitpick_ignore = [
     ("py:class", "scrapy_polite.stores.Event"),
     ("py:class", "PoliteConfig"),
     ("py:func", "scrapy_polite.settings.parse_dns_overrides"),
-    ("py:meth", "scrapy_polite.reporting.Report.host_report"),
+    ("py:meth", "scrapy_polite.reports.counters.Report.host_report"),
 ]
 # Objects of other projects: without intersphinx (offline) they cannot resolve. Our own names must.
 nitpick_ignore_regex = [

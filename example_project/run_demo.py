@@ -156,10 +156,11 @@ def default_timeline_path(store_path: str | None) -> str:
 
 def write_demo_timeline(uri: str, crawler: Any, output: str, *, since: float) -> str | None:
     """Draw this crawl's events (since ``since``, epoch s) from the event log of the pace table at ``uri`` into
-    ``output`` (scrapy_polite.timeline); its path, or None when there is nothing to draw or it cannot be written."""
+    ``output`` (scrapy_polite.reports.timeline); its path, or None when there is nothing to draw or it cannot be
+    written."""
     from scrapy_polite.pacer import find_pacer
+    from scrapy_polite.reports.timeline import write_timeline
     from scrapy_polite.stores import StoreError
-    from scrapy_polite.timeline import write_timeline
 
     pacer = find_pacer(crawler)
     try:
@@ -302,8 +303,8 @@ def _state_dict(state: Any) -> dict[str, Any]:
 def _deferred(rep: dict[str, Any]) -> str:
     """Deferrals because the host slows us down (``throttled``, ``Crawl-delay``), in the summary's words; the
     ordinary waits for the host's line are turn waits (docs/getting-started.md, "The words")."""
-    from scrapy_polite.reporting import TURN_REASONS
-    from scrapy_polite.summary import reason_words
+    from scrapy_polite.reports.counters import TURN_REASONS
+    from scrapy_polite.reports.summary import reason_words
 
     reasons = {k: n for k, n in sorted((rep.get("deferral_reasons") or {}).items()) if k not in TURN_REASONS and n}
     return ", ".join(f"{n} {reason_words(k)}" for k, n in reasons.items()) or "-"

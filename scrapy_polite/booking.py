@@ -20,7 +20,7 @@ from .lifecycle import Hold, Lifecycle
 from .outage import DeferredStore
 from .policy import Booking, HostState, PacingPolicy, ip_key
 from .reactor import await_deferred
-from .reporting import Report
+from .reports.counters import Report
 from .resolution import Resolution
 from .seams import Defer, Go, HoldingScheduler
 from .settings import PoliteConfig
@@ -74,7 +74,7 @@ def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor:
     return [host, *keys.values()], fn
 
 
-def hold_of(booking: Booking, host: str, token: int, ip_interval: float) -> Hold | None:
+def _hold_of(booking: Booking, host: str, token: int, ip_interval: float) -> Hold | None:
     """The in-flight hold ``booking`` took (the rows it wrote with ``token``, each with the interval its release
     keeps free: the host's, ``ip_interval`` seconds for an address), or None (docs/spec.md §3, "In flight")."""
     keys = {(host if key == "" else ip_key(key)): (booking.interval if key == "" else ip_interval)
@@ -308,7 +308,7 @@ class Booker:
                 while not lifecycle.take(key, request):
                     await await_deferred(lifecycle.wait_for([key]))
                 now = await self._address_free(host, key, request)
-        lifecycle.sent(request, hold_of(booking, host, token, self.config.ip_interval))
+        lifecycle.sent(request, _hold_of(booking, host, token, self.config.ip_interval))
         self.report.booked(host)
         self.report.events.booking(host, request.url, at=now, address=address,
                                    due=booking.host.next_allowed if booking.host is not None else None,

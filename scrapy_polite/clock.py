@@ -1,4 +1,5 @@
-"""The process clock (docs/spec.md §5, §6): epoch seconds that advance with the monotonic clock.
+"""The process clock (docs/spec.md §5, §6): epoch seconds that advance with the monotonic clock; and
+:class:`ClockSync`, its offset to the pace table's clock (a server store's clock may differ).
 
 The wall clock (``time.time()``) can step: NTP correcting it, a VM resumed, an operator setting the date.
 Paced on it, a forward step lets held hosts go early by the step and a backward step stalls them. So every

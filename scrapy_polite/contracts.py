@@ -45,9 +45,9 @@ from twisted.python.failure import Failure
 from .addresses import parse_ip_literal
 from .pacer import Pacer, find_pacer
 from .policy import NO_NETWORK_SCHEMES, host_key
-from .summary import reason_words, reset_command
+from .reports.summary import reason_words, reset_command
+from .reports.words import format_due
 from .vocabulary import DELAY_META, DONT_PACE_META, HOST_META, IP_META, parse_seconds
-from .words import format_due
 
 if TYPE_CHECKING:
     from scrapy.http import Response

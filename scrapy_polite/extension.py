@@ -7,9 +7,9 @@
 * ``spider_opened`` — the spider's ``crawl_delay`` attribute (seconds) becomes a per-spider override; the
   hosts that start in backoff from the persisted table are listed once at INFO, with the
   ``scrapy polite reset`` command that clears them; a progress line is logged at INFO every
-  ``LOGSTATS_INTERVAL`` seconds while requests are held or hosts back off (:mod:`scrapy_polite.summary`);
+  ``LOGSTATS_INTERVAL`` seconds while requests are held or hosts back off (:mod:`scrapy_polite.reports.summary`);
 * ``spider_closed`` — the INFO summary in the documentation's words (docs/getting-started.md,
-  :func:`~scrapy_polite.summary.format_summary`)
+  :func:`~scrapy_polite.reports.summary.format_summary`)
   and the store is closed. A crawl the add-on stopped (``polite_store_error``, ``polite_resolver_missing``)
   is counted as failed, so that ``scrapy crawl`` exits with status 1 (docs/spec.md §7).
 
@@ -41,12 +41,12 @@ from .pacer import Pacer, discard_pacer, get_pacer
 from .policy import host_key
 from .policy.robots import robots_delay
 from .reactor import await_deferred, installed_reactor
+from .reports.summary import HeldHost, format_progress, format_start_backoffs, format_summary
 from .resolver import PublicHostnameResolver
 from .seams import ResolverNotInstalled
 from .settings import SettingsError, polite_enabled
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import StoreError
-from .summary import HeldHost, format_progress, format_start_backoffs, format_summary
 from .vocabulary import parse_seconds
 
 if TYPE_CHECKING:
@@ -269,7 +269,7 @@ class PoliteExtension:
         return [HeldHost(host, count, due) for host, count, due in scheduler.held_hosts()]
 
     def log_progress(self) -> None:
-        """Log the progress line at INFO (:func:`~scrapy_polite.summary.format_progress`), when requests are
+        """Log the progress line at INFO (:func:`~scrapy_polite.reports.summary.format_progress`), when requests are
         held or hosts back off."""
         scheduler = self.pacer.booker.scheduler
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)

@@ -27,7 +27,7 @@ from twisted.python.failure import Failure
 
 from .policy import HostState, PacingPolicy
 from .reactor import await_deferred
-from .reporting import Report
+from .reports.counters import Report
 from .stores import (
     TABLE_KEY,
     AsyncStore,

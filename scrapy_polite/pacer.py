@@ -14,7 +14,7 @@ uses, as Scrapy's components take ``crawler.stats`` or ``engine.downloader``:
   throttled pages;
 * :attr:`Pacer.resolution` (:class:`~scrapy_polite.resolution.Resolution`) and :attr:`Pacer.unpinned`
   (:class:`~scrapy_polite.handlers.UnpinnedRequests`) — public-only resolution, pinning, checked handlers;
-* :attr:`Pacer.report` (:class:`~scrapy_polite.reporting.Report`) — per-host counters and ``polite/...`` stats;
+* :attr:`Pacer.report` (:class:`~scrapy_polite.reports.counters.Report`) — per-host counters and ``polite/...`` stats;
 * :attr:`Pacer.sync` (:class:`~scrapy_polite.clock.ClockSync`) — this process's clock and the table's;
 * :attr:`Pacer.store` — the pace table, an :class:`~scrapy_polite.stores.AsyncStore` (I/O never blocks the
   reactor), and :attr:`Pacer.table`, the same behind a :class:`~scrapy_polite.outage.StoreGuard` (calls wait
@@ -46,14 +46,14 @@ from ._compat import crawler_engine
 from .booking import DEFAULT_TIMEOUT, Booker
 from .browser import bind_browser
 from .clock import ClockSync, process_clock
-from .events import EventLog
 from .handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
 from .lifecycle import Lifecycle
 from .outage import DeferredStore, StoreGuard, TableWatch
 from .policy import HostState, PacingPolicy
 from .reactor import await_deferred, call_later, reactor_sleep
 from .recording import SERVER_SIDE_FAILURES, Recorder
-from .reporting import Report
+from .reports.counters import Report
+from .reports.events import EventLog
 from .resolution import Resolution
 from .retrying import ThrottleRetries
 from .seams import Defer, Go, Redefer, ResolverNotInstalled

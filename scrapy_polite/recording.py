@@ -35,7 +35,7 @@ from .policy import (
 )
 from .policy.ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
 from .reactor import await_deferred
-from .reporting import Report
+from .reports.counters import Report
 from .settings import PoliteConfig
 from .stores import StoreError
 from .vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, SENT_AT_META
@@ -278,7 +278,8 @@ class Recorder:
 
     def _log_event(self, decision: Decision | None, host: str, request: Request, status: int | None,
                    retry_after: float | None, cause: str | None) -> Decision | None:
-        """The response's (or failure's) event, and its backoff step (:class:`~scrapy_polite.events.EventLog`)."""
+        """The response's (or failure's) event, and its backoff step
+        (:class:`~scrapy_polite.reports.events.EventLog`)."""
         if isinstance(decision, Decision):
             state = decision.state
             self.report.events.response(

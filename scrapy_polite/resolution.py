@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from .addresses import AddressFilter
 from .reactor import await_deferred, installed_reactor
-from .reporting import Report
+from .reports.counters import Report
 from .resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound, MixedAnswer, PublicHostnameResolver
 from .seams import ResolverNotInstalled
 from .vocabulary import IP_META, PINNED_META, PROXY_COUNTED_META

@@ -28,7 +28,7 @@ from scrapy import signals
 from .clock import ClockSync
 from .policy import Decision, PacingPolicy
 from .reactor import call_later
-from .reporting import Report
+from .reports.counters import Report
 from .vocabulary import DONT_PACE_META, HOST_META, THROTTLE_RETRIES_META
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from twisted.internet.defer import succeed
 
 from scrapy_polite.clock import ClockSync
 from scrapy_polite.commands import EXIT_BAD_LOG, EXIT_OK, EXIT_STORE, EXIT_VIOLATED, run_command
-from scrapy_polite.events import EventLog
+from scrapy_polite.reports.events import EventLog
 from scrapy_polite.stores import Event, MemoryStore, SQLiteStore, StoreOptions, open_store, table_name
 from tests.support.audit_log import T0, Log
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401

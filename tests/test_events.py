@@ -1,8 +1,8 @@
-"""The event log's seam (scrapy_polite/events.py): what each call records, with the store's time; batching off
+"""The event log's seam (scrapy_polite/reports/events.py): what each call records, with the store's time; batching off
 the hot path (a timer, a batch size, a bound on pending writes; a failed batch is dropped and counted, never
 stops the crawl); ``POLITE_EVENT_LOG`` on by default and off on request; SQLite batches written on a thread of
 their own, never on the reactor's; several processes appending to one table lose nothing; the words of
-:func:`~scrapy_polite.events.describe`.
+:func:`~scrapy_polite.reports.events.describe`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest_twisted
 from twisted.internet import defer
 
 from scrapy_polite.clock import ClockSync
-from scrapy_polite.events import EventLog, describe
 from scrapy_polite.pacer import find_pacer
+from scrapy_polite.reports.events import EventLog, describe
 from scrapy_polite.stores import Event, SQLiteStore
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 
@@ -182,7 +182,7 @@ def test_a_failed_batch_is_dropped_counted_and_warned_once(caplog):
     writer = Writer()
     writer.fail = True
     log, timers, stats = make(writer)
-    with caplog.at_level(logging.WARNING, logger="scrapy_polite.events"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_polite.reports.events"):
         for _ in range(2):
             log.wait("a.example", None, 0.1)
             d = log.flush()

@@ -37,7 +37,7 @@ from scrapy_polite.middleware import PoliteDownloaderMiddleware, end_when_record
 from scrapy_polite.pacer import CrawlStopped, Pacer
 from scrapy_polite.policy import HostState, host_key
 from scrapy_polite.recording import Recorder
-from scrapy_polite.reporting import Report
+from scrapy_polite.reports.counters import Report
 from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import AsyncStore, MemoryStore, StoreError

@@ -41,7 +41,7 @@ from scrapy_polite.clock import ClockSync, ProcessClock
 from scrapy_polite.lifecycle import Lifecycle, Stage
 from scrapy_polite.policy import HostState, ip_key
 from scrapy_polite.recording import Recorder
-from scrapy_polite.reporting import Report
+from scrapy_polite.reports.counters import Report
 from scrapy_polite.scheduler import PoliteScheduler
 from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig

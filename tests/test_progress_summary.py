@@ -1,7 +1,7 @@
 """What the crawl tells its user at INFO (issue 9): the hosts that start in backoff, the progress line on
 ``LOGSTATS_INTERVAL``, and the closing summary in README's words ("Stats").
 
-The formatting is pure (:mod:`scrapy_polite.summary`, on a :class:`~scrapy_polite.reporting.Report` with a
+The formatting is pure (:mod:`scrapy_polite.reports.summary`, on a :class:`~scrapy_polite.reports.counters.Report` with a
 fake clock); the start-up and progress lines are also checked on real crawls against loopback servers,
 each with its negative control (the same crawl without a host in backoff).
 """
@@ -17,10 +17,10 @@ import pytest_twisted
 
 from scrapy_polite.clock import process_clock
 from scrapy_polite.policy import Decision, HostState
-from scrapy_polite.reporting import Report, Span
+from scrapy_polite.reports.counters import Report, Span
+from scrapy_polite.reports.summary import HeldHost, format_progress, format_summary
+from scrapy_polite.reports.words import format_duration
 from scrapy_polite.stores import open_store
-from scrapy_polite.summary import HeldHost, format_progress, format_summary
-from scrapy_polite.words import format_duration
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Reply, scripted
 

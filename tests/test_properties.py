@@ -30,7 +30,7 @@ from scrapy_polite.clock import ClockSync
 from scrapy_polite.lifecycle import Lifecycle
 from scrapy_polite.policy import HostState, PacingPolicy, ip_key
 from scrapy_polite.recording import Recorder
-from scrapy_polite.reporting import Report
+from scrapy_polite.reports.counters import Report
 from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore

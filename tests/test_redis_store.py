@@ -28,7 +28,7 @@ from twisted.internet.task import Clock, deferLater
 
 from scrapy_polite.outage import StoreGuard
 from scrapy_polite.policy import HostState
-from scrapy_polite.reporting import Report
+from scrapy_polite.reports.counters import Report
 from scrapy_polite.stores import (
     Again,
     MemoryStore,

@@ -13,7 +13,7 @@ from scrapy.signalmanager import SignalManager
 from scrapy_polite import retrying as retrying_module
 from scrapy_polite.clock import ClockSync
 from scrapy_polite.policy import Decision, HostState, PacingPolicy
-from scrapy_polite.reporting import Report
+from scrapy_polite.reports.counters import Report
 from scrapy_polite.retrying import RETRIES_META, ThrottleRetries
 
 T0 = 2_000_000_000.0

@@ -334,8 +334,8 @@ def test_constants_meet_rfc_9309():
 
 
 def test_the_progress_line_and_the_summary_name_an_unreachable_robots_txt():
-    from scrapy_polite.reporting import Report
-    from scrapy_polite.summary import HeldHost, format_progress, format_summary
+    from scrapy_polite.reports.counters import Report
+    from scrapy_polite.reports.summary import HeldHost, format_progress, format_summary
 
     t = [1_800_000_000.0]
     report = Report(None, lambda: t[0])

@@ -14,9 +14,9 @@ from scrapy.settings import Settings
 
 from scrapy_polite.extension import crawl_can_touch
 from scrapy_polite.policy import HostState
-from scrapy_polite.reporting import Report
+from scrapy_polite.reports.counters import Report
+from scrapy_polite.reports.summary import format_start_backoffs
 from scrapy_polite.startup import leftover_settings_warning
-from scrapy_polite.summary import format_start_backoffs
 
 T0 = 1_800_000_000.0
 

@@ -17,7 +17,7 @@ from twisted.internet.defer import Deferred
 
 from scrapy_polite.outage import TableWatch
 from scrapy_polite.policy import HostState, PacingPolicy
-from scrapy_polite.reporting import Report
+from scrapy_polite.reports.counters import Report
 from scrapy_polite.stores import TABLE_KEY, MemoryStore, SQLiteStore
 from tests.test_glue import FakeStats
 

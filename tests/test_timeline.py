@@ -1,4 +1,4 @@
-"""The timeline (``scrapy polite timeline``, scrapy_polite/timeline.py) of a real crawl against loopback servers,
+"""The timeline (``scrapy polite timeline``, scrapy_polite/reports/timeline.py) of a real crawl against loopback servers,
 rendered in a real headless Chromium (Debian's ``chromium``, driven by tests/support/chromium.py; ``.ci/run``
 installs it when missing): the HTML page, and the standalone SVG image.
 
@@ -29,8 +29,8 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer
 
+from scrapy_polite.reports.timeline import OUTCOME_COLOURS, timeline_html, timeline_svg
 from scrapy_polite.stores import SQLiteStore
-from scrapy_polite.timeline import OUTCOME_COLOURS, timeline_html, timeline_svg
 from tests.support.chromium import Chromium, find_chromium
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.png import read_png

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_polite import events, reporting, stores, vocabulary
+from scrapy_polite import stores, vocabulary
+from scrapy_polite.reports import counters, events
 from scrapy_polite.vocabulary import (
     CLOSE_REASONS,
     DEFERRAL_REASONS,
@@ -161,7 +162,7 @@ def test_every_reason_has_words_and_no_words_lack_a_reason():
 
 def test_turn_reasons_are_deferral_reasons():
     assert TURN_REASONS == {"line", "ip_line"} and TURN_REASONS < set(DEFERRAL_REASONS)
-    assert reporting.TURN_REASONS is TURN_REASONS
+    assert counters.TURN_REASONS is TURN_REASONS
 
 
 def test_the_store_s_event_kinds_are_the_vocabulary_s():

@@ -1,4 +1,4 @@
-"""scrapy_polite/words.py: the one copy of each formatter the summary, the progress lines, the contracts, the
+"""scrapy_polite/reports/words.py: the one copy of each formatter the summary, the progress lines, the contracts, the
 operator command, the audit and the timeline share (issue 31: the copies in commands.py and summary.py had
 diverged)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from scrapy_polite.words import (
+from scrapy_polite.reports.words import (
     format_due,
     format_duration,
     format_relative,

@@ -5,7 +5,7 @@
 * ``reference/generated/stats.md`` from :data:`scrapy_polite.vocabulary.STATS`;
 * ``reference/generated/meta.md`` from :data:`scrapy_polite.vocabulary.META_MEANINGS` and the ``*_META`` constants;
 * ``reference/generated/reasons.md``: the close reasons (:data:`~scrapy_polite.vocabulary.CLOSE_REASON_MEANINGS`),
-  the deferral and refusal reasons and the event kinds (:mod:`scrapy_polite.events`' words), and the Scrapy
+  the deferral and refusal reasons and the event kinds (:mod:`scrapy_polite.reports.events`' words), and the Scrapy
   signals the add-on connects to (found in its source);
 * ``reference/generated/command.md``: ``scrapy polite``'s verbs, each one's ``--help`` as the command prints it,
   and the exit statuses (:data:`scrapy_polite.commands.STATUSES`).
@@ -26,8 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scrapy_polite import commands, events, vocabulary
+from scrapy_polite import commands, vocabulary
 from scrapy_polite import settings as polite_settings
+from scrapy_polite.reports import events
 
 DOCS = Path(__file__).resolve().parent.parent
 PACKAGE = DOCS.parent / "scrapy_polite"

@@ -34,8 +34,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..events import clock_time
 from ..policy import ip_key
+from ..reports.events import clock_time
 from ..stores.base import Event
 from .log import read_log
 from .report import VIOLATION_KINDS, AddressSummary, AuditReport, HostSummary, Loss, Throttle, Violation, cause

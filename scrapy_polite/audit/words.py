@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..events import clock_time
+from ..reports.events import clock_time
+from ..reports.words import plural
 from ..stores.base import Event
-from ..words import plural
 from .report import VIOLATION_KINDS, AddressSummary, AuditReport, HostSummary, Throttle, Violation, cause
 
 __all__ = ["format_report", "report_json"]

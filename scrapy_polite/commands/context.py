@@ -9,11 +9,11 @@ import argparse
 import json
 from typing import IO, Any
 
-from ..events import process_source
 from ..policy import PacingPolicy
+from ..reports.events import process_source
+from ..reports.summary import reset_command
 from ..settings import PoliteConfig
 from ..stores import Event, PaceStore
-from ..summary import reset_command
 
 __all__ = ["BadLog", "NoSuchHost", "Operator"]
 

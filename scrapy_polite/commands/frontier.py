@@ -8,8 +8,8 @@ import importlib
 from typing import IO, Any
 
 from ..frontier.report import waiting_in_redis
+from ..reports.words import format_table, plural
 from ..settings import PoliteConfig
-from ..words import format_table, plural
 
 __all__ = ["print_shared_frontier"]
 

@@ -1,5 +1,5 @@
-"""The verbs on the event log: ``timeline`` (the picture, :mod:`scrapy_polite.timeline`) and ``audit`` (the rules,
-:mod:`scrapy_polite.audit`; docs/spec.md §8). Each takes the verb's run (:class:`~.context.Operator`) and returns
+"""The verbs on the event log: ``timeline`` (the picture, :mod:`scrapy_polite.reports.timeline`) and ``audit`` (the
+rules, :mod:`scrapy_polite.audit`; docs/spec.md §8). Each takes the verb's run (:class:`~.context.Operator`) and returns
 its exit status (:mod:`.help`); its parser names it (``set_defaults(func=...)``, :mod:`.parsing`).
 """
 
@@ -11,10 +11,10 @@ import os
 from scrapy.exceptions import UsageError
 
 from ..audit import LogError, audit, format_report, report_json
-from ..events import clock_time
+from ..reports.events import clock_time
+from ..reports.timeline import hosts_of, timeline_format, write_timeline
+from ..reports.words import format_time
 from ..stores import Event, StoreCorrupt
-from ..timeline import hosts_of, timeline_format, write_timeline
-from ..words import format_time
 from .context import BadLog, NoSuchHost, Operator
 from .help import EXIT_BAD_LOG, EXIT_OK, EXIT_OUTPUT, EXIT_VIOLATED
 from .inputs import parse_since, target_key
@@ -37,7 +37,7 @@ def timeline_output(opts: argparse.Namespace) -> str:
 
 
 def check_timeline(opts: argparse.Namespace) -> None:
-    """``timeline``'s format, before any store is opened (:func:`~scrapy_polite.timeline.timeline_format`).
+    """``timeline``'s format, before any store is opened (:func:`~scrapy_polite.reports.timeline.timeline_format`).
 
     Raises:
         UsageError: a format it does not draw (``--format``, or ``-o`` ending in ``.png``).

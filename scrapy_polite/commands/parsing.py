@@ -11,7 +11,7 @@ from typing import IO, Any, NoReturn
 
 from scrapy.exceptions import UsageError
 
-from ..timeline import FORMATS
+from ..reports.timeline import FORMATS
 from . import log_verbs, table_verbs
 from .context import Operator
 from .help import EXIT_OK, VERB_HELP, VERBS, exit_words

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import describe, throttle_cause
 from ..policy import HostState, PacingPolicy
+from ..reports.events import describe, throttle_cause
+from ..reports.words import format_due, format_duration, format_relative, iso_time, plural
 from ..stores import Event, PaceStore
-from ..words import format_due, format_duration, format_relative, iso_time, plural
 
 __all__ = [
     "ADDRESS_COLUMNS",
@@ -46,7 +46,7 @@ def last_throttle(store: PaceStore, key: str, state: HostState) -> Event | None:
     """The event of the host's last throttle (its cause), from the event log: the throttled response, failure or
     backoff step recorded at the row's ``throttled_at`` (the latest before it when none is exactly there). A
     throttle past the step cap writes no ``backoff`` event; its response says the cause
-    (:func:`~scrapy_polite.events.throttle_cause`)."""
+    (:func:`~scrapy_polite.reports.events.throttle_cause`)."""
     if not state.throttled_at:
         return None
     found = [e for e in store.events(since=state.throttled_at - 1.0, host=key, limit=100_000)

@@ -10,10 +10,10 @@ from dataclasses import fields
 
 from scrapy.exceptions import UsageError
 
-from ..events import clock_time, describe
 from ..policy import HostState, PacingPolicy, ip_key
+from ..reports.events import clock_time, describe
+from ..reports.words import format_due, format_duration, format_relative, format_table, format_time, iso_time, plural
 from ..stores import TABLE_KEY, Event
-from ..words import format_due, format_duration, format_relative, format_table, format_time, iso_time, plural
 from .context import NoSuchHost, Operator
 from .frontier import print_shared_frontier
 from .help import EXIT_NO_HOST, EXIT_OK

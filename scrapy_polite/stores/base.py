@@ -11,7 +11,7 @@ the transaction, so a wait for another writer's lock never books a moment in the
 
 **The event log** lives beside the rows (:meth:`PaceStore.append_events`, :meth:`PaceStore.events`): a bounded
 log of :class:`Event` shared by every process using the store, written in batches off the crawl's hot path
-(:mod:`scrapy_polite.events`).
+(:mod:`scrapy_polite.reports.events`).
 
 **Optional abilities are declared, not probed** (docs/spec.md §6, "Abilities"): a backend lists the protocols
 below among its bases (Redis), or has their members (the embedded backends: a protocol among a class's bases

@@ -37,7 +37,7 @@ class FreeLines:
 
 
 class CountingReport:
-    """A report (:class:`~scrapy_polite.reporting.Report`) that counts the ``polite/...`` stats in ``counts``."""
+    """A report (:class:`~scrapy_polite.reports.counters.Report`) that counts the ``polite/...`` stats in ``counts``."""
 
     def __init__(self) -> None:
         self.counts: dict[str, float] = {}

@@ -2,7 +2,7 @@
 ``polite/...`` stats (docs/reference: stats).
 
 The counters speak the user's words, the same in the documentation (docs/getting-started.md), the closing summary
-(:mod:`scrapy_polite.summary`), the progress lines and ``scrapy polite``:
+(:mod:`scrapy_polite.reports.summary`), the progress lines and ``scrapy polite``:
 
 * **requests** — requests sent to the host (booked on it);
 * **given up** — pages given up after the host kept throttling;
@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .clock import process_clock
+from ..clock import process_clock
+from ..policy import Decision, HostState
+from ..vocabulary import TURN_REASONS, DeferralReason, RefusalReason
 from .events import EventLog
-from .policy import Decision, HostState
-from .vocabulary import TURN_REASONS, DeferralReason, RefusalReason
 
 __all__ = ["HostCounters", "Report", "Span", "TURN_REASONS"]
 
@@ -190,7 +190,7 @@ class Report:
         self.started = clock()
         self.turn_span = Span()
         self.hosts: dict[str, HostCounters] = {}
-        #: The event log the glue units write to (:class:`~scrapy_polite.events.EventLog`; the pacer attaches
+        #: The event log the glue units write to (:class:`~scrapy_polite.reports.events.EventLog`; the pacer attaches
         #: the store's, off until then).
         self.events: EventLog = EventLog.off()
         #: Hosts that start in backoff and are named only when this crawl first meets them, and what names them

@@ -1,5 +1,5 @@
 """How the package writes numbers and times for a person (docs/getting-started.md, "The words"): one copy of each
-formatter, for the closing summary, the progress and start-up lines (:mod:`scrapy_polite.summary`), the
+formatter, for the closing summary, the progress and start-up lines (:mod:`scrapy_polite.reports.summary`), the
 ``scrapy check`` contracts, the operator command (:mod:`scrapy_polite.commands`), the audit's report and the
 timeline.
 

@@ -20,8 +20,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..stores.base import Event
 from .events import DEFERRAL_WORDS, REFUSAL_WORDS, clock_time, describe
-from .stores.base import Event
 from .words import plural
 
 __all__ = ["FORMATS", "OUTCOME_COLOURS", "hosts_of", "timeline_format", "timeline_html", "timeline_svg",

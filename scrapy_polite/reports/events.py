@@ -32,10 +32,10 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.python.failure import Failure
 
-from .clock import ClockSync
-from .policy import HostState
-from .stores.base import Event
-from .vocabulary import DeferralReason, RefusalReason
+from ..clock import ClockSync
+from ..policy import HostState
+from ..stores.base import Event
+from ..vocabulary import DeferralReason, RefusalReason
 
 __all__ = ["DEFERRAL_WORDS", "EventLog", "EventWriter", "REFUSAL_WORDS", "clock_time", "describe", "process_source",
            "throttle_cause"]

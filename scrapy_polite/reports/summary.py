@@ -1,7 +1,7 @@
 """What the crawl tells its user at INFO, in the words of docs/getting-started.md ("The words"): the closing summary,
 the live progress line (every ``LOGSTATS_INTERVAL`` seconds) and the hosts that start in backoff.
 
-Pure formatting: counters (:class:`~scrapy_polite.reporting.Report`) and times in, text out. The words are
+Pure formatting: counters (:class:`~scrapy_polite.reports.counters.Report`) and times in, text out. The words are
 the same everywhere (the documentation, the summary, ``scrapy polite``): **requests**, **given up**, **throttles**,
 **backoff steps**, **backing off**, **turn waits**, **deferred** (``throttled``, ``Crawl-delay``),
 **refused** (``non-public``, ``no host``), **held**, **due**.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .counters import HostCounters, Report, Span
 from .events import DEFERRAL_WORDS, REFUSAL_WORDS
-from .reporting import HostCounters, Report, Span
 from .words import format_due, format_duration, format_table, plural
 
 __all__ = [
