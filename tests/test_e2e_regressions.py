@@ -414,9 +414,9 @@ class StopWhenDoneSpider(ListSpider):
 async def test_throttled_hosts_do_not_stall_robots_txt(arrival_server, tmp_path, robots):
     """Four hosts (127.0.4.51-54) are still backing off from an earlier run (rows with ``consec=1`` and
     ``next_allowed = now + 40``), with ``ROBOTSTXT_OBEY=True``. Their requests are deferred before they wait for
-    their robots.txt (the early deferral, docs/spec.md §5), so the healthy host 127.0.4.50 is crawled at once: its first page within 3 s, all five within
-    5 s. Then ``crawler.stop_async()`` (called by the spider) ends the crawl within 3 s although requests
-    are still held.
+    their robots.txt (the early deferral, docs/spec.md §5), so the healthy host 127.0.4.50 is crawled at once: its first page within 6 s, all five within
+    8 s (bounds for a loaded machine). Then ``crawler.stop_async()`` (called by the spider) ends the crawl within
+    6 s although requests are still held.
 
     Fails (checked with ``scrapy_polite.robotstxt.defer_early`` patched to return False) when the
     throttled hosts' first requests wait inside ``RobotsTxtMiddleware`` behind their
@@ -446,15 +446,17 @@ async def test_throttled_hosts_do_not_stall_robots_txt(arrival_server, tmp_path,
     t_end = process_clock()
     good_hits = hits(good)
     timeline = [(a.path, round(a.start - t0, 2)) for a in good_hits]
-    assert good_hits and good_hits[0].start - t0 < 3.0, (
-        f"the healthy host's first page must arrive within 3 s: {timeline}")
-    assert len(good_hits) == 5 and good_hits[-1].start - t0 < 5.0, (
-        f"all five pages of the healthy host must arrive within 5 s: {timeline}")
+    # Bounds for a loaded machine (about 1 s and 1.5 s unloaded, the crawl's start included); the bug they catch
+    # sends no healthy page at all and holds the stop for ~40 s.
+    assert good_hits and good_hits[0].start - t0 < 6.0, (
+        f"the healthy host's first page must arrive within 6 s: {timeline}")
+    assert len(good_hits) == 5 and good_hits[-1].start - t0 < 8.0, (
+        f"all five pages of the healthy host must arrive within 8 s: {timeline}")
     assert all(hits(srv) == [] and srv.hits("/robots.txt") == 0 for srv in bad), (
         "no request (not even robots.txt) may reach a host still backing off")
     stop_at = crawler.spider.stop_at
     assert stop_at is not None, "the spider never asked to stop"
-    assert t_end - stop_at < 3.0, (
+    assert t_end - stop_at < 6.0, (
         f"crawler.stop_async() took {t_end - stop_at:.1f} s to end the crawl "
         f"(finish_reason {crawler.stats.get_value('finish_reason')!r})")
     assert crawler.stats.get_value("finish_reason") == "shutdown"
