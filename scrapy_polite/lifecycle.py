@@ -234,11 +234,15 @@ class Lifecycle:
 
     # -- the middleware's and the booking's moves -----------------------------------------------------
 
-    def arrive(self, request: Any, host: str) -> None:
+    def arrive(self, request: Any, host: str, *, take_line: bool = False) -> bool:
         """``request`` reached the pacing middleware for ``host``: its claim (if any) is over; it now waits
-        for its line or its booking. The host is woken: it is held back from here on by the line only."""
+        for its line or its booking. ``take_line``: it takes the host's line first if it is free (:meth:`take`),
+        so the host stays blocked from the claim to the line and nothing is woken for it. Otherwise the host is
+        woken when nothing blocks it any more (:meth:`blocked`). True when the request holds the host's line."""
         self._move(request, Stage.WAITING, host)
+        taken = take_line and self.take(host, request)
         self._unclaim(request)
+        return taken
 
     def take(self, key: str, request: Any) -> bool:
         """Take the key's line for ``request`` if it is free (or already its own); True when it holds it.
@@ -424,7 +428,8 @@ class Lifecycle:
             paced.claimed = None
         if self._claims.get(host) is request:
             del self._claims[host]
-            self._wake(host)
+            if not self.busy(host):  # a taken line wakes the host when it frees (_free_line)
+                self._wake(host)
 
     def _free(self, request: Any, host: str, address_key: str | None = None) -> None:
         self._unclaim(request)

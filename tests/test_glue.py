@@ -879,6 +879,7 @@ def test_the_pacer_paces_a_host_on_the_fake_clock():
     assert not pacer.lifecycle.busy("a.example") and pacer.booker.scheduler.wakes == ["a.example"]
     r2 = request("http://a.example/2", proxy="http://proxy.example:3128")
     assert inline(pacer.booker.before_request(r2, "a.example")) == Defer(due=T0 + 3.5, reason="throttled")
+    assert not pacer.lifecycle.busy("a.example")  # r2 took the line on arrival and gave it back with its deferral
     report = pacer.report.host_report()["a.example"]
     assert (report["requests"], report["throttles"], report["deferral_reasons"]) == (1, 1, {"throttled": 1})
     # r2 was deferred on the row r1's record left (docs/spec.md §5, "The early deferral"): it resolved nothing yet.

@@ -514,6 +514,28 @@ def test_a_claim_is_ended_whatever_host_the_request_arrives_for():
     assert not lc.blocked("a.example") and woken == ["a.example"]
 
 
+def test_a_claim_handed_to_the_hosts_line_wakes_the_host_only_when_the_line_frees():
+    """A released request that arrives and takes its host's line (``take_line``) keeps the host blocked from its
+    claim to its line: nothing is woken then (the wake would find the host blocked and cost the engine a turn),
+    and the line's end wakes it. Negative controls: arriving without the line (a burst) wakes the host at once;
+    a claim that ends while another request holds the line wakes nothing until that line frees."""
+    lc = Lifecycle()
+    woken: list[str] = []
+    lc.wake = woken.append
+    r1, r2, r3 = (scrapy.Request(f"http://a.example/{i}") for i in range(3))
+    lc.release(r1, "a.example")
+    assert lc.arrive(r1, "a.example", take_line=True) is True
+    assert lc.blocked("a.example") and lc.holds("a.example", r1) and woken == []
+    lc.release(r2, "a.example")  # another pass of the scheduler's (a fresh request) while r1 is in flight
+    assert lc.arrive(r2, "a.example", take_line=True) is False  # the line is r1's: r2 waits for it
+    assert woken == []
+    lc.end(r1)
+    assert woken == ["a.example"]
+    lc.release(r3, "a.example")
+    assert lc.arrive(r3, "a.example") is False  # no line asked for: the claim's end wakes the host
+    assert woken == ["a.example", "a.example"] and not lc.blocked("a.example")
+
+
 @pytest_twisted.ensureDeferred
 async def test_the_pacers_reconcile_releases_the_reclaimed_requests_pin_and_hold():
     """The same through :meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`, the one the scheduler and
