@@ -196,22 +196,20 @@ class Booker:
         """
         deferrable = self.can_defer(request)
         override = self.override(host, request)
-        lifecycle = self.lifecycle
         burst = bool(request.meta.get(BURST_META))
-        # From its claim to its host's line in one move: the host is not woken in between (a burst takes no line).
-        taken = lifecycle.arrive(request, host, take_line=not burst)
-        try:
-            if deferrable:  # on the row this process knows (docs/spec.md §5, "The early deferral"): no lookup, no booking
+        taken = self.lifecycle.arrive(request, host, take_line=not burst)  # from its claim to its line in one move
+        try:  # the early deferral, on the row this process knows (docs/spec.md §5): no lookup, no booking
+            if deferrable:
                 known = self.policy.defer_verdict(self.report.known(host), self.clock.store_now(), override=override)
                 if known is not None:
                     self.release(request, host)
                     return self.defer(host, self.clock.to_local(known.due), known.reason, request)
             if burst:
                 return await self._burst(request, host, override, deferrable)
-            while not (taken or lifecycle.take(host, request)):  # taken, never assigned: re-checked after every wait
+            while not (taken or self.lifecycle.take(host, request)):  # never assigned: re-checked after each wait
                 if deferrable:
                     return self.defer(host, None, "line", request)
-                await await_deferred(lifecycle.wait_for([host]))
+                await await_deferred(self.lifecycle.wait_for([host]))
             return await self._book(request, host, override, deferrable)
         except BaseException:
             self.release(request, host)
