@@ -232,6 +232,10 @@ class PoliteScheduler:
             host = _line_host(request) if request is not None else None
             if request is None or host is None:
                 return request
+            if self.lifecycle.blocked(host) and not self.lifecycle.busy(host):
+                # Blocked by a claim only: one whose request left by a path no middleware saw (a middleware before
+                # ours sent another request in its place) ends now, not at the next reconcile (docs/spec.md §5).
+                self.pacer.reconcile(force=True)
             if not self.lifecycle.blocked(host):
                 self.lifecycle.release(request, host)  # it claims its host until it is booked or leaves
                 return request

@@ -24,6 +24,7 @@ import math
 from typing import Any
 from unittest import mock
 
+import pytest
 import pytest_twisted
 import scrapy
 from hypothesis import settings as hsettings
@@ -420,6 +421,29 @@ def test_a_new_request_of_a_blocked_host_is_held_for_its_line_before_it_enters_t
             assert len(m.released) <= 1
         assert served == ["http://a.test/1", "http://b.test/4", "http://a.test/2", "http://a.test/3"]
         assert m.scheduler.held_count() == 0
+    finally:
+        m.teardown()
+
+
+@pytest.mark.parametrize("first", ["vanishes", "negative-control-in-the-downloader"])
+def test_a_new_request_is_not_held_for_a_claim_whose_request_left_without_our_middleware(first):
+    """a.test/1 claims its host and leaves the downloader by a path no middleware saw (a middleware before ours
+    returned another request in its place): the next new request of a.test is handed out at once, the claim ended
+    then (not up to a second later, at the next reconcile: one request per second for a crawl whose middleware
+    rewrites every request). Negative control: while a.test/1 is still in the downloader, a.test/2 is held."""
+    m = LifecycleMachine()
+    m.setup([0.0] * len(HOSTS))
+    try:
+        reconcile = m.pacer.reconcile
+        m.pacer.reconcile = lambda *, force=False: reconcile() if force else 0  # the once-a-second one is not due
+        m.new_request("a.test", 2)
+        m.engine_asks(1)
+        if first == "vanishes":
+            m.through_the_middlewares(0, "vanish")
+        m.engine_asks(1)
+        held = m.scheduler.held_count()
+        assert held == (0 if first == "vanishes" else 1)
+        assert [r.url for r in m.released][-1:] == (["http://a.test/2"] if first == "vanishes" else ["http://a.test/1"])
     finally:
         m.teardown()
 
