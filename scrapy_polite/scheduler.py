@@ -53,13 +53,11 @@ from .contracts import fail_held_contract_requests
 from .frontier.leases import is_shared_scheduler
 from .frontier.worker import SharedWorker
 from .held import HELD_DIR, HeldRequests
-from .hosts import InvalidHost, url_host
 from .lifecycle import IN_DOWNLOADER
 from .pacer import Pacer, get_pacer
 from .reactor import call_later
 from .seams import SharedFrontier
 from .settings import SettingsError
-from .vocabulary import BURST_META, DONT_PACE_META
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -73,8 +71,6 @@ __all__ = ["PoliteScheduler"]
 #: Seconds between two pokes of the engine while a held request is due but not taken (its host's line busy, the
 #: downloader full): the engine also asks whenever a download ends.
 REPOLL = 1.0
-#: The most fresh requests :meth:`PoliteScheduler.next_request` holds for a taken line in one call.
-PARK_MAX = 100
 
 #: The file in which versions before :mod:`scrapy_polite.held` saved held requests; read once on resume.
 DEFERRED_FILE = "polite_deferred.pickle"
@@ -164,7 +160,7 @@ class PoliteScheduler:
 
     def _close_local(self, reason: str) -> Any:
         try:
-            _save_or_report(self)
+            self._save_or_report()
         except Exception:
             logger.exception("scrapy-polite: could not save the deferred requests")
             if self.crawler.stats is not None:
@@ -214,35 +210,13 @@ class PoliteScheduler:
             if self.shared is not None:
                 request = self.shared.take({host for host, _ in self._held.items()}, len(self._held))
             else:
-                request = self._fresh()
+                request = self.inner.next_request()
             if request is None:
                 return None
         self._owned.add(request)
         if self.shared is not None:
             self.shared.busy()
         return request
-
-    def _fresh(self) -> Request | None:
-        """The inner scheduler's next request, which claims its host as a held request does when it is released; held
-        here instead when its host's line is taken or claimed: it would only be deferred for that line at the pacing
-        middleware (counted alike: ``polite/deferrals/line``), after a pass through the engine and the downloader. At
-        most :data:`PARK_MAX` per call; then the engine is asked to come back on its next turn (docs/spec.md §5)."""
-        for _ in range(PARK_MAX):
-            request: Request | None = self.inner.next_request()
-            host = _line_host(request) if request is not None else None
-            if request is None or host is None:
-                return request
-            if self.lifecycle.blocked(host) and not self.lifecycle.busy(host):
-                # Blocked by a claim only: one whose request left by a path no middleware saw (a middleware before
-                # ours sent another request in its place) ends now, not at the next reconcile (docs/spec.md §5).
-                self.pacer.reconcile(force=True)
-            if not self.lifecycle.blocked(host):
-                self.lifecycle.release(request, host)  # it claims its host until it is booked or leaves
-                return request
-            self.booker.defer(host, None, "line", request)
-            self._keep(request, host, None)
-        wake_engine(self.crawler)
-        return None
 
     def ended(self, request: Request) -> None:
         """``request`` left the process's pacing: its lease in the shared frontier ends (called by
@@ -272,9 +246,6 @@ class PoliteScheduler:
         With the shared frontier, a request deferred until a moment goes back to Redis (any worker takes it
         when its host is due); one deferred for a line stays here, leased."""
         self._rehold.add(request)
-        self._keep(request, host, due)
-
-    def _keep(self, request: Request, host: str, due: float | None) -> None:
         self._owned.discard(request)
         frontier = self.frontier
         if (frontier is not None and due is not None and frontier.owns(request)
@@ -387,6 +358,44 @@ class PoliteScheduler:
     def _path(self) -> str | None:
         return os.path.join(self._jobdir, DEFERRED_FILE) if self._jobdir else None
 
+    def _save_or_report(self) -> None:
+        """Close the held requests: under ``JOBDIR`` they stay on disk for resume (those that could not be
+        written are logged and counted), without it they are reported and counted as not crawled."""
+        stats = self.crawler.stats
+        count = len(self._held)
+        summary = self.describe() if count else ""
+        left = self._held.close()  # the requests held in memory, which are not kept
+        # In `scrapy check`, a contract request still held fails the check instead of passing silently.
+        fail_held_contract_requests(left, self._due.get, self.pacer)
+        if stats is not None:
+            if self._held.written:
+                stats.set_value("polite/deferred/spilled", self._held.written)
+            if self._held.unreadable:
+                stats.set_value("polite/deferred/unreadable", self._held.unreadable)
+        if not count:
+            return
+        if not self._jobdir:
+            if stats is not None:
+                stats.set_value("polite/deferred/not_crawled", count)
+            logger.warning("scrapy-polite: %d deferred %s not crawled (set JOBDIR to resume them). %s",
+                           count, "request was" if count == 1 else "requests were", summary)
+            return
+        spider = self.crawler.spider
+        for request in left:
+            try:
+                pickle.dumps(request.to_dict(spider=spider), protocol=4)
+                reason = "it could not be written to disk"
+            except Exception as exc:  # a callback that is not a spider method, unpicklable meta
+                reason = str(exc)
+            logger.error("scrapy-polite: cannot save deferred %s for resume: %s", request, reason)
+        if left and stats is not None:
+            stats.set_value("polite/deferred/not_saved", len(left))
+        saved = count - len(left)
+        if stats is not None:
+            stats.set_value("polite/deferred/saved", saved)
+        logger.info("scrapy-polite: %d deferred requests are kept in %s for resume. %s", saved,
+                    os.path.join(self._jobdir, HELD_DIR), summary)
+
     def _load(self) -> None:
         """Hold again what a previous run left under ``JOBDIR`` (stopped or killed), at the due times it
         recorded; a ``polite_deferred.pickle`` of an older version is moved into the held requests."""
@@ -417,56 +426,3 @@ class PoliteScheduler:
             self.crawler.stats.set_value("polite/deferred/resumed", count)
         logger.info("scrapy-polite: resumed %d deferred requests from %s", count,
                     os.path.join(self._jobdir or "", HELD_DIR))
-
-
-def _line_host(request: Request) -> str | None:
-    """The host key whose line ``request`` will wait for at the pacing middleware (as it reads it there), or None:
-    a ``dont_pace`` or burst request (they take no line), a URL without a host or with an invalid one (refused
-    there)."""
-    meta = request.meta
-    if meta.get(DONT_PACE_META) or meta.get(BURST_META):
-        return None
-    try:
-        parsed = url_host(request.url)
-    except InvalidHost:
-        return None
-    return parsed.key if parsed is not None else None
-
-
-def _save_or_report(scheduler: PoliteScheduler) -> None:
-    """Close the held requests: under ``JOBDIR`` they stay on disk for resume (those that could not be
-    written are logged and counted), without it they are reported and counted as not crawled."""
-    stats = scheduler.crawler.stats
-    count = len(scheduler._held)
-    summary = scheduler.describe() if count else ""
-    left = scheduler._held.close()  # the requests held in memory, which are not kept
-    # In `scrapy check`, a contract request still held fails the check instead of passing silently.
-    fail_held_contract_requests(left, scheduler._due.get, scheduler.pacer)
-    if stats is not None:
-        if scheduler._held.written:
-            stats.set_value("polite/deferred/spilled", scheduler._held.written)
-        if scheduler._held.unreadable:
-            stats.set_value("polite/deferred/unreadable", scheduler._held.unreadable)
-    if not count:
-        return
-    if not scheduler._jobdir:
-        if stats is not None:
-            stats.set_value("polite/deferred/not_crawled", count)
-        logger.warning("scrapy-polite: %d deferred %s not crawled (set JOBDIR to resume them). %s",
-                       count, "request was" if count == 1 else "requests were", summary)
-        return
-    spider = scheduler.crawler.spider
-    for request in left:
-        try:
-            pickle.dumps(request.to_dict(spider=spider), protocol=4)
-            reason = "it could not be written to disk"
-        except Exception as exc:  # a callback that is not a spider method, unpicklable meta
-            reason = str(exc)
-        logger.error("scrapy-polite: cannot save deferred %s for resume: %s", request, reason)
-    if left and stats is not None:
-        stats.set_value("polite/deferred/not_saved", len(left))
-    saved = count - len(left)
-    if stats is not None:
-        stats.set_value("polite/deferred/saved", saved)
-    logger.info("scrapy-polite: %d deferred requests are kept in %s for resume. %s", saved,
-                os.path.join(scheduler._jobdir, HELD_DIR), summary)

@@ -24,7 +24,6 @@ import math
 from typing import Any
 from unittest import mock
 
-import pytest
 import pytest_twisted
 import scrapy
 from hypothesis import settings as hsettings
@@ -391,84 +390,6 @@ def test_everything_ends_crawled_or_dropped_once_time_moves_on():
         m.teardown()
 
 
-def test_a_new_request_of_a_blocked_host_is_held_for_its_line_before_it_enters_the_downloader():
-    """The scheduler hands out a new request of a.test, which claims the host; the next two of a.test are held at
-    once for its line (a deferral for the line, counted as the middleware counts it), never reaching the engine,
-    and come out one at a time as the line frees. Negative controls: a request of another host and a
-    ``dont_pace`` request of a.test (it takes no line) are handed out."""
-    m = LifecycleMachine()
-    m.setup([0.0] * len(HOSTS))
-    try:
-        m.new_request("a.test", 3)
-        m.new_request("b.test", 1)
-        unpaced = scrapy.Request("http://a.test/unpaced", meta={"dont_pace": True}, dont_filter=True)
-        m.scheduler.enqueue_request(unpaced)
-        m.engine_asks(4)
-        assert [r.url for r in m.released] == ["http://a.test/1", "http://b.test/4", "http://a.test/unpaced"]
-        assert m.scheduler.held_count() == 2 and m.booker.report.stats.get_value("polite/deferrals/line") == 2
-        assert {m.lifecycle.stage(r) for r in m.released} == {Stage.RELEASED, None}
-        m.released.remove(unpaced)
-        m.active.discard(unpaced)
-        served = []
-        for _ in range(6):
-            while m.released:
-                served.append(m.released[0].url)
-                m.through_the_middlewares(0, "book")
-            if m.in_flight:
-                m.download_ends(0, 200, None)
-            m.time_passes(1.0)
-            m.engine_asks(4)
-            assert len(m.released) <= 1
-        assert served == ["http://a.test/1", "http://b.test/4", "http://a.test/2", "http://a.test/3"]
-        assert m.scheduler.held_count() == 0
-    finally:
-        m.teardown()
-
-
-@pytest.mark.parametrize("first", ["vanishes", "negative-control-in-the-downloader"])
-def test_a_new_request_is_not_held_for_a_claim_whose_request_left_without_our_middleware(first):
-    """a.test/1 claims its host and leaves the downloader by a path no middleware saw (a middleware before ours
-    returned another request in its place): the next new request of a.test is handed out at once, the claim ended
-    then (not up to a second later, at the next reconcile: one request per second for a crawl whose middleware
-    rewrites every request). Negative control: while a.test/1 is still in the downloader, a.test/2 is held."""
-    m = LifecycleMachine()
-    m.setup([0.0] * len(HOSTS))
-    try:
-        reconcile = m.pacer.reconcile
-        m.pacer.reconcile = lambda *, force=False: reconcile() if force else 0  # the once-a-second one is not due
-        m.new_request("a.test", 2)
-        m.engine_asks(1)
-        if first == "vanishes":
-            m.through_the_middlewares(0, "vanish")
-        m.engine_asks(1)
-        held = m.scheduler.held_count()
-        assert held == (0 if first == "vanishes" else 1)
-        assert [r.url for r in m.released][-1:] == (["http://a.test/2"] if first == "vanishes" else ["http://a.test/1"])
-    finally:
-        m.teardown()
-
-
-def test_at_most_park_max_new_requests_are_held_in_one_call_then_the_engine_comes_back():
-    """A call of ``next_request`` that meets only requests of a blocked host holds :data:`PARK_MAX` of them and
-    answers None (the reactor is not held by a long queue of one host); the next call goes on."""
-    m = LifecycleMachine()
-    m.setup([0.0] * len(HOSTS))
-    try:
-        m.new_request("a.test", 1)
-        m.engine_asks(1)
-        spider = m.crawler.spider
-        for i in range(scheduler_module.PARK_MAX + 5):
-            m.scheduler.enqueue_request(scrapy.Request(f"http://a.test/more/{i}", callback=spider.parse,
-                                                       dont_filter=True))
-        m.scheduler.enqueue_request(scrapy.Request("http://b.test/last", callback=spider.parse, dont_filter=True))
-        assert m.scheduler.next_request() is None
-        assert m.scheduler.held_count() == scheduler_module.PARK_MAX
-        assert m.scheduler.next_request().url == "http://b.test/last"
-        assert m.scheduler.held_count() == scheduler_module.PARK_MAX + 5
-    finally:
-        m.teardown()
-
-
 def test_a_host_whose_released_requests_are_dropped_one_by_one_is_never_parked_on_nothing():
     """The crawl of the issue in miniature: a.test starts in backoff with five requests, all held; once due,
     each released request is dropped before booking (robots.txt) or booked. The host is never parked with
@@ -499,9 +420,7 @@ def test_a_host_whose_released_requests_are_dropped_one_by_one_is_never_parked_o
                 m.download_ends(0, 200, None)
             m.time_passes(1.0)
         assert m.scheduler.held_count() == 0 and m.ended == 5
-        # Held in the order they were deferred: /1, handed out first, claimed the host, so /2 to /5 were held for its
-        # line at once and /1 behind them when its booking deferred it (the backoff).
-        assert [r.url for r in m.booked_requests] == ["http://a.test/2", "http://a.test/5"]
+        assert [r.url for r in m.booked_requests] == ["http://a.test/1", "http://a.test/4"]
     finally:
         m.teardown()
 
