@@ -5,10 +5,10 @@ Redis, the setup README's "Running many crawlers" shows) and crawl one **slow** 
 whose every answer takes longer than the interval. The checks read the **server's** arrival log:
 
 * two processes, the pages split between them: never two requests in progress at once, every start at
-  least one interval after the previous response *ended*, every page fetched, and the whole crawl within
-  1.1 × its ideal (each request one interval after the previous end: the waiting process takes the host
-  when it is released, not at the hold's bound). Negative control: the same crawl with the hold switched
-  off (the booking reserves the host for one interval from its start, as before) overlaps;
+  least one interval after the previous response *ended*, every page fetched, and no hand-off late: the waiting
+  process takes the host when it is released, not at the hold's bound (judged per hand-off, :func:`judge_handoffs`;
+  the span against its ideal is ``bench/fleet.py``'s figure). Negative control: the same crawl with the hold
+  switched off (the booking reserves the host for one interval from its start, as before) overlaps;
 * ``scrapy polite audit`` of the table's log: no violation with the hold, the ``in_flight`` pairs without it;
 * a process SIGKILLed with its request in flight: the other process books the host only once the hold's
   bound (the request's download timeout plus the interval) has passed, never before — and soon after;
@@ -23,6 +23,7 @@ import contextlib
 import os
 import threading
 import time
+from statistics import median
 from typing import Any
 
 import pytest
@@ -43,6 +44,13 @@ INTERVAL = 0.5
 SLOW = 1.2
 PAGES = 4  # per process
 HOST = "slow.test"
+#: Seconds a request may start after the moment the rule allows it (:func:`judge_handoffs`). Kept out until the
+#: hold's bound (booking + download timeout 20 s + interval) instead of its release, a process loses at least
+#: 20 + 0.5 − 6.3 ≈ 14 s (the other process's 4 pages, 6.3 s, the most it can fill of that wait); the slack is
+#: under a quarter of it, and leaves room for a process that starts crawling seconds after the other.
+MAX_LATE = 3.0
+#: Seconds the median request may start late: paced at twice the interval, every hand-off is one interval late.
+MEDIAN_LATE = INTERVAL / 2
 ADDRESS = "127.0.9.21"
 
 
@@ -81,6 +89,23 @@ def overlaps_and_gaps(arrivals: list[Arrival]) -> tuple[list[str], list[str]]:
     return overlaps, short
 
 
+def lateness(arrivals: list[Arrival]) -> list[float]:
+    """Per hand-off, from the server's arrival log: how long after the moment the rule allows it each request
+    started (``start − (previous end + interval)``, seconds), the time the server spent answering excluded."""
+    ordered = sorted(arrivals, key=lambda a: a.start)
+    return [b.start - (a.end + INTERVAL) for a, b in zip(ordered, ordered[1:])]
+
+
+def judge_handoffs(arrivals: list[Arrival]) -> None:
+    """The waiting process takes the host when it is released, not at the hold's bound: no request more than
+    :data:`MAX_LATE` after the moment the rule allows it, the median one no more than :data:`MEDIAN_LATE`.
+    Judged per hand-off, from the time the server itself observed, so a slow machine's milliseconds per hand-off
+    do not add up to a failure."""
+    late = lateness(arrivals)
+    assert max(late) <= MAX_LATE and median(late) <= MEDIAN_LATE, (
+        f"late by {[round(x, 3) for x in late]} s (at most {MAX_LATE}, median {MEDIAN_LATE})\n{describe(arrivals)}")
+
+
 def describe(arrivals: list[Arrival]) -> str:
     return "\n".join(f"  {a.start:.3f}-{a.end:.3f} {a.status} {a.path}" for a in sorted(arrivals, key=lambda a: a.start))
 
@@ -112,11 +137,8 @@ def test_two_processes_never_overlap_on_a_slow_host(table, request, arrival_serv
     assert not overlaps and not short, "\n".join(overlaps + short) + "\n" + describe(hits)
     # Both processes crawled (the host was shared, not waited out by one of them alone).
     assert {a.path.split("/")[1] for a in hits} == {"p0", "p1"}
-    # The waiting process took the host when it was released, not at the hold's bound: within 1.1 × the ideal.
-    ordered = sorted(hits, key=lambda a: a.start)
-    ideal = sum(a.end - a.start for a in ordered) + INTERVAL * (len(ordered) - 1)
-    span = ordered[-1].end - ordered[0].start
-    assert span <= 1.1 * ideal, f"{span:.2f} s > 1.1 × {ideal:.2f} s\n{describe(hits)}"
+    # The waiting process took the host when it was released, not at the hold's bound.
+    judge_handoffs(hits)
     assert all(r["stats"]["finish_reason"] == "finished" for r in results)
     report = audited(store)
     assert report.ok and len(report.sources) == 2, format_report(report, store=table)
@@ -333,9 +355,7 @@ def test_two_scrapy_redis_workers_never_overlap_on_a_slow_host(arrival_server, r
     assert sorted(a.path for a in hits) == sorted(f"/p/{i}" for i in range(2 * PAGES)), describe(hits)
     overlaps, short = overlaps_and_gaps(hits)
     assert not overlaps and not short, "\n".join(overlaps + short) + "\n" + describe(hits)
-    ordered = sorted(hits, key=lambda a: a.start)
-    ideal = sum(a.end - a.start for a in ordered) + INTERVAL * (len(ordered) - 1)
-    assert ordered[-1].end - ordered[0].start <= 1.1 * ideal, describe(hits)
+    judge_handoffs(hits)  # the waiting worker took the host when it was released, not at the hold's bound
 
 
 def test_negative_control_two_scrapy_redis_workers_without_the_hold_overlap(arrival_server, redis_url,  # noqa: F811

@@ -1,13 +1,18 @@
 """End-to-end: pacing from announced quotas (docs/spec.md §2, "Announced quotas"), against loopback servers that
 enforce a quota of ``q`` requests per ``w`` seconds and announce it (:class:`tests.support.quota.Quota`).
 
-Each rate-limit header form: the crawl receives **no** 429 and finishes within 1.1 × the quota-bound ideal
-time (``n × w / q``). The negative controls: the same server crawled with ``POLITE_RATELIMIT_HEADERS = False``
-is refused; a quota announced but not enforced still paces the crawl; malformed fields are counted and ignored.
+Each rate-limit header form: the crawl receives **no** 429 and loses no time the quota does not ask for: from
+the server's arrival log, every request starts within ``w / 2`` of the moment the rules allowed it (the previous
+answer's end plus ``w / q``, or the reset of a spent window), half a hold of one window too many, and the median
+one within ``w / q / 2``, half the cost of pacing at twice ``w / q`` (:func:`judge_lateness`; the makespan
+against the quota-bound ideal, ``n × w / q``, is ``bench/ratelimit.py``'s figure). The negative controls: the
+same server crawled with ``POLITE_RATELIMIT_HEADERS = False`` is refused; a quota announced but not enforced
+still paces the crawl; malformed fields are counted and ignored.
 
 Several crawlers on one SQLite table (as several processes would share it), each quota style, a server that
-answers slowly enough for requests to be in flight together: no 429, every page, makespan ≤ 1.1 × ideal, no more
-than ``q`` arrivals in any fixed (or, for a token bucket, sliding) window; the count is in the shared row.
+answers slowly enough for requests to be in flight together: no 429, every page, no hand-off late (the same
+judgement), no more than ``q`` arrivals in any fixed (or, for a token bucket, sliding) window; the count is in the
+shared row.
 Negative control: the same crawlers ignoring the headers are refused.
 
 The crawl's own pacing is made fast (``POLITE_HOST_INTERVAL = 0.02``, no per-IP pacing), so only the quota
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from statistics import median
 from typing import Any
 
 import pytest
@@ -33,6 +39,9 @@ from tests.support.server import Arrival, start_gaps
 TOL = 0.02
 #: Requests per crawl, the quota and its window: 20 requests at 5 per 2 s → an ideal of 8 s.
 PAGES, Q, W = 20, 5, 2.0
+#: How precisely a form states its reset, seconds (docs/spec.md §2, "The reset's resolution"): a spent quota is
+#: taken as replenished that long after it. The epoch second of ``x-epoch``; three decimals for the others.
+RESOLUTION = {"x-epoch": 1.0}
 
 
 def settings(tmp_path: Any, **overrides: Any) -> dict[str, Any]:
@@ -52,6 +61,43 @@ def max_in_any_window(hits: list[Arrival], window: float) -> int:
     return max(sum(1 for s in starts[i:] if s < t + window) for i, t in enumerate(starts))
 
 
+def late(hits: list[Arrival], quota: Quota, host_interval: float = 0.02) -> list[float]:
+    """Per hand-off, from the server's arrival log: how long after the moment the rules allow it each request
+    started (``start − allowed``, seconds; docs/spec.md §2), so only the time the client lost is judged, never
+    the time the rules (or the server's answers) took. Allowed: the previous answer's end plus the interval
+    (``w / q`` when the quota announces a window: a token bucket here; else the host interval), or, after the
+    request that spent the server's fixed window, that window's end plus the reset's resolution
+    (:data:`RESOLUTION`)."""
+    interval = quota.window / quota.quota if quota.mode == "bucket" else host_interval
+    used: Counter[int] = Counter()
+    out = []
+    for a, b in zip(hits, hits[1:]):
+        window = int(a.start // quota.window)
+        used[window] += 1
+        if quota.mode == "window" and used[window] == quota.quota:  # spent: held until the reset
+            allowed = (window + 1) * quota.window + RESOLUTION.get(quota.form, 0.001)
+        else:
+            allowed = a.end + interval
+        out.append(b.start - allowed)
+    return out
+
+
+def judge_lateness(hits: list[Arrival], quota: Quota) -> None:
+    """The crawl lost no time the quota does not ask for, judged per hand-off (:func:`late`), so a slow machine's
+    milliseconds per hand-off cannot add up to a failure, while each bug costs far more than its slack:
+
+    * no request more than ``w / 2`` late: a host held one window too many is ``w`` late; one kept out until a
+      hold's bound (the download timeout, 20 s) or the first answer's 10 s bound is later still;
+    * the median request no more than ``w / q / 2`` late: paced at twice ``w / q``, every hand-off is ``w / q``
+      late.
+    """
+    lost = late(hits, quota)
+    t0 = hits[0].start
+    log = [(round(a.start - t0, 3), round(x, 3)) for a, x in zip(hits[1:], lost)]  # (start, late) of each
+    assert max(lost) <= quota.window / 2, f"a request {max(lost):.2f} s after the rules allowed it: {log}"
+    assert median(lost) <= quota.window / quota.quota / 2, f"requests {median(lost):.2f} s late (median): {log}"
+
+
 def stat(crawler: Any, key: str) -> Any:
     return crawler.stats.get_value(f"polite/{key}")
 
@@ -65,7 +111,7 @@ async def crawl(arrival_server: Any, tmp_path: Any, address: str, quota: Quota, 
 
 
 # ---------------------------------------------------------------------------------------------------
-# Every form: no 429, and within 1.1 × the ideal time
+# Every form: no 429, and no hand-off late
 
 
 @pytest.mark.parametrize("form, address", [
@@ -83,9 +129,7 @@ async def test_an_announced_and_enforced_quota_is_never_exceeded(arrival_server,
     assert len(hits) == PAGES and quota.refused == 0, (
         f"{quota.refused} requests refused: {[(round(a.start - hits[0].start, 3), a.status) for a in hits]}")
     assert sorted(f.status for f in crawler.spider.fetched) == [200] * PAGES
-    makespan = hits[-1].end - hits[0].start
-    ideal = quota.ideal(PAGES)
-    assert makespan <= 1.1 * ideal, f"{makespan:.2f} s for an ideal of {ideal:.2f} s ({makespan / ideal:.2f} ×)"
+    judge_lateness(hits, quota)
     assert stat(crawler, "ratelimit/responses") == PAGES
     assert not stat(crawler, "ratelimit/malformed")
     if form in ("ietf", "draft"):  # a window is announced: paced by w / q, the quota is never spent
@@ -182,17 +226,15 @@ async def shared_crawl(arrival_server: Any, tmp_path: Any, address: str, quota: 
 async def test_eight_crawlers_on_one_table_keep_the_quota_to_the_last_request(arrival_server, tmp_path, form, address):
     """8 crawlers (one table, as 8 processes would share it) and a slow server (:data:`LATENCY`): one request in
     flight at a time across them (docs/spec.md §3, "In flight"), the host's first answer comes before its second
-    request, and a spent quota holds every crawler until the reset. No 429, every page, makespan
-    ≤ 1.1 × 16 × w / q from the server's arrival log."""
+    request, and a spent quota holds every crawler until the reset. No 429, every page, and from the server's
+    arrival log no request late after the moment the rules allowed it (:func:`judge_lateness`)."""
     quota = Quota(form=form, quota=SHARED_Q, window=SHARED_W)  # a token bucket for the forms with a window
     crawlers, srv = await shared_crawl(arrival_server, tmp_path, address, quota)
     hits = timeline(srv)
     assert quota.refused == 0, [(round(a.start - hits[0].start, 3), a.status) for a in hits]
     assert len(hits) == SHARED_PAGES
     assert sorted(f.status for c in crawlers for f in c.spider.fetched) == [200] * SHARED_PAGES
-    makespan = hits[-1].end - hits[0].start
-    ideal = quota.ideal(SHARED_PAGES)
-    assert makespan <= 1.1 * ideal, f"{makespan:.2f} s for an ideal of {ideal:.2f} s ({makespan / ideal:.2f} ×)"
+    judge_lateness(hits, quota)  # a crawler takes the host when it is released, not at the hold's bound
     # One request in flight at a time, whichever crawler booked it (the in-flight hold, docs/spec.md §3), and no
     # window got more than the quota.
     assert not any(b.start < a.end for a, b in zip(hits, hits[1:]))
