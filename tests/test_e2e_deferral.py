@@ -533,6 +533,15 @@ def _crowding(spider, prefix: str, t0: float) -> tuple[list[tuple[float, list[st
     return crowded, raw_max
 
 
+def _ahead_of_a(a, others, k: int = 4) -> list[int]:
+    """How many requests each of the other hosts made before host A's ``k + 1``-th started (A's first ``k``
+    intervals of 0.5 s). Held behind A's line in the downloader, a host gets a slot only when one of A's
+    requests leaves it: one request per A request, at most ``k``; flowing at its own 0.1 s it makes several per
+    A interval. A count from the server's log, each side slowed alike by load."""
+    due = timeline(a)[k].start
+    return [sum(1 for x in timeline(o) if x.start < due) for o in others]
+
+
 async def _one_line_crawl(arrival_server, tmp_path, base: int):
     a = arrival_server(f"127.0.2.{base}")
     others = [arrival_server(f"127.0.2.{base + i}") for i in (1, 2, 3)]
@@ -554,17 +563,20 @@ async def test_one_request_per_host_in_the_downloader_and_others_flow(arrival_se
     one request inside it that is booked (``polite_sent_at`` set) or has stayed there ≥ 50 ms (waiting in
     line): the other 19 are held by the scheduler, not occupying the 16 slots. (A request passes through the
     downloader for the instant its deferral is decided — one reactor turn — and two such arrivals can be
-    sampled together; that is not a request waiting in line.) B–D finish in about their own time
-    (≈ 20 × 0.1 s), long before A."""
+    sampled together; that is not a request waiting in line.) B–D are not held to A's pace: before A's fifth
+    request (4 × 0.5 s) each has made at least 6 requests of its own (15-20 on an idle machine; held behind A's line it
+    would make one per A request, 4, as the negative control below shows), and they finish before A."""
     crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(arrival_server, tmp_path, 80)
     assert len(timeline(a)) == 20 and all(len(timeline(o)) == 20 for o in others)
+    # Judged on order and counts of the server's log, not on seconds a loaded machine stretches: the bug (A's
+    # requests waiting in the downloader) costs B-D one 0.5 s stall per A request, 4 of them here.
+    ahead = _ahead_of_a(a, others)
+    assert min(ahead) >= 6, f"B-D made {ahead} requests during A's first 4 intervals: held to A's pace"
+    assert others_done < a_done, f"hosts B-D took {others_done:.2f} s (A: {a_done:.2f} s)"
     assert len(crawler.spider.samples) > 100
     assert not crowded, f"{len(crowded)} samples with more than one request of host A in the downloader: {crowded[:5]}"
     assert raw_max >= 1
     assert a_done >= 19 * 0.5 - TOL
-    assert others_done <= 20 * 0.1 + 2.0, f"hosts B-D took {others_done:.2f} s (A: {a_done:.2f} s)"
-    for o in others:
-        assert max(gaps(timeline(o))) <= 0.1 + SLACK, describe(timeline(o))
     assert stat(crawler, "deferrals/line") > 0
 
 
@@ -579,4 +591,5 @@ async def test_negative_control_without_deferral_requests_crowd_the_downloader(a
     crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(arrival_server, tmp_path, 90)
     assert len(timeline(a)) == 20 and all(len(timeline(o)) == 20 for o in others)
     assert crowded and raw_max > 5, (len(crowded), raw_max)
+    assert min(_ahead_of_a(a, others)) < 6, _ahead_of_a(a, others)  # held to A's pace: one per A request
     assert not stat(crawler, "deferrals")
