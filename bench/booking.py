@@ -9,7 +9,7 @@ Figures printed, each next to its baseline measured in the same run, on the same
 temporary file in WAL mode, ``synchronous=NORMAL``):
 
 1. **booking latency**: the downloader middleware's booking transaction as the pacer runs it
-   (:func:`scrapy_polite.booking.booking_update`: ``store.update_many([host, ip:...], fn)`` whose ``fn``
+   (:func:`scrapy_polite.crawl.booking.booking_update`: ``store.update_many([host, ip:...], fn)`` whose ``fn``
    is :meth:`PacingPolicy.book <scrapy_polite.policy.PacingPolicy.book>`), with H hosts over A addresses
    already in the table (each host on 1 or 2 addresses, 70 % on one), for
 
@@ -46,7 +46,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # a source checkout: the package need not be installed
 
-from scrapy_polite.booking import booking_update
+from scrapy_polite.crawl.booking import booking_update
 from scrapy_polite.policy import HostState, PacingPolicy, ip_key
 from scrapy_polite.stores import AsyncStore, MemoryStore, SQLiteStore
 
@@ -139,7 +139,7 @@ def async_book_loop(store: AsyncStore, hosts: list[str], host_addresses: dict[st
     ``(timings, booked, number of bookings that waited more than 1 ms: a checkpoint's hold, the thread)``."""
     from twisted.internet import defer, reactor, task
 
-    from scrapy_polite.reactor import await_deferred
+    from scrapy_polite.crawl.reactor import await_deferred
 
     out: dict[str, object] = {}
 

@@ -11,7 +11,7 @@ rows a transaction), ``--stale`` of them last updated 31-60 days ago, the others
 * **file size**: the database file after a WAL checkpoint, and bytes per row (the 10,000 ``ip:`` rows
   included);
 * **booking**: ``--bookings`` booking transactions as the downloader middleware runs them
-  (:func:`scrapy_polite.booking.booking_update` on ``update_many``, the host's row and one of 10,000
+  (:func:`scrapy_polite.crawl.booking.booking_update` on ``update_many``, the host's row and one of 10,000
   ``ip:`` rows, :meth:`PacingPolicy.book <scrapy_polite.policy.PacingPolicy.book>` inside), each on a host
   picked at random from the table, on the no-wait connection the crawl uses inline (``SQLiteStore.nowait``):
   median and p99 in microseconds;
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # a source checkout: the package need not be installed
 
-from scrapy_polite.booking import booking_update  # noqa: E402
+from scrapy_polite.crawl.booking import booking_update  # noqa: E402
 from scrapy_polite.policy import HostState, PacingPolicy  # noqa: E402
 from scrapy_polite.stores import SQLiteStore  # noqa: E402
 

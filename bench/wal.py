@@ -9,7 +9,7 @@ What runs: ``--bookings`` bookings through the crawl's real path, the pacer's as
 (``SQLiteStore(path).open_async()``, i.e. :class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`: group commit
 inline on the no-wait connection, :meth:`SQLiteStore.run_group <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`,
 the WAL checkpointed in two phases on the store's thread, docs/spec.md §6), on a running reactor. One booking is
-the downloader middleware's transaction (:func:`scrapy_polite.booking.booking_update`: ``update_many([host,
+the downloader middleware's transaction (:func:`scrapy_polite.crawl.booking.booking_update`: ``update_many([host,
 ip:...], PacingPolicy.book)``) of a random host among ``--hosts`` already in the table (over ``--addresses``
 addresses, each host on 1 or 2 of them, as in ``bench/booking.py``). ``--per-turn`` bookings start in one
 reactor turn (they form one group) and are awaited, then one reactor turn passes (the crawl's other work);
@@ -48,7 +48,7 @@ sys.path.insert(0, ROOT)  # a source checkout: the package need not be installed
 
 from booking import IP_INTERVAL, POLICY, _Clock, fill, rows, table  # bench/ is sys.path[0] as a script
 
-from scrapy_polite.booking import booking_update
+from scrapy_polite.crawl.booking import booking_update
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import SQLiteStore
 

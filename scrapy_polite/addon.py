@@ -31,7 +31,8 @@ from scrapy.utils.misc import load_object
 
 from .browser import BrowserRequestGuard, proxy_refusal
 from .browser_proxy import CHROMIUM_ARGS, BrowserProxy, ProxyOptions
-from .handlers import (
+from .crawl.seams import ResolverNotInstalled
+from .network.handlers import (
     CHECKED,
     SchemeMode,
     UnsafeHandlerError,
@@ -41,14 +42,13 @@ from .handlers import (
     log_modes,
 )
 from .resolver import PublicHostnameResolver
-from .seams import ResolverNotInstalled
 from .settings import DEFAULTS, DNSConfig, PoliteConfig, SettingsError, polite_enabled, warn_unknown_settings
 from .startup import refuse_to_start
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings, Settings
 
-    from .addresses import AddressFilter
+    from .network.addresses import AddressFilter
 
 __all__ = ["Addon", "CONTRACTS", "UnsafeHandlerError", "check_resolver"]
 
@@ -147,7 +147,7 @@ class Addon:
 
 
 def _check_handlers(settings: Settings) -> dict[str, SchemeMode]:
-    """Each scheme's handler mode (:func:`~scrapy_polite.handlers.handler_modes`, docs/spec.md §4.1); refuse a
+    """Each scheme's handler mode (:func:`~scrapy_polite.network.handlers.handler_modes`, docs/spec.md §4.1); refuse a
     handler the add-on does not know and the user did not accept (``POLITE_CHECKED_HANDLERS``), and a crawl
     without a Twisted reactor: they would silently lose the public-address guarantee.
 

@@ -33,10 +33,10 @@ from typing import Any
 from scrapy import signals
 from scrapy.utils.misc import load_object
 
-from .addresses import AddressFilter
 from .browser_proxy import CHROMIUM_ARGS, BrowserProxy, ProxyOptions
-from .hosts import InvalidHost, url_host
-from .reactor import await_deferred
+from .crawl.reactor import await_deferred
+from .network.addresses import AddressFilter
+from .network.hosts import InvalidHost, url_host
 from .resolver import PublicHostnameResolver
 
 __all__ = ["ABORTED_STAT", "BrowserRequestGuard", "bind_browser", "find_browser_proxy", "proxy_refusal"]

@@ -41,9 +41,9 @@ from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.python.failure import Failure
 
-from .addresses import AddressFilter
-from .hosts import InvalidHost, url_host
-from .reactor import installed_reactor
+from .crawl.reactor import installed_reactor
+from .network.addresses import AddressFilter
+from .network.hosts import InvalidHost, url_host
 from .resolver import BlockedHost, PublicHostnameResolver
 
 __all__ = ["BrowserProxy", "ProxyOptions", "PROXIED_STAT", "REFUSED_STAT", "FAILED_STAT", "CHROMIUM_ARGS"]

@@ -42,7 +42,7 @@ from scrapy.contracts import Contract
 from scrapy.exceptions import ContractFail
 from twisted.python.failure import Failure
 
-from .addresses import parse_ip_literal
+from .network.addresses import parse_ip_literal
 from .pacer import Pacer, find_pacer
 from .policy import NO_NETWORK_SCHEMES, host_key
 from .reports.summary import reason_words, reset_command

@@ -3,7 +3,7 @@
 * ``robots_parsed`` (Scrapy ≥ 2.18) — the host's ``Crawl-delay`` / ``Request-rate`` for the crawler's
   user agent (``ROBOTSTXT_USER_AGENT`` or ``USER_AGENT``), read with Protego, is recorded (unless its
   robots.txt was answered 5xx or 429: :attr:`Recorder.robots_statuses
-  <scrapy_polite.recording.Recorder.robots_statuses>`);
+  <scrapy_polite.crawl.recording.Recorder.robots_statuses>`);
 * ``spider_opened`` — the spider's ``crawl_delay`` attribute (seconds) becomes a per-spider override; the
   hosts that start in backoff from the persisted table are listed once at INFO, with the
   ``scrapy polite reset`` command that clears them; a progress line is logged at INFO every
@@ -37,13 +37,13 @@ from twisted.internet import task
 from ._compat import crawler_engine, fail_crawl_process
 from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, check_resolver
 from .addon import component_name as name
+from .crawl.reactor import await_deferred, installed_reactor
+from .crawl.seams import ResolverNotInstalled
 from .pacer import Pacer, discard_pacer, get_pacer
 from .policy import host_key
 from .policy.robots import robots_delay
-from .reactor import await_deferred, installed_reactor
 from .reports.summary import HeldHost, format_progress, format_start_backoffs, format_summary
 from .resolver import PublicHostnameResolver
-from .seams import ResolverNotInstalled
 from .settings import SettingsError, polite_enabled
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import StoreError

@@ -61,7 +61,7 @@ if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
 
 
 def _redefer_if_throttled(crawler: Crawler, request: Request) -> None:
-    """Raise :class:`~scrapy_polite.seams.Redefer` for a burst request decided before its host throttled and
+    """Raise :class:`~scrapy_polite.crawl.seams.Redefer` for a burst request decided before its host throttled and
     queued in Scrapy's slot since: it must not be sent into the backoff."""
     if not request.meta.get(BURST_META):  # the usual case: no lookup of the pacer
         return

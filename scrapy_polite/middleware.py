@@ -6,7 +6,7 @@ Before a request it books the request on its host: the request goes now, **waits
 a download's outcome: a response is recorded by :meth:`PoliteDownloaderMiddleware.response_downloaded` (the
 signal), a failure by ``process_exception``; then the request's life ends (its lines freed for the next
 request). A response judged a throttle is not passed on: the same request goes back to the scheduler to be
-held until its host is due, up to ``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.retrying`), so
+held until its host is due, up to ``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.crawl.retrying`), so
 throttles never use up ``RETRY_TIMES``.
 
 Settings: ``POLITE_ENABLED`` and the ``POLITE_*`` settings (:data:`scrapy_polite.settings.declaration.SETTINGS`).
@@ -26,11 +26,11 @@ from urllib.parse import urlsplit
 from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
-from .hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
-from .lifecycle import Stage
+from .crawl.lifecycle import Stage
+from .crawl.seams import Defer, Redefer, ResolverNotInstalled
+from .network.hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .pacer import CrawlStopped, Pacer, get_pacer
 from .policy import host_key
-from .seams import Defer, Redefer, ResolverNotInstalled
 from .settings import polite_enabled
 from .stores import StoreError
 from .vocabulary import DONT_PACE_META, HOST_META, IP_META, PINNED_META, QUOTA_SERIAL_META, SENT_AT_META
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from typing_extensions import Self
 
-    from .booking import Booker
+    from .crawl.booking import Booker
+    from .crawl.recording import Recorder
     from .policy import Decision
-    from .recording import Recorder
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         return response
 
     async def process_exception(self, request: Request, exception: Exception) -> Any:
-        """A throttled burst segment (:class:`~scrapy_polite.seams.Redefer`) goes back to be held until its host
+        """A throttled burst segment (:class:`~scrapy_polite.crawl.seams.Redefer`) goes back to be held until its host
         is due. Any other failure is recorded (a failure that reached the server's side counts as a throttle
         without Retry-After: docs/spec.md §2) and ends the request's life; a request dropped before it was
         booked (``IgnoreRequest`` from RobotsTxtMiddleware, OffsiteMiddleware, a project's middleware, our own
@@ -231,7 +231,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
 
 async def end_when_recorded(recorder: Recorder, booker: Booker, request: Request) -> Decision | None:
     """The end of a download's pass (docs/spec.md §5, "Recording"): wait for the record of its response or failure,
-    then end the pass (:meth:`Booker.end <scrapy_polite.booking.Booker.end>`: its lines and claim freed, its host
+    then end the pass (:meth:`Booker.end <scrapy_polite.crawl.booking.Booker.end>`: its lines and claim freed, its host
     woken), however the wait ends. Returns the record's decision (None: nothing was recorded)."""
     try:
         return await recorder.recorded(request)

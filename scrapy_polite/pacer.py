@@ -4,21 +4,21 @@ uses, as Scrapy's components take ``crawler.stats`` or ``engine.downloader``:
 
 * :attr:`Pacer.config` — the validated ``POLITE_*`` settings (:class:`~scrapy_polite.settings.PoliteConfig`) and
   :attr:`Pacer.policy`, the pure rules (:mod:`scrapy_polite.policy`; nothing here decides a duration);
-* :attr:`Pacer.booker` (:class:`~scrapy_polite.booking.Booker`) — the host's and addresses' lines, the booking
+* :attr:`Pacer.booker` (:class:`~scrapy_polite.crawl.booking.Booker`) — the host's and addresses' lines, the booking
   transaction, go / wait / defer;
-* :attr:`Pacer.recorder` (:class:`~scrapy_polite.recording.Recorder`) — responses, failures and robots.txt delays
+* :attr:`Pacer.recorder` (:class:`~scrapy_polite.crawl.recording.Recorder`) — responses, failures and robots.txt delays
   into the table;
-* :attr:`Pacer.lifecycle` (:class:`~scrapy_polite.lifecycle.Lifecycle`) — every paced request's stage, lines
+* :attr:`Pacer.lifecycle` (:class:`~scrapy_polite.crawl.lifecycle.Lifecycle`) — every paced request's stage, lines
   and claims;
-* :attr:`Pacer.retries` (:class:`~scrapy_polite.retrying.ThrottleRetries`) — the package's own retries of
+* :attr:`Pacer.retries` (:class:`~scrapy_polite.crawl.retrying.ThrottleRetries`) — the package's own retries of
   throttled pages;
-* :attr:`Pacer.resolution` (:class:`~scrapy_polite.resolution.Resolution`) and :attr:`Pacer.unpinned`
-  (:class:`~scrapy_polite.handlers.UnpinnedRequests`) — public-only resolution, pinning, checked handlers;
+* :attr:`Pacer.resolution` (:class:`~scrapy_polite.crawl.resolution.Resolution`) and :attr:`Pacer.unpinned`
+  (:class:`~scrapy_polite.network.handlers.UnpinnedRequests`) — public-only resolution, pinning, checked handlers;
 * :attr:`Pacer.report` (:class:`~scrapy_polite.reports.counters.Report`) — per-host counters and ``polite/...`` stats;
 * :attr:`Pacer.sync` (:class:`~scrapy_polite.clock.ClockSync`) — this process's clock and the table's;
 * :attr:`Pacer.store` — the pace table, an :class:`~scrapy_polite.stores.AsyncStore` (I/O never blocks the
-  reactor), and :attr:`Pacer.table`, the same behind a :class:`~scrapy_polite.outage.StoreGuard` (calls wait
-  through an outage of a server store) and a :class:`~scrapy_polite.outage.TableWatch`.
+  reactor), and :attr:`Pacer.table`, the same behind a :class:`~scrapy_polite.crawl.outage.StoreGuard` (calls wait
+  through an outage of a server store) and a :class:`~scrapy_polite.crawl.outage.TableWatch`.
 
 The pacer itself wires them, answers what needs more than one of them (:meth:`Pacer.effective_interval`,
 :meth:`Pacer.reconcile`, the table's contents), stops the crawl when the table or the resolver fails
@@ -43,20 +43,20 @@ from twisted.internet import threads
 from twisted.internet.defer import Deferred
 
 from ._compat import crawler_engine
-from .booking import DEFAULT_TIMEOUT, Booker
 from .browser import bind_browser
 from .clock import ClockSync, process_clock
-from .handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
-from .lifecycle import Lifecycle
-from .outage import DeferredStore, StoreGuard, TableWatch
+from .crawl.booking import DEFAULT_TIMEOUT, Booker
+from .crawl.lifecycle import Lifecycle
+from .crawl.outage import DeferredStore, StoreGuard, TableWatch
+from .crawl.reactor import await_deferred, call_later, reactor_sleep
+from .crawl.recording import SERVER_SIDE_FAILURES, Recorder
+from .crawl.resolution import Resolution
+from .crawl.retrying import ThrottleRetries
+from .crawl.seams import Defer, Go, Redefer, ResolverNotInstalled
+from .network.handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
 from .policy import HostState, PacingPolicy
-from .reactor import await_deferred, call_later, reactor_sleep
-from .recording import SERVER_SIDE_FAILURES, Recorder
 from .reports.counters import Report
 from .reports.events import EventLog
-from .resolution import Resolution
-from .retrying import ThrottleRetries
-from .seams import Defer, Go, Redefer, ResolverNotInstalled
 from .settings import PoliteConfig
 from .stores import (
     AsyncStore,
@@ -196,7 +196,7 @@ class Pacer:
 
     def reconcile(self, *, force: bool = False) -> int:
         """End the requests holding a line or a claim that the downloader no longer has
-        (:meth:`Lifecycle.reconcile <scrapy_polite.lifecycle.Lifecycle.reconcile>`): at most once a second
+        (:meth:`Lifecycle.reconcile <scrapy_polite.crawl.lifecycle.Lifecycle.reconcile>`): at most once a second
         unless ``force`` (the idle check). Returns how many were ended."""
         now = self.clock()
         if not force and 0.0 <= now - self._reconciled < 1.0:

@@ -4,7 +4,7 @@
 Scrapy's ``TWISTED_DNS_RESOLVER`` when the add-on is enabled in the project settings. The order of a
 resolution is:
 
-1. the host as the WHATWG URL Standard reads it (:func:`~scrapy_polite.hosts.name_host`): an IP address in
+1. the host as the WHATWG URL Standard reads it (:func:`~scrapy_polite.network.hosts.name_host`): an IP address in
    any of its spellings (``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1`` are 127.0.0.1, as in browsers
    and curl; percent-encoded too) goes straight to the filter, **without a DNS query**; a host the Standard
    rejects (``1.2.3.4.5``) fails with :class:`InvalidHostName`, without a query; a name is IDNA-encoded;
@@ -43,9 +43,9 @@ from twisted.internet.interfaces import IHostnameResolver, IHostResolution, IRes
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from .addresses import AddressFilter
 from .clock import process_clock
-from .hosts import InvalidHost, name_host
+from .network.addresses import AddressFilter
+from .network.hosts import InvalidHost, name_host
 from .settings import DNSConfig, SettingsError, normalise_dns_name, parse_dns_overrides, parse_nameserver
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class InvalidHostName(DNSLookupError):
 
 
 def _canonical(host: str) -> str:
-    """The resolver's key of ``host``: the URL Standard's host (:func:`~scrapy_polite.hosts.name_host`), or
+    """The resolver's key of ``host``: the URL Standard's host (:func:`~scrapy_polite.network.hosts.name_host`), or
     the name lower-cased without trailing dots or brackets when the Standard rejects it."""
     try:
         return name_host(host).key

@@ -43,6 +43,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
+from .crawl.reactor import await_deferred, reactor_sleep
 from .middleware import defer_early, hold_request
 from .pacer import Pacer, get_pacer
 from .policy import host_key
@@ -64,7 +65,6 @@ from .policy.robots import (
     reask_floor,
     truncate,
 )
-from .reactor import await_deferred, reactor_sleep
 from .resolver import HostNotFound, InvalidHostName
 from .settings import polite_enabled
 from .stores import StoreError

@@ -9,7 +9,7 @@ request the downloader middleware defers is handed back to it and **held** by ho
 * when its host is due and its line is free, it is handed out before any new request;
 * the spider stays open while requests are held; when everything left is held beyond
   ``POLITE_MAX_IDLE_WAIT`` seconds, the spider closes with reason ``polite_deferred``;
-* held requests are kept by :class:`~scrapy_polite.held.HeldRequests`: at most
+* held requests are kept by :class:`~scrapy_polite.crawl.held.HeldRequests`: at most
   ``POLITE_MAX_HELD_IN_MEMORY`` in memory, the others on disk; under ``JOBDIR`` every one is written to
   ``JOBDIR/polite_held`` as it is held, so a crawl that stops, or is killed, holds them again on resume at
   their due time; without ``JOBDIR`` the requests still held at close are reported (count and hosts) and
@@ -50,13 +50,13 @@ from twisted.internet import threads
 
 from ._compat import wake_engine
 from .contracts import fail_held_contract_requests
+from .crawl.held import HELD_DIR, HeldRequests
+from .crawl.lifecycle import IN_DOWNLOADER
+from .crawl.reactor import call_later
+from .crawl.seams import SharedFrontier
 from .frontier.leases import is_shared_scheduler
 from .frontier.worker import SharedWorker
-from .held import HELD_DIR, HeldRequests
-from .lifecycle import IN_DOWNLOADER
 from .pacer import Pacer, get_pacer
-from .reactor import call_later
-from .seams import SharedFrontier
 from .settings import SettingsError
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ __all__ = ["PoliteScheduler"]
 #: downloader full): the engine also asks whenever a download ends.
 REPOLL = 1.0
 
-#: The file in which versions before :mod:`scrapy_polite.held` saved held requests; read once on resume.
+#: The file in which versions before :mod:`scrapy_polite.crawl.held` saved held requests; read once on resume.
 DEFERRED_FILE = "polite_deferred.pickle"
 
 
@@ -220,7 +220,7 @@ class PoliteScheduler:
 
     def ended(self, request: Request) -> None:
         """``request`` left the process's pacing: its lease in the shared frontier ends (called by
-        :class:`~scrapy_polite.lifecycle.Lifecycle`)."""
+        :class:`~scrapy_polite.crawl.lifecycle.Lifecycle`)."""
         if self.frontier is not None:
             self.frontier.end(request)
 
@@ -268,7 +268,7 @@ class PoliteScheduler:
 
     def wake(self, host: str) -> None:
         """What held the host back (its line, its claim, an address line) is gone: its held requests may go
-        as soon as the host is due (called by :class:`~scrapy_polite.lifecycle.Lifecycle`)."""
+        as soon as the host is due (called by :class:`~scrapy_polite.crawl.lifecycle.Lifecycle`)."""
         if host in self._held:
             due = self._due.get(host, 0.0)
             if due == math.inf:

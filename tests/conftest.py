@@ -5,7 +5,7 @@
 * ``store``: each embedded pace table in turn (memory, SQLite in a temporary file); a module may define its own.
 * ``arrival_server``: a factory fixture of loopback :class:`tests.support.server.ArrivalServer` instances,
   all stopped at the end of the test.
-* An illegal move of a request's lifecycle raises (:data:`scrapy_polite.lifecycle.STRICT`).
+* An illegal move of a request's lifecycle raises (:data:`scrapy_polite.crawl.lifecycle.STRICT`).
 * Hypothesis profiles for the property and fuzz tests (tests/test_properties.py, tests/test_fuzz.py):
   ``ci`` (the default: a bounded, derandomised run — the same examples every run, no example database) and
   ``fuzz`` (``HYPOTHESIS_PROFILE=fuzz``: many more random examples, for a long fuzzing session; every
@@ -31,10 +31,10 @@ settings.register_profile("fuzz", max_examples=20_000, deadline=None, print_blob
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# An illegal move of a request's lifecycle raises in tests (a crawl counts and logs it: scrapy_polite/lifecycle.py).
-import scrapy_polite.lifecycle  # noqa: E402
+# An illegal move of a request's lifecycle raises in tests (a crawl counts and logs it: scrapy_polite/crawl/lifecycle.py).
+import scrapy_polite.crawl.lifecycle  # noqa: E402
 
-scrapy_polite.lifecycle.STRICT = True
+scrapy_polite.crawl.lifecycle.STRICT = True
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Tests of scrapy_polite.addresses: the public-address rule of docs/spec.md §4.
+"""Tests of scrapy_polite.network.addresses: the public-address rule of docs/spec.md §4.
 
 Expected verdicts are written out by hand from docs/spec.md §4, never computed with the module under test.
 """
@@ -9,7 +9,7 @@ import ipaddress
 
 import pytest
 
-from scrapy_polite.addresses import (
+from scrapy_polite.network.addresses import (
     IPV4_NOT_PUBLIC,
     AddressFilter,
     embedded_ipv4,
@@ -384,7 +384,7 @@ def test_split_rejects_non_literal():
 
 
 def test_a_cached_verdict_is_the_verdict_computed_fresh():
-    import scrapy_polite.addresses as addresses_module
+    import scrapy_polite.network.addresses as addresses_module
 
     rules = AddressFilter(allowed_networks=["127.0.0.0/8"])
     cases = ["8.8.8.8", "10.0.0.1", "127.0.0.5", "::ffff:10.0.0.1", "::ffff:8.8.8.8", "2001:db8::1",

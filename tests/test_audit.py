@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.audit import VIOLATION_KINDS, LogError, audit, format_report, report_json
+from scrapy_polite.network.addresses import AddressFilter
 from scrapy_polite.stores import Event
 from tests.support.audit_log import T0, Log, throttled
 

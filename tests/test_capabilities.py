@@ -20,7 +20,7 @@ from scrapy.utils.test import get_crawler
 from twisted.internet import defer
 
 from scrapy_polite.clock import ClockSync
-from scrapy_polite.outage import StoreGuard, TableWatch
+from scrapy_polite.crawl.outage import StoreGuard, TableWatch
 from scrapy_polite.pacer import Pacer, open_pace_table
 from scrapy_polite.policy import HostState
 from scrapy_polite.reports.events import EventLog

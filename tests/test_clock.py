@@ -37,11 +37,11 @@ from twisted.python.failure import Failure
 
 from scrapy_polite import clock as clock_module
 from scrapy_polite.clock import ProcessClock, process_clock
-from scrapy_polite.held import HELD_DIR
+from scrapy_polite.crawl.held import HELD_DIR
+from scrapy_polite.crawl.seams import Defer, Go
 from scrapy_polite.pacer import Pacer
 from scrapy_polite.policy import HostState, host_key
 from scrapy_polite.scheduler import PoliteScheduler
-from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore, SQLiteStore
 from scrapy_polite.stores.sqlite import marks as marks_module

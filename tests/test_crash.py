@@ -14,7 +14,7 @@ observe. After each kill:
   ``Retry-After`` window) and ``throttled_at`` not earlier: a committed backoff survives the kill; across
   the runs no host's ``next_allowed`` ever moves back;
 * every request the process held at the moment of the kill — by its own log of what it held and handed out
-  again (kill_crawl.py's probe) — is under ``JOBDIR`` after it (``scrapy_polite.held.read_held``), in order,
+  again (kill_crawl.py's probe) — is under ``JOBDIR`` after it (``scrapy_polite.crawl.held.read_held``), in order,
   and the next run takes over exactly those (``polite/deferred/resumed``): none of the held requests is lost;
 * the server-side arrival log: no request of a run starts before the ``next_allowed`` its host had in the
   table when the run started — no request lands inside a committed ``Retry-After`` window or backoff.
@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from scrapy_polite.held import HELD_DIR, read_held
+from scrapy_polite.crawl.held import HELD_DIR, read_held
 from scrapy_polite.stores.sqlite import Recovery, SQLiteStore
 from tests.support.server import Reply, page
 

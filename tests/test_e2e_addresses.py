@@ -29,9 +29,9 @@ from twisted.internet.error import ConnectError
 
 from scrapy_polite import addon as addon_module
 from scrapy_polite.addon import Addon, UnsafeHandlerError
-from scrapy_polite.handlers import HANDLER_FAMILIES, PINNED, PINNED_HTTP11_HANDLER
+from scrapy_polite.crawl.seams import ResolverNotInstalled
+from scrapy_polite.network.handlers import HANDLER_FAMILIES, PINNED, PINNED_HTTP11_HANDLER
 from scrapy_polite.pacer import find_pacer
-from scrapy_polite.seams import ResolverNotInstalled
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.dns_server import dns_server  # noqa: F401  (a fixture)
 from tests.support.server import Arrival, ArrivalServer, Reply, gaps

@@ -24,10 +24,10 @@ import pytest_twisted
 from scrapy.settings import Settings
 
 from scrapy_polite.addon import Addon
-from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.browser import BrowserRequestGuard, find_browser_proxy, proxy_refusal
 from scrapy_polite.browser_proxy import CHROMIUM_ARGS, BrowserProxy, ProxyOptions
-from scrapy_polite.handlers import CHECKED, PINNED, handler_modes
+from scrapy_polite.network.addresses import AddressFilter
+from scrapy_polite.network.handlers import CHECKED, PINNED, handler_modes
 from scrapy_polite.resolver import PublicHostnameResolver
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.dns_server import dns_server  # noqa: F401  (a fixture)
@@ -369,7 +369,7 @@ def test_a_browser_that_cannot_be_given_the_proxy_is_checked_with_a_warning(extr
 def test_a_requests_own_persistent_context_gets_the_proxy_too():
     from scrapy import Request
 
-    from scrapy_polite.handlers import UnpinnedRequests
+    from scrapy_polite.network.handlers import UnpinnedRequests
 
     need("scrapy_playwright")
     settings = Settings({"DOWNLOAD_HANDLERS": {"https": PLAYWRIGHT}})

@@ -20,7 +20,7 @@ import pytest_twisted
 from scrapy import signals
 
 from scrapy_polite.clock import process_clock
-from scrapy_polite.held import HELD_DIR, read_held
+from scrapy_polite.crawl.held import HELD_DIR, read_held
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, Reply, gaps, page, scripted
 
@@ -585,7 +585,7 @@ async def test_negative_control_without_deferral_requests_crowd_the_downloader(a
     """The same crawl with deferral switched off (``Booker.can_defer`` patched to False: requests wait for the
     host's line inside the downloader): the probe sees host A's requests pile up in the downloader and the
     other hosts are slowed — the assertions above are not vacuous."""
-    from scrapy_polite.booking import Booker
+    from scrapy_polite.crawl.booking import Booker
 
     monkeypatch.setattr(Booker, "can_defer", lambda self, request: False)
     crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(arrival_server, tmp_path, 90)

@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.audit import AuditReport, audit, format_report
 from scrapy_polite.clock import process_clock
+from scrapy_polite.network.addresses import AddressFilter
 from scrapy_polite.stores import StoreOptions, open_store
 from tests.support.farm import Worker, farm_name, farm_settings, push_requests
 from tests.support.fleet import Crawl

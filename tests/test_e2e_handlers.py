@@ -26,11 +26,11 @@ import scrapy
 from scrapy.settings import Settings
 
 from scrapy_polite.addon import Addon, UnsafeHandlerError
-from scrapy_polite.addresses import AddressFilter
 from scrapy_polite.browser import BrowserRequestGuard
 from scrapy_polite.clock import process_clock
-from scrapy_polite.handlers import CHECKED, PINNED, PINNED_HTTP11_HANDLER, UnpinnedRequests, handler_modes
-from scrapy_polite.reactor import await_deferred
+from scrapy_polite.crawl.reactor import await_deferred
+from scrapy_polite.network.addresses import AddressFilter
+from scrapy_polite.network.handlers import CHECKED, PINNED, PINNED_HTTP11_HANDLER, UnpinnedRequests, handler_modes
 from scrapy_polite.resolver import MixedAnswer, PublicHostnameResolver
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
@@ -147,7 +147,7 @@ def test_the_addon_installs_the_pinned_h2_handler_and_keeps_checked_ones():
 
 
 def test_http2_without_h2_refuses_to_start_with_one_error_line(monkeypatch, caplog):
-    from scrapy_polite import handlers as handlers_module
+    from scrapy_polite.network import handlers as handlers_module
 
     caplog.set_level(logging.ERROR)
     monkeypatch.setattr(handlers_module, "HAS_H2", False)
@@ -177,7 +177,7 @@ def test_a_checked_handler_given_as_a_class_is_written_back_as_that_class():
 
 
 def test_the_startup_line_names_each_schemes_mode(caplog):
-    caplog.set_level(logging.INFO, logger="scrapy_polite.handlers")
+    caplog.set_level(logging.INFO, logger="scrapy_polite.network.handlers")
     Addon().update_settings(Settings({"DOWNLOAD_HANDLERS": {"https": HTTPX}}))
     lines = [r.getMessage() for r in caplog.records]
     assert "scrapy-polite: address rules per scheme: http: pinned (http11), https: checked (httpx)" in lines

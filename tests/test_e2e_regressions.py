@@ -31,7 +31,7 @@ from scrapy import Request
 from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_polite.clock import process_clock
-from scrapy_polite.held import read_held
+from scrapy_polite.crawl.held import read_held
 from scrapy_polite.policy import HostState
 from scrapy_polite.robotstxt import PoliteRobotsTxtMiddleware
 from scrapy_polite.settings import SettingsError

@@ -4,9 +4,9 @@ Each target feeds random — and randomly mangled valid — input to one parser 
 the parser's documented refusal comes out, so no exception escapes into the crawl:
 
 * ``Retry-After`` (:func:`~scrapy_polite.policy.parse_retry_after`), and whole responses with random
-  ``Retry-After``, ``Date`` and rate-limit headers through the :class:`~scrapy_polite.recording.Recorder`;
-* host keys and URLs (:func:`~scrapy_polite.hosts.url_host`, :func:`~scrapy_polite.policy.host_key`,
-  :func:`~scrapy_polite.hosts.name_host`, the middleware's refusal), IDN and IPv6 zone ids included, and
+  ``Retry-After``, ``Date`` and rate-limit headers through the :class:`~scrapy_polite.crawl.recording.Recorder`;
+* host keys and URLs (:func:`~scrapy_polite.network.hosts.url_host`, :func:`~scrapy_polite.policy.host_key`,
+  :func:`~scrapy_polite.network.hosts.name_host`, the middleware's refusal), IDN and IPv6 zone ids included, and
   the cache's fast path against a parse of the whole URL;
 * robots.txt ingestion (:func:`~scrapy_polite.policy.robots.parse_robots_delay`);
 * DNS answers: a UDP server answering the resolver with random, truncated and bit-flipped messages;
@@ -46,7 +46,7 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 from twisted.internet.error import DNSLookupError
 
-from scrapy_polite.hosts import InvalidHost, name_host, url_host
+from scrapy_polite.network.hosts import InvalidHost, name_host, url_host
 from scrapy_polite.policy import InvalidRetryAfter, host_key, parse_retry_after
 from scrapy_polite.policy.robots import parse_robots_delay
 from scrapy_polite.resolver import PublicHostnameResolver

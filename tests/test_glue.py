@@ -1,5 +1,5 @@
-"""The glue units without real time (docs/spec.md §3, §5): :class:`~scrapy_polite.lifecycle.Lifecycle`,
-:class:`~scrapy_polite.booking.Booker`, :class:`~scrapy_polite.recording.Recorder` and the
+"""The glue units without real time (docs/spec.md §3, §5): :class:`~scrapy_polite.crawl.lifecycle.Lifecycle`,
+:class:`~scrapy_polite.crawl.booking.Booker`, :class:`~scrapy_polite.crawl.recording.Recorder` and the
 :class:`~scrapy_polite.pacer.Pacer` that holds them, driven by a fake clock, a fake sleep (it advances the fake clock
 and returns a fired Deferred, or a Deferred the test fires), a ``MemoryStore`` on that clock behind an
 inline ``AsyncStore``, a fake holding scheduler and a fake resolution with fixed addresses.
@@ -30,15 +30,15 @@ from twisted.internet import error as txerror
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
-from scrapy_polite.booking import Booker
 from scrapy_polite.clock import ClockSync
-from scrapy_polite.lifecycle import Lifecycle, Stage
+from scrapy_polite.crawl.booking import Booker
+from scrapy_polite.crawl.lifecycle import Lifecycle, Stage
+from scrapy_polite.crawl.recording import Recorder
+from scrapy_polite.crawl.seams import Defer, Go
 from scrapy_polite.middleware import PoliteDownloaderMiddleware, end_when_recorded
 from scrapy_polite.pacer import CrawlStopped, Pacer
 from scrapy_polite.policy import HostState, host_key
-from scrapy_polite.recording import Recorder
 from scrapy_polite.reports.counters import Report
-from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import AsyncStore, MemoryStore, StoreError
 
@@ -102,7 +102,7 @@ class HandSleep:
 
 
 class FakeScheduler:
-    """A :class:`~scrapy_polite.seams.HoldingScheduler` that records what it is told."""
+    """A :class:`~scrapy_polite.crawl.seams.HoldingScheduler` that records what it is told."""
 
     def __init__(self, owns: bool = True) -> None:
         self.owned = owns

@@ -1,7 +1,7 @@
 """Held (deferred) requests beyond ``POLITE_MAX_HELD_IN_MEMORY`` wait on disk and come back in due order;
-under ``JOBDIR`` every held request is on disk as soon as it is held (docs/spec.md §5, ``scrapy_polite/held.py``).
+under ``JOBDIR`` every held request is on disk as soon as it is held (docs/spec.md §5, ``scrapy_polite/crawl/held.py``).
 
-The unit tests drive :class:`~scrapy_polite.held.HeldRequests` and :class:`~scrapy_polite.scheduler.PoliteScheduler`
+The unit tests drive :class:`~scrapy_polite.crawl.held.HeldRequests` and :class:`~scrapy_polite.scheduler.PoliteScheduler`
 (with a stand-in pacer on an injected clock) directly; the memory test runs a real crawl of 20,000 requests
 of one throttled host in a fresh process (``tests/support/held_crawl.py``) and compares the crawl
 process's RSS with and without the bound.
@@ -24,9 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scrapy.utils.test import get_crawler
 
-from scrapy_polite import held as held_module
 from scrapy_polite import scheduler as scheduler_module
-from scrapy_polite.held import HELD_DIR, HeldRequests, read_held
+from scrapy_polite.crawl import held as held_module
+from scrapy_polite.crawl.held import HELD_DIR, HeldRequests, read_held
 from scrapy_polite.scheduler import DEFERRED_FILE, PoliteScheduler
 from tests.support.crawl import assert_no_illegal_moves
 from tests.support.scheduler_pacer import SchedulerPacer, no_timers

@@ -1,7 +1,7 @@
 """The request lifecycle as a state machine (docs/spec.md §5, "The request lifecycle"): a Hypothesis
 ``RuleBasedStateMachine`` over the real :class:`~scrapy_polite.scheduler.PoliteScheduler` (one request held
-in memory per host at most, the rest on disk), :class:`~scrapy_polite.lifecycle.Lifecycle`,
-:class:`~scrapy_polite.booking.Booker` and :class:`~scrapy_polite.recording.Recorder`, on the fake clock and
+in memory per host at most, the rest on disk), :class:`~scrapy_polite.crawl.lifecycle.Lifecycle`,
+:class:`~scrapy_polite.crawl.booking.Booker` and :class:`~scrapy_polite.crawl.recording.Recorder`, on the fake clock and
 inline memory store of tests/test_glue.py, with a model of Scrapy's downloader (its ``active`` set).
 
 Random steps: new requests of four hosts on shared addresses (some starting in backoff); the engine asking
@@ -34,16 +34,16 @@ from twisted.internet import defer
 from twisted.internet import error as txerror
 from twisted.python.failure import Failure
 
-from scrapy_polite import booking as booking_module
 from scrapy_polite import scheduler as scheduler_module
-from scrapy_polite.booking import Booker
 from scrapy_polite.clock import ClockSync, ProcessClock
-from scrapy_polite.lifecycle import Lifecycle, Stage
+from scrapy_polite.crawl import booking as booking_module
+from scrapy_polite.crawl.booking import Booker
+from scrapy_polite.crawl.lifecycle import Lifecycle, Stage
+from scrapy_polite.crawl.recording import Recorder
+from scrapy_polite.crawl.seams import Defer, Go
 from scrapy_polite.policy import HostState, ip_key
-from scrapy_polite.recording import Recorder
 from scrapy_polite.reports.counters import Report
 from scrapy_polite.scheduler import PoliteScheduler
-from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore
 from tests.support.scheduler_pacer import SchedulerPacer as StandInPacer
@@ -592,8 +592,8 @@ def test_a_legal_life_counts_nothing_and_a_new_pass_after_its_end_is_legal():
 
 
 def test_an_illegal_move_raises_in_tests_and_is_counted_and_logged_once_at_warning_in_a_crawl(monkeypatch, caplog):
-    from scrapy_polite import lifecycle as lifecycle_module
-    from scrapy_polite.lifecycle import IllegalMove
+    from scrapy_polite.crawl import lifecycle as lifecycle_module
+    from scrapy_polite.crawl.lifecycle import IllegalMove
 
     counted: list[tuple[str, float]] = []
     lc = Lifecycle(inc=lambda key, n: counted.append((key, n)))
@@ -607,7 +607,7 @@ def test_an_illegal_move_raises_in_tests_and_is_counted_and_logged_once_at_warni
         raise AssertionError("the tests run strict: an illegal move raises")
     assert counted == [("lifecycle/illegal", 1)]
     monkeypatch.setattr(lifecycle_module, "STRICT", False)  # as in a crawl
-    caplog.set_level("DEBUG", logger="scrapy_polite.lifecycle")
+    caplog.set_level("DEBUG", logger="scrapy_polite.crawl.lifecycle")
     lc.held(r2, "a.example")
     lc.booked(r2)
     r3 = scrapy.Request("http://a.example/3")

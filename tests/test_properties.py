@@ -5,7 +5,7 @@ Two levels, one set of invariants:
 * **the pure rules** of ``scrapy_polite/policy/``: random statuses (2xx, 403, 404, 429, 500, 503, a
   failure) and Retry-After values (none, 0, decimals, huge, ``inf``), random in-flight overlaps (a response
   answers for any earlier booking), clock jumps forward and back, several hosts on shared addresses;
-* **the glue** (:class:`~scrapy_polite.booking.Booker`, :class:`~scrapy_polite.recording.Recorder`) on the
+* **the glue** (:class:`~scrapy_polite.crawl.booking.Booker`, :class:`~scrapy_polite.crawl.recording.Recorder`) on the
   fake clock of tests/test_glue.py: one to three processes (each its own lines) sharing one pace table,
   with the same random events.
 
@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 from scrapy import Request
 from scrapy.http import Response
 
-from scrapy_polite.booking import Booker
 from scrapy_polite.clock import ClockSync
-from scrapy_polite.lifecycle import Lifecycle
+from scrapy_polite.crawl.booking import Booker
+from scrapy_polite.crawl.lifecycle import Lifecycle
+from scrapy_polite.crawl.recording import Recorder
+from scrapy_polite.crawl.seams import Defer, Go
 from scrapy_polite.policy import HostState, PacingPolicy, ip_key
-from scrapy_polite.recording import Recorder
 from scrapy_polite.reports.counters import Report
-from scrapy_polite.seams import Defer, Go
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import MemoryStore
 from tests.test_glue import T0, FakeClock, FakeResolution, FakeScheduler, FakeSleep, FakeStats, finish, inline

@@ -1,4 +1,4 @@
-"""scrapy_polite.reactor's :func:`~scrapy_polite.reactor.next_turn_scheduler`: the reactor turn SQLite's group
+"""scrapy_polite.crawl.reactor's :func:`~scrapy_polite.crawl.reactor.next_turn_scheduler`: the reactor turn SQLite's group
 commit waits for (docs/spec.md §6, "Group commit"). On the installed asyncio reactor it goes straight to the
 asyncio loop (not Twisted's timer heap); any other reactor (a test's clock) keeps its own ``callLater(0)``."""
 
@@ -12,7 +12,7 @@ from scrapy.utils.reactor import is_asyncio_reactor_installed
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from scrapy_polite.reactor import next_turn_scheduler
+from scrapy_polite.crawl.reactor import next_turn_scheduler
 
 
 async def _two_loop_passes() -> None:

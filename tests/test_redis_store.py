@@ -1,5 +1,5 @@
 """The Redis pace table (scrapy_polite.stores.redis, docs/spec.md §6) on a real ``redis-server``, and the
-outage guard (scrapy_polite.outage) on a fake clock.
+outage guard (scrapy_polite.crawl.outage) on a fake clock.
 
 The protocol every backend shares runs on Redis in tests/test_store_protocol.py (the ``redis`` entry of
 tests/support/stores.py). Here: what only a server store has — the server's clock, optimistic writes that
@@ -26,7 +26,7 @@ from redis.crc import key_slot
 from twisted.internet import defer
 from twisted.internet.task import Clock, deferLater
 
-from scrapy_polite.outage import StoreGuard
+from scrapy_polite.crawl.outage import StoreGuard
 from scrapy_polite.policy import HostState
 from scrapy_polite.reports.counters import Report
 from scrapy_polite.stores import (
@@ -785,7 +785,7 @@ def test_guard_passes_calls_through_and_counts_nothing_without_an_outage(caplog)
 
 
 def test_guard_waits_with_backoff_and_counts_one_outage(caplog):
-    caplog.set_level(logging.INFO, logger="scrapy_polite.outage")
+    caplog.set_level(logging.INFO, logger="scrapy_polite.crawl.outage")
     store = FlakyStore(failures=5)
     guard, clock, stats = guard_on(store)
     fn = lambda old, now: (None, None)  # noqa: E731
@@ -807,7 +807,7 @@ def test_guard_waits_with_backoff_and_counts_one_outage(caplog):
 
 
 def test_calls_during_one_outage_count_it_once_and_a_later_outage_again(caplog):
-    caplog.set_level(logging.WARNING, logger="scrapy_polite.outage")
+    caplog.set_level(logging.WARNING, logger="scrapy_polite.crawl.outage")
     store = FlakyStore(failures=2)
     guard, clock, stats = guard_on(store)
     first, second = results(guard.read(["a"])), results(guard.read(["b"]))

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import pytest_twisted
 
+from scrapy_polite.crawl.seams import Defer, Go
 from scrapy_polite.resolver import BlockedHost
-from scrapy_polite.seams import Defer, Go
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.dns_server import dns_server  # noqa: F401  (a fixture)
 from tests.test_e2e_addresses import guarded_connects, same_port_servers  # noqa: F401  (a fixture)

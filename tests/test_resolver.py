@@ -20,7 +20,7 @@ from twisted.internet.error import DNSLookupError
 from twisted.internet.interfaces import IResolutionReceiver
 from zope.interface import implementer
 
-from scrapy_polite.addresses import AddressFilter
+from scrapy_polite.network.addresses import AddressFilter
 from scrapy_polite.resolver import (
     BlockedHost,
     DNSServerFailure,

@@ -1,4 +1,4 @@
-"""The glue of the package's throttle retries (scrapy_polite.retrying.ThrottleRetries), on fakes: which
+"""The glue of the package's throttle retries (scrapy_polite.crawl.retrying.ThrottleRetries), on fakes: which
 responses it retries, the count in meta, the due time (the table's clock turned into this process's), and
 the page given up once a throttled response whose budget was spent reaches the engine."""
 
@@ -10,11 +10,11 @@ from scrapy import Request, signals
 from scrapy.http import Response
 from scrapy.signalmanager import SignalManager
 
-from scrapy_polite import retrying as retrying_module
 from scrapy_polite.clock import ClockSync
+from scrapy_polite.crawl import retrying as retrying_module
+from scrapy_polite.crawl.retrying import RETRIES_META, ThrottleRetries
 from scrapy_polite.policy import Decision, HostState, PacingPolicy
 from scrapy_polite.reports.counters import Report
-from scrapy_polite.retrying import RETRIES_META, ThrottleRetries
 
 T0 = 2_000_000_000.0
 

@@ -1,4 +1,4 @@
-"""A table that comes back empty (docs/spec.md §6; scrapy_polite.outage.TableWatch), on a real store in this
+"""A table that comes back empty (docs/spec.md §6; scrapy_polite.crawl.outage.TableWatch), on a real store in this
 process: the table's identity row, a call that finds it gone writes nothing, every call waits while the process
 writes back what it knows (Crawl-delays, Retry-After holds, quotas, in-flight holds), one WARNING, the stats and
 the ``restored`` events; and :meth:`PacingPolicy.restore`'s merge, exactly. Negative controls: a table that did
@@ -15,7 +15,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred
 
-from scrapy_polite.outage import TableWatch
+from scrapy_polite.crawl.outage import TableWatch
 from scrapy_polite.policy import HostState, PacingPolicy
 from scrapy_polite.reports.counters import Report
 from scrapy_polite.stores import TABLE_KEY, MemoryStore, SQLiteStore
@@ -77,7 +77,7 @@ async def test_a_table_that_came_back_empty_gets_back_what_this_process_knew(cap
         seen.append(states["a.example"])
         return {}, None
 
-    with caplog.at_level(logging.WARNING, logger="scrapy_polite.outage"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_polite.crawl.outage"):
         await w.watch.update_many(["a.example"], book)
     # The booking ran once, on the row written back: its Crawl-delay was not forgotten.
     assert len(seen) == 1 and seen[0] is not None and seen[0].crawl_delay == 2.0

@@ -22,7 +22,7 @@ import pytest_twisted
 from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
 
-from scrapy_polite.hosts import InvalidHost, name_host, url_host
+from scrapy_polite.network.hosts import InvalidHost, name_host, url_host
 from scrapy_polite.policy import host_key
 from scrapy_polite.resolver import BlockedHost, InvalidHostName, PublicHostnameResolver
 from tests.support.crawl import ListSpider, polite_settings, run_crawl

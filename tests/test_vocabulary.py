@@ -146,8 +146,8 @@ def test_the_meta_page_is_checked_against_the_constants():
 
 
 def test_older_names_are_the_vocabulary_s():
+    from scrapy_polite.crawl.retrying import RETRIES_META
     from scrapy_polite.frontier.leases import LEASE_META
-    from scrapy_polite.retrying import RETRIES_META
 
     assert RETRIES_META is vocabulary.THROTTLE_RETRIES_META and LEASE_META is vocabulary.LEASE_META
 

@@ -262,7 +262,7 @@ def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str 
     Args:
         events: the log's events (any order; they are checked in time order, then in the order given).
         allows: ``allows(address) -> bool``, the address rules the crawl ran with
-            (:meth:`AddressFilter.allows <scrapy_polite.addresses.AddressFilter.allows>`).
+            (:meth:`AddressFilter.allows <scrapy_polite.network.addresses.AddressFilter.allows>`).
         rules: the rules in words, for an ``address`` violation (e.g. ``POLITE_ALLOWED_NETWORKS 127.0.0.0/8``).
         windowed: the events are the log from a moment on (``--since``): a process's numbers need not start
             at 0, and holds set before that moment are not known.

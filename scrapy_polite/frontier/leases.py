@@ -49,7 +49,7 @@ from scrapy.utils.request import request_from_dict
 from twisted.internet import threads
 from twisted.internet.defer import Deferred, DeferredList
 
-from ..reactor import call_later
+from ..crawl.reactor import call_later
 from ..vocabulary import LEASE_META, THROTTLE_RETRIES_META
 from .report import LEASERS_LUA, NOW_LUA, FrontierState, describe_leases, leasers, read_hosts
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet import task
 
 from .._compat import wake_engine
-from ..reactor import call_later, installed_reactor
+from ..crawl.reactor import call_later, installed_reactor
 from .leases import RedisFrontier
 from .report import FrontierState, WorkerLeases, beat_period
 
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
 
+    from ..crawl.seams import SharedFrontier
     from ..pacer import Pacer
-    from ..seams import SharedFrontier
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class SharedWorker:
         Redis: not lost), log what waits in the shared frontier and what other workers still lease (counted
         in ``polite/frontier/leased_elsewhere_at_close``), and clear the frontier with
         ``SCHEDULER_PERSIST = False`` (blocking: run it on a thread, after :meth:`SharedFrontier.settle
-        <scrapy_polite.seams.SharedFrontier.settle>`)."""
+        <scrapy_polite.crawl.seams.SharedFrontier.settle>`)."""
         frontier = self.frontier
         returned = frontier.release()
         stats = self.crawler.stats

@@ -31,7 +31,7 @@ the rules from here (``scrapy_polite.policy``): the split of those modules is no
 
 from __future__ import annotations
 
-from ..hosts import NO_NETWORK_SCHEMES
+from ..network.hosts import NO_NETWORK_SCHEMES
 from .booking import HOLD_POLL as HOLD_POLL
 from .keys import host_key, ip_key
 from .pacing import MAX_BACKOFF_EXPONENT as MAX_BACKOFF_EXPONENT

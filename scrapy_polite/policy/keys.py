@@ -6,15 +6,15 @@ from __future__ import annotations
 import ipaddress
 from functools import lru_cache
 
-from ..addresses import embedded_ipv4
-from ..hosts import InvalidHost, url_host
+from ..network.addresses import embedded_ipv4
+from ..network.hosts import InvalidHost, url_host
 
 __all__ = ["host_key", "ip_key"]
 
 
 def host_key(url: str) -> str | None:
     """The pacing key of a URL (docs/spec.md §1): its host as the WHATWG URL Standard reads it
-    (:func:`scrapy_polite.hosts.url_host`: percent-decoded, IDNA-encoded, lower-cased, an IPv4 address in
+    (:func:`scrapy_polite.network.hosts.url_host`: percent-decoded, IDNA-encoded, lower-cased, an IPv4 address in
     any of the Standard's spellings written as a dotted quad), without trailing dots or IPv6 brackets. The
     port is not part of the key.
 
@@ -23,7 +23,7 @@ def host_key(url: str) -> str | None:
 
     Returns:
         The key (``str``), or None when the URL has no host (``data:``, ``file:``) or the Standard rejects
-        its host (:class:`~scrapy_polite.hosts.InvalidHost` says why).
+        its host (:class:`~scrapy_polite.network.hosts.InvalidHost` says why).
 
     >>> host_key("HTTP://Bücher.Example.:8080/x")
     'xn--bcher-kva.example'

@@ -11,7 +11,7 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from ..addresses import AddressFilter
+from ..network.addresses import AddressFilter
 from ..policy import PacingPolicy, host_key
 from ..policy.adaptive import AdaptivePolicy
 from ..vocabulary import parse_seconds
@@ -213,7 +213,7 @@ class PoliteConfig:
         max_idle_wait: ``POLITE_MAX_IDLE_WAIT``, seconds; when everything left is deferred beyond it the
             spider closes with reason ``polite_deferred``.
         max_held_in_memory: ``POLITE_MAX_HELD_IN_MEMORY``, how many held (deferred) requests are kept in
-            memory; the others wait on disk (:mod:`scrapy_polite.held`). An int >= 0.
+            memory; the others wait on disk (:mod:`scrapy_polite.crawl.held`). An int >= 0.
         store_uri: ``POLITE_STORE`` (None: the project's data dir).
         store_expire: ``POLITE_STORE_EXPIRE``, seconds after which an idle host's row is removed.
         store_prefix: ``POLITE_STORE_PREFIX``, the key prefix of the table in a shared server (Redis).

@@ -10,7 +10,7 @@ from typing import Any
 
 from scrapy.settings import BaseSettings
 
-from ..addresses import AddressFilter, parse_ip_literal
+from ..network.addresses import AddressFilter, parse_ip_literal
 from .declaration import DEFAULTS
 from .reading import (
     SettingsError,
@@ -136,7 +136,7 @@ class DNSConfig:
     without the pacing settings, by :meth:`from_settings`.
 
     Attributes:
-        address_filter: the :class:`~scrapy_polite.addresses.AddressFilter` of ``POLITE_ALLOW_PRIVATE`` and
+        address_filter: the :class:`~scrapy_polite.network.addresses.AddressFilter` of ``POLITE_ALLOW_PRIVATE`` and
             ``POLITE_ALLOWED_NETWORKS``.
         overrides: ``POLITE_DNS_OVERRIDES``, normalised host → sorted, de-duplicated addresses (read-only).
         nameservers: ``POLITE_DNS_NAMESERVERS`` as ``(address, port)`` pairs; empty: the system's.

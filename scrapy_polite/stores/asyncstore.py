@@ -28,8 +28,8 @@ from typing import Any, Generic, Protocol, TypeVar
 from twisted.internet import defer
 from twisted.python.threadpool import ThreadPool
 
+from ..crawl.reactor import installed_reactor
 from ..policy import HostState
-from ..reactor import installed_reactor
 from .base import (
     CallThreads,
     Event,

@@ -123,7 +123,7 @@ class StoreClosed(StoreError):
 class StoreUnavailable(StoreError):
     """A server store cannot be reached right now (connection refused or lost, the server loading its data
     after a restart). Transient: the crawl waits and retries until ``POLITE_STORE_TIMEOUT`` has passed
-    since the outage began (:class:`~scrapy_polite.outage.StoreGuard`); an operation that raised it may
+    since the outage began (:class:`~scrapy_polite.crawl.outage.StoreGuard`); an operation that raised it may
     or may not have been applied, and the backend makes its retry safe."""
 
 
@@ -345,7 +345,7 @@ class ServerClock(Protocol):
     """A store whose clock is a server's (Redis ``TIME``): its ``now`` is the one clock of every booking and
     record across machines. The pacer converts its due times to this process's clock
     (:class:`~scrapy_polite.clock.ClockSync`) and waits out its outages
-    (:class:`~scrapy_polite.outage.StoreGuard`, ``POLITE_STORE_TIMEOUT``). A store without it reads this
+    (:class:`~scrapy_polite.crawl.outage.StoreGuard`, ``POLITE_STORE_TIMEOUT``). A store without it reads this
     process's monotonic clock, and a store error stops the crawl at once (docs/spec.md §6).
 
     Declared by listing it among the backend's bases (the member then has its value), or by the member

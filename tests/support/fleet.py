@@ -55,7 +55,7 @@ def apply_patches(names: list[str]) -> None:
 
             policy.PacingPolicy.in_flight_hold = False  # type: ignore[attr-defined]
         elif name == "no_watch":  # the table's identity is never read: a table that comes back empty goes unseen
-            from scrapy_polite import outage
+            from scrapy_polite.crawl import outage
 
             outage.TableWatch._checks = lambda self: False  # type: ignore[method-assign]
         elif name == "own_clock":  # the boot is not known: no anchor shared through the file

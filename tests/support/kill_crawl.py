@@ -17,8 +17,8 @@ test is about the requests scrapy-polite holds, so the pending queue is kept in 
 held.
 
 The log is the probe of the test: one line per request held (``H host url``, written when
-:meth:`HeldRequests.push <scrapy_polite.held.HeldRequests.push>` has returned) and per request handed out
-again (``R host``, written before :meth:`~scrapy_polite.held.HeldRequests.pop` runs), each line one
+:meth:`HeldRequests.push <scrapy_polite.crawl.held.HeldRequests.push>` has returned) and per request handed out
+again (``R host``, written before :meth:`~scrapy_polite.crawl.held.HeldRequests.pop` runs), each line one
 ``write`` to a file opened with ``O_APPEND``: at any moment of a kill, the log tells which requests the
 process held.
 
@@ -43,7 +43,7 @@ import scrapy  # noqa: E402
 from scrapy import signals  # noqa: E402
 from scrapy.crawler import CrawlerProcess  # noqa: E402
 
-from scrapy_polite.held import HeldRequests  # noqa: E402
+from scrapy_polite.crawl.held import HeldRequests  # noqa: E402
 
 
 def write_report(path: str, data: dict[str, Any]) -> None:

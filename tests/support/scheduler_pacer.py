@@ -11,7 +11,7 @@ from scrapy_polite.clock import ClockSync
 
 
 class FreeLines:
-    """A lifecycle (:class:`~scrapy_polite.lifecycle.Lifecycle`'s scheduler side) whose lines are always free:
+    """A lifecycle (:class:`~scrapy_polite.crawl.lifecycle.Lifecycle`'s scheduler side) whose lines are always free:
     no host is blocked or parkable, claims and holds change nothing."""
 
     def stage(self, request: Any) -> None:

@@ -15,8 +15,8 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
+from ...crawl.reactor import next_turn_scheduler
 from ...policy import HostState
-from ...reactor import next_turn_scheduler
 from ..asyncstore import TableBase
 from ..base import Event, ManyUpdateFn, Snapshot, StoreBusy, StoreError, UpdateFn
 from ..threads import CallPool, close_off_reactor
@@ -43,7 +43,7 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
     calls never block the reactor, every method returns a ``Deferred``; calls complete in call order.
 
     * **Group commit**: the updates (and the reads behind them) made in one reactor turn wait for the next
-      turn (:func:`~scrapy_polite.reactor.next_turn_scheduler`), then run in call order in **one**
+      turn (:func:`~scrapy_polite.crawl.reactor.next_turn_scheduler`), then run in call order in **one**
       ``BEGIN IMMEDIATE`` transaction (:meth:`SQLiteStore.run_group
       <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`, at most ``group_max`` calls), each caller getting
       its own result or its own exception; a read with nothing waiting before it runs inline at once. The

@@ -8,12 +8,12 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .addresses import AddressFilter
+from ..network.addresses import AddressFilter
+from ..reports.counters import Report
+from ..resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound, MixedAnswer, PublicHostnameResolver
+from ..vocabulary import IP_META, PINNED_META, PROXY_COUNTED_META
 from .reactor import await_deferred, installed_reactor
-from .reports.counters import Report
-from .resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound, MixedAnswer, PublicHostnameResolver
 from .seams import ResolverNotInstalled
-from .vocabulary import IP_META, PINNED_META, PROXY_COUNTED_META
 
 if TYPE_CHECKING:
     from scrapy import Request

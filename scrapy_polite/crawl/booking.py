@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredList
 
-from .clock import ClockSync
+from ..clock import ClockSync
+from ..policy import Booking, HostState, PacingPolicy, ip_key
+from ..reports.counters import Report
+from ..settings import PoliteConfig
+from ..stores import ManyUpdateFn, Snapshot, StoreError
+from ..vocabulary import BURST_META, DELAY_META, HOST_META, INVALID_DELAY_META, IP_META, DeferralReason, parse_seconds
 from .lifecycle import Hold, Lifecycle
 from .outage import DeferredStore
-from .policy import Booking, HostState, PacingPolicy, ip_key
 from .reactor import await_deferred
-from .reports.counters import Report
 from .resolution import Resolution
 from .seams import Defer, Go, HoldingScheduler
-from .settings import PoliteConfig
-from .stores import ManyUpdateFn, Snapshot, StoreError
-from .vocabulary import BURST_META, DELAY_META, HOST_META, INVALID_DELAY_META, IP_META, DeferralReason, parse_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request

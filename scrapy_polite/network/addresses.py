@@ -4,7 +4,7 @@
 * :func:`embedded_ipv4` — the IPv4 address inside an IPv4-mapped, NAT64 or 6to4 IPv6 address;
 * :func:`parse_ip_literal` — a string that *is* a canonical IP literal, or ``None`` (the other IPv4
   spellings of the URL Standard, ``2130706433``, ``0x7f.1``, ``127.1``, are read by
-  :mod:`scrapy_polite.hosts`, which turns them into addresses before they reach these rules);
+  :mod:`scrapy_polite.network.hosts`, which turns them into addresses before they reach these rules);
 * :class:`AddressFilter` — the rule plus the operator's exceptions (``POLITE_ALLOW_PRIVATE``,
   ``POLITE_ALLOWED_NETWORKS``), applied to a resolver's answer.
 
@@ -183,7 +183,7 @@ def parse_ip_literal(text: str) -> IPAddress | None:
 
     Other IPv4 spellings — a bare integer ``2130706433``, hex ``0x7f.1``, octal ``0177.0.0.1``, shortened
     ``127.1`` — give ``None`` here: this reads canonical literals only (settings, resolver answers). A URL's
-    or a resolver's host is first read by the WHATWG URL Standard (:func:`scrapy_polite.hosts.name_host`,
+    or a resolver's host is first read by the WHATWG URL Standard (:func:`scrapy_polite.network.hosts.name_host`,
     docs/spec.md §4), which reads those spellings as the addresses they are (as browsers, curl and C
     resolvers do), so they reach the address rules as addresses and never DNS.
 

@@ -13,7 +13,7 @@ implementation, rather than hand-written code. For the special schemes (``http``
   ``xn--bcher-kva.example``), or rejected (a forbidden code point, a label IDNA refuses).
 
 Such an address is an address, never a name: it goes straight to the address rules
-(:mod:`scrapy_polite.addresses`) and no DNS query is ever sent for it.
+(:mod:`scrapy_polite.network.addresses`) and no DNS query is ever sent for it.
 
 * :func:`url_host` — the :class:`Host` of a URL, ``None`` when it has none; :class:`InvalidHost` when the
   Standard rejects it;

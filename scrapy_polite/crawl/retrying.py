@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
-from .clock import ClockSync
-from .policy import Decision, PacingPolicy
+from ..clock import ClockSync
+from ..policy import Decision, PacingPolicy
+from ..reports.counters import Report
+from ..vocabulary import DONT_PACE_META, HOST_META, THROTTLE_RETRIES_META
 from .reactor import call_later
-from .reports.counters import Report
-from .vocabulary import DONT_PACE_META, HOST_META, THROTTLE_RETRIES_META
 
 if TYPE_CHECKING:
     from scrapy import Request

@@ -19,11 +19,9 @@ from scrapy.http import Headers
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from ._compat import server_side_failure_types
-from .clock import ClockSync
-from .lifecycle import Lifecycle
-from .outage import DeferredStore
-from .policy import (
+from .._compat import server_side_failure_types
+from ..clock import ClockSync
+from ..policy import (
     Decision,
     HostState,
     InvalidRetryAfter,
@@ -33,12 +31,14 @@ from .policy import (
     ip_key,
     parse_retry_after,
 )
-from .policy.ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
+from ..policy.ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
+from ..reports.counters import Report
+from ..settings import PoliteConfig
+from ..stores import StoreError
+from ..vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, SENT_AT_META
+from .lifecycle import Lifecycle
+from .outage import DeferredStore
 from .reactor import await_deferred
-from .reports.counters import Report
-from .settings import PoliteConfig
-from .stores import StoreError
-from .vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, SENT_AT_META
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -299,7 +299,7 @@ class Recorder:
 
     async def recorded(self, request: Request) -> Decision | None:
         """Wait for the record of ``request``'s response or failure (docs/spec.md §5, "Recording"); the caller
-        then ends the request's life (:meth:`Booker.end <scrapy_polite.booking.Booker.end>`).
+        then ends the request's life (:meth:`Booker.end <scrapy_polite.crawl.booking.Booker.end>`).
 
         Returns the record's :class:`~scrapy_polite.policy.Decision` (None: nothing was recorded, the request never
         reached the booking, or the table could not be written)."""

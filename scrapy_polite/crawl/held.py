@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.squeues import PickleFifoDiskQueue
 from scrapy.utils.misc import build_from_crawler
 
-from ._compat import commit_without_fsync, pickle_fifo_sqlite_queue
+from .._compat import commit_without_fsync, pickle_fifo_sqlite_queue
 
 if TYPE_CHECKING:
     from scrapy import Request

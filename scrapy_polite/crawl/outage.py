@@ -25,10 +25,9 @@ from scrapy.utils.defer import deferred_from_coro
 from twisted.internet.defer import Deferred, fail
 from twisted.python.failure import Failure
 
-from .policy import HostState, PacingPolicy
-from .reactor import await_deferred
-from .reports.counters import Report
-from .stores import (
+from ..policy import HostState, PacingPolicy
+from ..reports.counters import Report
+from ..stores import (
     TABLE_KEY,
     AsyncStore,
     ManyUpdateFn,
@@ -38,6 +37,7 @@ from .stores import (
     StoreUnavailable,
     UpdateFn,
 )
+from .reactor import await_deferred
 
 __all__ = ["DeferredStore", "StoreGuard", "TableWatch"]
 

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import load_object
 
-from ._compat import HAS_H2
-from .browser import proxy_refusal
-from .browser_proxy import CHROMIUM_ARGS, ProxyOptions
-from .policy import host_key
-from .settings import checked_handlers
-from .vocabulary import HOST_META, IP_META
+from .._compat import HAS_H2
+from ..browser import proxy_refusal
+from ..browser_proxy import CHROMIUM_ARGS, ProxyOptions
+from ..policy import host_key
+from ..settings import checked_handlers
+from ..vocabulary import HOST_META, IP_META
 
 if TYPE_CHECKING:
     from scrapy import Request

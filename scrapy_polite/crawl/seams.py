@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .vocabulary import DeferralReason
+from ..vocabulary import DeferralReason
 
 if TYPE_CHECKING:
     from scrapy import Request
     from twisted.internet.defer import Deferred
 
-    from .frontier.report import FrontierState
+    from ..frontier.report import FrontierState
 
 __all__ = ["Go", "Defer", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "SharedFrontier"]
 
