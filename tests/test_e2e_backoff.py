@@ -62,6 +62,9 @@ async def test_three_429s_with_retry_after_per_url_leave_no_dead_steps(arrival_s
     # every 429 honoured: the next request came at least its Retry-After later
     after_throttle = [g for a, g in zip(hits, gaps(hits)) if a.status == 429]
     assert min(after_throttle) >= RETRY_AFTER - TOL, describe(hits)
+    # ... and not much later (the delay is the Retry-After, docs/spec.md §2, "Throttle", not the backoff of the
+    # steps taken, up to the 30 s cap). With the gaps after a 200 below, every gap of the crawl is bounded.
+    assert max(after_throttle) <= RETRY_AFTER + INTERVAL + TIMER_SLACK, (max(after_throttle), describe(hits))
     # after every 200, and after the last 429, no gap longer than the largest Retry-After plus the interval
     after_success = [g for a, g in zip(hits, gaps(hits)) if a.status == 200]
     assert max(after_success) <= RETRY_AFTER + INTERVAL + TIMER_SLACK, (max(after_success), describe(hits))
@@ -70,7 +73,8 @@ async def test_three_429s_with_retry_after_per_url_leave_no_dead_steps(arrival_s
     print(f"dead-steps case: {len(hits)} requests in {hits[-1].end - hits[0].start:.1f} s; after the last 429 "
           f"{len(tail)} gaps, largest {max(tail):.3f} s (bound {RETRY_AFTER + INTERVAL:g} s)")
     assert tail and max(tail) <= RETRY_AFTER + INTERVAL + TIMER_SLACK, (max(tail), describe(hits))
-    assert sorted(tail)[len(tail) // 2] <= RETRY_AFTER + INTERVAL, (tail, describe(hits))  # the usual gap: the rule's
+    # the usual gap: the rule's (a timer late by half the slack on a loaded machine is not a step)
+    assert sorted(tail)[len(tail) // 2] <= RETRY_AFTER + INTERVAL + TIMER_SLACK / 2, (tail, describe(hits))
     # the run is over and forgotten: the row holds no step and no Retry-After
     store = SQLiteStore(f"{tmp_path}/pace.sqlite3")
     try:
@@ -78,8 +82,6 @@ async def test_three_429s_with_retry_after_per_url_leave_no_dead_steps(arrival_s
     finally:
         store.close()
     assert row is not None and (row.consec, row.run_retry_after) == (0, 0.0)
-    # the whole crawl: about 64 × 0.3 s, where the dead steps cost 16 × 30 s
-    assert hits[-1].end - hits[0].start < 40.0
 
 
 @pytest_twisted.ensureDeferred

@@ -442,7 +442,8 @@ async def test_burst_stream_is_fast_and_resumes_when_the_backoff_ends(arrival_se
     crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(
         arrival_server, tmp_path, monkeypatch, "127.0.2.61", slow_after=3, spider_cls=TrickleSpider,
         POLITE_STORE="memory://")
-    assert elapsed < 20, f"200 burst segments took {elapsed:.1f} s"
+    span = hits[-1].end - hits[0].start  # on the server's log: the crawler's start-up, which load stretches, left out
+    assert span < 20, f"200 burst segments took {span:.1f} s (paced by the 1 s interval: 200 s)"
     assert stat(crawler, "burst") == 201  # the throttled segment's retry is a burst request too
     before = [a for a in hits if a.end <= throttle.start]
     assert len(before) >= 50 and max(gaps(before)) < 0.5, "segments before the 429 were paced by the interval"

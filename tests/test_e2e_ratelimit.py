@@ -2,8 +2,9 @@
 enforce a quota of ``q`` requests per ``w`` seconds and announce it (:class:`tests.support.quota.Quota`).
 
 Each rate-limit header form: the crawl receives **no** 429 and loses no time the quota does not ask for: from
-the server's arrival log, every request starts within ``w / 2`` of the moment the rules allowed it (the previous
-answer's end plus ``w / q``, or the reset of a spent window), half a hold of one window too many, and the median
+the server's arrival log, every request starts within :data:`MAX_LATE` of the moment the rules allowed it (the
+previous answer's end plus ``w / q``, or the reset of a spent window), under half of a reset read to the second or
+a window too many, and the median
 one within ``w / q / 2``, half the cost of pacing at twice ``w / q`` (:func:`judge_lateness`; the makespan
 against the quota-bound ideal, ``n × w / q``, is ``bench/ratelimit.py``'s figure). The negative controls: the
 same server crawled with ``POLITE_RATELIMIT_HEADERS = False`` is refused; a quota announced but not enforced
@@ -42,10 +43,15 @@ PAGES, Q, W = 20, 5, 2.0
 #: How precisely a form states its reset, seconds (docs/spec.md §2, "The reset's resolution"): a spent quota is
 #: taken as replenished that long after it. The epoch second of ``x-epoch``; three decimals for the others.
 RESOLUTION = {"x-epoch": 1.0}
+#: The crawl's own host interval (s): fast, so only the quota paces.
+HOST_INTERVAL = 0.02
+#: Seconds a request may start after the moment the rules allow it (:func:`judge_lateness`): under half of what
+#: the bugs cost (a reset read to the second, 1 s; a window too many, 2 s); seen: at most 0.11 s, loaded.
+MAX_LATE = 0.6
 
 
 def settings(tmp_path: Any, **overrides: Any) -> dict[str, Any]:
-    s = polite_settings(POLITE_HOST_INTERVAL=0.02, POLITE_IP_INTERVAL=0, POLITE_MAX_IDLE_WAIT=30.0,
+    s = polite_settings(POLITE_HOST_INTERVAL=HOST_INTERVAL, POLITE_IP_INTERVAL=0, POLITE_MAX_IDLE_WAIT=30.0,
                         POLITE_STORE=f"sqlite:///{tmp_path}/pace.sqlite3", CONCURRENT_REQUESTS=8)
     s.update(overrides)
     return s
@@ -61,7 +67,8 @@ def max_in_any_window(hits: list[Arrival], window: float) -> int:
     return max(sum(1 for s in starts[i:] if s < t + window) for i, t in enumerate(starts))
 
 
-def late(hits: list[Arrival], quota: Quota, host_interval: float = 0.02) -> list[float]:
+def late(hits: list[Arrival], quota: Quota, host_interval: float = HOST_INTERVAL,
+         resolution: float | None = None) -> list[float]:
     """Per hand-off, from the server's arrival log: how long after the moment the rules allow it each request
     started (``start − allowed``, seconds; docs/spec.md §2), so only the time the client lost is judged, never
     the time the rules (or the server's answers) took. Allowed: the previous answer's end plus the interval
@@ -75,7 +82,8 @@ def late(hits: list[Arrival], quota: Quota, host_interval: float = 0.02) -> list
         window = int(a.start // quota.window)
         used[window] += 1
         if quota.mode == "window" and used[window] == quota.quota:  # spent: held until the reset
-            allowed = (window + 1) * quota.window + RESOLUTION.get(quota.form, 0.001)
+            allowed = (window + 1) * quota.window + (
+                RESOLUTION.get(quota.form, 0.001) if resolution is None else resolution)
         else:
             allowed = a.end + interval
         out.append(b.start - allowed)
@@ -86,15 +94,16 @@ def judge_lateness(hits: list[Arrival], quota: Quota) -> None:
     """The crawl lost no time the quota does not ask for, judged per hand-off (:func:`late`), so a slow machine's
     milliseconds per hand-off cannot add up to a failure, while each bug costs far more than its slack:
 
-    * no request more than ``w / 2`` late: a host held one window too many is ``w`` late; one kept out until a
-      hold's bound (the download timeout, 20 s) or the first answer's 10 s bound is later still;
+    * no request more than :data:`MAX_LATE` late: a host held one window too many is ``w`` (2 s) late, a reset read
+      to the whole second up to 1 s; one kept out until a hold's bound (the download timeout, 20 s) or the first
+      answer's 10 s bound is later still;
     * the median request no more than ``w / q / 2`` late: paced at twice ``w / q``, every hand-off is ``w / q``
       late.
     """
     lost = late(hits, quota)
     t0 = hits[0].start
     log = [(round(a.start - t0, 3), round(x, 3)) for a, x in zip(hits[1:], lost)]  # (start, late) of each
-    assert max(lost) <= quota.window / 2, f"a request {max(lost):.2f} s after the rules allowed it: {log}"
+    assert max(lost) <= MAX_LATE, f"a request {max(lost):.2f} s after the rules allowed it: {log}"
     assert median(lost) <= quota.window / quota.quota / 2, f"requests {median(lost):.2f} s late (median): {log}"
 
 
@@ -246,6 +255,8 @@ async def test_eight_crawlers_on_one_table_keep_the_quota_to_the_last_request(ar
     try:
         row = store.get(srv.address)
         assert row.booked == SHARED_PAGES and row.quota_limit == SHARED_Q  # the count lives in the shared row
+        if form != "x-epoch":  # a window announced: every crawler paced by w / q, exactly (not w / (q - 1))
+            assert row.ratelimit_interval == SHARED_W / SHARED_Q
     finally:
         store.close()
 
@@ -266,6 +277,8 @@ async def test_negative_control_eight_crawlers_ignoring_the_quota_are_refused(ar
 WINDOW_PAGES, WINDOW_Q, WINDOW_W = 16, 5, 4.0
 #: The quota-bound ideal (s): the 16th request can start 3 windows after the first window began.
 WINDOW_IDEAL = 3 * WINDOW_W
+#: The window crawl's host interval (s).
+WINDOW_INTERVAL = 0.5
 
 
 async def window_crawl(arrival_server: Any, tmp_path: Any, address: str, quota: Quota) -> tuple[Any, list[Arrival]]:
@@ -273,7 +286,7 @@ async def window_crawl(arrival_server: Any, tmp_path: Any, address: str, quota: 
     ``CLOSESPIDER_TIMEOUT`` after 30 s (2.5 × the ideal) if a host stays held."""
     srv = arrival_server(address)
     srv.route("/*", quota.handler())
-    overrides = dict(POLITE_HOST_INTERVAL=0.5, POLITE_IP_INTERVAL=0, CONCURRENT_REQUESTS=16, CLOSESPIDER_TIMEOUT=30)
+    overrides = dict(POLITE_HOST_INTERVAL=WINDOW_INTERVAL, POLITE_IP_INTERVAL=0, CONCURRENT_REQUESTS=16, CLOSESPIDER_TIMEOUT=30)
     crawler = await run_crawl(ListSpider, settings(tmp_path, **overrides),
                               urls=[srv.url(f"/p/{i}") for i in range(WINDOW_PAGES)], timeout=50)
     return crawler, timeline(srv)
@@ -281,7 +294,7 @@ async def window_crawl(arrival_server: Any, tmp_path: Any, address: str, quota: 
 
 def judge_window_crawl(crawler: Any, hits: list[Arrival], quota: Quota) -> None:
     """From the server's arrival log: every page once with a 200, no 429, no window of the server's over its quota,
-    and the last response within 1.25 × the quota-bound ideal of the first request."""
+    and no request more than half a window after the moment the rules allowed it (:func:`late`)."""
     t0 = hits[0].start if hits else 0.0
     log = [(round(a.start - t0, 2), a.status) for a in hits]
     assert quota.refused == 0 and all(a.status == 200 for a in hits), f"{quota.refused} × 429: {log}"
@@ -291,9 +304,13 @@ def judge_window_crawl(crawler: Any, hits: list[Arrival], quota: Quota) -> None:
     per_window = Counter(int(a.start // WINDOW_W) for a in hits)
     assert max(per_window.values()) <= WINDOW_Q, (per_window, log)
     makespan = hits[-1].end - t0
+    # Per hand-off (:func:`late`, a spent window allowed to wait out the announced second: up to 1 s more): a host
+    # held one window too many is a whole window (4 s) late; the rules' own cost stays under half of it.
+    lost = late(hits, quota, WINDOW_INTERVAL, resolution=1.0)
     print(f"{quota.form} (resets rounded {quota.rounding}): {len(hits)} requests, {quota.refused} × 429, "
-          f"{makespan:.2f} s for an ideal of {WINDOW_IDEAL:.0f} s ({makespan / WINDOW_IDEAL:.2f} ×)")
-    assert makespan <= 1.25 * WINDOW_IDEAL, f"{makespan:.2f} s for an ideal of {WINDOW_IDEAL:.0f} s: {log}"
+          f"{makespan:.2f} s for an ideal of {WINDOW_IDEAL:.0f} s ({makespan / WINDOW_IDEAL:.2f} ×), "
+          f"at most {max(lost):.2f} s late")
+    assert max(lost) <= WINDOW_W / 2, f"a request {max(lost):.2f} s after the rules allowed it: {log}"
 
 
 @pytest.mark.parametrize("form, rounding, window_announced, address", [
@@ -307,7 +324,7 @@ def judge_window_crawl(crawler: Any, hits: list[Arrival], quota: Quota) -> None:
 @pytest_twisted.ensureDeferred
 async def test_a_fixed_window_quota_is_kept_to_the_last_page_in_every_style(arrival_server, tmp_path, form, rounding,
                                                                             window_announced, address):
-    """Issue 30 finding 4: 16/16 pages, no 429, within 1.25 × the ideal. A server that truncates its whole-second
+    """Issue 30 finding 4: 16/16 pages, no 429, no window held too long. A server that truncates its whole-second
     resets (``int(reset)``) is replenished up to 1 s after the moment it announces: read exactly, the styles
     without a window were refused once per window (3 × 429, the finding's count); each spent quota is now held to
     the end of the announced second (docs/spec.md §2, "The reset's resolution"), which costs a server that rounds

@@ -54,8 +54,8 @@ async def test_two_crawls_sharing_the_file_keep_the_wal_bounded(tmp_path, monkey
     the last pages, then starts the WAL over itself. Negative control: with a PASSIVE second phase the other
     crawl writes between the complete copy and the next write of this one, the WAL rarely starts over, and
     its file grows with the writes (the 681 MB of ``bench/wal.py --processes 2 --bookings 20000`` before the
-    fix). Both judged against the run's own growth (the pages the file grew by in all), which load leaves
-    alone; ``bench/wal.py`` measures the bound in pages."""
+    fix). Both judged by counts and against the run's own growth (the pages the file was seen to grow by),
+    not by a page count; ``bench/wal.py`` measures the bound in pages."""
     from twisted.internet import reactor
 
     if second_phase == "passive":
@@ -95,19 +95,21 @@ async def test_two_crawls_sharing_the_file_keep_the_wal_bounded(tmp_path, monkey
     grown, drops = _growth(samples)
     print(f"2 crawls x {BOOKINGS} bookings, second phase {second_phase}: the WAL's file at most {largest[0]} pages "
           f"of {grown} written, cut {cuts} times (seen cut {drops} times)")
-    # 10,000 bookings write about 53,000 pages (``grown``: a count of the work, the same loaded or not). Without
+    # 10,000 bookings write about 53,000 pages (``grown``, as sampled: a WAL started over without a cut reuses its
+    # file unseen, which load makes more frequent, so load lowers it and lengthens ``largest``). Without
     # the second phase's TRUNCATE the file is never cut and holds them all: its longest is the whole growth
     # (measured 52,917 of 52,917). With it, a store checkpoints 250 writes after a cut or after a second phase
     # whose 50 ms wait ran out (more of those on a loaded machine, whose writes outlast the wait more often),
     # 1,000 (the floor of docs/spec.md §6) after a complete copy: the WAL at its longest measured 2,000-6,500 pages,
-    # 4,400-8,800 with the machine loaded 5 times over, at most a sixth of the growth; the bug's is all of it.
+    # 4,400-8,800 with the machine loaded 5 times over, at most a sixth of the growth (a 3x margin to the bound
+    # below); the bug's is all of it.
     # Judged by counts and by the ratio to the run's own growth, not by pages (``bench/wal.py`` measures those).
     if second_phase == "restart":
         assert cuts > 0 and drops > 0, (cuts, drops)  # the second phases started the WAL over and cut its file
         assert largest[0] < grown / 2, (largest[0], grown)  # started over through the run: not growing with it
     else:
-        assert cuts == 0 and drops == 0, (cuts, drops)
-        assert largest[0] == grown > 4 * BOOKINGS, (largest[0], grown)  # what the TRUNCATE prevents
+        assert cuts == 0 and drops == 0, (cuts, drops)  # never cut: its longest is then all it grew by
+        assert largest[0] > 4 * BOOKINGS, (largest[0], grown)  # what the TRUNCATE prevents (52,917 measured)
 
 
 def _book(store: SQLiteStore, key: str) -> None:
