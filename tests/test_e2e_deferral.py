@@ -359,7 +359,7 @@ async def _burst_crawl(arrival_server, tmp_path, monkeypatch, address: str, *, s
                        spider_cls: type = SignalSpider, **overrides: Any):
     """200 segments with ``meta['polite_burst']`` (interval 1 s); the 101st request the host receives is
     answered 429 + Retry-After: 2, and the next ``slow_after`` requests take 0.3 s to answer. Returns (crawler,
-    elapsed, arrivals, the 429's arrival, when the 429 reached the crawler, the paths the download handler
+    arrivals, the 429's arrival, when the 429 reached the crawler, the paths the download handler
     put on the wire after that moment)."""
     import scrapy_polite.handler as handler_mod
 
@@ -375,17 +375,15 @@ async def _burst_crawl(arrival_server, tmp_path, monkeypatch, address: str, *, s
     slow = Reply.html("<html><body><p>slow</p></body></html>", delay=0.3)
     srv.route("/*", scripted(*[page()] * 100, Reply.throttle(429, "2"), *[slow] * slow_after))
     urls = [srv.url(f"/seg/{i}") for i in range(200)]
-    t0 = process_clock()
     crawler = await run_crawl(spider_cls, settings(tmp_path, POLITE_HOST_INTERVAL=1.0, **overrides), urls=urls,
                               meta={"polite_burst": True}, timeout=120)
-    elapsed = process_clock() - t0
     hits = timeline(srv)
     (throttle,) = [a for a in hits if a.status == 429]
     # Every segment once, and the throttled one again: the package retries it when its host is due.
     assert sorted(a.path for a in hits) == sorted([f"/seg/{i}" for i in range(200)] + [throttle.path])
     (seen,) = [t for t, status, _ in crawler.spider.downloaded if status == 429]
     after = {url for t, url in sent if t > seen}
-    return crawler, elapsed, hits, throttle, seen, {u.split(srv.netloc, 1)[1] for u in after}
+    return crawler, hits, throttle, seen, {u.split(srv.netloc, 1)[1] for u in after}
 
 
 @pytest_twisted.ensureDeferred
@@ -393,8 +391,8 @@ async def test_burst_segment_sent_after_a_429_waits_for_the_backoff(arrival_serv
     """Requests already on the wire when the 429 reached the crawler cannot be recalled; every segment request
     *sent* (by the download handler) after that moment must reach the host no sooner than the 429's end + 2 s
     (the seed's "a 429 still lands as backoff on the very next segment")."""
-    crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,
-                                                                        "127.0.2.60")
+    crawler, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,
+                                                               "127.0.2.60")
     due = throttle.end + 2.0
     early = [a for a in hits if a is not throttle and a.path in after and a.start < due - TOL]
     assert not early, (
@@ -421,8 +419,8 @@ async def test_burst_throttle_not_erased_by_a_segment_decided_before_it(arrival_
         return original_read(keys, db, clock)
 
     monkeypatch.setattr(rows, "read_op", slow_read)  # every read of the SQLite table, inline or on its thread
-    crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,
-                                                                        "127.0.2.62")
+    crawler, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,
+                                                               "127.0.2.62")
     assert len(slowed) >= 50, f"the table's reads were not slowed ({len(slowed)}): the premise does not hold"
     due = throttle.end + 2.0
     inside = [a for a in hits if throttle.end < a.start < due - TOL]
@@ -439,7 +437,7 @@ async def test_burst_stream_is_fast_and_resumes_when_the_backoff_ends(arrival_se
     200s push the host's ``next_allowed`` from ``429 end + 2`` to ``their end + 2`` while later segments are
     still being deferred: the deferred segments must come back at that later due time — not a second after
     it. In-memory pace table (decisions read the table inline)."""
-    crawler, elapsed, hits, throttle, seen, after = await _burst_crawl(
+    crawler, hits, throttle, seen, after = await _burst_crawl(
         arrival_server, tmp_path, monkeypatch, "127.0.2.61", slow_after=3, spider_cls=TrickleSpider,
         POLITE_STORE="memory://")
     span = hits[-1].end - hits[0].start  # on the server's log: the crawler's start-up, which load stretches, left out

@@ -4,9 +4,9 @@ enforce a quota of ``q`` requests per ``w`` seconds and announce it (:class:`tes
 Each rate-limit header form: the crawl receives **no** 429 and loses no time the quota does not ask for: from
 the server's arrival log, every request starts within :data:`MAX_LATE` of the moment the rules allowed it (the
 previous answer's end plus ``w / q``, or the reset of a spent window), under half of a reset read to the second or
-a window too many, and the median
-one within ``w / q / 2``, half the cost of pacing at twice ``w / q`` (:func:`judge_lateness`; the makespan
-against the quota-bound ideal, ``n × w / q``, is ``bench/ratelimit.py``'s figure). The negative controls: the
+a window too many, and the median one within ``w / q / 2``, half the cost of pacing at twice ``w / q``
+(:func:`judge_lateness`; the makespan against the quota-bound ideal, ``n × w / q``, is ``bench/ratelimit.py``'s
+figure). The negative controls: the
 same server crawled with ``POLITE_RATELIMIT_HEADERS = False`` is refused; a quota announced but not enforced
 still paces the crawl; malformed fields are counted and ignored.
 
