@@ -276,7 +276,7 @@ def test_redis_not_back_within_the_timeout_closes_the_spider(arrival_server, tmp
         crawl = Crawl(tmp_path, "gone", [srv.url(f"/{i}") for i in range(10)],
                       settings(redis_server.url, "t:", POLITE_DNS_OVERRIDES={}, POLITE_IP_INTERVAL=0,
                                POLITE_STORE_TIMEOUT=2))
-        result = crawl.result()
+        result = crawl.result(reason="polite_store_error")
     stats = result["stats"]
     assert stats["finish_reason"] == "polite_store_error", stats
     assert len(srv.arrivals()) == 3  # none after Redis went away

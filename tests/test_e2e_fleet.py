@@ -149,7 +149,9 @@ def test_negative_control_without_the_hold_a_slow_host_is_overlapped(table, requ
     srv = slow_server(arrival_server)
     store = store_for(table, request, tmp_path)
     run_two(tmp_path, srv, store, patch=["no_hold"])
-    overlaps, short = overlaps_and_gaps(srv.arrivals())
+    hits = srv.arrivals()
+    assert sorted(a.path for a in hits) == sorted(f"/p{p}/{i}" for p in range(2) for i in range(PAGES)), describe(hits)
+    overlaps, short = overlaps_and_gaps(hits)
     assert overlaps and short, describe(srv.arrivals())
     # The audit of the table's log names the overlapping pairs, whichever processes booked them.
     kinds = {v.kind for v in audited(store).violations}

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import replace
 
@@ -190,6 +191,53 @@ def test_sqlite_records_schema_version_and_uses_wal(tmp_path):
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         db.close()
+
+
+def _new_file_locked(path):
+    """A new file (rollback journal, as SQLite makes it) whose write lock another connection holds, as a process
+    setting the table up holds it: a WAL switch meeting it answers "database is locked" at once, busy timeout
+    or not."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE other (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+def test_sqlite_opens_a_new_file_another_process_is_setting_up(tmp_path):
+    """A fleet started together on a new table: the openers that meet another's lock during the switch to the
+    WAL wait for it, as for any lock (a crawl that failed here crawled nothing: a CI run lost a process this
+    way). The lock is let go 0.3 s later; the store opens, in WAL, without an error."""
+    path = str(tmp_path / "pace.sqlite3")
+    holder = _new_file_locked(path)
+    timer = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    timer.start()
+    try:
+        store = SQLiteStore(path, timeout=30.0)
+        store.close()
+    finally:
+        timer.join()
+        holder.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        db.close()
+
+
+def test_sqlite_a_lock_held_past_the_timeout_fails_naming_the_lock(tmp_path):
+    """Negative control: a lock held longer than the store's ``timeout`` is an error, after about that long
+    (not at once, not forever), whose fix names the lock, not the directory's permissions."""
+    path = str(tmp_path / "pace.sqlite3")
+    holder = _new_file_locked(path)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreError, match="database is locked") as info:
+            SQLiteStore(path, timeout=0.5)
+    finally:
+        holder.close()
+    assert time.monotonic() - started >= 0.5
+    assert "another connection kept the file locked" in str(info.value)
+    assert "writable" not in str(info.value)
 
 
 def test_sqlite_migrates_an_empty_version_0_file(tmp_path):

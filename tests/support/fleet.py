@@ -89,7 +89,9 @@ class Crawl:
         self.proc.wait()
         self._log.close()
 
-    def result(self, timeout: float = 120.0) -> dict[str, Any]:
+    def result(self, timeout: float = 120.0, reason: str = "finished") -> dict[str, Any]:
+        """Wait for the crawl (``timeout`` seconds at most) and return its result; it must have exited 0 and
+        closed for ``reason`` (a crawl that could not open its table closes at once, crawling nothing)."""
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -103,4 +105,5 @@ class Crawl:
 
         result: dict[str, Any] = json.loads(self.out.read_text())
         assert_no_illegal_moves(result["stats"], "a fleet crawl")
+        assert result["stats"].get("finish_reason") == reason, (result["stats"], self.log.read_text()[-4000:])
         return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 
 from ..base import StoreError
 
@@ -140,11 +141,38 @@ def connect(path: str, timeout: float) -> sqlite3.Connection:
                            cached_statements=64)
 
 
-def set_up(db: sqlite3.Connection, uri: str) -> None:
-    """A waiting connection's set-up: the WAL journal, ``synchronous=NORMAL``, the schema migrated."""
-    db.execute("PRAGMA journal_mode=WAL").fetchone()
+#: Seconds between two tries of the switch to the WAL journal while another connection holds the file
+#: (:func:`use_wal`).
+WAL_RETRY = 0.01
+
+
+def set_up(db: sqlite3.Connection, uri: str, timeout: float) -> None:
+    """A connection's set-up: the WAL journal (:func:`use_wal`, waiting up to ``timeout`` seconds),
+    ``synchronous=NORMAL``, the schema migrated."""
+    use_wal(db, timeout)
     db.execute("PRAGMA synchronous=NORMAL")
     migrate(db, uri)
+
+
+def use_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Switch the file to the WAL journal, trying again every :data:`WAL_RETRY` s for up to ``timeout`` seconds
+    while another connection holds it. SQLite does not always wait on its busy timeout here: while another
+    connection holds the file's write lock (another process setting up a new table at the same moment: a fleet
+    started together), the switch answers "database is locked" at once, since waiting could deadlock
+    (sqlite.org/c3ref/busy_handler.html). Seen in about 1 of 6 openings of a new file by 3 processes at once.
+
+    Raises:
+        sqlite3.OperationalError: the file is still locked after ``timeout`` seconds, or cannot be read.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL").fetchone()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(WAL_RETRY)
 
 
 def set_up_nowait(db: sqlite3.Connection) -> None:
@@ -165,7 +193,7 @@ def open_new_file(path: str, uri: str, timeout: float, *, nowait: bool) -> sqlit
     """
     db = connect(path, 0.0 if nowait else timeout)
     try:
-        set_up(db, uri)
+        set_up(db, uri, 0.0 if nowait else timeout)
         if nowait:
             set_up_nowait(db)
     except BaseException:

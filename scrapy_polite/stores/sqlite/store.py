@@ -109,7 +109,7 @@ class SQLiteStore:
             if nowait:  # the connection it was made beside already set the file up
                 schema.set_up_nowait(self._db)
                 return
-            schema.set_up(self._db, self.uri)
+            schema.set_up(self._db, self.uri, timeout)
             # Prove we can write now, not halfway through the crawl (fail closed at start); read the table's
             # clock, look for the marks of unclean stops and leave ours, in the same transaction.
             with self._opening():
@@ -403,6 +403,11 @@ def _store_error(path: str, action: str, exc: BaseException, *, closed: bool, no
         fix = (f"the file is not a valid pace table; move it away (e.g. mv {path} {path}.bad) "
                "to start a fresh one, or point POLITE_STORE to another file")
         return StoreCorrupt(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+        fix = ("another connection kept the file locked longer than the store waits; stop the process that holds "
+               "it (a crawl or `scrapy polite` command stuck at its close, a `sqlite3` shell), or point POLITE_STORE "
+               "to another file")
+        return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
     fix = (f"make {os.path.dirname(path)} writable, or set POLITE_STORE to a writable location, "
            "e.g. POLITE_STORE = 'sqlite:////var/tmp/polite.sqlite3' (or 'memory://' for a one-off run)")
     return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
