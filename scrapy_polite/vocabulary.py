@@ -112,8 +112,9 @@ META_MEANINGS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType({
 #: order). ``<reason>``, ``<status>`` and ``<handler>`` stand for one path segment each. tests/test_docs.py scans
 #: the package's source: every key it counts is declared here, and every key declared here is counted.
 STATS: Final[Mapping[str, str]] = MappingProxyType({
-    "polite/requests": "requests booked on their host, one per request sent (Scrapy's `downloader/request_count` "
-                       "also counts every pass of a deferred request through the downloader middlewares)",
+    "polite/requests": "requests booked on their host (a deferred request once, when it is booked at last: "
+                       "Scrapy's `downloader/request_count` counts it again at each pass through the downloader "
+                       "middlewares)",
     "polite/waits": "waits in line (for the host's interval or an address's budget)",
     "polite/wait_seconds": "the total seconds of those waits",
     "polite/deferrals": "requests deferred: held out of the downloader until their host is due",

@@ -47,13 +47,13 @@ def _growth(samples: list[int]) -> tuple[int, int]:
     in all (what its file would hold had it never started over: the control's length), and how many times it
     was seen starting over (fewer frames than at the sample before; the growth since counts from nothing)."""
     grown, drops, before = 0, 0, 0
-    for pages in samples:
-        if pages < before:
+    for frames in samples:
+        if frames < before:
             drops += 1
-            grown += pages
+            grown += frames
         else:
-            grown += pages - before
-        before = pages
+            grown += frames - before
+        before = frames
     return grown, drops
 
 

@@ -203,19 +203,30 @@ def _new_file_locked(path):
     return holder
 
 
-def test_sqlite_opens_a_new_file_another_process_is_setting_up(tmp_path):
+def test_sqlite_opens_a_new_file_another_process_is_setting_up(tmp_path, monkeypatch):
     """A fleet started together on a new table: the openers that meet another's lock during the switch to the
     WAL wait for it, as for any lock (a crawl that failed here crawled nothing: a CI run lost a process this
-    way). The lock is let go 0.3 s later; the store opens, in WAL, without an error."""
+    way). The lock is let go once the opener has met it and waits; the store opens, in WAL, without an error."""
+    from scrapy_polite.stores.sqlite import schema
+
     path = str(tmp_path / "pace.sqlite3")
     holder = _new_file_locked(path)
-    timer = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
-    timer.start()
+    waited = threading.Event()
+    sleep = time.sleep
+
+    def waits(seconds):
+        waited.set()
+        sleep(seconds)
+
+    monkeypatch.setattr(schema.time, "sleep", waits)
+    release = threading.Thread(target=lambda: waited.wait(30) and holder.execute("COMMIT"))
+    release.start()
     try:
         store = SQLiteStore(path, timeout=30.0)
         store.close()
     finally:
-        timer.join()
+        waited.set()
+        release.join()
         holder.close()
     db = sqlite3.connect(path)
     try:

@@ -91,7 +91,7 @@ class Crawl:
 
     def result(self, timeout: float = 120.0, reason: str = "finished") -> dict[str, Any]:
         """Wait for the crawl (``timeout`` seconds at most) and return its result; it must have exited 0 and
-        closed for ``reason`` (a crawl that could not open its table closes at once, crawling nothing)."""
+        closed for ``reason`` (a crawl refused at its start, its table not opened, crawls nothing yet exits 0)."""
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

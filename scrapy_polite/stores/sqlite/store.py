@@ -74,7 +74,8 @@ class SQLiteStore:
 
     Raises:
         StoreError: the file cannot be created, opened, migrated or written (unwritable directory,
-            corrupt file, a schema newer than this version knows). The message names the path and the fix.
+            corrupt file, a schema newer than this version knows, another connection's lock held past
+            ``timeout`` seconds). The message names the path and the fix.
     """
 
     write_transactions: ClassVar[int] = 0
@@ -391,7 +392,7 @@ class SQLiteStore:
 def _store_error(path: str, action: str, exc: BaseException, *, closed: bool, nowait: bool) -> StoreError:
     """The store's error for ``exc``, met by ``action`` on the file at ``path``: the message names it and the fix
     (:class:`StoreClosed` after the close, :class:`StoreBusy` for a no-wait connection that met a lock,
-    :class:`StoreCorrupt` for a damaged file)."""
+    :class:`StoreCorrupt` for a damaged file, a fix naming the lock for a waiting connection's lock held too long)."""
     uri, text = f"sqlite:///{path}", str(exc)
     if isinstance(exc, StoreError):
         return exc
@@ -403,7 +404,7 @@ def _store_error(path: str, action: str, exc: BaseException, *, closed: bool, no
         fix = (f"the file is not a valid pace table; move it away (e.g. mv {path} {path}.bad) "
                "to start a fresh one, or point POLITE_STORE to another file")
         return StoreCorrupt(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
-    if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+    if isinstance(exc, sqlite3.OperationalError) and "database is locked" in text:
         fix = ("another connection kept the file locked longer than the store waits; stop the process that holds "
                "it (a crawl or `scrapy polite` command stuck at its close, a `sqlite3` shell), or point POLITE_STORE "
                "to another file")
