@@ -72,8 +72,8 @@ class Arrival:
     """One request as the server saw it.
 
     ``host`` is the Host header without port (IPv6 brackets removed, lower-cased); ``start`` is
-    ``clock()`` right after the request line was read, ``end`` right after the response was
-    written; ``server_address`` is the local address the connection was accepted on and ``client_port``
+    ``clock()`` right after the request line was read, ``end`` right before the response's last write (the
+    client cannot have had the whole response earlier); ``server_address`` is the local address the connection was accepted on and ``client_port``
     the peer's port (equal ports on consecutive arrivals = one keep-alive connection; with more than one
     client address, compare ``(client_host, client_port)``).
     """
@@ -331,11 +331,17 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         if "connection" in sent and reply.headers.get("Connection", "").lower() == "close":
             self.close_connection = True
-        self.end_headers()
+        # ``end`` is read just before the response's last write: the client cannot have the whole response any
+        # earlier. Read after it, a server thread waiting for the GIL (the crawl's reactor, in the same process,
+        # collecting garbage) read it 60 ms late once, and a correctly paced next request looked 60 ms early.
         if not head and payload:
+            self.end_headers()
+            end = clock()
             self.wfile.write(payload)
+        else:
+            end = clock()
+            self.end_headers()
         self.wfile.flush()
-        end = clock()
         owner._record(
             Arrival(
                 host=host,
