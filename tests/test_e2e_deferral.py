@@ -413,10 +413,10 @@ async def test_burst_throttle_not_erased_by_a_segment_decided_before_it(arrival_
     original_read = rows.read_op
     slowed = []
 
-    def slow_read(keys, db, clock):
+    def slow_read(keys, table, clock):
         time.sleep(0.02)
         slowed.append(keys)
-        return original_read(keys, db, clock)
+        return original_read(keys, table, clock)
 
     monkeypatch.setattr(rows, "read_op", slow_read)  # every read of the SQLite table, inline or on its thread
     crawler, hits, throttle, seen, after = await _burst_crawl(arrival_server, tmp_path, monkeypatch,

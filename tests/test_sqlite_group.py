@@ -181,3 +181,91 @@ def test_a_nan_is_refused_in_every_column_not_replaced_by_its_default(tmp_path, 
         assert store.get("c.example") == good
     finally:
         store.close()
+
+
+#: Values of any kind a field may be given (a policy's int in a float field, an integral float in an int field,
+#: a bool, -0.0, floats beyond 64-bit integers): the cache must hold each as the file reads it back.
+_ANY = st.one_of(_FLOATS, _INTS, st.booleans(), st.sampled_from([-0.0, 2.0 ** 63, -(2.0 ** 63), 2.0 ** 63 - 1024, -(2.0 ** 63) + 1024, 2.0 ** 52 + 0.5]))
+
+
+def _typed(state: HostState) -> list[tuple[str, object]]:
+    return [(type(value).__name__, repr(value)) for value in dataclasses.astuple(state)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.fixed_dictionaries({f.name: _ANY for f in dataclasses.fields(HostState)}))
+def test_a_cached_row_is_the_row_the_file_reads_back(fields):
+    """The rows' cache (``rows.Rows``) holds a written row as SQLite reads it back, type by type (a REAL column
+    reads an int as a float and -0.0 as 0.0, an INTEGER column an integral float as an int): the writing store's
+    own read (from its cache) and a second connection's (from the file) are the same value of the same types.
+    Negative control: the state as written differs in type from what is read back for some field here."""
+    state = HostState(**fields)
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "pace.sqlite3")
+        store, fresh = SQLiteStore(path), SQLiteStore(path)
+        try:
+            store.update("a.example", lambda _s, _now: (state, None))
+            cached, read = store.get("a.example"), fresh.get("a.example")
+            assert cached is not None and read is not None
+            assert _typed(cached) == _typed(read)
+            if any(type(v) is not {"float": float, "int": int, "bool": bool}[f.type]
+                   for f, v in zip(dataclasses.fields(HostState), dataclasses.astuple(state))
+                   if not (f.type == "float" and isinstance(v, float))):
+                assert _typed(read) != _typed(state)  # (the case the conversion is for)
+        finally:
+            store.close()
+            fresh.close()
+
+
+def test_the_cache_sees_every_commit_of_another_connection(tmp_path):
+    """A store that read a row (now in its cache) reads another connection's later commit of it: in an update
+    (inside its write transaction), in a read outside one, and in a group's read. Negative control: the cache
+    is used (a second read of an unchanged row runs no SELECT)."""
+    path = str(tmp_path / "pace.sqlite3")
+    store, other = SQLiteStore(path), SQLiteStore(path)
+    try:
+        store.update("a.example", lambda _s, _now: (OLD, None))
+        assert store.get("a.example") == OLD and store.get("b.example") is None
+        statements: list[str] = []
+        store._db.set_trace_callback(statements.append)
+        assert store.get("a.example") == OLD and store.read(["a.example", "b.example"]).states["a.example"] == OLD
+        assert not [s for s in statements if s.startswith("SELECT")], statements
+        other.update("a.example", lambda _s, _now: (GOOD, None))
+        assert store.get("a.example") == GOOD
+        other.update("a.example", lambda _s, _now: (EARLIER, None))
+        seen = store.update("a.example", lambda old, _now: (None, old))
+        assert seen == EARLIER
+        other.update("a.example", lambda _s, _now: (OLD, None))
+        assert store.run_group([rows.read(["a.example"])])[0][1].states["a.example"] == OLD
+        other.delete("a.example")
+        assert store.read(["a.example", "b.example"]).states["a.example"] is None
+    finally:
+        store.close()
+        other.close()
+
+
+def test_a_rolled_back_transaction_leaves_nothing_in_the_cache(tmp_path):
+    """A group whose transaction is rolled back (the file's failure after a call wrote its row) leaves the
+    cache as the file is: the row reads as before the group. And the store's own deletions and expiries drop
+    the cache. Negative control: the call's write reached the cache before the failure (the group wrote it)."""
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path)
+    try:
+        store.update("a.example", lambda _s, _now: (OLD, None))
+        seen: list[HostState | None] = []
+
+        def write_then_fail(table, clock):
+            table.put([rows.encode("a.example", GOOD)])
+            seen.append(table.get("a.example"))
+            raise sqlite3.OperationalError("disk I/O error")
+
+        with pytest.raises(StoreError):
+            store.run_group([rows.update("b.example", lambda _s, _now: (GOOD, None)), write_then_fail])
+        assert seen == [GOOD]
+        assert store.get("a.example") == OLD and store.get("b.example") is None
+        store.delete("a.example")
+        assert store.get("a.example") is None
+        store.update("c.example", lambda _s, _now: (OLD, None))
+        assert store.expire(OLD.next_allowed + 1) == 1 and store.get("c.example") is None
+    finally:
+        store.close()

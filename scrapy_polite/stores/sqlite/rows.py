@@ -1,8 +1,9 @@
-"""The SQLite pace table's rows: a :class:`~scrapy_polite.policy.HostState` as a ``hosts`` row and back, the event
-log's rows, and the operations on them (:data:`Op`), each written once and run by the store alone
-(:meth:`SQLiteStore.update <scrapy_polite.stores.sqlite.SQLiteStore.update>`, ...) or with the others of its
-group in one transaction (:meth:`SQLiteStore.run_group <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`,
-docs/spec.md §6 "Group commit")."""
+"""The SQLite pace table's rows: a :class:`~scrapy_polite.policy.HostState` as a ``hosts`` row and back, one
+connection's rows read through a cache (:class:`Rows`), the event log's rows, and the operations on them
+(:data:`Op`), each written once and run by the store alone (:meth:`SQLiteStore.update
+<scrapy_polite.stores.sqlite.SQLiteStore.update>`, ...) or with the others of its group in one transaction
+(:meth:`SQLiteStore.run_group <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`, docs/spec.md §6 "Group
+commit")."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 from ...policy import HostState, state_from_fields
 from ..base import Event, ManyUpdateFn, Snapshot, UpdateFn
 
-__all__ = ["CALLER_ERRORS", "Op", "REFUSALS", "get_op", "read", "read_op", "update", "update_many",
+__all__ = ["CALLER_ERRORS", "Op", "REFUSALS", "Rows", "get_op", "read", "read_op", "update", "update_many",
            "update_many_op", "update_op"]
 
 T = TypeVar("T")
@@ -24,11 +25,11 @@ T = TypeVar("T")
 #: The store's clock (epoch seconds), read inside the transaction.
 Clock = Callable[[], float]
 
-#: One operation on the rows: ``op(connection, clock)`` → its result, on the store's connection inside its
-#: transaction (a write's ``BEGIN IMMEDIATE``, alone or with its group) or a read's. It writes nothing unless
-#: it returns: a caller's function that raises, a key written that was not read, a row SQLite refuses all
-#: leave the rows as they were.
-Op = Callable[[sqlite3.Connection, Clock], T]
+#: One operation on the rows: ``op(rows, clock)`` → its result, on the rows of the store's connection
+#: (:class:`Rows`) inside its transaction (a write's ``BEGIN IMMEDIATE``, alone or with its group) or a read's.
+#: It writes nothing unless it returns: a caller's function that raises, a key written that was not read, a row
+#: SQLite refuses all leave the rows as they were.
+Op = Callable[["Rows", Clock], T]
 
 #: What SQLite raises for one call's own bad row or argument (not for the file): in a group commit that call
 #: fails alone (:meth:`SQLiteStore.run_group <scrapy_polite.stores.sqlite.SQLiteStore.run_group>`).
@@ -91,6 +92,124 @@ def encode(key: str, state: HostState) -> tuple[Any, ...]:
     return (key, *values)
 
 
+def _real(value: Any) -> float:
+    """A value as a REAL column reads it back (an integer as a float, -0.0 as 0.0)."""
+    if type(value) is str:
+        raise TypeError("a text value")  # (SQLite may read text back as a number, or as text: not cached)
+    return float(value) + 0.0
+
+
+def _integer(value: Any) -> Any:
+    """A value as an INTEGER column reads it back: an integral float strictly between the smallest and the largest
+    64-bit integers as an int (SQLite stores it so: ``sqlite3VdbeIntegerAffinity``), a bool as 0 or 1, any other
+    float as itself."""
+    kind = type(value)
+    if kind is int:
+        return value
+    if kind is bool:
+        return int(value)
+    if kind is float:
+        return int(value) if value.is_integer() and -2.0**63 < value < 2.0**63 else value
+    raise TypeError(f"a {kind.__name__} value")
+
+
+def _boolean(value: Any) -> bool:
+    return bool(_integer(value))
+
+
+#: Per column of :data:`HOST_FIELDS`, how SQLite reads back what was written (the column's affinity, as the
+#: field's type: float fields are REAL columns, int and bool fields INTEGER ones; :func:`decode` makes the bool).
+_CONVERTERS: dict[type, Callable[[Any], Any]] = {float: _real, bool: _boolean, int: _integer}
+_AS_READ = tuple(_CONVERTERS[type(getattr(HostState(), name))] for name in HOST_FIELDS)
+
+
+def as_read(row: Sequence[Any]) -> HostState:
+    """The :class:`HostState` that reading back the ``hosts`` row ``row`` (:func:`encode`'s, key first) makes.
+
+    Raises:
+        TypeError, ValueError: a field holds no number (what SQLite makes of it is not predicted here).
+    """
+    return state_from_fields(dict(zip(HOST_FIELDS, [convert(value) for convert, value in zip(_AS_READ, row[1:])])))
+
+
+class Rows:
+    """The ``hosts`` rows of one connection, read through a cache of decoded states that holds while no other
+    connection has committed to the file (docs/spec.md §6, "Group commit"): the cache is dropped whenever
+    ``PRAGMA data_version`` (which changes with every commit of another connection, of any process, and with
+    a checkpoint that starts the WAL over) differs from when it was filled, which :meth:`sync` checks before the
+    first row a transaction reads (:meth:`begin`) and at every read outside one. A row written through :meth:`put`
+    is cached as SQLite will read it back (:func:`as_read`); a transaction rolled back drops the cache
+    (:meth:`forget`). Used only under the store's connection lock, as the connection.
+
+    Args:
+        db: the store's connection (autocommit: every transaction is the store's own ``BEGIN``).
+
+    Attributes:
+        db: the connection.
+    """
+
+    __slots__ = ("_states", "_synced", "_version", "db")
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self._states: dict[str, HostState | None] = {}
+        self._version: int | None = None
+        self._synced = False  # checked in this transaction (set by sync, reset by begin)
+
+    def begin(self) -> None:
+        """A write transaction began: the cache is checked before its first read (not at all when it reads no
+        row: an event log's)."""
+        self._synced = False
+
+    def sync(self) -> None:
+        """Drop the cache when another connection committed since it was filled (one ``PRAGMA data_version``:
+        inside a write transaction, which reads the newest state, or as a read of its own)."""
+        version = self.db.execute("PRAGMA data_version").fetchone()[0]
+        self._synced = True
+        if version != self._version:
+            self._states.clear()
+            self._version = version
+
+    def forget(self) -> None:
+        """Drop the cache: the connection's transaction was rolled back, or it changed rows itself."""
+        self._states.clear()
+        self._version = None
+
+    def get(self, key: str) -> HostState | None:
+        """The row of ``key`` (None: there is none): cached, or read (and cached)."""
+        if not self._synced:
+            self.sync()
+        try:
+            return self._states[key]
+        except KeyError:
+            state = self._states[key] = decode(self.db.execute(SELECT_ONE, (key,)).fetchone())
+            return state
+
+    def cached(self, keys: Sequence[str]) -> dict[str, HostState | None] | None:
+        """The cached rows of ``keys``, or None when one of them is not cached (no row is read)."""
+        try:
+            return {key: self._states[key] for key in keys}
+        except KeyError:
+            return None
+
+    def put(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Write ``rows`` (:func:`encode`'s) in one statement each; cache each written row as it reads back.
+
+        Raises:
+            sqlite3.Error, OverflowError: SQLite refused a row (:data:`REFUSALS`), or the file failed; the rows
+                before it are written (:func:`write_rows` puts them back).
+        """
+        if not self._synced:
+            self.sync()
+        states = self._states
+        for row in rows:
+            self.db.execute(WRITE, row)
+            try:
+                states[row[0]] = as_read(row)
+            except (TypeError, ValueError):
+                states.pop(row[0], None)  # read back from the file next time
+
+
 # -- the operations ---------------------------------------------------------------------------------------------
 
 
@@ -113,46 +232,56 @@ def update_many(keys: Sequence[str], fn: ManyUpdateFn[T]) -> Op[T]:
 # Python call fewer per call on the crawl's hot path).
 
 
-def get_op(key: str, db: sqlite3.Connection, clock: Clock) -> HostState | None:
-    return decode(db.execute(SELECT_ONE, (key,)).fetchone())
+def get_op(key: str, table: Rows, clock: Clock) -> HostState | None:
+    if not table.db.in_transaction:
+        table.sync()
+    return table.get(key)
 
 
-def read_op(keys: Sequence[str], db: sqlite3.Connection, clock: Clock) -> Snapshot:
-    """The rows and the clock, read together: inside the transaction it runs in (a group's), else in one
-    statement (one key) or a read transaction of its own."""
-    if len(keys) == 1 or db.in_transaction:
-        return Snapshot({key: decode(db.execute(SELECT_ONE, (key,)).fetchone()) for key in keys}, clock())
+def read_op(keys: Sequence[str], table: Rows, clock: Clock) -> Snapshot:
+    """The rows and the clock, read together: inside the transaction it runs in (a group's), else from the cache
+    just checked (:meth:`Rows.sync`), with the rows it misses read in a read transaction of its own."""
+    if table.db.in_transaction:
+        return Snapshot({key: table.get(key) for key in keys}, clock())
+    table.sync()
+    if len(keys) == 1:
+        return Snapshot({keys[0]: table.get(keys[0])}, clock())
+    states = table.cached(keys)
+    if states is not None:
+        return Snapshot(states, clock())
+    db = table.db
     db.execute("BEGIN")
     try:
-        states = {key: decode(db.execute(SELECT_ONE, (key,)).fetchone()) for key in keys}
+        table.sync()
+        states = {key: table.get(key) for key in keys}
         now = clock()
     finally:
         db.execute("COMMIT")
     return Snapshot(states, now)
 
 
-def update_op(key: str, fn: UpdateFn[T], db: sqlite3.Connection, clock: Clock) -> T:
-    new, result = fn(decode(db.execute(SELECT_ONE, (key,)).fetchone()), clock())
+def update_op(key: str, fn: UpdateFn[T], table: Rows, clock: Clock) -> T:
+    new, result = fn(table.get(key), clock())
     if new is not None:
-        db.execute(WRITE, encode(key, new))
+        table.put((encode(key, new),))
     return result
 
 
-def update_many_op(keys: Sequence[str], fn: ManyUpdateFn[T], db: sqlite3.Connection, clock: Clock) -> T:
-    found = {key: db.execute(SELECT_ONE, (key,)).fetchone() for key in keys}
-    writes, result = fn({key: decode(row) for key, row in found.items()}, clock())
+def update_many_op(keys: Sequence[str], fn: ManyUpdateFn[T], table: Rows, clock: Clock) -> T:
+    found = {key: table.get(key) for key in keys}
+    writes, result = fn(found.copy(), clock())
     stray = [key for key in writes if key not in found]
     if stray:
         raise ValueError(f"update function wrote {stray[0]!r}, which it did not read")
     rows = [encode(key, state) for key, state in writes.items()]  # a bad state raises before any write
     if len(rows) == 1:
-        db.execute(WRITE, rows[0])  # one statement: it writes whole or not at all
+        table.put(rows)  # one statement: it writes whole or not at all
     elif rows:
-        write_rows(db, rows, found)
+        write_rows(table, rows, found)
     return result
 
 
-def write_rows(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]], found: dict[str, Sequence[Any] | None]) -> None:
+def write_rows(table: Rows, rows: Sequence[tuple[Any, ...]], found: dict[str, HostState | None]) -> None:
     """Write one call's rows (inside its transaction) whole or not at all: when SQLite refuses one of them (a
     NaN in a NOT NULL column, an integer beyond 64 bits, a value of a type it cannot store), the rows written
     before it are put back as ``found`` holds them (read in this transaction, which holds the write lock:
@@ -161,26 +290,27 @@ def write_rows(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]], found: d
     failure of the file (``sqlite3.Error`` other than a refusal) propagates: the whole transaction is rolled
     back."""
     try:
-        db.executemany(WRITE, rows)
+        table.put(rows)
     except Exception as exc:
         if isinstance(exc, sqlite3.Error) and not isinstance(exc, CALLER_ERRORS):
             raise
+        table.forget()  # the rows put back are read from the file again
         for row in rows:  # every key this call writes (the refused row and those after it are unchanged)
             old = found[row[0]]
             if old is None:
-                db.execute("DELETE FROM hosts WHERE host = ?", (row[0],))
+                table.db.execute("DELETE FROM hosts WHERE host = ?", (row[0],))
             else:
-                db.execute(WRITE, (row[0], *old))
+                table.db.execute(WRITE, encode(row[0], old))
         raise
 
 
 # -- the event log ----------------------------------------------------------------------------------------------
 
 
-def append_events(events: Sequence[Event], cap: int, db: sqlite3.Connection, clock: Clock) -> None:
+def append_events(events: Sequence[Event], cap: int, table: Rows, clock: Clock) -> None:
     """Inside a write transaction: append ``events``, then delete the oldest beyond ``cap``."""
-    db.executemany(EVENT_INSERT, events)
-    db.execute(EVENT_TRIM, (cap,))
+    table.db.executemany(EVENT_INSERT, events)
+    table.db.execute(EVENT_TRIM, (cap,))
 
 
 def select_events(db: sqlite3.Connection, since: float | None, host: str | None, limit: int) -> list[Event]:

@@ -104,6 +104,8 @@ class SQLiteStore:
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._db = schema.connect(self.path, 0.0 if nowait else timeout)
+            #: The connection's rows, read through its cache (:class:`~.rows.Rows`).
+            self._rows = rows.Rows(self._db)
             #: The database's page size, bytes (a WAL frame holds one page).
             self.page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
             self._file = schema.file_id(self.path)
@@ -215,22 +217,25 @@ class SQLiteStore:
             logger.warning("scrapy-polite: the pace table file %s was %s under the running crawl; opening the file "
                            "now at that path", self.path, "deleted" if found is None else "replaced")
             self._db.close()
-            self._db, self._file = db, schema.file_id(self.path)
+            self._db, self._rows, self._file = db, rows.Rows(db), schema.file_id(self.path)
         self._looked = time.monotonic()
 
     def _write(self, body: Callable[..., T], *args: Any) -> T:
-        """``body(*args, connection, clock)`` in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock (after
-        a look at the path, at most every :data:`FOLLOW_EVERY` seconds); rolled back when it raises."""
+        """``body(*args, rows, clock)`` (:class:`~.rows.Rows`, checked against other connections' commits first)
+        in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock (after a look at the path, at most every
+        :data:`FOLLOW_EVERY` seconds); rolled back when it raises, and then the rows' cache is dropped."""
         with self._lock:
             if time.monotonic() - self._looked >= FOLLOW_EVERY:
                 self._follow()
-            db = self._db
+            db, table = self._db, self._rows
             db.execute("BEGIN IMMEDIATE")
             SQLiteStore.write_transactions += 1
+            table.begin()
             try:
-                result = body(*args, db, self._clock)
+                result = body(*args, table, self._clock)
                 db.execute("COMMIT")
             except BaseException:
+                table.forget()
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
@@ -259,13 +264,13 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
-    def _group(self, ops: Sequence[rows.Op[Any]], db: sqlite3.Connection,
+    def _group(self, ops: Sequence[rows.Op[Any]], table: rows.Rows,
                clock: Callable[[], float]) -> list[tuple[bool, Any]]:
         """:meth:`run_group` in its transaction (a failure of the file propagates: all is rolled back)."""
         outcomes: list[tuple[bool, Any]] = []
         for op in ops:
             try:
-                outcomes.append((True, op(db, clock)))
+                outcomes.append((True, op(table, clock)))
             except rows.REFUSALS as exc:  # a row SQLite refuses (a NaN in a NOT NULL column...): this call's own
                 outcomes.append((False, StoreError(f"the pace table {self.path} refused a row: {exc}")))
             except sqlite3.Error:
@@ -273,11 +278,11 @@ class SQLiteStore:
             except Exception as exc:  # the caller's own failure: handed to its caller, the group goes on
                 outcomes.append((False, exc))
         if self._mark.token is not None:
-            self._mark.beat(db, clock)
+            self._mark.beat(table.db, clock)
         return outcomes
 
     def run_alone(self, op: Callable[..., T], *args: Any) -> T:
-        """``op(*args, connection, clock)`` (an :data:`~scrapy_polite.stores.sqlite.rows.Op`, or the body of one
+        """``op(*args, rows, clock)`` (an :data:`~scrapy_polite.stores.sqlite.rows.Op`, or the body of one
         and its arguments) in a transaction of its own: its result, or its exception (nothing written).
 
         Raises:
@@ -293,7 +298,8 @@ class SQLiteStore:
             raise self._error("write", exc) from exc
 
     def run_read(self, op: Callable[..., T], *args: Any) -> T:
-        """``op(*args, connection, clock)``, an operation that only reads, outside any write transaction.
+        """``op(*args, rows, clock)``, an operation that only reads (:class:`~.rows.Rows`), outside any write
+        transaction.
 
         Raises:
             StoreError: the file cannot be read (:class:`StoreBusy` on a no-wait connection that met a lock).
@@ -302,7 +308,7 @@ class SQLiteStore:
             with self._lock:
                 if time.monotonic() - self._looked >= FOLLOW_EVERY:
                     self._follow()
-                return op(*args, self._db, self._clock)
+                return op(*args, self._rows, self._clock)
         except sqlite3.Error as exc:
             raise self._error("read", exc) from exc
 
@@ -333,8 +339,10 @@ class SQLiteStore:
             raise self._error("read", exc) from exc
 
     def _change(self, sql: str, *args: Any) -> int:
+        """Run ``sql`` that changes rows (its own transaction); the rows' cache is dropped."""
         try:
             with self._lock:
+                self._rows.forget()
                 return int(self._db.execute(sql, args).rowcount)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
