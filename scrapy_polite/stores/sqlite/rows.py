@@ -134,7 +134,7 @@ def as_read(row: Sequence[Any]) -> HostState:
 
 class Rows:
     """The ``hosts`` rows of one connection, read through a cache of decoded states that holds while no other
-    connection has committed to the file (docs/spec.md §6, "Group commit"): the cache is dropped whenever
+    connection has committed to the file (docs/spec.md §6, "The rows' cache"): the cache is dropped whenever
     ``PRAGMA data_version`` (which changes with every commit of another connection, of any process, and with
     a checkpoint that starts the WAL over) differs from when it was filled, which :meth:`sync` checks before the
     first row a transaction reads (:meth:`begin`) and at every read outside one. A row written through :meth:`put`

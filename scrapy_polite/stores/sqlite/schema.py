@@ -161,6 +161,11 @@ def use_wal(db: sqlite3.Connection, timeout: float) -> None:
     started together), the switch answers "database is locked" at once, since waiting could deadlock
     (sqlite.org/c3ref/busy_handler.html). Seen in about 1 of 6 openings of a new file by 3 processes at once.
 
+    The wait (``time.sleep``) never blocks a running crawl's reactor: it runs when the pace table is opened, before
+    the crawl's first request (where SQLite's own busy wait already blocks as long), or on the store's or the event
+    log's own thread (a file replaced under the crawl, the event log's connection); the reactor's no-wait
+    connection has a ``timeout`` of 0, so it tries once and never sleeps.
+
     Raises:
         sqlite3.OperationalError: the file is still locked after ``timeout`` seconds, or cannot be read.
     """
