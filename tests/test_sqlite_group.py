@@ -269,3 +269,25 @@ def test_a_rolled_back_transaction_leaves_nothing_in_the_cache(tmp_path):
         assert store.expire(OLD.next_allowed + 1) == 1 and store.get("c.example") is None
     finally:
         store.close()
+
+
+def test_the_cache_holds_at_most_its_size_and_reads_what_it_dropped(tmp_path, monkeypatch):
+    """The cache keeps at most ``rows.CACHE_ROWS`` rows (a crawl over a million hosts holds no million rows in
+    memory): the rows cached first make room, and are read again from the file, right, when next wanted.
+    Negative control: a row still cached is read without a SELECT."""
+    monkeypatch.setattr(rows, "CACHE_ROWS", 8)
+    store = SQLiteStore(str(tmp_path / "pace.sqlite3"))
+    try:
+        states = {f"h{i}.example": dataclasses.replace(OLD, next_allowed=100.0 + i) for i in range(20)}
+        for key, state in states.items():
+            store.update(key, lambda _s, _now, state=state: (state, None))
+        assert len(store._rows._states) == 8
+        statements: list[str] = []
+        store._db.set_trace_callback(statements.append)
+        assert store.get("h19.example") == states["h19.example"]
+        assert not [s for s in statements if s.startswith("SELECT")], statements
+        assert all(store.get(key) == state for key, state in states.items())
+        assert len([s for s in statements if s.startswith("SELECT")]) >= 12
+        assert len(store._rows._states) == 8
+    finally:
+        store.close()

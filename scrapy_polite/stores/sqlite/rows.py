@@ -132,6 +132,11 @@ def as_read(row: Sequence[Any]) -> HostState:
     return state_from_fields(dict(zip(HOST_FIELDS, [convert(value) for convert, value in zip(_AS_READ, row[1:])])))
 
 
+#: The most rows one connection's cache holds (about 0.9 KB each): beyond it, the row cached first is dropped to
+#: make room (read again from the file when next wanted), so a crawl over a million hosts holds no million rows.
+CACHE_ROWS = 10_000
+
+
 class Rows:
     """The ``hosts`` rows of one connection, read through a cache of decoded states that holds while no other
     connection has committed to the file (docs/spec.md §6, "The rows' cache"): the cache is dropped whenever
@@ -139,7 +144,8 @@ class Rows:
     a checkpoint that starts the WAL over) differs from when it was filled, which :meth:`sync` checks before the
     first row a transaction reads (:meth:`begin`) and at every read outside one. A row written through :meth:`put`
     is cached as SQLite will read it back (:func:`as_read`); a transaction rolled back drops the cache
-    (:meth:`forget`). Used only under the store's connection lock, as the connection.
+    (:meth:`forget`). It holds at most :data:`CACHE_ROWS` rows. Used only under the store's connection lock, as
+    the connection.
 
     Args:
         db: the store's connection (autocommit: every transaction is the store's own ``BEGIN``).
@@ -182,8 +188,16 @@ class Rows:
         try:
             return self._states[key]
         except KeyError:
-            state = self._states[key] = decode(self.db.execute(SELECT_ONE, (key,)).fetchone())
+            state = decode(self.db.execute(SELECT_ONE, (key,)).fetchone())
+            self._keep(key, state)
             return state
+
+    def _keep(self, key: str, state: HostState | None) -> None:
+        """Cache ``state`` as the row of ``key``, dropping the row cached first when the cache is full."""
+        states = self._states
+        if len(states) >= CACHE_ROWS and key not in states:
+            del states[next(iter(states))]
+        states[key] = state
 
     def cached(self, keys: Sequence[str]) -> dict[str, HostState | None] | None:
         """The cached rows of ``keys``, or None when one of them is not cached (no row is read)."""
@@ -201,13 +215,14 @@ class Rows:
         """
         if not self._synced:
             self.sync()
-        states = self._states
         for row in rows:
             self.db.execute(WRITE, row)
             try:
-                states[row[0]] = as_read(row)
+                state = as_read(row)
             except (TypeError, ValueError):
-                states.pop(row[0], None)  # read back from the file next time
+                self._states.pop(row[0], None)  # read back from the file next time
+            else:
+                self._keep(row[0], state)
 
 
 # -- the operations ---------------------------------------------------------------------------------------------
