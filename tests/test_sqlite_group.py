@@ -184,12 +184,28 @@ def test_a_nan_is_refused_in_every_column_not_replaced_by_its_default(tmp_path, 
 
 
 #: Values of any kind a field may be given (a policy's int in a float field, an integral float in an int field,
-#: a bool, -0.0, floats beyond 64-bit integers): the cache must hold each as the file reads it back.
-_ANY = st.one_of(_FLOATS, _INTS, st.booleans(), st.sampled_from([-0.0, 2.0 ** 63, -(2.0 ** 63), 2.0 ** 63 - 1024, -(2.0 ** 63) + 1024, 2.0 ** 52 + 0.5]))
+#: a bool, -0.0, floats at and beyond the ends of 64-bit integers): the cache must hold each as the file reads it.
+_EDGES = [-0.0, 2.0 ** 63, -(2.0 ** 63), 2.0 ** 63 - 1024, -(2.0 ** 63) + 1024, 2.0 ** 52 + 0.5]
+_ANY = st.one_of(_FLOATS, _INTS, st.booleans(), st.sampled_from(_EDGES))
 
 
 def _typed(state: HostState) -> list[tuple[str, object]]:
     return [(type(value).__name__, repr(value)) for value in dataclasses.astuple(state)]
+
+
+def _cached_and_read(state: HostState) -> tuple[HostState | None, HostState | None]:
+    """``state`` written by one store: its own read (from its cache) and a second connection's (from the file)."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "pace.sqlite3")
+        store, fresh = SQLiteStore(path), SQLiteStore(path)
+        try:
+            store.update("a.example", lambda _s, _now: (OLD, None))
+            assert store.get("a.example") == OLD  # cached before the write
+            store.update("a.example", lambda _s, _now: (state, None))
+            return store.get("a.example"), fresh.get("a.example")
+        finally:
+            store.close()
+            fresh.close()
 
 
 @settings(max_examples=80, deadline=None)
@@ -197,24 +213,28 @@ def _typed(state: HostState) -> list[tuple[str, object]]:
 def test_a_cached_row_is_the_row_the_file_reads_back(fields):
     """The rows' cache (``rows.Rows``) holds a written row as SQLite reads it back, type by type (a REAL column
     reads an int as a float and -0.0 as 0.0, an INTEGER column an integral float as an int): the writing store's
-    own read (from its cache) and a second connection's (from the file) are the same value of the same types.
-    Negative control: the state as written differs in type from what is read back for some field here."""
-    state = HostState(**fields)
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "pace.sqlite3")
-        store, fresh = SQLiteStore(path), SQLiteStore(path)
-        try:
-            store.update("a.example", lambda _s, _now: (state, None))
-            cached, read = store.get("a.example"), fresh.get("a.example")
-            assert cached is not None and read is not None
-            assert _typed(cached) == _typed(read)
-            if any(type(v) is not {"float": float, "int": int, "bool": bool}[f.type]
-                   for f, v in zip(dataclasses.fields(HostState), dataclasses.astuple(state))
-                   if not (f.type == "float" and isinstance(v, float))):
-                assert _typed(read) != _typed(state)  # (the case the conversion is for)
-        finally:
-            store.close()
-            fresh.close()
+    own read (from its cache) and a second connection's (from the file) are the same value of the same types."""
+    cached, read = _cached_and_read(HostState(**fields))
+    assert cached is not None and read is not None
+    assert _typed(cached) == _typed(read)
+
+
+@pytest.mark.parametrize(("changes", "differs"), [
+    ({"latency": 2}, True),  # an int in a REAL column reads back as a float
+    ({"next_allowed": -0.0}, True),  # -0.0 as 0.0
+    ({"consec": 3.0, "booked": 2.0 ** 40}, True),  # integral floats in INTEGER columns as ints
+    ({"held_by": True}, True),  # a bool in an INTEGER column as an int
+    ({"latency": None, "next_allowed": 50.0}, True),  # NULL in a column with a default: the default (read again)
+    ({"latency": b"1.5", "next_allowed": 50.0}, False),  # bytes in a REAL column stay bytes (read again)
+])
+def test_what_the_file_reads_back_and_the_cache_follow_the_file(changes, differs):
+    """The cases the cache's conversion is for, each read from the cache as from the file. Negative control of
+    the test above: the conversions' cases read back differently from the state written."""
+    state = dataclasses.replace(OLD, **changes)
+    cached, read = _cached_and_read(state)
+    assert cached is not None and read is not None
+    assert (_typed(read) != _typed(state)) is differs
+    assert _typed(cached) == _typed(read)
 
 
 def test_the_cache_sees_every_commit_of_another_connection(tmp_path):
@@ -242,6 +262,54 @@ def test_the_cache_sees_every_commit_of_another_connection(tmp_path):
     finally:
         store.close()
         other.close()
+
+
+def test_a_read_of_rows_not_cached_sees_a_commit_made_after_the_cache_was_checked(tmp_path, monkeypatch):
+    """A read of several rows, some not cached, reads them in a read transaction of its own, checking the cache
+    again inside it: another connection's commit made between the first check and that transaction is seen in
+    the rows that were cached too. Negative control: the commit is made (the other connection reads it)."""
+    path = str(tmp_path / "pace.sqlite3")
+    store, other = SQLiteStore(path), SQLiteStore(path)
+    try:
+        store.update("a.example", lambda _s, _now: (OLD, None))
+        assert store.get("a.example") == OLD
+        cached = rows.Rows.cached
+
+        def commit_first(self, keys):
+            other.update("a.example", lambda _s, _now: (GOOD, None))
+            return cached(self, keys)
+
+        monkeypatch.setattr(rows.Rows, "cached", commit_first)
+        snapshot = store.read(["a.example", "b.example"])
+        assert other.get("a.example") == GOOD
+        assert snapshot.states == {"a.example": GOOD, "b.example": None}
+    finally:
+        store.close()
+        other.close()
+
+
+def test_a_refused_row_puts_back_a_row_another_tool_wrote_column_for_column(tmp_path):
+    """A row written by another tool with values this version would not write (``ok_seen`` 2), cached, then
+    overwritten by a call whose next row is refused, is put back as the file held it, not as its HostState
+    would be written. Negative control: an accepted write of it changes it."""
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path)
+    try:
+        store.update("a.example", lambda _s, _now: (OLD, None))
+        tool = sqlite3.connect(path)
+        tool.execute("UPDATE hosts SET ok_seen = 2 WHERE host = 'a.example'")
+        tool.commit()
+        tool.close()
+        raw = _raw_rows(path)
+        assert store.get("a.example") == OLD  # (ok_seen reads as True)
+        out = store.run_group([rows.update_many(["a.example", "b.example"], lambda _s, _now: (
+            {"a.example": GOOD, "b.example": REFUSED["overflow"]}, None))])
+        assert not out[0][0]
+        assert _raw_rows(path) == raw
+        store.update("a.example", lambda _s, _now: (OLD, None))
+        assert _raw_rows(path) != raw
+    finally:
+        store.close()
 
 
 def test_a_rolled_back_transaction_leaves_nothing_in_the_cache(tmp_path):
@@ -281,13 +349,13 @@ def test_the_cache_holds_at_most_its_size_and_reads_what_it_dropped(tmp_path, mo
         states = {f"h{i}.example": dataclasses.replace(OLD, next_allowed=100.0 + i) for i in range(20)}
         for key, state in states.items():
             store.update(key, lambda _s, _now, state=state: (state, None))
-        assert len(store._rows._states) == 8
+        assert len(store._rows._rows) == 8
         statements: list[str] = []
         store._db.set_trace_callback(statements.append)
         assert store.get("h19.example") == states["h19.example"]
         assert not [s for s in statements if s.startswith("SELECT")], statements
         assert all(store.get(key) == state for key, state in states.items())
         assert len([s for s in statements if s.startswith("SELECT")]) >= 12
-        assert len(store._rows._states) == 8
+        assert len(store._rows._rows) == 8
     finally:
         store.close()

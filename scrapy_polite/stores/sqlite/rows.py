@@ -93,59 +93,62 @@ def encode(key: str, state: HostState) -> tuple[Any, ...]:
 
 
 def _real(value: Any) -> float:
-    """A value as a REAL column reads it back (an integer as a float, -0.0 as 0.0)."""
-    if type(value) is str:
-        raise TypeError("a text value")  # (SQLite may read text back as a number, or as text: not cached)
+    """A number as a REAL column reads it back (an integer as a float, -0.0 as 0.0)."""
+    if not isinstance(value, (int, float)):  # (text, bytes: SQLite may keep them as they are; not predicted here)
+        raise TypeError(f"a {type(value).__name__} value")
     return float(value) + 0.0
 
 
 def _integer(value: Any) -> Any:
-    """A value as an INTEGER column reads it back: an integral float strictly between the smallest and the largest
-    64-bit integers as an int (SQLite stores it so: ``sqlite3VdbeIntegerAffinity``), a bool as 0 or 1, any other
-    float as itself."""
-    kind = type(value)
-    if kind is int:
-        return value
-    if kind is bool:
+    """A number as an INTEGER column reads it back: an integral float strictly between the smallest and the largest
+    64-bit integers as an int (SQLite stores it so: ``sqlite3VdbeIntegerAffinity``), any other float as itself, a
+    bool (or another int) as an int."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and -2.0**63 < value < 2.0**63 else float(value)
+    if isinstance(value, int):
         return int(value)
-    if kind is float:
-        return int(value) if value.is_integer() and -2.0**63 < value < 2.0**63 else value
-    raise TypeError(f"a {kind.__name__} value")
+    raise TypeError(f"a {type(value).__name__} value")
 
 
-def _boolean(value: Any) -> bool:
-    return bool(_integer(value))
+def _boolean(value: Any) -> Any:
+    """An INTEGER column's value, as :func:`decode` makes it a bool."""
+    return _integer(value)
 
 
-#: Per column of :data:`HOST_FIELDS`, how SQLite reads back what was written (the column's affinity, as the
-#: field's type: float fields are REAL columns, int and bool fields INTEGER ones; :func:`decode` makes the bool).
-_CONVERTERS: dict[type, Callable[[Any], Any]] = {float: _real, bool: _boolean, int: _integer}
-_AS_READ = tuple(_CONVERTERS[type(getattr(HostState(), name))] for name in HOST_FIELDS)
+#: Per column of :data:`HOST_FIELDS`, how SQLite reads back what was written, by the column's affinity (the
+#: field's annotated type: ``float`` fields are REAL columns, ``int`` and ``bool`` ones INTEGER).
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {"float": _real, "bool": _boolean, "int": _integer}
+_AS_READ = tuple(_CONVERTERS[str(field.type)] for name in HOST_FIELDS
+                 for field in dataclasses.fields(HostState) if field.name == name)
 
 
-def as_read(row: Sequence[Any]) -> HostState:
-    """The :class:`HostState` that reading back the ``hosts`` row ``row`` (:func:`encode`'s, key first) makes.
+def as_read(row: Sequence[Any]) -> tuple[Any, ...]:
+    """The columns after ``host`` that reading back the ``hosts`` row ``row`` (:func:`encode`'s, key first)
+    gives: :func:`decode` makes of them the state SQLite would.
 
     Raises:
-        TypeError, ValueError: a field holds no number (what SQLite makes of it is not predicted here).
+        TypeError: a field holds no number (what SQLite makes of it is not predicted here).
     """
-    return state_from_fields(dict(zip(HOST_FIELDS, [convert(value) for convert, value in zip(_AS_READ, row[1:])])))
+    return tuple([convert(value) for convert, value in zip(_AS_READ, row[1:])])
 
 
-#: The most rows one connection's cache holds (about 0.9 KB each): beyond it, the row cached first is dropped to
+#: The most rows one connection's cache holds (about 1.1 KB each): beyond it, the row cached first is dropped to
 #: make room (read again from the file when next wanted), so a crawl over a million hosts holds no million rows.
 CACHE_ROWS = 10_000
 
+#: A cached row: its state (None: no row) and its columns as the file holds them (None: no row).
+_Cached = tuple[HostState | None, Sequence[Any] | None]
+
 
 class Rows:
-    """The ``hosts`` rows of one connection, read through a cache of decoded states that holds while no other
-    connection has committed to the file (docs/spec.md §6, "The rows' cache"): the cache is dropped whenever
-    ``PRAGMA data_version`` (which changes with every commit of another connection, of any process, and with
-    a checkpoint that starts the WAL over) differs from when it was filled, which :meth:`sync` checks before the
-    first row a transaction reads (:meth:`begin`) and at every read outside one. A row written through :meth:`put`
-    is cached as SQLite will read it back (:func:`as_read`); a transaction rolled back drops the cache
-    (:meth:`forget`). It holds at most :data:`CACHE_ROWS` rows. Used only under the store's connection lock, as
-    the connection.
+    """The ``hosts`` rows of one connection, read through a cache that holds while no other connection has
+    committed to the file (docs/spec.md §6, "The rows' cache"): the cache is dropped whenever ``PRAGMA
+    data_version`` (which changes with every commit of another connection, of any process, and with another
+    connection's checkpoint that starts the WAL over) differs from when it was filled, which :meth:`sync` checks
+    before the first row a transaction or a read (:meth:`begin`) reads. A row written through :meth:`put` is cached
+    as SQLite will read it back (:func:`as_read`); a transaction rolled back, and a call's rows put back after a
+    refusal, drop the cache (:meth:`forget`). It holds at most :data:`CACHE_ROWS` rows. Used only under the
+    store's connection lock, as the connection.
 
     Args:
         db: the store's connection (autocommit: every transaction is the store's own ``BEGIN``).
@@ -154,17 +157,17 @@ class Rows:
         db: the connection.
     """
 
-    __slots__ = ("_states", "_synced", "_version", "db")
+    __slots__ = ("_rows", "_synced", "_version", "db")
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
-        self._states: dict[str, HostState | None] = {}
+        self._rows: dict[str, _Cached] = {}
         self._version: int | None = None
-        self._synced = False  # checked in this transaction (set by sync, reset by begin)
+        self._synced = False  # checked since begin()
 
     def begin(self) -> None:
-        """A write transaction began: the cache is checked before its first read (not at all when it reads no
-        row: an event log's)."""
+        """A transaction or a read begins: the cache is checked before the first row it reads or writes (not at
+        all when it reads none: an event log's)."""
         self._synced = False
 
     def sync(self) -> None:
@@ -173,12 +176,12 @@ class Rows:
         version = self.db.execute("PRAGMA data_version").fetchone()[0]
         self._synced = True
         if version != self._version:
-            self._states.clear()
+            self._rows.clear()
             self._version = version
 
     def forget(self) -> None:
         """Drop the cache: the connection's transaction was rolled back, or it changed rows itself."""
-        self._states.clear()
+        self._rows.clear()
         self._version = None
 
     def get(self, key: str) -> HostState | None:
@@ -186,23 +189,36 @@ class Rows:
         if not self._synced:
             self.sync()
         try:
-            return self._states[key]
+            return self._rows[key][0]
         except KeyError:
-            state = decode(self.db.execute(SELECT_ONE, (key,)).fetchone())
-            self._keep(key, state)
-            return state
+            return self._read(key)[0]
 
-    def _keep(self, key: str, state: HostState | None) -> None:
-        """Cache ``state`` as the row of ``key``, dropping the row cached first when the cache is full."""
-        states = self._states
-        if len(states) >= CACHE_ROWS and key not in states:
-            del states[next(iter(states))]
-        states[key] = state
+    def columns(self, key: str) -> Sequence[Any] | None:
+        """The columns after ``host`` of the row of ``key`` as the file holds them (None: no row)."""
+        if not self._synced:
+            self.sync()
+        try:
+            return self._rows[key][1]
+        except KeyError:
+            return self._read(key)[1]
+
+    def _read(self, key: str) -> _Cached:
+        row = self.db.execute(SELECT_ONE, (key,)).fetchone()
+        cached = (decode(row), row)
+        self._keep(key, cached)
+        return cached
+
+    def _keep(self, key: str, cached: _Cached) -> None:
+        """Cache the row of ``key``, dropping the row cached first when the cache is full."""
+        rows = self._rows
+        if len(rows) >= CACHE_ROWS and key not in rows:
+            del rows[next(iter(rows))]
+        rows[key] = cached
 
     def cached(self, keys: Sequence[str]) -> dict[str, HostState | None] | None:
         """The cached rows of ``keys``, or None when one of them is not cached (no row is read)."""
         try:
-            return {key: self._states[key] for key in keys}
+            return {key: self._rows[key][0] for key in keys}
         except KeyError:
             return None
 
@@ -218,11 +234,11 @@ class Rows:
         for row in rows:
             self.db.execute(WRITE, row)
             try:
-                state = as_read(row)
-            except (TypeError, ValueError):
-                self._states.pop(row[0], None)  # read back from the file next time
+                columns = as_read(row)
+            except TypeError:
+                self._rows.pop(row[0], None)  # read back from the file next time
             else:
-                self._keep(row[0], state)
+                self._keep(row[0], (decode(columns), columns))
 
 
 # -- the operations ---------------------------------------------------------------------------------------------
@@ -248,19 +264,15 @@ def update_many(keys: Sequence[str], fn: ManyUpdateFn[T]) -> Op[T]:
 
 
 def get_op(key: str, table: Rows, clock: Clock) -> HostState | None:
-    if not table.db.in_transaction:
-        table.sync()
     return table.get(key)
 
 
 def read_op(keys: Sequence[str], table: Rows, clock: Clock) -> Snapshot:
     """The rows and the clock, read together: inside the transaction it runs in (a group's), else from the cache
     just checked (:meth:`Rows.sync`), with the rows it misses read in a read transaction of its own."""
-    if table.db.in_transaction:
+    if len(keys) == 1 or table.db.in_transaction:
         return Snapshot({key: table.get(key) for key in keys}, clock())
     table.sync()
-    if len(keys) == 1:
-        return Snapshot({keys[0]: table.get(keys[0])}, clock())
     states = table.cached(keys)
     if states is not None:
         return Snapshot(states, clock())
@@ -284,7 +296,7 @@ def update_op(key: str, fn: UpdateFn[T], table: Rows, clock: Clock) -> T:
 
 def update_many_op(keys: Sequence[str], fn: ManyUpdateFn[T], table: Rows, clock: Clock) -> T:
     found = {key: table.get(key) for key in keys}
-    writes, result = fn(found.copy(), clock())
+    writes, result = fn(dict(found), clock())
     stray = [key for key in writes if key not in found]
     if stray:
         raise ValueError(f"update function wrote {stray[0]!r}, which it did not read")
@@ -292,30 +304,29 @@ def update_many_op(keys: Sequence[str], fn: ManyUpdateFn[T], table: Rows, clock:
     if len(rows) == 1:
         table.put(rows)  # one statement: it writes whole or not at all
     elif rows:
-        write_rows(table, rows, found)
+        write_rows(table, rows)
     return result
 
 
-def write_rows(table: Rows, rows: Sequence[tuple[Any, ...]], found: dict[str, HostState | None]) -> None:
+def write_rows(table: Rows, rows: Sequence[tuple[Any, ...]]) -> None:
     """Write one call's rows (inside its transaction) whole or not at all: when SQLite refuses one of them (a
     NaN in a NOT NULL column, an integer beyond 64 bits, a value of a type it cannot store), the rows written
-    before it are put back as ``found`` holds them (read in this transaction, which holds the write lock:
-    nothing else changed them since; None: the row was absent, so it is deleted), and the refusal is raised.
-    Without a savepoint: the rule costs nothing until a row is refused (docs/spec.md §6, "After a crash"). A
-    failure of the file (``sqlite3.Error`` other than a refusal) propagates: the whole transaction is rolled
-    back."""
+    before it are put back column for column as the file held them in this transaction (which holds the write
+    lock: nothing else changed them since; no row: it is deleted), and the refusal is raised. Without a
+    savepoint: the rule costs nothing until a row is refused (docs/spec.md §6, "After a crash"). A failure of the
+    file (``sqlite3.Error`` other than a refusal) propagates: the whole transaction is rolled back."""
+    before = [table.columns(row[0]) for row in rows]
     try:
         table.put(rows)
     except Exception as exc:
         if isinstance(exc, sqlite3.Error) and not isinstance(exc, CALLER_ERRORS):
             raise
         table.forget()  # the rows put back are read from the file again
-        for row in rows:  # every key this call writes (the refused row and those after it are unchanged)
-            old = found[row[0]]
+        for row, old in zip(rows, before):  # (the refused row and those after it are unchanged: rewritten as is)
             if old is None:
                 table.db.execute("DELETE FROM hosts WHERE host = ?", (row[0],))
             else:
-                table.db.execute(WRITE, encode(row[0], old))
+                table.db.execute(WRITE, (row[0], *old))
         raise
 
 

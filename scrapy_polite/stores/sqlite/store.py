@@ -121,6 +121,7 @@ class SQLiteStore:
                     self._shift(table_clock(self._db, clock, owner=owner))
                 if owner:
                     self.recovery = self._mark.leave(self._db, self._clock(), self.uri)
+            self._rows.forget()  # (the repair wrote rows on this connection: nothing is cached from before it)
         except (sqlite3.Error, OSError) as exc:
             raise self._error("open", exc) from exc
 
@@ -221,9 +222,10 @@ class SQLiteStore:
         self._looked = time.monotonic()
 
     def _write(self, body: Callable[..., T], *args: Any) -> T:
-        """``body(*args, rows, clock)`` (:class:`~.rows.Rows`, checked against other connections' commits first)
-        in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock (after a look at the path, at most every
-        :data:`FOLLOW_EVERY` seconds); rolled back when it raises, and then the rows' cache is dropped."""
+        """``body(*args, rows, clock)`` (:class:`~.rows.Rows`, its cache checked against other connections' commits
+        before the first row it reads or writes) in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock
+        (after a look at the path, at most every :data:`FOLLOW_EVERY` seconds); rolled back when it raises, and then
+        the rows' cache is dropped."""
         with self._lock:
             if time.monotonic() - self._looked >= FOLLOW_EVERY:
                 self._follow()
@@ -308,6 +310,7 @@ class SQLiteStore:
             with self._lock:
                 if time.monotonic() - self._looked >= FOLLOW_EVERY:
                     self._follow()
+                self._rows.begin()
                 return op(*args, self._rows, self._clock)
         except sqlite3.Error as exc:
             raise self._error("read", exc) from exc
