@@ -222,8 +222,7 @@ class SQLiteStore:
         self._looked = time.monotonic()
 
     def _write(self, body: Callable[..., T], *args: Any) -> T:
-        """``body(*args, rows, clock)`` (:class:`~.rows.Rows`, its cache checked against other connections' commits
-        before the first row it reads or writes) in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection's lock
+        """``body(*args, rows, clock)`` (:class:`~.rows.Rows`) in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the lock
         (after a look at the path, at most every :data:`FOLLOW_EVERY` seconds); rolled back when it raises, and then
         the rows' cache is dropped."""
         with self._lock:
@@ -300,8 +299,7 @@ class SQLiteStore:
             raise self._error("write", exc) from exc
 
     def run_read(self, op: Callable[..., T], *args: Any) -> T:
-        """``op(*args, rows, clock)``, an operation that only reads (:class:`~.rows.Rows`), outside any write
-        transaction.
+        """``op(*args, rows, clock)``, an operation that only reads (:class:`~.rows.Rows`), outside a transaction.
 
         Raises:
             StoreError: the file cannot be read (:class:`StoreBusy` on a no-wait connection that met a lock).
