@@ -195,12 +195,8 @@ class Rows:
 
     def columns(self, key: str) -> Sequence[Any] | None:
         """The columns after ``host`` of the row of ``key`` as the file holds them (None: no row)."""
-        if not self._synced:
-            self.sync()
-        try:
-            return self._rows[key][1]
-        except KeyError:
-            return self._read(key)[1]
+        self.get(key)  # (cached now, read when it was not)
+        return self._rows[key][1]
 
     def _read(self, key: str) -> _Cached:
         row = self.db.execute(SELECT_ONE, (key,)).fetchone()
