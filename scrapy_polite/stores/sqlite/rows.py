@@ -110,14 +110,10 @@ def _integer(value: Any) -> Any:
     raise TypeError(f"a {type(value).__name__} value")
 
 
-def _boolean(value: Any) -> Any:
-    """An INTEGER column's value, as :func:`decode` makes it a bool."""
-    return _integer(value)
-
-
 #: Per column of :data:`HOST_FIELDS`, how SQLite reads back what was written, by the column's affinity (the
-#: field's annotated type: ``float`` fields are REAL columns, ``int`` and ``bool`` ones INTEGER).
-_CONVERTERS: dict[str, Callable[[Any], Any]] = {"float": _real, "bool": _boolean, "int": _integer}
+#: field's annotated type: ``float`` fields are REAL columns, ``int`` and ``bool`` ones INTEGER; :func:`decode`
+#: makes the bool).
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {"float": _real, "bool": _integer, "int": _integer}
 _AS_READ = tuple(_CONVERTERS[str(field.type)] for name in HOST_FIELDS
                  for field in dataclasses.fields(HostState) if field.name == name)
 
