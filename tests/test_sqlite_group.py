@@ -219,6 +219,35 @@ def test_a_cached_row_is_the_row_the_file_reads_back(fields):
     assert _typed(cached) == _typed(read)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({f.name: _strategy_for(f) for f in dataclasses.fields(HostState)}))
+def test_a_row_of_its_fields_types_is_cached_as_the_file_reads_it_back(fields):
+    """A state whose every field has its own type (the rows a policy writes), with any float (-0.0, negative,
+    infinite) and any 64-bit integer: its own read (from the cache, mostly the state written itself) and a second
+    connection's (from the file) are the same value of the same types, a HostState."""
+    cached, read = _cached_and_read(HostState(**fields))
+    assert cached is not None and read is not None
+    assert _typed(cached) == _typed(read) and type(cached) is type(read) is HostState
+
+
+class _Subclass(HostState):
+    pass
+
+
+def test_a_state_that_reads_back_as_itself_is_cached_as_it_is():
+    """The way most written rows take (``rows.reads_back_as_written``): the state written is the state cached,
+    without predicting its columns and decoding them. Negative controls: a state the file reads back otherwise
+    (-0.0, an int in a float field, an integral float in an int field, a subclass) is cached as the file reads it."""
+    state = dataclasses.replace(OLD, next_allowed=12.5, quota_left=-1)
+    cached, read = _cached_and_read(state)
+    assert cached is state and read == state
+    for other in (dataclasses.replace(OLD, next_allowed=-0.0), dataclasses.replace(OLD, latency=2),
+                  dataclasses.replace(OLD, consec=2.0), _Subclass(**dataclasses.asdict(OLD))):
+        cached, read = _cached_and_read(other)
+        assert cached is not other and cached is not None and read is not None
+        assert _typed(cached) == _typed(read) and type(cached) is type(read) is HostState
+
+
 @pytest.mark.parametrize(("changes", "differs"), [
     ({"latency": 2}, True),  # an int in a REAL column reads back as a float
     ({"next_allowed": -0.0}, True),  # -0.0 as 0.0
@@ -323,7 +352,7 @@ def test_a_rolled_back_transaction_leaves_nothing_in_the_cache(tmp_path):
         seen: list[HostState | None] = []
 
         def write_then_fail(table, clock):
-            table.put([rows.encode("a.example", GOOD)])
+            table.put([rows.encode("a.example", GOOD)], [GOOD])
             seen.append(table.get("a.example"))
             raise sqlite3.OperationalError("disk I/O error")
 
