@@ -151,8 +151,14 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         self._flush_turn = None
         if self._closed or self._wal.holding or self._pool.queued or not self._held:
             return
-        batch = [self._held.popleft() for _ in range(min(self._group_max, len(self._held)))]
-        ops = [op for op, _, _ in batch]
+        held, writes = self._held, False
+        batch: list[_Held] = []
+        ops: list[rows.Op[Any]] = []
+        while held and len(batch) < self._group_max:  # (one loop, no comprehension: run once or twice per page)
+            call = held.popleft()
+            batch.append(call)
+            ops.append(call[0])
+            writes = writes or call[2]
         try:
             outcomes = self._inline.run_group(ops)
         except StoreBusy:
@@ -162,7 +168,7 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         except Exception as exc:
             self._fail_all(exc, batch)  # each caller's Deferred carries the error
         else:
-            if any(writes for _, _, writes in batch):
+            if writes:
                 self._wrote()
             self._deliver(batch, outcomes)
         if self._held:
