@@ -285,6 +285,32 @@ def test_sqlite_migrates_a_version_1_file_keeping_its_rows_and_adding_the_event_
         db.close()
 
 
+def test_sqlite_an_event_s_absent_fields_are_null_in_the_file(tmp_path):
+    """The event log binds an absent field (None) as a float NaN, which SQLite stores as NULL: the file holds NULL
+    in each absent field, and the value in each other one (the negative control), whatever the column's type."""
+    from scrapy_polite.stores import Event
+
+    path = str(tmp_path / "pace.sqlite3")
+    s = SQLiteStore(path)
+    sparse = Event(T0, "wait", "b.example", delay=0.25)
+    full = Event(T0, "response", "a.example", url="http://a.example/", status=200, delay=1.0, due=T0 + 1,
+                 reason="throttle", retry_after=3.0, steps=1, address="192.0.2.1", started=T0 - 1, source="m:1",
+                 interval=1.0, ip_interval=0.5, hold=2.0, seq=0)
+    try:
+        s.append_events([sparse, full])
+        assert s.events() == [sparse, full]
+    finally:
+        s.close()
+    db = sqlite3.connect(path)
+    try:
+        columns = ", ".join(f"typeof({name})" for name in Event._fields)
+        stored = db.execute(f"SELECT {columns} FROM events ORDER BY id").fetchall()
+    finally:
+        db.close()
+    for event, types in zip([sparse, full], stored, strict=True):
+        assert [kind == "null" for kind in types] == [value is None for value in event], (event, types)
+
+
 def _indexes(db):
     return db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'hosts'").fetchall()
 
