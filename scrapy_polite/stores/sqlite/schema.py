@@ -26,11 +26,7 @@ __all__ = ["SCHEMA_VERSION", "connect", "file_id", "migrate", "set_up", "set_up_
 #: docs/spec.md §6, "A table that comes back empty").
 #: 7: the table's clock (table ``clocks``: the anchor of the process clock every opener of one boot of the machine
 #: reads the table's time with, docs/spec.md §6 "One clock per file").
-#: 8: no index on ``hosts.updated`` (version 1's): every write of a row paid for it (a second B-tree's page written
-#: to the WAL, about half of a one-row write transaction: 18 → 10 µs here), for two statements that run once per
-#: opening at most (the expiry of stale rows, the repair after a crash), which now read the whole table (about
-#: 55 ms per million rows of a file in the OS's cache; the file is a third smaller).
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 7
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -124,14 +120,17 @@ _SCHEMA_V7 = """
 CREATE TABLE IF NOT EXISTS clocks (boot TEXT PRIMARY KEY, anchor REAL NOT NULL) WITHOUT ROWID;
 """
 
-#: Version 1's index on ``hosts.updated`` dropped (see :data:`SCHEMA_VERSION`).
-_SCHEMA_V8 = """
-DROP INDEX IF EXISTS hosts_updated;
-"""
-
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
 MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5,
-                               5: _SCHEMA_V6, 6: _SCHEMA_V7, 7: _SCHEMA_V8}
+                               5: _SCHEMA_V6, 6: _SCHEMA_V7}
+
+#: Version 1's index on ``hosts.updated``, dropped by the opening that finds it (:func:`migrate`): every write of a
+#: row paid for it (a second B-tree's page written to the WAL, about half of a one-row write transaction: 18 → 10 µs
+#: here), for two statements that run at an opening at most (the expiry of stale rows, the repair after a crash),
+#: which read the whole table without it (about 50 ms per million rows of a file in the OS's cache). No version
+#: reads it and none creates it again past version 1, so a file with it and one without are the same version:
+#: processes of earlier releases open either (a fleet need not be upgraded at once).
+UNUSED_INDEX = "hosts_updated"
 
 
 def file_id(path: str) -> tuple[int, int] | None:
@@ -217,7 +216,8 @@ def open_new_file(path: str, uri: str, timeout: float, *, nowait: bool) -> sqlit
 
 
 def migrate(db: sqlite3.Connection, uri: str) -> None:
-    """Bring the file's schema to :data:`SCHEMA_VERSION`, every step in one transaction.
+    """Bring the file's schema to :data:`SCHEMA_VERSION`, every step in one transaction, and drop
+    :data:`UNUSED_INDEX` when the file has it.
 
     Raises:
         StoreError: the file's schema is newer than this version knows.
@@ -230,6 +230,7 @@ def migrate(db: sqlite3.Connection, uri: str) -> None:
             f"this scrapy-polite knows ({SCHEMA_VERSION}). Fix: upgrade scrapy-polite, or point "
             "POLITE_STORE to another file.")
     if version == SCHEMA_VERSION:
+        _drop_unused_index(db)
         return
     db.execute("BEGIN IMMEDIATE")
     try:
@@ -249,3 +250,11 @@ def migrate(db: sqlite3.Connection, uri: str) -> None:
     except BaseException:
         db.execute("ROLLBACK")
         raise
+    _drop_unused_index(db)
+
+
+def _drop_unused_index(db: sqlite3.Connection) -> None:
+    """Drop :data:`UNUSED_INDEX` when the file has it (once per file; a read of the schema otherwise)."""
+    found = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (UNUSED_INDEX,)).fetchone()
+    if found:
+        db.execute(f"DROP INDEX IF EXISTS {UNUSED_INDEX}")
