@@ -311,6 +311,41 @@ def test_sqlite_an_event_s_absent_fields_are_null_in_the_file(tmp_path):
         assert [kind == "null" for kind in types] == [value is None for value in event], (event, types)
 
 
+def test_sqlite_an_event_field_no_dictionary_can_look_up_is_bound_as_before(tmp_path):
+    """An event field that is unhashable (``append_events`` looks each field up to bind a None as NULL) is bound
+    as it was: a bytearray is stored (and read back as bytes), a list is refused with a StoreError, not a
+    TypeError."""
+    from scrapy_polite.stores import Event
+
+    s = SQLiteStore(str(tmp_path / "pace.sqlite3"))
+    try:
+        s.append_events([Event(T0, "wait", "a.example", url=bytearray(b"x"))])  # type: ignore[arg-type]
+        assert s.events()[0].url == b"x" and s.events()[0].status is None
+        with pytest.raises(StoreError):
+            s.append_events([Event(T0, "wait", "a.example", reason=["x"])])  # type: ignore[arg-type]
+        assert len(s.events()) == 1
+    finally:
+        s.close()
+
+
+def test_sqlite_an_event_s_absent_fields_stay_null_when_floats_have_an_adapter(tmp_path):
+    """A process that registered an adapter for floats (``sqlite3.register_adapter``, process-wide; run in a
+    process of its own) would have a NaN adapted too: the events are then bound with their None fields, which
+    stay NULL. Negative control: the adapter is used (a float field is stored as what it returns)."""
+    script = f"""
+import sqlite3
+from scrapy_polite.stores import Event, SQLiteStore
+sqlite3.register_adapter(float, lambda value: "adapted")
+s = SQLiteStore({str(tmp_path / "pace.sqlite3")!r})
+s.append_events([Event(5.5, "wait", "a.example", delay=0.25)])
+s.close()
+db = sqlite3.connect({str(tmp_path / "pace.sqlite3")!r})
+print(db.execute("SELECT typeof(url), typeof(status), typeof(due), typeof(delay), delay FROM events").fetchall())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[('null', 'null', 'null', 'text', 'adapted')]", done.stderr
+
+
 def _indexes(db):
     return db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'hosts'").fetchall()
 

@@ -246,7 +246,7 @@ class Rows:
         """
         if not self._synced:
             self.sync()
-        for row, state in zip(rows, states):
+        for row, state in zip(rows, states, strict=True):
             self.db.execute(WRITE, row)
             if reads_back_as_written(state, row):
                 self._keep(row[0], (state, row[1:]))
@@ -356,12 +356,21 @@ def write_rows(table: Rows, rows: Sequence[tuple[Any, ...]], states: Sequence[Ho
 #: goes through its adaptation (a failed lookup in its adapters and two in attributes, about 3,300 instructions,
 #: five or six per event); any other value as itself. ``map(_BOUND, event, event)``: no Python call per field.
 _BOUND = dict[Any, Any]({None: math.nan}).get
+_FLOAT_ADAPTER = (float, sqlite3.PrepareProtocol)
 
 
 def append_events(events: Sequence[Event], cap: int, table: Rows, clock: Clock) -> None:
     """Inside a write transaction: append ``events`` (their None fields NULL), then delete the oldest beyond
-    ``cap``."""
-    table.db.executemany(EVENT_INSERT, [tuple(map(_BOUND, event, event)) for event in events])
+    ``cap``. The events are bound as they are when a process registered an adapter for floats
+    (``sqlite3.register_adapter``: a NaN would be adapted too), or when a field is unhashable (``_BOUND`` cannot
+    look it up; SQLite then refuses it or stores it, as it would)."""
+    bound: Sequence[Sequence[Any]] = events
+    if _FLOAT_ADAPTER not in sqlite3.adapters:
+        try:
+            bound = [tuple(map(_BOUND, event, event)) for event in events]
+        except TypeError:
+            pass
+    table.db.executemany(EVENT_INSERT, bound)
     table.db.execute(EVENT_TRIM, (cap,))
 
 
