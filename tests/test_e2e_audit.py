@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest_twisted
 
+from scrapy_polite.audit.words import ADDRESS_RULES_NOTE
 from scrapy_polite.commands import EXIT_OK, EXIT_VIOLATED, run_command
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Reply, scripted
@@ -88,3 +89,5 @@ async def test_the_log_of_a_real_crawl_passes_the_audit(arrival_server, tmp_path
     flagged = [line for line in out.splitlines() if line.startswith("VIOLATION address")]
     assert len(flagged) == 11 and out.splitlines()[-1] == "FAILED: 11 violations (11 address)"
     assert "127.0.19.1 contacted, not allowed by the public-address rules" in flagged[0]
+    assert out.splitlines()[-2] == ADDRESS_RULES_NOTE  # how to audit with the crawl's own rules
+    assert ADDRESS_RULES_NOTE not in lines  # (not when every address was allowed)

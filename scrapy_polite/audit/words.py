@@ -65,8 +65,17 @@ def format_report(report: AuditReport, *, store: str, throttles_shown: int = 5) 
                      "knew): the record before that was lost with the table, and the audit cannot vouch for it")
     for violation in report.violations:
         lines.extend(_violation_words(violation))
+    if any(violation.kind == "address" for violation in report.violations):
+        lines.append(ADDRESS_RULES_NOTE)
     lines.append(_verdict(report))
     return lines
+
+
+#: After an ``address`` violation: the rules judged are this audit's settings, not the crawl's
+#: (docs/guides/operating.md, "What the audit reads").
+ADDRESS_RULES_NOTE = ("note: the address rules are the settings this audit runs with (its project's, and -s): audit a "
+                      "crawl that ran with others (a script's, a spider's) with the same, e.g. "
+                      "-s POLITE_ALLOWED_NETWORKS=127.0.0.0/8")
 
 
 def _gap_words(smallest: float | None, required: float | None) -> str:
