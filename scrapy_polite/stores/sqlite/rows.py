@@ -13,7 +13,6 @@ import operator
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from math import copysign
 from typing import Any, TypeVar
 
 from ...policy import HostState, state_from_fields
@@ -136,7 +135,7 @@ def reads_back_as_written(state: HostState, row: Sequence[Any]) -> bool:
     :func:`decode`."""
     columns = row[1:]
     return (type(state) is HostState and tuple(map(type, columns)) == _EXACT
-            and min(map(copysign, _ONES, _FLOATS_OF(columns))) > 0)
+            and min(map(math.copysign, _ONES, _FLOATS_OF(columns))) > 0)
 
 
 def as_read(row: Sequence[Any]) -> tuple[Any, ...]:
