@@ -53,7 +53,7 @@ def format_report(report: AuditReport, *, store: str, throttles_shown: int = 5) 
         store: the store's URI, for the first line.
         throttles_shown: the most throttles listed on a host's line (``--json`` lists all).
     """
-    lines = [f"audit of the event log of {store}: {report.events} events from {len(report.sources)} "
+    lines = [f"audit of the event log of {store}: {plural(report.events, 'event')} from {len(report.sources)} "
              f"process{'es' if len(report.sources) != 1 else ''}, {clock_time(report.first, date=True)} to "
              f"{clock_time(report.last, date=True)}"]
     lines.extend(_host_line(host, throttles_shown) for host in report.hosts)

@@ -197,8 +197,10 @@ def _open(opts: argparse.Namespace, config: PoliteConfig) -> PaceStore:
     uri = opts.store or config.store_uri or default_store_uri()
     path = sqlite_path(uri)
     if path is not None and not os.path.exists(path):  # a look must not create a table
+        fix = ("check the path of --store (a relative one is from the current directory)" if opts.store
+               else "run it inside the Scrapy project, or pass --store URI")
         raise StoreError(f"no pace table at {os.path.abspath(path)} (nothing crawled with this POLITE_STORE yet). "
-                         "Fix: run it inside the Scrapy project, or pass --store URI")
+                         f"Fix: {fix}")
     return open_store(uri, StoreOptions(prefix=config.store_prefix, timeout=config.store_timeout,
                                         expire=config.store_expire, events_max=config.event_log_size))
 

@@ -13,7 +13,7 @@ from scrapy.exceptions import UsageError
 from ..audit import LogError, audit, format_report, report_json
 from ..reports.events import clock_time
 from ..reports.timeline import hosts_of, timeline_format, write_timeline
-from ..reports.words import format_time
+from ..reports.words import format_time, plural
 from ..stores import Event, StoreCorrupt
 from .context import BadLog, NoSuchHost, Operator
 from .help import EXIT_BAD_LOG, EXIT_OK, EXIT_OUTPUT, EXIT_VIOLATED
@@ -86,7 +86,7 @@ def timeline(op: Operator) -> int:
         op.dump({"store": op.store.uri, "output": os.path.abspath(output), "format": written,
                  "events": len(events), "hosts": hosts})
     else:
-        op.print(f"timeline of {len(events)} events, {len(hosts)} hosts "
+        op.print(f"timeline of {plural(len(events), 'event')}, {plural(len(hosts), 'host')} "
                  f"({clock_time(events[0].at, date=True)} to {clock_time(events[-1].at, date=True)}): "
                  f"{os.path.abspath(output)}")
     return EXIT_OK

@@ -142,9 +142,9 @@ def quota_cells(state: HostState, now: float) -> list[tuple[str, str]]:
       request booked since the answer that said it taken off); not shown while no quota is known (-1);
     * ``quota reset``: when the quota is replenished next (the moment passed: the next booking refills it);
     * ``quota size``: ``q`` requests per ``w`` seconds, as announced;
-    * ``booked``: how many requests were booked on the host (their serial numbers), and which one's answer
-      counted the quota last (``quota_serial``): the requests booked since are on their way, or were never
-      answered with a quota.
+    * ``booked``: how many requests were booked on the host (their serial numbers), and, when the host has
+      announced a quota, which one's answer counted it last (``quota_serial``): the requests booked since are on
+      their way, or were never answered with a quota.
     """
     cells = []
     if state.ratelimit_interval:
@@ -162,10 +162,13 @@ def quota_cells(state: HostState, now: float) -> list[tuple[str, str]]:
         per = f" per {format_duration(state.quota_window)}" if state.quota_window else " (no window announced)"
         cells.append(("quota size", f"{plural(state.quota_limit, 'request')}{per}"))
     if state.booked:
-        since = state.booked - state.quota_serial
-        counted = (f"the answer to request {state.quota_serial} counted the quota last, {since} booked since"
-                   if state.quota_serial else "no answer counted yet")
-        cells.append(("booked", f"{plural(state.booked, 'request')} ({counted})"))
+        booked = plural(state.booked, "request")
+        if state.quota_limit or state.quota_left >= 0 or state.ratelimit_interval:  # (a quota is or was announced)
+            since = state.booked - state.quota_serial
+            counted = (f"the answer to request {state.quota_serial} counted the quota last, {since} booked since"
+                       if state.quota_serial else "no answer counted yet")
+            booked += f" ({counted})"
+        cells.append(("booked", booked))
     return cells
 
 
@@ -235,7 +238,7 @@ def field_words(name: str, value: Any, now: float) -> str:
     if name == "throttled_at":
         return f"last throttle ({format_relative(value, now)})" if value else "no throttle"
     if name == "quota_left":
-        return f"{value} requests left of the quota" if value >= 0 else "no quota left known"
+        return f"{plural(value, 'request')} left of the quota" if value >= 0 else "no quota left known"
     if name == "quota_reset":
         return f"quota reset ({format_relative(value, now)})" if value else "no quota reset"
     if isinstance(value, float):

@@ -250,6 +250,6 @@ def expire(op: Operator) -> int:
     if op.opts.json:
         op.dump({"store": op.store.uri, "expired": removed, "idle_longer_than": op.config.store_expire})
     else:
-        op.print(f"expired {removed} rows from {op.store.uri} (idle longer than POLITE_STORE_EXPIRE = "
+        op.print(f"expired {plural(removed, 'row')} from {op.store.uri} (idle longer than POLITE_STORE_EXPIRE = "
                  f"{format_duration(op.config.store_expire)})")
     return EXIT_OK
