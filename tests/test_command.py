@@ -331,6 +331,12 @@ def test_reset_forgets_the_backoff_and_keeps_the_crawl_delay(table):
     assert len(events) == 5  # and the history is kept
     again = table.run("reset", "busy.example")
     assert again.code == EXIT_OK and "forgot nothing (it was clear); kept Crawl-delay 2 s, its address rows" in again.out
+    # A next allowed moment already passed held nothing: not among what a reset forgot (the user trial read
+    # "forgot next allowed now"); one backoff step in the singular.
+    passed = HostState(next_allowed=table.now - 5, consec=1, updated=table.now - 6)
+    table.store.update("passed.example", lambda s, now: (passed, None))
+    result = table.run("reset", "passed.example")
+    assert result.out.startswith("passed.example: reset; forgot 1 backoff step; kept "), result.out
 
 
 def test_reset_of_a_missing_host_is_exit_1_and_creates_no_row(table):

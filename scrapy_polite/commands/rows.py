@@ -230,7 +230,7 @@ def field_words(name: str, value: Any, now: float) -> str:
     if name == "next_allowed":
         return f"next allowed {format_due(value, now)}"
     if name == "consec":
-        return f"{value} backoff steps"
+        return plural(value, "backoff step")
     if name == "ok_seen":
         return "2xx seen" if value else "2xx not seen"
     if name == "crawl_delay":

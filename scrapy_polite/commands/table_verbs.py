@@ -185,7 +185,8 @@ def reset(op: Operator) -> int:
             continue
         new = op.store.get(key) or HostState()
         forgot = [field_words(f.name, getattr(old, f.name), op.now) for f in fields(old)
-                  if f.name not in UNSPOKEN and getattr(old, f.name) != getattr(new, f.name)]
+                  if f.name not in UNSPOKEN and getattr(old, f.name) != getattr(new, f.name)
+                  and not (f.name == "next_allowed" and old.next_allowed <= op.now)]  # (a moment passed held nothing)
         kept = [field_words(f.name, getattr(new, f.name), op.now) for f in fields(new)
                 if f.name not in UNSPOKEN and recorded(f.name, getattr(new, f.name))
                 and getattr(old, f.name) == getattr(new, f.name)]
