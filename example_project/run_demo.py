@@ -422,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     for srv in servers:
         srv.start()
     print("sites:")
+    url_width = max(len(srv.url()) for srv in servers)
     for srv in servers:
         note = ""
         if srv.site.robots_txt:
@@ -429,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
             note = f"  (robots.txt: {os.path.basename(ROBOTS_FILE)}, Crawl-delay for us: {delay:g} s)"
         elif srv.throttle:
             note = f"  (answers 429 with Retry-After: {RETRY_AFTER} after 5 pages, and before its last page)"
-        print(f"  {srv.url()}  {role_of(srv.name):<10}  {len(srv.site.pages)} pages{note}")
+        print(f"  {srv.url():<{url_width}}  {role_of(srv.name):<10}  {len(srv.site.pages)} pages{note}")
     sys.stdout.flush()
 
     started = time.time()
