@@ -115,14 +115,18 @@ def _integer(value: Any) -> Any:
 #: field's annotated type: ``float`` fields are REAL columns, ``int`` and ``bool`` ones INTEGER; :func:`decode`
 #: makes the bool).
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {"float": _real, "bool": _integer, "int": _integer}
-_AS_READ = tuple(_CONVERTERS[str(field.type)] for name in HOST_FIELDS
-                 for field in dataclasses.fields(HostState) if field.name == name)
 
 
+def _per_column(by_type: dict[str, T]) -> tuple[T, ...]:
+    """``by_type``'s value for each column of :data:`HOST_FIELDS`, by its field's annotated type's name."""
+    types = {field.name: str(field.type) for field in dataclasses.fields(HostState)}
+    return tuple(by_type[types[name]] for name in HOST_FIELDS)
+
+
+_AS_READ = _per_column(_CONVERTERS)
 #: Per column of :data:`HOST_FIELDS`, the one type whose values every column reads back as they are (a REAL column's
 #: float but -0.0, an INTEGER column's int; ``ok_seen``'s bool, which :func:`decode` makes again).
-_EXACT = tuple({"float": float, "bool": bool, "int": int}[str(field.type)] for name in HOST_FIELDS
-               for field in dataclasses.fields(HostState) if field.name == name)
+_EXACT: tuple[type, ...] = _per_column({"float": float, "bool": bool, "int": int})
 _FLOATS_OF = operator.itemgetter(*[i for i, kind in enumerate(_EXACT) if kind is float])
 _ONES = (1.0,) * sum(kind is float for kind in _EXACT)
 

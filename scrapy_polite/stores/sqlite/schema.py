@@ -229,9 +229,13 @@ def migrate(db: sqlite3.Connection, uri: str) -> None:
             f"scrapy-polite cannot open its pace table {uri}: schema version {version} is newer than "
             f"this scrapy-polite knows ({SCHEMA_VERSION}). Fix: upgrade scrapy-polite, or point "
             "POLITE_STORE to another file.")
-    if version == SCHEMA_VERSION:
-        _drop_unused_index(db)
-        return
+    if version < SCHEMA_VERSION:
+        _step_up(db)
+    _drop_unused_index(db)
+
+
+def _step_up(db: sqlite3.Connection) -> None:
+    """:data:`MIGRATIONS` from the file's version to :data:`SCHEMA_VERSION`, in one transaction."""
     db.execute("BEGIN IMMEDIATE")
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -250,7 +254,6 @@ def migrate(db: sqlite3.Connection, uri: str) -> None:
     except BaseException:
         db.execute("ROLLBACK")
         raise
-    _drop_unused_index(db)
 
 
 def _drop_unused_index(db: sqlite3.Connection) -> None:
