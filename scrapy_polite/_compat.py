@@ -98,7 +98,8 @@ class _PinnedEndpointFactory:
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
         if uri.scheme not in (b"http", b"https"):
             raise SchemeNotSupported(f"Unsupported scheme: {uri.scheme!r}")
-        return cast("IStreamClientEndpoint", _EndpointAtConnect(self, uri))
+        endpoint: IStreamClientEndpoint = _EndpointAtConnect(self, uri)  # no cast() call: once per request
+        return endpoint
 
     def build(self, uri: URI) -> IStreamClientEndpoint:
         """The endpoint of ``uri``: a ``HostnameEndpoint`` to the address (through the reactor's name resolver,

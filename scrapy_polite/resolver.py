@@ -112,9 +112,11 @@ class InvalidHostName(DNSLookupError):
         super().__init__(f"scrapy-polite resolver: {reason}")
 
 
+@lru_cache(maxsize=4096)
 def _canonical(host: str) -> str:
     """The resolver's key of ``host``: the URL Standard's host (:func:`~scrapy_polite.network.hosts.name_host`), or
-    the name lower-cased without trailing dots or brackets when the Standard rejects it."""
+    the name lower-cased without trailing dots or brackets when the Standard rejects it. Cached (a pure
+    function of the text): every request's pin and unpin asks it."""
     try:
         return name_host(host).key
     except InvalidHost:

@@ -206,3 +206,36 @@ def test_negative_control_the_machine_finds_the_overlap_without_the_hold():
                 phases=[Phase.generate]))
     finally:
         PacingPolicy.in_flight_hold = True  # type: ignore[misc]
+
+
+def test_the_booking_transaction_reads_and_writes_the_host_and_address_rows_by_their_keys():
+    """``booking_update``: the keys read (the host, then each address's ``ip:`` row, in order), the policy given the
+    address rows under their addresses, and the writes filed back under the table's keys; ``_hold_of`` the hold
+    taken on each, with the interval its release keeps free."""
+    from scrapy_polite.crawl.booking import _hold_of, booking_update
+    from scrapy_polite.policy import ip_key
+
+    b2 = "192.0.2.2"
+    keys, fn = booking_update(POLICY, "example.com", [A, b2], 0.0, 2.0, hold=(7, 30.0))
+    assert keys == ["example.com", ip_key(A), ip_key(b2)]
+    busy = HostState(next_allowed=T0 + 5.0)  # the first address is booked ahead: the second is free first
+    writes, (booking, now) = fn({"example.com": None, ip_key(A): busy, ip_key(b2): None}, T0)
+    assert now == T0 and booking.booked and booking.address == b2
+    assert sorted(writes) == sorted(["example.com", ip_key(b2)])
+    assert writes["example.com"].held_by == 7 and writes[ip_key(b2)].next_allowed == T0 + 2.0
+    hold = _hold_of(booking, "example.com", 7, 2.0)
+    assert hold is not None and hold.keys == {"example.com": 1.0, ip_key(b2): 2.0}
+    # Negative controls: another token holds nothing; by host only, the host's row alone is read and written.
+    assert _hold_of(booking, "example.com", 8, 2.0) is None
+    keys, fn = booking_update(POLICY, "example.com", [], 0.0, 0.0, hold=(9, 30.0))
+    writes, (booking, _) = fn({"example.com": None}, T0)
+    assert keys == ["example.com"] and list(writes) == ["example.com"] and booking.address is None
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (180.0, 180.0), (0.5, 0.5), (7, 7.0), ("30", 30.0),  # a float as it is; what parse_seconds reads
+    (0.0, None), (-1.0, None), (float("nan"), None), (float("inf"), None), ("soon", None), (None, None)])
+def test_a_download_timeout_bounds_the_hold_only_when_it_is_seconds_over_zero(value, expected):
+    from scrapy_polite.crawl.booking import _timeout
+
+    assert _timeout(value) == expected

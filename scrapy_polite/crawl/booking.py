@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ DEFAULT_TIMEOUT = 180.0
 
 def _timeout(value: Any) -> float | None:
     """A download timeout (seconds > 0, finite) from a setting or ``meta['download_timeout']``, or None."""
+    if type(value) is float and 0.0 < value < math.inf:  # DownloadTimeoutMiddleware's, on every request: as it is
+        return value
     seconds = parse_seconds(value)
     return seconds if seconds else None
 
@@ -62,13 +65,20 @@ def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor:
     Raises:
         ValueError: an address is not an IP address.
     """
-    keys = {a: ip_key(a) for a in addresses}
+    # Loops, not comprehensions: each comprehension is a call of its own (Python < 3.12), on every booking.
+    keys: dict[str, str] = {}
+    for a in addresses:
+        keys[a] = ip_key(a)
 
     def fn(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState],
                                                                      tuple[Booking, float]]:
-        booking = policy.book(states[host], {a: states[k] for a, k in keys.items()}, now=now,
-                              floor=floor, ip_interval=ip_interval, hold=hold)
-        writes = {(host if a == "" else keys[a]): state for a, state in booking.writes.items()}
+        rows: dict[str, HostState | None] = {}
+        for a, k in keys.items():
+            rows[a] = states[k]
+        booking = policy.book(states[host], rows, now=now, floor=floor, ip_interval=ip_interval, hold=hold)
+        writes: dict[str, HostState] = {}
+        for a, state in booking.writes.items():
+            writes[host if a == "" else keys[a]] = state
         return writes, (booking, now)
 
     return [host, *keys.values()], fn
@@ -77,8 +87,10 @@ def booking_update(policy: PacingPolicy, host: str, addresses: list[str], floor:
 def _hold_of(booking: Booking, host: str, token: int, ip_interval: float) -> Hold | None:
     """The in-flight hold ``booking`` took (the rows it wrote with ``token``, each with the interval its release
     keeps free: the host's, ``ip_interval`` seconds for an address), or None (docs/spec.md §3, "In flight")."""
-    keys = {(host if key == "" else ip_key(key)): (booking.interval if key == "" else ip_interval)
-            for key, row in booking.writes.items() if row.held_by == token}
+    keys: dict[str, float] = {}
+    for key, row in booking.writes.items():  # a loop: no call of a comprehension's own per booking
+        if row.held_by == token:
+            keys[host if key == "" else ip_key(key)] = booking.interval if key == "" else ip_interval
     return Hold(token, keys) if keys else None
 
 

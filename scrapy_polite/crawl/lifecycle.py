@@ -445,7 +445,7 @@ class Lifecycle:
             return False
         line.holder = None
         line.recording = None
-        waiters, line.freed = [d for d in line.freed if not d.called], []
+        waiters, line.freed = ([d for d in line.freed if not d.called] if line.freed else line.freed), []
         del self._lines[key]  # bounded by the lines in use, not by every host ever seen
         for d in waiters:  # each waiter takes the line (or another) when it runs: a new Line then
             if not d.called:

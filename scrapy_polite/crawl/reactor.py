@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from scrapy.utils.asyncio import CallLaterResult
 from scrapy.utils.asyncio import call_later as asyncio_call_later
@@ -37,7 +37,8 @@ async def await_deferred(d: defer.Deferred[T]) -> T:
         if isinstance(result, Failure):
             d.addErrback(lambda _failure: None)  # handled here: no "Unhandled error in Deferred"
             result.raiseException()
-        return cast(T, result)  # Deferred.result is untyped; once fired without a Failure it is a T
+        # Deferred.result is untyped; once fired without a Failure it is a T (no cast(): one call less per await).
+        return result  # type: ignore[return-value]
     return await maybe_deferred_to_future(d)
 
 

@@ -249,14 +249,14 @@ class UnpinnedRequests:
     def resolves_itself(self, request: Request) -> bool:
         """Whether ``request``'s handler resolves its host itself (checked): then every address of the
         host's answer must be allowed, not only the booked one (docs/spec.md §4.1)."""
-        return self.mode_of(request.url) is not None
+        return bool(self._checked) and self.mode_of(request.url) is not None
 
     def sent(self, request: Request) -> None:
         """Count ``request`` (booked on ``meta['polite_ip']``) as sent through a checked handler, if it is. A
         scrapy-playwright request through the crawl's proxy that makes a persistent context of its own
         (``meta['playwright_context_kwargs']`` with ``user_data_dir``: not made from the launch options) gets the
         proxy in that context too (docs/spec.md §4.1)."""
-        mode = self.mode_of(request.url)
+        mode = self.mode_of(request.url) if self._checked else None
         if mode is not None:
             self._inc(f"unpinned/{mode.label}")
         elif self._proxied:
@@ -284,7 +284,7 @@ class UnpinnedRequests:
         addresses: ``::ffff:a.b.c.d`` is ``a.b.c.d``) is counted (``polite/unpinned/address_changed``), a
         non-public one too (``polite/unpinned/refused_response``) and refused here. Asked again about the
         same response, it answers the same without counting again."""
-        if self.mode_of(request.url) is None:
+        if not self._checked or self.mode_of(request.url) is None:
             return None
         if response in self._verdicts:
             return self._verdicts[response]

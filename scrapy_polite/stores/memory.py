@@ -58,7 +58,7 @@ class MemoryStore:
 
     def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
         with self._lock:
-            new, result = fn({key: self._rows.get(key) for key in keys}, self._clock())
+            new, result = fn(dict(zip(keys, map(self._rows.get, keys))), self._clock())
             stray = set(new).difference(keys)
             if stray:
                 raise ValueError(f"update function wrote {sorted(stray)!r}, which it did not read")
