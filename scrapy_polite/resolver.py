@@ -395,7 +395,11 @@ class PublicHostnameResolver:
 
     def pin(self, host: str, address: str) -> None:
         """Answer only ``address`` for ``host`` until :meth:`unpin` (pins are counted per request)."""
-        self._pins.setdefault(_canonical(host), Counter())[_canonical_address(address)] += 1
+        host = _canonical(host)
+        pins = self._pins.get(host)
+        if pins is None:  # (not setdefault: a Counter built for nothing costs more than the pin, on every request)
+            pins = self._pins[host] = Counter()
+        pins[_canonical_address(address)] += 1
 
     def unpin(self, host: str, address: str) -> None:
         """Release one pin of ``address`` for ``host``."""
