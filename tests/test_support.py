@@ -189,3 +189,28 @@ async def test_a_crawl_whose_stop_never_completes_fails_instead_of_hanging(arriv
     assert "stopping it did not complete" in str(info.value)
     assert srv.url("/x") in str(info.value)  # names the request in progress
     assert time.monotonic() - started < 10
+
+
+def test_a_client_that_resets_its_connection_prints_no_traceback_but_another_error_does(capfd):
+    """A crawler killed or stopped mid-request resets its connection: the server's thread says nothing (it is the
+    client's business). Negative control: any other error of a handler is printed as by default."""
+    import struct
+
+    srv = ArrivalServer("127.0.0.1")
+    try:
+        with socket.create_connection((srv.address, srv.port)) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # closed: a reset
+            deadline = time.monotonic() + 5
+            while not srv._conns and time.monotonic() < deadline:  # the server took the connection
+                time.sleep(0.01)
+        while srv._conns and time.monotonic() < deadline:  # its thread read the reset, and let the connection go
+            time.sleep(0.01)
+        assert not srv._conns
+        assert "Traceback" not in capfd.readouterr().err
+        try:
+            raise ValueError("a handler's own failure")
+        except ValueError:
+            srv._httpd.handle_error(None, ("127.0.0.1", 1))
+        assert "ValueError: a handler's own failure" in capfd.readouterr().err
+    finally:
+        srv.stop()

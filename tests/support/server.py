@@ -34,6 +34,7 @@ from __future__ import annotations
 import http.server
 import ipaddress
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -245,6 +246,13 @@ class _Server(http.server.ThreadingHTTPServer):
     def shutdown_request(self, request):  # type: ignore[override]
         self.owner._track(request, False)
         super().shutdown_request(request)
+
+    def handle_error(self, request, client_address):  # type: ignore[override]
+        # A client that reset or dropped its connection (a crawler stopped or killed mid-request) is the client's
+        # business, not the server's failure: no traceback on stderr. Anything else is printed, as by default.
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Server6(_Server):
