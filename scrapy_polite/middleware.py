@@ -198,7 +198,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         decision = await end_when_recorded(self.recorder, self.booker, request)
         if refusal is not None:
             raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")
-        due = self.retries.due(request, decision)
+        due = self.retries.due(request, decision) if decision is not None and decision.throttle else None
         if due is not None:
             hold_request(self.pacer, request, request.meta[HOST_META], due)
             return request
