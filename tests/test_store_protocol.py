@@ -227,6 +227,23 @@ def test_update_many_refuses_to_write_a_key_it_did_not_read(any_store, order):
     assert rows(store) == [("a.example", OTHER), ("b.example", OTHER)]
 
 
+def test_update_many_pairs_each_key_with_its_own_row_however_the_keys_are_given(any_store):
+    """``keys`` read once (an iterator) or as a tuple: each key is given its own row, and the writes of the keys read
+    go through. Negative control: the same call with a list. An update function that returns no mapping of writes
+    (None) fails with TypeError and writes nothing, on every store alike."""
+    store = any_store.store
+    put(store, "a.example", FULL)
+    put(store, "b.example", OTHER)
+    for given in (["a.example", "b.example"], ("a.example", "b.example"), iter(["a.example", "b.example"])):
+        seen = store.update_many(given, lambda states, now: ({"b.example": states["a.example"]}, dict(states)))
+        assert seen == {"a.example": FULL, "b.example": OTHER}, given
+        assert rows(store) == [("a.example", FULL), ("b.example", FULL)], given
+        put(store, "b.example", OTHER)
+    with pytest.raises(TypeError):
+        store.update_many(["a.example"], lambda states, now: (None, "ok"))
+    assert rows(store) == [("a.example", FULL), ("b.example", OTHER)]
+
+
 def test_update_many_that_raises_changes_nothing(any_store):
     store = any_store.store
     put(store, "a.example", FULL)

@@ -58,6 +58,7 @@ class MemoryStore:
 
     def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> T:
         with self._lock:
+            keys = list(keys)  # (read twice: an iterator given is read once)
             new, result = fn(dict(zip(keys, map(self._rows.get, keys))), self._clock())
             stray = set(new).difference(keys)
             if stray:

@@ -316,15 +316,15 @@ def update_op(key: str, fn: UpdateFn[T], table: Rows, clock: Clock) -> T:
 
 
 def update_many_op(keys: Sequence[str], fn: ManyUpdateFn[T], table: Rows, clock: Clock) -> T:
-    # C calls (zip, map, set operations), no comprehension: each would be a call of its own (Python < 3.12) on
-    # each booking and record.
+    # C calls (zip, map, a key-set comparison), no comprehension: each would be a call of its own (Python < 3.12)
+    # on each booking and record.
+    keys = list(keys)  # (read twice below: an iterator given is read once)
     found = dict(zip(keys, map(table.get, keys)))
     writes, result = fn(dict(found), clock())
-    if not writes:
-        return result
-    if not writes.keys() <= found.keys():
-        stray = next(key for key in writes if key not in found)
-        raise ValueError(f"update function wrote {stray!r}, which it did not read")
+    if not (type(writes) is dict and writes.keys() <= found.keys()):  # a stray key, or not a dict: looked at key by key
+        stray = [key for key in writes if key not in found]
+        if stray:
+            raise ValueError(f"update function wrote {stray[0]!r}, which it did not read")
     rows = list(map(encode, writes, writes.values()))  # a bad state raises before any write
     if len(rows) == 1:
         table.put(rows, list(writes.values()))  # one statement: it writes whole or not at all
