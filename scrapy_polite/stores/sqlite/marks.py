@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import sqlite3
@@ -112,13 +113,15 @@ def _gone(pid: int, boot: str, started: int, my_boot: str) -> bool:
 
 
 
-def _machine_marks(db: sqlite3.Connection) -> list[tuple[str, int, float, str, bool]]:
-    """The marks left by openers of this machine name: ``(token, pid, beat, boot, gone)``, ``gone`` when the
-    process that left it is gone (:func:`_gone`; never for a mark of this process's open stores)."""
+def _machine_marks(db: sqlite3.Connection) -> list[tuple[str, int, float, bool, bool]]:
+    """The marks left by openers of this machine name: ``(token, pid, beat, behind, gone)``, ``behind`` when the
+    opener wrote behind, ``gone`` when the process that left it is gone (:func:`_gone`; never for a mark of this
+    process's open stores)."""
     boot = _boot_id()
-    return [(token, pid, beat, their_boot, token not in OPEN_TOKENS and _gone(pid, their_boot, started, boot))
-            for token, pid, beat, their_boot, started in
-            db.execute("SELECT token, pid, beat, boot, started FROM openers WHERE machine = ?",
+    return [(token, pid, beat, bool(behind),
+             token not in OPEN_TOKENS and _gone(pid, their_boot, started, boot))
+            for token, pid, beat, their_boot, started, behind in
+            db.execute("SELECT token, pid, beat, boot, started, behind FROM openers WHERE machine = ?",
                        (socket.gethostname(),)).fetchall()]
 
 
@@ -193,6 +196,24 @@ class Mark:
         self.token = token
         self.owned = owned
         self._beat = 0.0
+        self._behind = False  # the mark says it writes behind
+        #: Left at the close, as an unclean stop's (a write-behind window was lost: the next opening repairs it).
+        self.kept = False
+
+    def alone(self, db: sqlite3.Connection) -> bool:
+        """Inside a write transaction: this connection has a mark and no other opener's mark is in the file, so
+        it may write behind (docs/spec.md §6, "Write-behind")."""
+        return self.token is not None and db.execute(
+            "SELECT 1 FROM openers WHERE token != ? LIMIT 1", (self.token,)).fetchone() is None
+
+    def say_behind(self, db: sqlite3.Connection) -> bool:
+        """Inside a write transaction: mark this opener as one that writes behind, once (True: written now, to be
+        committed before the first window's writes, so that an unclean stop within it finds the mark saying so)."""
+        if self._behind or self.token is None:
+            return False
+        db.execute("UPDATE openers SET behind = 1 WHERE token = ?", (self.token,))
+        self._behind = True
+        return True
 
     def leave(self, db: sqlite3.Connection, now: float, uri: str) -> Recovery | None:
         """Inside the opening transaction: find the marks left by processes of this machine that are gone
@@ -200,8 +221,9 @@ class Mark:
         :data:`CRASH_WINDOW` seconds before the earliest of their last heartbeats, or since, as just booked
         (:data:`REPAIR`), remove those marks and leave this opener's. Returns what was found (None: no
         unclean stop)."""
-        dead = [(token, pid, beat) for token, pid, beat, _, gone in _machine_marks(db) if gone]
-        recovery = _repair(db, dead, now, uri) if dead else None
+        marks = [mark for mark in _machine_marks(db) if mark[4]]
+        dead = [(token, pid, beat) for token, pid, beat, _, _ in marks]
+        recovery = _repair(db, dead, now, uri, behind=any(mark[3] for mark in marks)) if dead else None
         self.token, self.owned, self._beat = uuid.uuid4().hex, True, now
         self.write(db, now)
         OPEN_TOKENS.add(self.token)
@@ -226,7 +248,7 @@ class Mark:
         """At the clean close: remove the mark this connection owns (another opener's stays). A mark that
         cannot be removed (the file locked or unwritable) is left, logged at DEBUG: the next opening then
         treats the last rows as just booked, which is only more polite."""
-        if not self.owned:
+        if not self.owned or self.kept:
             return
         try:
             db.execute("DELETE FROM openers WHERE token = ?", (self.token,))
@@ -235,17 +257,18 @@ class Mark:
         OPEN_TOKENS.discard(str(self.token))
 
 
-def _repair(db: sqlite3.Connection, dead: list[tuple[str, int, float]], now: float, uri: str) -> Recovery:
-    """Treat the rows of the crash window of the gone openers ``dead`` as just booked, remove their marks, log
-    one WARNING."""
+def _repair(db: sqlite3.Connection, dead: list[tuple[str, int, float]], now: float, uri: str, *,
+            behind: bool = False) -> Recovery:
+    """Treat the rows of the crash window of the gone openers ``dead`` as just booked (every row, when one of them
+    wrote behind: a booking it had not committed left no trace to find), remove their marks, log one WARNING."""
     last_seen = min(beat for _, _, beat in dead)
-    since = last_seen - CRASH_WINDOW
+    since = -math.inf if behind else last_seen - CRASH_WINDOW
     rows = db.execute(REPAIR, {"now": now, "since": since}).rowcount
     db.executemany("DELETE FROM openers WHERE token = ?", [(token,) for token, _, _ in dead])
     pids = tuple(sorted({pid for _, pid, _ in dead}))
     logger.warning(
         "scrapy-polite: the pace table %s was not closed by process %s (an unclean stop, last seen %.1f s "
-        "ago): %d rows changed within %g s before it are treated as just booked (docs/spec.md §6, "
-        "\"After a crash\")", uri, ", ".join(map(str, pids)), max(0.0, now - last_seen), rows,
-        CRASH_WINDOW)
+        "ago): %d rows %s are treated as just booked (docs/spec.md §6, \"After a crash\")", uri,
+        ", ".join(map(str, pids)), max(0.0, now - last_seen), rows,
+        "(every row: it wrote behind)" if behind else f"changed within {CRASH_WINDOW:g} s before it")
     return Recovery(pids, last_seen, since, now, int(rows))

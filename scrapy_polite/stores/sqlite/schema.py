@@ -232,6 +232,7 @@ def migrate(db: sqlite3.Connection, uri: str) -> None:
     if version < SCHEMA_VERSION:
         _step_up(db)
     _drop_unused_index(db)
+    _add_behind_column(db)
 
 
 def _step_up(db: sqlite3.Connection) -> None:
@@ -254,6 +255,19 @@ def _step_up(db: sqlite3.Connection) -> None:
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+def _add_behind_column(db: sqlite3.Connection) -> None:
+    """Give the ``openers`` table its ``behind`` column when it has none: 1 in the mark of an opener that writes
+    behind (docs/spec.md §6, "Write-behind"), whose unclean stop treats every row as just booked. No new schema
+    version: an earlier release reads and writes the table by column name, and leaves 0 in its own marks."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(openers)")}
+    if columns and "behind" not in columns:
+        try:
+            db.execute("ALTER TABLE openers ADD COLUMN behind INTEGER NOT NULL DEFAULT 0")
+        except sqlite3.OperationalError as exc:  # another opener added it meanwhile
+            if "duplicate column name" not in str(exc):
+                raise
 
 
 def _drop_unused_index(db: sqlite3.Connection) -> None:

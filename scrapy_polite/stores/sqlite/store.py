@@ -34,7 +34,7 @@ from ..base import (
 )
 from . import checkpoints, rows, schema
 from .marks import Mark, Recovery, keep_clock, table_clock
-from .table import GROUP_MAX, AsyncSQLiteStore
+from .table import GROUP_MAX, WRITE_BEHIND, AsyncSQLiteStore
 
 __all__ = ["FOLLOW_EVERY", "SQLiteStore"]
 
@@ -100,6 +100,11 @@ class SQLiteStore:
         #: (:meth:`_follow`, ``time.monotonic``).
         self._file: tuple[int, int] | None = None
         self._looked = time.monotonic()
+        #: Write behind (set by the crawl's async table on its no-wait connection): while no other opener's mark
+        #: is in the file, a group's write transaction stays open for the next groups until :meth:`commit_window`
+        #: (docs/spec.md §6, "Write-behind"). ``_window``: such a transaction is open now.
+        self.write_behind = False
+        self._window = False
         self.events_max = max(0, int(events_max))
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -159,11 +164,11 @@ class SQLiteStore:
                            _offset=self.clock_offset)
 
     def open_async(self, reactor: Any = None, *, restart_frames: int = 8192, event_chunk: int = 250,
-                   group_max: int = GROUP_MAX) -> AsyncSQLiteStore:
-        """SQLite's async table (:class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`: group commit, its own
-        thread and WAL checkpoints, with its options)."""
+                   group_max: int = GROUP_MAX, write_behind: float = WRITE_BEHIND) -> AsyncSQLiteStore:
+        """SQLite's async table (:class:`~scrapy_polite.stores.sqlite.AsyncSQLiteStore`: group commit, write-behind,
+        its own thread and WAL checkpoints, with its options)."""
         return AsyncSQLiteStore(self, reactor, restart_frames=restart_frames, event_chunk=event_chunk,
-                                group_max=group_max)
+                                group_max=group_max, write_behind=write_behind)
 
     def wal_pages(self) -> int:
         """The most pages the WAL has held since its file was made: its file's size (one ``stat``; the
@@ -221,26 +226,74 @@ class SQLiteStore:
             self._db, self._rows, self._file = db, rows.Rows(db), schema.file_id(self.path)
         self._looked = time.monotonic()
 
-    def _write(self, body: Callable[..., T], *args: Any) -> T:
+    def _write(self, body: Callable[..., T], *args: Any, group: bool = False) -> T:
         """``body(*args, rows, clock)`` (:class:`~.rows.Rows`) in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the lock
         (after a look at the path, at most every :data:`FOLLOW_EVERY` seconds); rolled back when it raises, and then
-        the rows' cache is dropped."""
+        the rows' cache is dropped. A ``group`` written behind (:attr:`write_behind`, alone in the file) leaves its
+        transaction open, and the next group goes on in it; anything else commits an open one first."""
         with self._lock:
-            if time.monotonic() - self._looked >= FOLLOW_EVERY:
-                self._follow()
+            if self._window and not group:
+                self._commit_window()
             db, table = self._db, self._rows
-            db.execute("BEGIN IMMEDIATE")
-            SQLiteStore.write_transactions += 1
-            table.begin()
+            if not self._window:
+                if time.monotonic() - self._looked >= FOLLOW_EVERY:
+                    self._follow()
+                    db, table = self._db, self._rows
+                db.execute("BEGIN IMMEDIATE")
+                SQLiteStore.write_transactions += 1
+                table.begin()
+                if group and self.write_behind and self._mark.alone(db):
+                    if self._mark.say_behind(db):  # committed first: a crash in the first window finds it said
+                        db.execute("COMMIT")
+                        db.execute("BEGIN IMMEDIATE")
+                        table.begin()
+                    self._window = self._mark.alone(db)
             try:
                 result = body(*args, table, self._clock)
-                db.execute("COMMIT")
+                if not self._window:
+                    db.execute("COMMIT")
             except BaseException:
                 table.forget()
+                self._window = False  # a window's earlier groups are rolled back with it (the crawl stops)
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
         return result
+
+    @property
+    def in_window(self) -> bool:
+        """A write-behind transaction is open (:meth:`commit_window` ends it)."""
+        return self._window
+
+    def commit_window(self) -> bool:
+        """Commit the write-behind transaction, if one is open: True when it did.
+
+        Raises:
+            StoreError: the file cannot be written (the window's writes are lost; the crawl stops).
+        """
+        try:
+            with self._lock:
+                return self._commit_window()
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def _commit_window(self) -> bool:
+        if not self._window:
+            return False
+        self._window = False
+        try:
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._rows.forget()
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+        return True
+
+    def keep_mark(self) -> None:
+        """Leave this opener's mark at the close, as an unclean stop leaves it: a write-behind window was lost, so
+        the next opening treats every row as just booked (docs/spec.md §6, "Write-behind")."""
+        self._mark.kept = True
 
     # -- running operations ------------------------------------------------------------------------------------
 
@@ -261,7 +314,7 @@ class SQLiteStore:
             StoreError: the file cannot be written (the whole group is rolled back: no call took effect).
         """
         try:
-            return self._write(self._group, ops)
+            return self._write(self._group, ops, group=True)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
@@ -306,7 +359,7 @@ class SQLiteStore:
         """
         try:
             with self._lock:
-                if time.monotonic() - self._looked >= FOLLOW_EVERY:
+                if not self._window and time.monotonic() - self._looked >= FOLLOW_EVERY:
                     self._follow()
                 self._rows.begin()
                 return op(*args, self._rows, self._clock)
@@ -393,6 +446,11 @@ class SQLiteStore:
         with self._lock:
             if self._closed:
                 return
+            if self._window:  # (the async table commits it first: this is a last resort)
+                try:
+                    self._commit_window()
+                except sqlite3.Error:
+                    logger.error("scrapy-polite: the last writes to %s could not be committed", self.uri, exc_info=True)
             self._mark.remove(self._db, self.uri)
             self._closed = True
             self._db.close()

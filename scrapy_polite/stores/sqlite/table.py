@@ -34,6 +34,10 @@ T = TypeVar("T")
 #: The most calls one group commit runs in one transaction (docs/spec.md §6, "Group commit").
 GROUP_MAX = 512
 
+#: Seconds a table written by one crawl alone keeps its write transaction open for the next groups (docs/spec.md
+#: §6, "Write-behind"): at most this much is lost with the process, and another opener waits at most this long.
+WRITE_BEHIND = 0.1
+
 #: A call waiting for its group: ``(operation, Deferred of the result, whether it writes)``.
 _Held = tuple[rows.Op[Any], "defer.Deferred[Any]", bool]
 
@@ -70,9 +74,15 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
     """
 
     def __init__(self, store: SQLiteStore, reactor: Any = None, *, restart_frames: int = 8192,
-                 event_chunk: int = 250, group_max: int = GROUP_MAX) -> None:
+                 event_chunk: int = 250, group_max: int = GROUP_MAX, write_behind: float = WRITE_BEHIND) -> None:
         super().__init__(store, reactor)
         self._inline = store.nowait()
+        #: Seconds a write-behind window stays open at most (0: none; docs/spec.md §6, "Write-behind").
+        self._behind = max(0.0, write_behind)
+        self._inline.write_behind = self._behind > 0
+        self._window_timer: Any = None  # the commit of the open window
+        #: The StoreError of a window that could not be committed: every later call fails with it.
+        self._lost: StoreError | None = None
         #: The store's thread: busy groups, reads that met a lock, checkpoints, the calls held at the close.
         self._pool = CallPool(self._reactor, 1, idle=self._schedule_flush)
         #: Schedules a call on the reactor's next turn (straight on the asyncio loop when it is the reactor's).
@@ -121,6 +131,8 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
     def _call(self, op: rows.Op[T], writes: bool) -> defer.Deferred[T]:
         if self._closed:
             return defer.fail(self._closed_error())
+        if self._lost is not None:
+            return defer.fail(self._lost)
         if writes or self._held or self._wal.holding or self._pool.queued:
             # Group commit: behind the calls already waiting, in the next group.
             d: defer.Deferred[T] = defer.Deferred()
@@ -168,7 +180,10 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         except Exception as exc:
             self._fail_all(exc, batch)  # each caller's Deferred carries the error
         else:
-            if writes:
+            if self._inline.in_window:
+                if self._window_timer is None:
+                    self._window_timer = self._reactor.callLater(self._behind, self._commit_window)
+            elif writes:
                 self._wrote()
             self._deliver(batch, outcomes)
         if self._held:
@@ -194,6 +209,20 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         """The group's transaction failed (nothing of it was written): every caller gets the error."""
         for _, d, _ in batch:
             d.errback(failure)
+
+    def _commit_window(self) -> None:
+        """Commit the write-behind window (its timer, the close). A window that cannot be committed is lost: the
+        opener's mark is left as an unclean stop's (the next opening treats every row as just booked), and every
+        later call fails with the error, which stops the crawl."""
+        if self._window_timer is not None and self._window_timer.active():
+            self._window_timer.cancel()
+        self._window_timer = None
+        try:
+            if self._inline.commit_window():
+                self._wrote()
+        except StoreError as exc:
+            self.store.keep_mark()
+            self._lost = exc
 
     def _wrote(self) -> None:
         """One inline write transaction landed in the WAL (a group's, an event-log chunk's)."""
@@ -227,6 +256,7 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         order, and event batches not written yet to the event log's thread; from here on every call fails
         with StoreClosed. The threads are handed to :meth:`_finish`."""
         if not self._closed:
+            self._commit_window()
             self._wal.stop()
             if self._flush_turn is not None:
                 self._flush_turn.cancel()
