@@ -73,6 +73,29 @@ async def test_a_table_opened_alone_commits_its_groups_within_the_window(tmp_pat
 
 
 @pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("held_by", [7, 0])
+async def test_a_booking_that_takes_an_in_flight_hold_is_committed_at_once(tmp_path, held_by):
+    """A group that writes a row held in flight (docs/spec.md §3, "In flight") commits at once, and the window with
+    it: a hold lost with the process would let another process book the host while the request may still be served.
+    Negative control: the same row without a hold stays in the window."""
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path, mark=True)
+    table = store.open_async(write_behind=5.0)
+    try:
+        await table.update_many(["a.example"], _booked(10.0))  # opens the window
+
+        def hold(states, now):
+            return {"b.example": HostState(next_allowed=now + 1.0, updated=now, held_until=now + 181.0,
+                                           held_by=held_by)}, None
+
+        await table.update_many(["b.example"], hold)
+        committed = (_committed(path, "a.example"), _committed(path, "b.example"))
+        assert (None not in committed) if held_by else (committed == (None, None))
+    finally:
+        await table.close_async()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_second_opener_waits_for_the_window_and_the_first_stops_writing_behind(tmp_path):
     """A second opener's opening waits for the first crawl's window (the write lock), so the first booking it
     makes reads the first crawl's booking; from the second's mark on, the first commits each group (another

@@ -177,13 +177,16 @@ class Rows:
         db: the connection.
     """
 
-    __slots__ = ("_rows", "_synced", "_version", "db")
+    __slots__ = ("_rows", "_synced", "_version", "db", "holds")
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
         self._rows: dict[str, _Cached] = {}
         self._version: int | None = None
         self._synced = False  # checked since begin()
+        #: A row written (since the store last reset it) takes an in-flight hold: its transaction is committed at
+        #: once, never written behind (docs/spec.md §6, "Write-behind").
+        self.holds = False
 
     def begin(self) -> None:
         """A transaction or a read begins: the cache is checked before the first row it reads or writes (not at
@@ -251,6 +254,8 @@ class Rows:
             self.sync()
         for row, state in zip(rows, states, strict=True):
             self.db.execute(WRITE, row)
+            if state.held_by:
+                self.holds = True
             if reads_back_as_written(state, row):
                 self._keep(row[0], (state, row[1:]))
                 continue

@@ -248,9 +248,11 @@ class SQLiteStore:
                         db.execute("BEGIN IMMEDIATE")
                         table.begin()
                     self._window = self._mark.alone(db)
+            table.holds = False
             try:
                 result = body(*args, table, self._clock)
-                if not self._window:
+                if not self._window or table.holds:  # a hold taken is committed at once: lost, it would let another
+                    self._window = False             # process book the host while the request may be served
                     db.execute("COMMIT")
             except BaseException:
                 table.forget()
