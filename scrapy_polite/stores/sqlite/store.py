@@ -448,14 +448,15 @@ class SQLiteStore:
         with self._lock:
             if self._closed:
                 return
-            if self._window:  # (the async table commits it first: this is a last resort)
-                try:
+            try:
+                if self._window:  # (the async table commits it first: this is a last resort)
                     self._commit_window()
-                except sqlite3.Error:
-                    logger.error("scrapy-polite: the last writes to %s could not be committed", self.uri, exc_info=True)
-            self._mark.remove(self._db, self.uri)
-            self._closed = True
-            self._db.close()
+            except sqlite3.Error as exc:
+                raise self._error("write", exc) from exc
+            finally:
+                self._mark.remove(self._db, self.uri)
+                self._closed = True
+                self._db.close()
 
 
 def _store_error(path: str, action: str, exc: BaseException, *, closed: bool, nowait: bool) -> StoreError:
