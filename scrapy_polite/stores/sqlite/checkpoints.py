@@ -91,10 +91,12 @@ class Checkpointer:
         holding: a second phase runs: the table's calls and event batches wait.
     """
 
-    def __init__(self, store: SQLiteStore, pool: CallPool, restart_frames: int, resume: Callable[[], None]) -> None:
+    def __init__(self, store: SQLiteStore, pool: CallPool, restart_frames: int, resume: Callable[[], None],
+                 pause: Callable[[], None] = lambda: None) -> None:
         self._store = store
         self._pool = pool
         self._resume = resume
+        self._pause = pause  # before the second phase: the table's write-behind window is committed
         self.checkpoints = 0
         self.second_phases = 0
         self.cuts = 0
@@ -144,6 +146,7 @@ class Checkpointer:
             self._done(frames)
             return
         self.holding = True
+        self._pause()
         self.second_phases += 1
         d = self._pool.run_aside(self._restart)
         d.addErrback(self._failed)

@@ -15,12 +15,14 @@ import math
 import os
 import socket
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from ...clock import ProcessClock
 
-__all__ = ["BEAT_EVERY", "CRASH_WINDOW", "Mark", "Recovery", "keep_clock", "table_clock"]
+__all__ = ["BEAT_EVERY", "CRASH_WINDOW", "Mark", "Recovery", "WriteBehind", "keep_clock", "table_clock"]
 
 logger = logging.getLogger(__name__)
 
@@ -196,24 +198,22 @@ class Mark:
         self.token = token
         self.owned = owned
         self._beat = 0.0
-        self._behind = False  # the mark says it writes behind
         #: Left at the close, as an unclean stop's (a write-behind window was lost: the next opening repairs it).
         self.kept = False
 
-    def alone(self, db: sqlite3.Connection) -> bool:
-        """Inside a write transaction: this connection has a mark and no other opener's mark is in the file, so
-        it may write behind (docs/spec.md §6, "Write-behind")."""
-        return self.token is not None and db.execute(
-            "SELECT 1 FROM openers WHERE token != ? LIMIT 1", (self.token,)).fetchone() is None
+    def alone(self, db: sqlite3.Connection) -> bool | None:
+        """Inside a write transaction: whether this opener's mark is the only one in the file (None: it is not, or
+        there is none, e.g. in a new file found at the path), and says that it writes behind (docs/spec.md §6,
+        "Write-behind")."""
+        found = db.execute("SELECT token, behind FROM openers LIMIT 2").fetchall()
+        if self.token is None or len(found) != 1 or found[0][0] != self.token:
+            return None
+        return bool(found[0][1])
 
-    def say_behind(self, db: sqlite3.Connection) -> bool:
-        """Inside a write transaction: mark this opener as one that writes behind, once (True: written now, to be
-        committed before the first window's writes, so that an unclean stop within it finds the mark saying so)."""
-        if self._behind or self.token is None:
-            return False
+    def say_behind(self, db: sqlite3.Connection) -> None:
+        """Inside a write transaction: mark this opener as one that writes behind (to be committed before the first
+        window's writes, so that an unclean stop within it finds the mark saying so)."""
         db.execute("UPDATE openers SET behind = 1 WHERE token = ?", (self.token,))
-        self._behind = True
-        return True
 
     def leave(self, db: sqlite3.Connection, now: float, uri: str) -> Recovery | None:
         """Inside the opening transaction: find the marks left by processes of this machine that are gone
@@ -248,6 +248,8 @@ class Mark:
         """At the clean close: remove the mark this connection owns (another opener's stays). A mark that
         cannot be removed (the file locked or unwritable) is left, logged at DEBUG: the next opening then
         treats the last rows as just booked, which is only more polite."""
+        if self.kept:  # (an opening of this process judges it too)
+            OPEN_TOKENS.discard(str(self.token))
         if not self.owned or self.kept:
             return
         try:
@@ -255,6 +257,73 @@ class Mark:
         except sqlite3.Error:
             logger.debug("scrapy-polite: could not remove the running mark of %s", uri, exc_info=True)
         OPEN_TOKENS.discard(str(self.token))
+
+
+
+class WriteBehind:
+    """A connection's write-behind window (docs/spec.md §6, "Write-behind"): while this opener's mark is alone in the
+    file, a group's write transaction stays open for the next groups, :attr:`seconds` at most, and once per twice
+    that long (so another writer finds the lock free between two windows); a group that writes a row held in flight
+    commits it at once. The store calls it under its connection's lock, inside its transactions.
+
+    Args:
+        mark: the connection's part in the "running" marks.
+
+    Attributes:
+        seconds: the longest window, seconds (0: none: the store commits every transaction).
+        open: a window is open (its transaction not committed).
+        lost: a window was rolled back after some of its groups were delivered: the crawl must stop.
+    """
+
+    def __init__(self, mark: Mark) -> None:
+        self._mark = mark
+        self.seconds = 0.0
+        self.open = False
+        self.lost = False
+        self._began = 0.0
+        self._ended = -math.inf  # time.monotonic()
+
+    def begin(self, db: sqlite3.Connection, table: Any) -> None:
+        """Inside a group's transaction: open a window if one may open (its mark said to write behind, and
+        committed, first: a crash in the first window finds it said)."""
+        if not self.seconds or time.monotonic() - self._ended < self.seconds:
+            return
+        alone = self._mark.alone(db)
+        if alone is False:
+            self._mark.say_behind(db)
+            db.execute("COMMIT")
+            db.execute("BEGIN IMMEDIATE")
+            table.begin()
+            alone = self._mark.alone(db)
+        if alone:
+            self.open, self._began = True, time.monotonic()
+
+    def after(self, db: sqlite3.Connection, table: Any) -> None:
+        """After a group in the open window: commit it when the group wrote a row held in flight (a hold lost with the
+        process would let another process book the host while the request may be served) or it has lasted long
+        enough."""
+        if table.holds or time.monotonic() - self._began >= self.seconds:
+            self.commit(db, table)
+
+    def commit(self, db: sqlite3.Connection, table: Any) -> bool:
+        """Commit the open window: True when one was open. A failed commit loses it (:attr:`lost`) and raises."""
+        if not self.open:
+            return False
+        self.open, self._ended = False, time.monotonic()
+        try:
+            db.execute("COMMIT")
+        except BaseException:
+            self.lost = True
+            table.forget()
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return True
+
+    def abort(self) -> None:
+        """The transaction is rolled back: an open window is lost with it."""
+        if self.open:
+            self.open, self.lost, self._ended = False, True, time.monotonic()
 
 
 def _repair(db: sqlite3.Connection, dead: list[tuple[str, int, float]], now: float, uri: str, *,

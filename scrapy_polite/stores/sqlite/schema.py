@@ -8,7 +8,7 @@ import os
 import sqlite3
 import time
 
-from ..base import StoreError
+from ..base import StoreBusy, StoreClosed, StoreCorrupt, StoreError
 
 __all__ = ["SCHEMA_VERSION", "connect", "file_id", "migrate", "set_up", "set_up_nowait", "use_wal"]
 
@@ -275,3 +275,28 @@ def _drop_unused_index(db: sqlite3.Connection) -> None:
     found = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (UNUSED_INDEX,)).fetchone()
     if found:
         db.execute(f"DROP INDEX IF EXISTS {UNUSED_INDEX}")
+
+
+def store_error(path: str, action: str, exc: BaseException, *, closed: bool, nowait: bool) -> StoreError:
+    """The store's error for ``exc``, met by ``action`` on the file at ``path``: the message names it and the fix
+    (:class:`StoreClosed` after the close, :class:`StoreBusy` for a no-wait connection that met a lock,
+    :class:`StoreCorrupt` for a damaged file, a fix naming the lock for a waiting connection's lock held too long)."""
+    uri, text = f"sqlite:///{path}", str(exc)
+    if isinstance(exc, StoreError):
+        return exc
+    if closed:
+        return StoreClosed(f"scrapy-polite's pace table {uri} is closed")
+    if nowait and isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+        return StoreBusy(text)
+    if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
+        fix = (f"the file is not a valid pace table; move it away (e.g. mv {path} {path}.bad) "
+               "to start a fresh one, or point POLITE_STORE to another file")
+        return StoreCorrupt(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
+    if isinstance(exc, sqlite3.OperationalError) and "database is locked" in text:
+        fix = ("another connection kept the file locked longer than the store waits; stop the process that holds "
+               "it (a crawl or `scrapy polite` command stuck at its close, a `sqlite3` shell), or point POLITE_STORE "
+               "to another file")
+        return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
+    fix = (f"make {os.path.dirname(path)} writable, or set POLITE_STORE to a writable location, "
+           "e.g. POLITE_STORE = 'sqlite:////var/tmp/polite.sqlite3' (or 'memory://' for a one-off run)")
+    return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")

@@ -26,14 +26,11 @@ from ..base import (
     Event,
     ManyUpdateFn,
     Snapshot,
-    StoreBusy,
-    StoreClosed,
-    StoreCorrupt,
     StoreError,
     UpdateFn,
 )
 from . import checkpoints, rows, schema
-from .marks import Mark, Recovery, keep_clock, table_clock
+from .marks import Mark, Recovery, WriteBehind, keep_clock, table_clock
 from .table import GROUP_MAX, WRITE_BEHIND, AsyncSQLiteStore
 
 __all__ = ["FOLLOW_EVERY", "SQLiteStore"]
@@ -100,11 +97,9 @@ class SQLiteStore:
         #: (:meth:`_follow`, ``time.monotonic``).
         self._file: tuple[int, int] | None = None
         self._looked = time.monotonic()
-        #: Write behind (set by the crawl's async table on its no-wait connection): while no other opener's mark
-        #: is in the file, a group's write transaction stays open for the next groups until :meth:`commit_window`
-        #: (docs/spec.md §6, "Write-behind"). ``_window``: such a transaction is open now.
-        self.write_behind = False
-        self._window = False
+        #: The connection's write-behind window (:class:`~.marks.WriteBehind`; off until the crawl's async table sets
+        #: its ``seconds`` on its no-wait connection).
+        self.behind = WriteBehind(self._mark)
         self.events_max = max(0, int(events_max))
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -196,7 +191,7 @@ class SQLiteStore:
 
     def _error(self, action: str, exc: BaseException) -> StoreError:
         # (self._closed is set under the lock before the connection was closed: the call found it closed)
-        return _store_error(self.path, action, exc, closed=self._closed, nowait=self._nowait)
+        return schema.store_error(self.path, action, exc, closed=self._closed, nowait=self._nowait)
 
     def _follow(self) -> None:
         """Under the connection's lock: when the path names another file than the one open (deleted, or replaced
@@ -229,68 +224,49 @@ class SQLiteStore:
     def _write(self, body: Callable[..., T], *args: Any, group: bool = False) -> T:
         """``body(*args, rows, clock)`` (:class:`~.rows.Rows`) in ``BEGIN IMMEDIATE`` … ``COMMIT`` under the lock
         (after a look at the path, at most every :data:`FOLLOW_EVERY` seconds); rolled back when it raises, and then
-        the rows' cache is dropped. A ``group`` written behind (:attr:`write_behind`, alone in the file) leaves its
-        transaction open, and the next group goes on in it; anything else commits an open one first."""
+        the rows' cache is dropped. A ``group`` may be written behind (:class:`~.marks.WriteBehind`); anything else
+        commits an open window first."""
         with self._lock:
-            if self._window and not group:
-                self._commit_window()
+            behind = self.behind
+            if behind.open and not group:
+                behind.commit(self._db, self._rows)
             db, table = self._db, self._rows
-            if not self._window:
+            if not behind.open:
                 if time.monotonic() - self._looked >= FOLLOW_EVERY:
                     self._follow()
                     db, table = self._db, self._rows
                 db.execute("BEGIN IMMEDIATE")
                 SQLiteStore.write_transactions += 1
                 table.begin()
-                if group and self.write_behind and self._mark.alone(db):
-                    if self._mark.say_behind(db):  # committed first: a crash in the first window finds it said
-                        db.execute("COMMIT")
-                        db.execute("BEGIN IMMEDIATE")
-                        table.begin()
-                    self._window = self._mark.alone(db)
             table.holds = False
             try:
+                if group and not behind.open:
+                    behind.begin(db, table)
                 result = body(*args, table, self._clock)
-                if not self._window or table.holds:  # a hold taken is committed at once: lost, it would let another
-                    self._window = False             # process book the host while the request may be served
+                if not behind.open:
                     db.execute("COMMIT")
+                else:
+                    behind.after(db, table)
             except BaseException:
                 table.forget()
-                self._window = False  # a window's earlier groups are rolled back with it (the crawl stops)
+                behind.abort()
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
         return result
 
-    @property
-    def in_window(self) -> bool:
-        """A write-behind transaction is open (:meth:`commit_window` ends it)."""
-        return self._window
-
     def commit_window(self) -> bool:
-        """Commit the write-behind transaction, if one is open: True when it did.
+        """Commit the write-behind window, if one is open: True when it did.
 
         Raises:
-            StoreError: the file cannot be written (the window's writes are lost; the crawl stops).
+            StoreError: the file cannot be written (the window is lost: :attr:`WriteBehind.lost
+                <.marks.WriteBehind.lost>`).
         """
         try:
             with self._lock:
-                return self._commit_window()
+                return self.behind.commit(self._db, self._rows)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
-
-    def _commit_window(self) -> bool:
-        if not self._window:
-            return False
-        self._window = False
-        try:
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._rows.forget()
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise
-        return True
 
     def keep_mark(self) -> None:
         """Leave this opener's mark at the close, as an unclean stop leaves it: a write-behind window was lost, so
@@ -361,7 +337,7 @@ class SQLiteStore:
         """
         try:
             with self._lock:
-                if not self._window and time.monotonic() - self._looked >= FOLLOW_EVERY:
+                if not self.behind.open and time.monotonic() - self._looked >= FOLLOW_EVERY:
                     self._follow()
                 self._rows.begin()
                 return op(*args, self._rows, self._clock)
@@ -449,8 +425,7 @@ class SQLiteStore:
             if self._closed:
                 return
             try:
-                if self._window:  # (the async table commits it first: this is a last resort)
-                    self._commit_window()
+                self.behind.commit(self._db, self._rows)  # (the async table commits it first: a last resort)
             except sqlite3.Error as exc:
                 raise self._error("write", exc) from exc
             finally:
@@ -458,27 +433,3 @@ class SQLiteStore:
                 self._closed = True
                 self._db.close()
 
-
-def _store_error(path: str, action: str, exc: BaseException, *, closed: bool, nowait: bool) -> StoreError:
-    """The store's error for ``exc``, met by ``action`` on the file at ``path``: the message names it and the fix
-    (:class:`StoreClosed` after the close, :class:`StoreBusy` for a no-wait connection that met a lock,
-    :class:`StoreCorrupt` for a damaged file, a fix naming the lock for a waiting connection's lock held too long)."""
-    uri, text = f"sqlite:///{path}", str(exc)
-    if isinstance(exc, StoreError):
-        return exc
-    if closed:
-        return StoreClosed(f"scrapy-polite's pace table {uri} is closed")
-    if nowait and isinstance(exc, sqlite3.OperationalError) and "locked" in text:
-        return StoreBusy(text)
-    if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in text or "malformed" in text):
-        fix = (f"the file is not a valid pace table; move it away (e.g. mv {path} {path}.bad) "
-               "to start a fresh one, or point POLITE_STORE to another file")
-        return StoreCorrupt(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
-    if isinstance(exc, sqlite3.OperationalError) and "database is locked" in text:
-        fix = ("another connection kept the file locked longer than the store waits; stop the process that holds "
-               "it (a crawl or `scrapy polite` command stuck at its close, a `sqlite3` shell), or point POLITE_STORE "
-               "to another file")
-        return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
-    fix = (f"make {os.path.dirname(path)} writable, or set POLITE_STORE to a writable location, "
-           "e.g. POLITE_STORE = 'sqlite:////var/tmp/polite.sqlite3' (or 'memory://' for a one-off run)")
-    return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")

@@ -79,7 +79,7 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         self._inline = store.nowait()
         #: Seconds a write-behind window stays open at most (0: none; docs/spec.md §6, "Write-behind").
         self._behind = max(0.0, write_behind)
-        self._inline.write_behind = self._behind > 0
+        self._inline.behind.seconds = self._behind
         self._window_timer: Any = None  # the commit of the open window
         #: The StoreError of a window that could not be committed: every later call fails with it.
         self._lost: StoreError | None = None
@@ -87,7 +87,7 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         self._pool = CallPool(self._reactor, 1, idle=self._schedule_flush)
         #: Schedules a call on the reactor's next turn (straight on the asyncio loop when it is the reactor's).
         self._next_turn = next_turn_scheduler(self._reactor)
-        self._wal = Checkpointer(store, self._pool, restart_frames, resume=self._resume)
+        self._wal = Checkpointer(store, self._pool, restart_frames, resume=self._resume, pause=self._commit_window)
         self._events = EventWriter(self._reactor, store, self._inline, self._next_turn, event_chunk,
                                    wrote=self._wrote, paused=self._events_paused)
         #: Calls waiting for the next group (the calls of this turn, or held behind a checkpoint or a busy
@@ -126,13 +126,17 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         """Inline in chunks, one per reactor turn; a batch meeting another writer on its own thread."""
         if self._closed:
             return defer.fail(self._closed_error())
+        lost = self._lost_error()
+        if lost is not None:
+            return defer.fail(lost)
         return self._events.append(events)
 
     def _call(self, op: rows.Op[T], writes: bool) -> defer.Deferred[T]:
         if self._closed:
             return defer.fail(self._closed_error())
-        if self._lost is not None:
-            return defer.fail(self._lost)
+        lost = self._lost_error()
+        if lost is not None:
+            return defer.fail(lost)
         if writes or self._held or self._wal.holding or self._pool.queued:
             # Group commit: behind the calls already waiting, in the next group.
             d: defer.Deferred[T] = defer.Deferred()
@@ -163,6 +167,11 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         self._flush_turn = None
         if self._closed or self._wal.holding or self._pool.queued or not self._held:
             return
+        lost = self._lost_error()
+        if lost is not None:
+            self._fail_all(lost, list(self._held))
+            self._held.clear()
+            return
         held, writes = self._held, False
         batch: list[_Held] = []
         ops: list[rows.Op[Any]] = []
@@ -180,7 +189,7 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         except Exception as exc:
             self._fail_all(exc, batch)  # each caller's Deferred carries the error
         else:
-            if self._inline.in_window:
+            if self._inline.behind.open:
                 if self._window_timer is None:
                     self._window_timer = self._reactor.callLater(self._behind, self._commit_window)
             elif writes:
@@ -220,9 +229,17 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         try:
             if self._inline.commit_window():
                 self._wrote()
-        except StoreError as exc:
+        except StoreError:
+            self._lost_error()  # (the window is lost: every later call fails)
+
+    def _lost_error(self) -> StoreError | None:
+        """The error every call fails with once a write-behind window was lost (its groups were delivered, then
+        rolled back): the crawl stops, and the opener's mark is left for the next opening to repair."""
+        if self._lost is None and self._inline.behind.lost:
             self.store.keep_mark()
-            self._lost = exc
+            self._lost = StoreError(f"the pace table {self.store.uri} could not commit its last writes (docs/spec.md "
+                                    "§6, \"Write-behind\"): the crawl stops; the next opening repairs the table")
+        return self._lost
 
     def _wrote(self) -> None:
         """One inline write transaction landed in the WAL (a group's, an event-log chunk's)."""
