@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ...clock import process_clock
 from ...policy import HostState
@@ -43,7 +43,63 @@ T = TypeVar("T")
 FOLLOW_EVERY = 0.25
 
 
-class SQLiteStore:
+class _Statements:
+    """The pace table's statements outside the operations of :mod:`.rows` (the ``hosts`` table's queries, deletions
+    and expiry, the event log's reads), on :class:`SQLiteStore`'s connection under its lock."""
+
+    _lock: threading.Lock
+    _db: sqlite3.Connection
+    _rows: rows.Rows
+
+    if TYPE_CHECKING:
+        def _error(self, action: str, exc: BaseException) -> StoreError: ...
+
+    def _query(self, sql: str, *args: Any) -> list[Any]:
+        try:
+            with self._lock:
+                return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+
+    def _change(self, sql: str, *args: Any) -> int:
+        """Run ``sql`` that changes rows (its own transaction); the rows' cache is dropped."""
+        try:
+            with self._lock:
+                self._rows.forget()
+                return int(self._db.execute(sql, args).rowcount)
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
+
+    def backing_off(self, now: float) -> Iterator[tuple[str, HostState]]:
+        """The host rows (not ``ip:`` rows) still backing off at ``now`` (``consec > 0`` and ``next_allowed >
+        now``), sorted by host: one query, without reading the rest of the table into memory.
+
+        Raises:
+            StoreError: the file cannot be read.
+        """
+        return iter(rows.keyed(self._query(f"SELECT host, {rows.COLUMNS} FROM hosts WHERE consec > 0 AND "
+                                           "next_allowed > ? AND host NOT LIKE 'ip:%' ORDER BY host", now)))
+
+    def delete(self, key: str) -> bool:
+        return self._change("DELETE FROM hosts WHERE host = ?", key) > 0
+
+    def items(self) -> Iterator[tuple[str, HostState]]:
+        return iter(rows.keyed(self._query(f"SELECT host, {rows.COLUMNS} FROM hosts ORDER BY host")))
+
+    def expire(self, before: float) -> int:
+        return self._change("DELETE FROM hosts WHERE updated < ? AND next_allowed < ?", before, before)
+
+    def events(self, since: float | None = None, host: str | None = None, limit: int = 1000) -> list[Event]:
+        if limit <= 0:
+            return []
+        try:
+            with self._lock:
+                return rows.select_events(self._db, since, host, limit)
+        except sqlite3.Error as exc:
+            raise self._error("read", exc) from exc
+
+
+class SQLiteStore(_Statements):
     """The embedded pace table: one SQLite file in WAL mode.
 
     Args:
@@ -363,41 +419,6 @@ class SQLiteStore:
         result: T = self.run_alone(rows.update_many_op, keys, fn)
         return result
 
-    def _query(self, sql: str, *args: Any) -> list[Any]:
-        try:
-            with self._lock:
-                return self._db.execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
-            raise self._error("read", exc) from exc
-
-    def _change(self, sql: str, *args: Any) -> int:
-        """Run ``sql`` that changes rows (its own transaction); the rows' cache is dropped."""
-        try:
-            with self._lock:
-                self._rows.forget()
-                return int(self._db.execute(sql, args).rowcount)
-        except sqlite3.Error as exc:
-            raise self._error("write", exc) from exc
-
-    def backing_off(self, now: float) -> Iterator[tuple[str, HostState]]:
-        """The host rows (not ``ip:`` rows) still backing off at ``now`` (``consec > 0`` and ``next_allowed >
-        now``), sorted by host: one query, without reading the rest of the table into memory.
-
-        Raises:
-            StoreError: the file cannot be read.
-        """
-        return iter(rows.keyed(self._query(f"SELECT host, {rows.COLUMNS} FROM hosts WHERE consec > 0 AND "
-                                           "next_allowed > ? AND host NOT LIKE 'ip:%' ORDER BY host", now)))
-
-    def delete(self, key: str) -> bool:
-        return self._change("DELETE FROM hosts WHERE host = ?", key) > 0
-
-    def items(self) -> Iterator[tuple[str, HostState]]:
-        return iter(rows.keyed(self._query(f"SELECT host, {rows.COLUMNS} FROM hosts ORDER BY host")))
-
-    def expire(self, before: float) -> int:
-        return self._change("DELETE FROM hosts WHERE updated < ? AND next_allowed < ?", before, before)
-
     def append_events(self, events: Sequence[Event]) -> None:
         if not events:
             return
@@ -405,15 +426,6 @@ class SQLiteStore:
             self._write(rows.append_events, events, self.events_max)
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
-
-    def events(self, since: float | None = None, host: str | None = None, limit: int = 1000) -> list[Event]:
-        if limit <= 0:
-            return []
-        try:
-            with self._lock:
-                return rows.select_events(self._db, since, host, limit)
-        except sqlite3.Error as exc:
-            raise self._error("read", exc) from exc
 
     def close(self) -> None:
         """Close the connection (idempotent), first removing this opener's "running" mark (a clean stop;
