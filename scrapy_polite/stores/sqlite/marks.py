@@ -260,11 +260,16 @@ class Mark:
 
 
 
+#: After a write-behind window, the share of its length during which no window opens (each group commits alone):
+#: another writer waiting for the lock (SQLite retries every 25 ms or so, then every 50 to 100) finds it free.
+GAP = 0.25
+
+
 class WriteBehind:
     """A connection's write-behind window (docs/spec.md §6, "Write-behind"): while this opener's mark is alone in the
-    file, a group's write transaction stays open for the next groups, :attr:`seconds` at most, and once per twice
-    that long (so another writer finds the lock free between two windows); a group that writes a row held in flight
-    commits it at once. The store calls it under its connection's lock, inside its transactions.
+    file, a group's write transaction stays open for the next groups, :attr:`seconds` at most, and none opens for
+    :data:`GAP` of that after one ends (so another writer finds the lock free between two windows); a group that
+    writes a row held in flight commits it at once. The store calls it under its connection's lock, inside its transactions.
 
     Args:
         mark: the connection's part in the "running" marks.
@@ -286,7 +291,7 @@ class WriteBehind:
     def begin(self, db: sqlite3.Connection, table: Any) -> None:
         """Inside a group's transaction: open a window if one may open (its mark said to write behind, and
         committed, first: a crash in the first window finds it said)."""
-        if not self.seconds or time.monotonic() - self._ended < self.seconds:
+        if not self.seconds or time.monotonic() - self._ended < self.seconds * GAP:
             return
         alone = self._mark.alone(db)
         if alone is False:
