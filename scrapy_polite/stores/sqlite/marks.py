@@ -269,7 +269,8 @@ class WriteBehind:
     """A connection's write-behind window (docs/spec.md §6, "Write-behind"): while this opener's mark is alone in the
     file, a group's write transaction stays open for the next groups, :attr:`seconds` at most, and none opens for
     :data:`GAP` of that after one ends (so another writer finds the lock free between two windows); a group that
-    writes a row held in flight commits it at once. The store calls it under its connection's lock, inside its transactions.
+    writes a row held in flight commits it at once. The store calls it under its connection's lock, inside its
+    transactions.
 
     Args:
         mark: the connection's part in the "running" marks.
