@@ -309,10 +309,11 @@ class WriteBehind:
         process would let another process book the host while the request may be served) or it has lasted long
         enough."""
         if table.holds or time.monotonic() - self._began >= self.seconds:
-            self.commit(db, table)
+            self.commit(db)
 
-    def commit(self, db: sqlite3.Connection, table: Any) -> bool:
-        """Commit the open window: True when one was open. A failed commit loses it (:attr:`lost`) and raises."""
+    def commit(self, db: sqlite3.Connection) -> bool:
+        """Commit the open window: True when one was open. A failed commit loses it (:attr:`lost`) and raises (the
+        store rolls the transaction back)."""
         if not self.open:
             return False
         self.open, self._ended = False, time.monotonic()
@@ -320,9 +321,6 @@ class WriteBehind:
             db.execute("COMMIT")
         except BaseException:
             self.lost = True
-            table.forget()
-            if db.in_transaction:
-                db.execute("ROLLBACK")
             raise
         return True
 

@@ -45,14 +45,18 @@ FOLLOW_EVERY = 0.25
 
 class _Statements:
     """The pace table's statements outside the operations of :mod:`.rows` (the ``hosts`` table's queries, deletions
-    and expiry, the event log's reads), on :class:`SQLiteStore`'s connection under its lock."""
+    and expiry) and the event log's, on :class:`SQLiteStore`'s connection under its lock."""
 
     _lock: threading.Lock
     _db: sqlite3.Connection
     _rows: rows.Rows
 
+    events_max: int
+
     if TYPE_CHECKING:
         def _error(self, action: str, exc: BaseException) -> StoreError: ...
+
+        def _write(self, body: Callable[..., T], *args: Any, group: bool = False) -> T: ...
 
     def _query(self, sql: str, *args: Any) -> list[Any]:
         try:
@@ -88,6 +92,14 @@ class _Statements:
 
     def expire(self, before: float) -> int:
         return self._change("DELETE FROM hosts WHERE updated < ? AND next_allowed < ?", before, before)
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        try:
+            self._write(rows.append_events, events, self.events_max)
+        except sqlite3.Error as exc:
+            raise self._error("write", exc) from exc
 
     def events(self, since: float | None = None, host: str | None = None, limit: int = 1000) -> list[Event]:
         if limit <= 0:
@@ -285,7 +297,7 @@ class SQLiteStore(_Statements):
         with self._lock:
             behind = self.behind
             if behind.open and not group:
-                behind.commit(self._db, self._rows)
+                self._commit_window()
             db, table = self._db, self._rows
             if not behind.open:
                 if time.monotonic() - self._looked >= FOLLOW_EVERY:
@@ -304,12 +316,25 @@ class SQLiteStore(_Statements):
                 else:
                     behind.after(db, table)
             except BaseException:
-                table.forget()
                 behind.abort()
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
+                self._roll_back()
                 raise
         return result
+
+    def _roll_back(self) -> None:
+        """Roll the connection's transaction back, if one is open, and drop the rows' cache."""
+        self._rows.forget()
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
+    def _commit_window(self) -> bool:
+        """Under the lock: commit the write-behind window, if one is open (True when it did); one whose commit fails
+        is rolled back, and lost."""
+        try:
+            return self.behind.commit(self._db)
+        except BaseException:
+            self._roll_back()
+            raise
 
     def commit_window(self) -> bool:
         """Commit the write-behind window, if one is open: True when it did.
@@ -320,7 +345,7 @@ class SQLiteStore(_Statements):
         """
         try:
             with self._lock:
-                return self.behind.commit(self._db, self._rows)
+                return self._commit_window()
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc
 
@@ -419,14 +444,6 @@ class SQLiteStore(_Statements):
         result: T = self.run_alone(rows.update_many_op, keys, fn)
         return result
 
-    def append_events(self, events: Sequence[Event]) -> None:
-        if not events:
-            return
-        try:
-            self._write(rows.append_events, events, self.events_max)
-        except sqlite3.Error as exc:
-            raise self._error("write", exc) from exc
-
     def close(self) -> None:
         """Close the connection (idempotent), first removing this opener's "running" mark (a clean stop;
         another opener's mark stays: docs/spec.md §6, "After a crash"). It waits for a call in progress on
@@ -437,7 +454,7 @@ class SQLiteStore(_Statements):
             if self._closed:
                 return
             try:
-                self.behind.commit(self._db, self._rows)  # (the async table commits it first: a last resort)
+                self._commit_window()  # (the async table commits it first: a last resort)
             except sqlite3.Error as exc:
                 raise self._error("write", exc) from exc
             finally:
