@@ -66,6 +66,10 @@ class Recovery:
 #: was left by a store of this process that was never closed, which is still running.
 OPEN_TOKENS: set[str] = set()
 
+#: The marks this process's stores left because they lost writes (a write-behind window rolled back): gone, as an
+#: unclean stop's, for an opening of this process too (:class:`WriteBehind`).
+LOST_TOKENS: set[str] = set()
+
 
 def _boot_id() -> str:
     """This boot of the machine's kernel (Linux ``/proc/sys/kernel/random/boot_id``), or ``""`` when unknown:
@@ -121,7 +125,7 @@ def _machine_marks(db: sqlite3.Connection) -> list[tuple[str, int, float, bool, 
     process's open stores)."""
     boot = _boot_id()
     return [(token, pid, beat, bool(behind),
-             token not in OPEN_TOKENS and _gone(pid, their_boot, started, boot))
+             token in LOST_TOKENS or (token not in OPEN_TOKENS and _gone(pid, their_boot, started, boot)))
             for token, pid, beat, their_boot, started, behind in
             db.execute("SELECT token, pid, beat, boot, started, behind FROM openers WHERE machine = ?",
                        (socket.gethostname(),)).fetchall()]
@@ -248,8 +252,9 @@ class Mark:
         """At the clean close: remove the mark this connection owns (another opener's stays). A mark that
         cannot be removed (the file locked or unwritable) is left, logged at DEBUG: the next opening then
         treats the last rows as just booked, which is only more polite."""
-        if self.kept:  # (an opening of this process judges it too)
+        if self.kept:  # gone, for an opening of this process too
             OPEN_TOKENS.discard(str(self.token))
+            LOST_TOKENS.add(str(self.token))
         if not self.owned or self.kept:
             return
         try:

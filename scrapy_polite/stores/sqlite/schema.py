@@ -10,7 +10,7 @@ import time
 
 from ..base import StoreBusy, StoreClosed, StoreCorrupt, StoreError
 
-__all__ = ["SCHEMA_VERSION", "connect", "file_id", "migrate", "set_up", "set_up_nowait", "use_wal"]
+__all__ = ["SCHEMA_VERSION", "connect", "file_id", "migrate", "set_up", "set_up_nowait", "store_error", "use_wal"]
 
 #: The on-disk schema this code writes. Older versions are migrated on open, never discarded.
 #: 1: the ``hosts`` table; 2: the ``events`` table beside it (the event log); 3: the hosts' announced quotas

@@ -274,6 +274,7 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         with StoreClosed. The threads are handed to :meth:`_finish`."""
         if not self._closed:
             self._commit_window()
+            self._lost_error()  # a window lost by a group or an event chunk: the mark is left for the next opening
             self._wal.stop()
             if self._flush_turn is not None:
                 self._flush_turn.cancel()
