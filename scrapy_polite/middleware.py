@@ -130,7 +130,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             await self._unpaced(request, host)
             return None
         try:
-            self.pacer.check()  # the error that stopped the crawl: no request goes out after it
+            if self.pacer.failed is not None:  # the error that stopped the crawl: no request goes out after it
+                raise self.pacer.failed
             outcome = await self.booker.before_request(request, host)
         except (StoreError, ResolverNotInstalled) as exc:
             raise _stopped(request, exc) from exc

@@ -221,8 +221,8 @@ class PoliteScheduler:
     def ended(self, request: Request) -> None:
         """``request`` left the process's pacing: its lease in the shared frontier ends (called by
         :class:`~scrapy_polite.crawl.lifecycle.Lifecycle`)."""
-        if self.frontier is not None:
-            self.frontier.end(request)
+        if self.shared is not None:  # self.frontier, without the property's call on every request's end
+            self.shared.frontier.end(request)
 
     def shared_wait(self, window: float) -> float | None:
         """Seconds this idle worker stays open for the shared frontier (``window``: its idle window, s), None
@@ -269,7 +269,7 @@ class PoliteScheduler:
     def wake(self, host: str) -> None:
         """What held the host back (its line, its claim, an address line) is gone: its held requests may go
         as soon as the host is due (called by :class:`~scrapy_polite.crawl.lifecycle.Lifecycle`)."""
-        if host in self._held:
+        if host in self._held.hosts:
             due = self._due.get(host, 0.0)
             if due == math.inf:
                 due = 0.0
@@ -306,7 +306,7 @@ class PoliteScheduler:
     def _stale(self, entry: tuple[float, int, str]) -> bool:
         """A heap entry whose host has nothing held, or whose due time was moved since it was pushed."""
         due, _, host = entry
-        return host not in self._held or (self._due.get(host, math.inf) > due)
+        return host not in self._held.hosts or (self._due.get(host, math.inf) > due)
 
     def _poke(self) -> None:
         self._timer = None
@@ -321,13 +321,13 @@ class PoliteScheduler:
         while self._heap and self._heap[0][0] <= now:
             entry = heapq.heappop(self._heap)
             host = entry[2]
-            if host not in self._held or self._due.get(host, math.inf) > now:
+            if host not in self._held.hosts or self._due.get(host, math.inf) > now:
                 continue  # a stale heap entry
             if self.lifecycle.blocked(host):
                 self._due[host] = math.inf  # woken again when its line frees or its claim ends (lifecycle)
                 continue
             found = self._held.pop(host)  # None only when none of the host's records could be read back
-            if host not in self._held:
+            if host not in self._held.hosts:
                 del self._due[host]
             else:
                 self._due[host] = math.inf

@@ -40,9 +40,8 @@ DEFAULT_TIMEOUT = 180.0
 
 
 def _timeout(value: Any) -> float | None:
-    """A download timeout (seconds > 0, finite) from a setting or ``meta['download_timeout']``, or None."""
-    if type(value) is float and 0.0 < value < math.inf:  # DownloadTimeoutMiddleware's, on every request: as it is
-        return value
+    """A download timeout (seconds > 0, finite) from a setting or ``meta['download_timeout']``, or None (the
+    booking takes a finite float > 0 as it is, without this call)."""
     seconds = parse_seconds(value)
     return seconds if seconds else None
 
@@ -206,7 +205,8 @@ class Booker:
             DNSLookupError: the host cannot be resolved (NXDOMAIN, SERVFAIL, timeout).
             StoreError: the pace table cannot be read or written (the crawl is being stopped).
         """
-        deferrable = self.can_defer(request)
+        scheduler = self.scheduler  # can_defer(request), without its call when a scheduler holds requests
+        deferrable = scheduler.owns(request) if scheduler is not None else self.can_defer(request)
         override = self.override(host, request)
         burst = bool(request.meta.get(BURST_META))
         taken = self.lifecycle.arrive(request, host, take_line=not burst)  # from its claim to its line in one move
@@ -271,7 +271,10 @@ class Booker:
                         return self.defer(host, None, "ip_line", request)
                     await await_deferred(lifecycle.wait_for(keys))
                     continue
-            hold = (next(self._tokens), _timeout(request.meta.get("download_timeout")) or self.download_timeout)
+            timeout = request.meta.get("download_timeout")  # a float > 0 as a rule (DownloadTimeoutMiddleware's)
+            if type(timeout) is not float or not 0.0 < timeout < math.inf:
+                timeout = _timeout(timeout) or self.download_timeout
+            hold = (next(self._tokens), timeout)
             booking, now = await self._transact(host, free, floor, ip_interval, hold)
             if booking.booked:
                 address = booking.address or (all_addresses[0] if all_addresses else None)
@@ -355,14 +358,6 @@ class Booker:
 
     # -- after the request ------------------------------------------------------------------------------
 
-    def release_hold(self, request: Request) -> Deferred[Any] | None:
-        """Release the in-flight hold of ``request`` if its record did not (it ended without an answer the table
-        heard of: dropped after its booking, a failure before the server answered): each row is free of requests
-        one interval after now (docs/spec.md §3, "In flight"). Returns the write's Deferred (its failure is
-        logged: the hold then ends at its bound), or None when the request holds nothing."""
-        hold = self.lifecycle.take_hold(request)
-        return self._release_holds([hold]) if hold is not None else None
-
     def release_holds(self) -> Deferred[Any] | None:
         """Release every hold still taken, and wait for the releases under way (the crawl's close: requests
         cancelled in flight leave none behind). None when there is nothing to wait for."""
@@ -407,8 +402,12 @@ class Booker:
             self.lifecycle.free(request, host, self._let_go(request, host))
 
     def _let_go(self, request: Request, host: str) -> str | None:
-        """Release the in-flight hold of ``request`` and unpin it: the key of its address's line, or None."""
-        self.release_hold(request)
+        """Release the in-flight hold of ``request`` if its record did not (it ended without an answer: each row free
+        of requests one interval after now, docs/spec.md §3, "In flight"; a failed write is logged, the hold then ends
+        at its bound), and unpin it. Returns the key of its address's line, or None."""
+        hold = self.lifecycle.take_hold(request)  # as a rule its record took it: None
+        if hold is not None:
+            self._release_holds([hold])
         address = request.meta.get(IP_META)
         if not address:
             return None

@@ -198,7 +198,9 @@ class HeldRequests:
         self.max_in_memory = 0 if self.durable else max_in_memory
         self._root: str | None = os.path.join(jobdir, HELD_DIR) if jobdir is not None else None
         self._temp: str | None = None
-        self._hosts: dict[str, _Host] = {}
+        #: host → its held requests (only hosts with some); read it, never change it (``host in held.hosts``: the
+        #: scheduler's test on every look at a host, without a ``__contains__`` call).
+        self.hosts: dict[str, _Host] = {}
         self._queues: OrderedDict[str, Any] = OrderedDict()  # host -> open disk queue, least recent first
         self._total = 0
         self._in_memory = 0
@@ -212,7 +214,7 @@ class HeldRequests:
         return self._total
 
     def __contains__(self, host: object) -> bool:
-        return host in self._hosts
+        return host in self.hosts
 
     @property
     def in_memory(self) -> int:
@@ -231,7 +233,7 @@ class HeldRequests:
 
     def items(self) -> list[tuple[str, int]]:
         """``(host, count)`` of every host with held requests, sorted by host."""
-        return sorted((host, len(entry)) for host, entry in self._hosts.items())
+        return sorted((host, len(entry)) for host, entry in self.hosts.items())
 
     # -- holding and releasing -----------------------------------------------------------------------------
 
@@ -245,9 +247,9 @@ class HeldRequests:
                 due times, docs/spec.md §5), or None (when its line frees); under ``JOBDIR`` the latest due
                 time of the host is recorded for a resumed crawl, which converts it to its own clock.
         """
-        entry = self._hosts.get(host)
+        entry = self.hosts.get(host)
         if entry is None:
-            entry = self._hosts[host] = _Host()
+            entry = self.hosts[host] = _Host()
         self._total += 1
         if not entry.on_disk and self._in_memory < self.max_in_memory:
             entry.append_memory(request)
@@ -282,7 +284,7 @@ class HeldRequests:
     def pop(self, host: str) -> Request | None:
         """The host's first held request (first in, first out across memory and disk), removed; None when
         it has none (or none can be read back)."""
-        entry = self._hosts.get(host)
+        entry = self.hosts.get(host)
         if entry is None:
             return None
         request: Request | None = None
@@ -311,8 +313,8 @@ class HeldRequests:
                 self.unreadable += entry.on_disk + 1
                 self._total -= entry.on_disk
                 entry.drop_disk()
-        if not len(entry):
-            del self._hosts[host]
+        if not entry.in_memory and not entry.on_disk:
+            del self.hosts[host]
         return request
 
     # -- disk ------------------------------------------------------------------------------------------------
@@ -357,7 +359,7 @@ class HeldRequests:
             queue.close()  # queuelib removes an empty queue's files
         except (OSError, sqlite3.Error) as exc:
             logger.error("scrapy-polite: could not close the deferred requests of %s on disk: %s", host, exc)
-        entry = self._hosts.get(host)
+        entry = self.hosts.get(host)
         if entry is None or not entry.on_disk:
             shutil.rmtree(self._directory(host), ignore_errors=True)
 
@@ -395,7 +397,7 @@ class HeldRequests:
                 queue.close()
                 shutil.rmtree(directory, ignore_errors=True)
                 continue
-            entry = self._hosts.setdefault(host, _Host())
+            entry = self.hosts.setdefault(host, _Host())
             entry.append_disk(count)
             entry.due = due
             self._total += count
@@ -408,8 +410,8 @@ class HeldRequests:
     def close(self) -> list[Request]:
         """Close the disk queues (under ``JOBDIR`` their requests stay for a resumed crawl; the temporary
         directory is removed) and return the requests still held in memory, which are not kept."""
-        left = [request for entry in self._hosts.values() for request in entry.memory_requests()]
-        for entry in self._hosts.values():
+        left = [request for entry in self.hosts.values() for request in entry.memory_requests()]
+        for entry in self.hosts.values():
             self._in_memory -= entry.in_memory
             self._total -= entry.in_memory
             entry.drop_memory()
@@ -418,6 +420,6 @@ class HeldRequests:
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None
-            self._hosts.clear()
+            self.hosts.clear()
             self._total = 0
         return left

@@ -189,7 +189,8 @@ class Lifecycle:
 
     def blocked(self, host: str) -> bool:
         """The host's next held request must wait: its line is taken or its claim is out."""
-        return host in self._claims or self.busy(host)
+        line = self._lines.get(host)  # busy(host), inline: asked for every held host the scheduler looks at
+        return host in self._claims or (line is not None and line.holder is not None)
 
     def parkable(self, host: str) -> bool:
         """The host may wait "until its line frees": something that will wake it holds it back (its line,
@@ -239,9 +240,10 @@ class Lifecycle:
         for its line or its booking. ``take_line``: it takes the host's line first if it is free (:meth:`take`),
         so the host stays blocked from the claim to the line and nothing is woken for it. Otherwise the host is
         woken when nothing blocks it any more (:meth:`blocked`). True when the request holds the host's line."""
-        self._move(request, Stage.WAITING, host)
+        paced = self._move(request, Stage.WAITING, host)
         taken = take_line and self.take(host, request)
-        self._unclaim(request)
+        if paced.claimed is not None:
+            self._end_claim(paced.claimed, request)
         return taken
 
     def take(self, key: str, request: Any) -> bool:
@@ -391,7 +393,9 @@ class Lifecycle:
 
     def _move(self, request: Any, stage: Stage, host: str | None = None) -> Paced:
         """Move ``request`` to ``stage`` (for ``host``, when given), checked (:meth:`_checked`)."""
-        paced = self._checked(request, stage)
+        paced = self._paced.get(request)
+        if paced is None or paced.stage not in ENTERED_FROM[stage]:  # first seen, or an illegal move
+            paced = self._checked(request, stage)
         paced.stage = stage
         if host is not None:
             paced.host = host
@@ -416,23 +420,20 @@ class Lifecycle:
                 raise IllegalMove(f"{request} moved from {paced.stage} to {stage}")
         return paced
 
-    def _unclaim(self, request: Any) -> None:
-        paced = self._paced.get(request)
-        host = paced.claimed if paced is not None else None
-        if host is not None:
-            self._end_claim(host, request)
-
     def _end_claim(self, host: str, request: Any) -> None:
         paced = self._paced.get(request)
         if paced is not None:
             paced.claimed = None
         if self._claims.get(host) is request:
             del self._claims[host]
-            if not self.busy(host):  # a taken line wakes the host when it frees (_free_line)
+            line = self._lines.get(host)
+            if line is None or line.holder is None:  # a taken line wakes the host when it frees (_free_line)
                 self._wake(host)
 
     def _free(self, request: Any, host: str, address_key: str | None = None) -> None:
-        self._unclaim(request)
+        paced = self._paced.get(request)
+        if paced is not None and paced.claimed is not None:
+            self._end_claim(paced.claimed, request)
         self._free_line(host, request)
         if address_key is not None:
             self._free_line(address_key, request)
