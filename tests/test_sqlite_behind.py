@@ -72,6 +72,37 @@ async def test_a_table_opened_alone_commits_its_groups_within_the_window(tmp_pat
 
 
 @pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("behind", [1.0, 0.0])
+async def test_a_write_in_an_open_window_runs_at_once(tmp_path, behind):
+    """In an open window (the file's write lock held), a write call is a group of its own in the window's
+    transaction, run at once: its Deferred has fired when the call returns, in call order, an update function's
+    error its own. Negative control: without a window, the call waits for the next reactor turn's group."""
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path, mark=True)
+    table = store.open_async(write_behind=behind)
+    try:
+        await table.update_many(["a.example"], _booked(10.0))  # the first group: opens the window
+        d = table.update_many(["b.example"], _booked(20.0))
+        assert d.called is bool(behind)
+        assert await d is not None
+        if behind:
+            def boom(states, now):
+                raise ValueError("the caller's own")
+
+            failed = table.update_many(["a.example"], boom)
+            assert failed.called
+            with pytest.raises(ValueError, match="the caller's own"):
+                await failed
+            after = table.update_many(["c.example"], _booked(5.0))  # the window goes on: the error was the call's
+            assert after.called and _committed(path, "c.example") is None
+            await after
+        await _sleep(behind + 0.3)
+        assert _committed(path, "b.example") is not None
+    finally:
+        await table.close_async()
+
+
+@pytest_twisted.ensureDeferred
 @pytest.mark.parametrize("held_by", [7, 0])
 async def test_a_booking_that_takes_an_in_flight_hold_is_committed_at_once(tmp_path, held_by):
     """A group that writes a row held in flight (docs/spec.md §3, "In flight") commits at once, and the window with

@@ -35,7 +35,7 @@ T = TypeVar("T")
 GROUP_MAX = 512
 
 #: Seconds a table written by one crawl alone keeps its write transaction open for the next groups (docs/spec.md
-#: §6, "Write-behind"): at most this much is lost with the process, and another opener waits at most this long.
+#: §6, "Write-behind"): about this much is lost with the process, and another opener waits about this long.
 WRITE_BEHIND = 0.1
 
 #: A call waiting for its group: ``(operation, Deferred of the result, whether it writes)``.
@@ -134,9 +134,17 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
     def _call(self, op: rows.Op[T], writes: bool) -> defer.Deferred[T]:
         if self._closed:
             return defer.fail(self._closed_error())
-        lost = self._lost_error()
-        if lost is not None:
-            return defer.fail(lost)
+        if self._lost is not None or self._inline.behind.lost:  # (the check of _lost_error, without its call)
+            return defer.fail(self._lost_error())
+        if writes and self._inline.behind.open and not (self._held or self._wal.holding or self._pool.queued):
+            # A write-behind window holds the file's write lock: this call is a group of its own, in the window's
+            # transaction, at once (docs/spec.md §6, "Write-behind"): no turn waited, its result already there.
+            try:
+                (ok, value), = self._inline.run_group((op,))
+            except Exception:
+                return defer.fail()  # the file failed: the window is lost (later calls fail: _lost_error)
+            self._grouped(True)
+            return defer.succeed(value) if ok else defer.fail(value)
         if writes or self._held or self._wal.holding or self._pool.queued:
             # Group commit: behind the calls already waiting, in the next group.
             d: defer.Deferred[T] = defer.Deferred()
@@ -189,14 +197,19 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         except Exception as exc:
             self._fail_all(exc, batch)  # each caller's Deferred carries the error
         else:
-            if self._inline.behind.open:
-                if self._window_timer is None:
-                    self._window_timer = self._reactor.callLater(self._behind, self._commit_window)
-            elif writes:
-                self._wrote()
+            self._grouped(writes)
             self._deliver(batch, outcomes)
         if self._held:
             self._schedule_flush()
+
+    def _grouped(self, writes: bool) -> None:
+        """An inline group ran: its write-behind window is timed (:meth:`_commit_window` ends it), or the write
+        transaction it committed is counted (:meth:`_wrote`)."""
+        if self._inline.behind.open:
+            if self._window_timer is None:
+                self._window_timer = self._reactor.callLater(self._behind, self._commit_window)
+        elif writes:
+            self._wrote()
 
     def _threaded_group_done(self, outcomes: list[tuple[bool, Any]], batch: list[_Held]) -> None:
         """A group that met another writer's lock ran on the store's thread (the calls made meanwhile then run
