@@ -76,6 +76,13 @@ _http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
 
 # -- The pinned agent (public Twisted API only) -------------------------------------------------------------
 
+#: The most endpoints a pinned endpoint factory keeps (one per scheme, host and port connected to its address).
+_ENDPOINTS_MAX = 256
+#: The most pinned agents a handler keeps (one per address, bind address and connect timeout: see
+#: :func:`download_pinned`); emptied when full (the connections stay in the handler's pool).
+_AGENTS_MAX = 4096
+
+
 @implementer(IAgentEndpointFactory)
 class _PinnedEndpointFactory:
     """Twisted's standard endpoint factory (``_StandardEndpointFactory.endpointForURI``), connecting to
@@ -84,7 +91,9 @@ class _PinnedEndpointFactory:
     ``Agent`` asks for an endpoint for every request, pooled connection or not, but uses it only when the pool
     has no connection to reuse; a ``HostnameEndpoint`` costs an IDNA encoding of the host when it is built.
     So the endpoint returned is :class:`_EndpointAtConnect`: the ``HostnameEndpoint`` (and its TLS wrapper) is
-    built only when a connection is made, and a request on a kept-alive connection builds none."""
+    built only when a connection is made, and a request on a kept-alive connection builds none. That endpoint
+    depends only on the URI's scheme, host and port, so one is kept per (scheme, host, port) (at most
+    :data:`_ENDPOINTS_MAX`; emptied when full) and a request of a known one builds nothing."""
 
     def __init__(self, *, reactor: Any, address: str, context_factory: IPolicyForHTTPS,
                  connect_timeout: float | None, bind_address: tuple[str, int] | None) -> None:
@@ -94,11 +103,17 @@ class _PinnedEndpointFactory:
         self._context_factory = context_factory
         self._connect_timeout = connect_timeout
         self._bind_address = bind_address
+        self._endpoints: dict[tuple[bytes, bytes, int], IStreamClientEndpoint] = {}
 
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        if uri.scheme not in (b"http", b"https"):
-            raise SchemeNotSupported(f"Unsupported scheme: {uri.scheme!r}")
-        endpoint: IStreamClientEndpoint = _EndpointAtConnect(self, uri)  # no cast() call: once per request
+        key = (uri.scheme, uri.host, uri.port)
+        endpoint = self._endpoints.get(key)
+        if endpoint is None:
+            if uri.scheme not in (b"http", b"https"):
+                raise SchemeNotSupported(f"Unsupported scheme: {uri.scheme!r}")
+            if len(self._endpoints) >= _ENDPOINTS_MAX:
+                self._endpoints.clear()
+            endpoint = self._endpoints[key] = _EndpointAtConnect(self, uri)
         return endpoint
 
     def build(self, uri: URI) -> IStreamClientEndpoint:
@@ -150,11 +165,10 @@ class _AddressKeyedPool:
     def __init__(self, pool: HTTPConnectionPool, extra: tuple[Any, ...]) -> None:
         self._pool = pool
         self._extra = extra
-
-    @property
-    def persistent(self) -> bool:
-        """Whether the pool keeps connections alive (the wrapped pool's)."""
-        return bool(self._pool.persistent)
+        #: Whether the pool keeps connections alive: the wrapped pool's, read when the view is made (Scrapy's
+        #: handler sets it when it builds its pool, ``HTTPConnectionPool(reactor, persistent=True)``, and never
+        #: changes it; Scrapy 2.18.0 and 2.19.0).
+        self.persistent = bool(pool.persistent)
 
     def getConnection(self, key: tuple[Any, ...], endpoint: IStreamClientEndpoint) -> Deferred[Any]:
         return self._pool.getConnection(key + self._extra, endpoint)
@@ -194,19 +208,33 @@ class _PinnedScrapyAgent(_ScrapyAgent):
     """Scrapy's ``_ScrapyAgent`` (private; checked against Scrapy 2.18.0 and 2.19.0, whose constructor,
     ``_get_agent(request, timeout)``, ``_contextFactory``, ``_bindAddress`` and ``_pool`` are the same):
     a request booked on an address and not sent through a proxy gets :func:`pinned_agent`; any other
-    request gets Scrapy's own agent (Scrapy 2.18: ``Agent``; 2.19: ``_BindAddressAgent``)."""
+    request gets Scrapy's own agent (Scrapy 2.18: ``Agent``; 2.19: ``_BindAddressAgent``).
+
+    A Twisted ``Agent`` is meant to be reused: the pinned one is kept in :attr:`pinned_agents` (the
+    handler's, set by :func:`download_pinned`) under (address, bind address, connect timeout), everything
+    it is built from besides the handler's own context factory and pool."""
+
+    #: (address, bind address, connect timeout) → the pinned agent built for them (at most :data:`_AGENTS_MAX`).
+    pinned_agents: dict[tuple[Any, ...], Agent]
 
     def _get_agent(self, request: Request, timeout: float) -> Agent:
         address = request.meta.get(IP_META)
         if not address or request.meta.get("proxy"):
             return super()._get_agent(request, timeout)
-        from twisted.internet import reactor  # noqa: PLC0415 - the installed reactor, read when used (as Scrapy does)
-
         # scrapy.utils._download_handlers.normalize_bind_address: private module, same in 2.18.0 and 2.19.0.
         bind_address = normalize_bind_address(request.meta.get("bindaddress") or self._bindAddress)
-        assert self._pool is not None  # the handler always passes its pool
-        return pinned_agent(reactor=reactor, address=str(address), context_factory=self._contextFactory,
-                            connect_timeout=timeout, bind_address=bind_address, pool=self._pool)
+        key = (str(address), bind_address, timeout)
+        agent = self.pinned_agents.get(key)
+        if agent is None:
+            from twisted.internet import reactor  # noqa: PLC0415 - the installed reactor, read when used (as Scrapy does)
+
+            assert self._pool is not None  # the handler always passes its pool
+            if len(self.pinned_agents) >= _AGENTS_MAX:
+                self.pinned_agents.clear()
+            agent = self.pinned_agents[key] = pinned_agent(
+                reactor=reactor, address=key[0], context_factory=self._contextFactory, connect_timeout=timeout,
+                bind_address=bind_address, pool=self._pool)
+        return agent
 
 
 async def download_pinned(handler: HTTP11DownloadHandler, request: Request) -> Response:
@@ -218,6 +246,9 @@ async def download_pinned(handler: HTTP11DownloadHandler, request: Request) -> R
     ``HTTP11DownloadHandler.__init__``) and ``_default_maxsize``, ``_default_warnsize``, ``_fail_on_dataloss``,
     ``_fail_on_dataloss_warned``, ``_tls_verbose_logging`` (``BaseHttpDownloadHandler.__init__``), all
     checked against Scrapy 2.18.0 and 2.19.0.
+
+    The pinned agents are kept with the handler (in its ``__dict__``, under ``_polite_pinned_agents``: see
+    :class:`_PinnedScrapyAgent`), so a page reuses its address's agent.
 
     Raises: what Scrapy's handler raises (Scrapy's download exceptions, wrapped from Twisted's by
     ``wrap_twisted_exceptions``; ``ResponseDataLossError`` when ``DOWNLOAD_FAIL_ON_DATALOSS`` is on).
@@ -237,6 +268,7 @@ async def download_pinned(handler: HTTP11DownloadHandler, request: Request) -> R
         crawler=handler.crawler,
         tls_verbose_logging=handler._tls_verbose_logging,
     )
+    agent.pinned_agents = vars(handler).setdefault("_polite_pinned_agents", {})
     try:
         # scrapy.utils._download_handlers.wrap_twisted_exceptions: private module, same in 2.18.0 and 2.19.0.
         with wrap_twisted_exceptions():

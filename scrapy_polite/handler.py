@@ -37,7 +37,8 @@ class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
     """
 
     async def download_request(self, request: Request) -> Response:
-        _redefer_if_throttled(self.crawler, request)
+        if request.meta.get(BURST_META):  # the usual case: no call, no lookup of the pacer
+            _redefer_if_throttled(self.crawler, request)
         return await download_pinned(self, request)
 
 
@@ -56,15 +57,15 @@ if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
         """
 
         async def download_request(self, request: Request) -> Response:
-            _redefer_if_throttled(self.crawler, request)
+            if request.meta.get(BURST_META):  # the usual case: no call, no lookup of the pacer
+                _redefer_if_throttled(self.crawler, request)
             return await download_pinned_h2(self, request)
 
 
 def _redefer_if_throttled(crawler: Crawler, request: Request) -> None:
     """Raise :class:`~scrapy_polite.crawl.seams.Redefer` for a burst request decided before its host throttled and
-    queued in Scrapy's slot since: it must not be sent into the backoff."""
-    if not request.meta.get(BURST_META):  # the usual case: no lookup of the pacer
-        return
+    queued in Scrapy's slot since: it must not be sent into the backoff. Called for a burst request
+    (``meta['polite_burst']``) only."""
     pacer = find_pacer(crawler)
     if pacer is not None and pacer.recorder.throttled_since(request) and pacer.booker.can_defer(request):
         raise Redefer(request.url)

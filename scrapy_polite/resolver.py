@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -112,6 +113,10 @@ class InvalidHostName(DNSLookupError):
         super().__init__(f"scrapy-polite resolver: {reason}")
 
 
+#: The most hosts whose allowed answer :meth:`PublicHostnameResolver.resolve_known` remembers (emptied when full).
+_ALLOWED_MAX = 10_000
+
+
 @lru_cache(maxsize=4096)
 def _canonical(host: str) -> str:
     """The resolver's key of ``host``: the URL Standard's host (:func:`~scrapy_polite.network.hosts.name_host`), or
@@ -194,6 +199,8 @@ class PublicHostnameResolver:
         self._pending: dict[str, list[defer.Deferred[tuple[str, ...]]]] = {}
         self._pins: dict[str, Counter[str]] = {}
         self._verdicts: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+        #: host as asked → (its answer, every address allowed; until when it holds): :meth:`resolve_known`'s.
+        self._allowed: dict[str, tuple[tuple[str, ...], float]] = {}
         self._local = threading.local()
 
     @classmethod
@@ -223,35 +230,52 @@ class PublicHostnameResolver:
 
     # -- the resolution ---------------------------------------------------------------------------------
 
-    def _known(self, host: str) -> tuple[str, ...] | None:
-        """:meth:`lookup`'s answer when it needs no query (an address, an override, ``localhost``, a fresh
-        cached answer, which counts a ``cache_hit``); None otherwise (an invalid name included)."""
+    def _known(self, host: str) -> tuple[tuple[str, ...], float] | None:
+        """:meth:`lookup`'s answer when it needs no query, with the time (:attr:`clock`'s seconds) until which
+        it holds: an address, an override, ``localhost`` (``math.inf``: they never change), a fresh cached
+        answer (its expiry; it counts a ``cache_hit``); None otherwise (an invalid name included)."""
         try:
             parsed = name_host(host)
         except InvalidHost:
             return None
         if parsed.ip is not None:  # an address in any of the URL Standard's spellings: never a DNS name
-            return (str(parsed.ip),)
+            return (str(parsed.ip),), math.inf
         host = parsed.key
         if host in self.overrides:
-            return self.overrides[host]
+            return self.overrides[host], math.inf
         if host == "localhost" or host.endswith(".localhost"):
-            return ("127.0.0.1", "::1")
+            return ("127.0.0.1", "::1"), math.inf
         cached = self._cache.get(host)
         if cached is not None and cached[1] > self.clock():
             self.counts["cache_hit"] += 1
-            return cached[0]
+            return cached
         return None
 
     def resolve_known(self, host: str) -> list[str] | None:
         """:meth:`resolve`'s answer without a Deferred, when it is known now and every address of it may be
         contacted (the crawl's usual case: a cached answer of public addresses); None otherwise: then
-        :meth:`resolve` (which queries, refuses, or drops and counts) gives the answer. The same rules."""
-        addresses = self._known(host)
-        if addresses is None:
+        :meth:`resolve` (which queries, refuses, or drops and counts) gives the answer. The same rules.
+
+        Such an answer is remembered under ``host`` as given until :meth:`_known` says it expires (a cached
+        answer is replaced only after it expired: a lookup starts only then), so a host's next requests skip
+        the reading of its name and the address rules; one that expired counts its ``cache_hit`` as before."""
+        remembered = self._allowed.get(host)
+        if remembered is not None:
+            if remembered[1] == math.inf:  # an address, an override, localhost: no clock read
+                return list(remembered[0])
+            if remembered[1] > self.clock():
+                self.counts["cache_hit"] += 1
+                return list(remembered[0])
+        known = self._known(host)
+        if known is None:
             return None
-        kept, dropped = self._verdict(addresses)
-        return list(kept) if kept and not dropped else None
+        kept, dropped = self._verdict(known[0])
+        if not kept or dropped:
+            return None
+        if len(self._allowed) >= _ALLOWED_MAX:
+            self._allowed.clear()
+        self._allowed[host] = (tuple(kept), known[1])
+        return list(kept)
 
     def _verdict(self, addresses: tuple[str, ...]) -> tuple[list[str], list[str]]:
         """The address rules' split of an answer (kept, dropped), remembered per answer."""
@@ -268,7 +292,7 @@ class PublicHostnameResolver:
         :class:`DNSServerFailure` or :class:`DNSTimeout`."""
         known = self._known(host)
         if known is not None:
-            return defer.succeed(known)
+            return defer.succeed(known[0])
         try:
             host = name_host(host).key
         except InvalidHost as exc:

@@ -227,3 +227,31 @@ def test_the_pinned_h2_agent_builds_its_endpoint_at_once():
     assert "a.example.com" in repr(factory.endpointForURI(uri))
     with pytest.raises(ValueError, match="no TLS"):
         factory.build(uri)
+
+
+def test_the_pinned_agent_is_reused_for_the_same_address_bind_address_and_timeout():
+    # A Twisted Agent is meant to be reused: a page of a known (address, bind address, connect timeout) gets the
+    # agent built for the first one; any other of the three gets its own (so its own pool key and endpoint).
+    from scrapy import Request
+    from twisted.internet import reactor
+
+    from scrapy_polite import _compat
+
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    cache: dict = {}
+
+    def agent_for(meta: dict, timeout: float = 5.0):
+        scrapy_agent = _compat._PinnedScrapyAgent(contextFactory=BrowserLikePolicyForHTTPS(), pool=pool,
+                                                  crawler=SimpleNamespace())  # type: ignore[arg-type]
+        scrapy_agent.pinned_agents = cache
+        return scrapy_agent._get_agent(Request("http://a.example/", meta=meta), timeout)
+
+    first = agent_for({"polite_ip": "127.0.0.2"})
+    assert agent_for({"polite_ip": "127.0.0.2"}) is first
+    others = [agent_for({"polite_ip": "127.0.0.3"}), agent_for({"polite_ip": "127.0.0.2", "bindaddress": "127.0.0.5"}),
+              agent_for({"polite_ip": "127.0.0.2"}, timeout=6.0)]
+    assert len({id(a) for a in (first, *others)}) == 4
+    assert set(cache) == {("127.0.0.2", None, 5.0), ("127.0.0.3", None, 5.0), ("127.0.0.2", ("127.0.0.5", 0), 5.0),
+                          ("127.0.0.2", None, 6.0)}
+    # Negative control: a request not booked on an address gets Scrapy's own agent, never a cached one.
+    assert agent_for({}) not in (first, *others) and len(cache) == 4

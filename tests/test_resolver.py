@@ -11,6 +11,7 @@ non-public ones that must be dropped, and only the resolver's answers are inspec
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
@@ -566,3 +567,64 @@ async def test_resolve_known_is_resolve_without_a_deferred_only_when_nothing_is_
     clock.advance(301)
     assert resolver.resolve_known("cached.test") is None
     assert srv.lookups("cached.test") == 1  # and resolve_known did not query
+
+
+@pytest_twisted.ensureDeferred
+async def test_resolve_known_remembers_an_allowed_answer_until_it_expires(dns_server):
+    """A host's allowed answer is remembered: an address or an override without reading the clock again, a cached
+    answer until its expiry (each hit counted); a refused answer is never remembered."""
+    srv = dns_server({"cached.test": [("8.8.8.8", 300)], "other.test": [("9.9.9.9", 300)]})
+    clock = Clock()
+    reads = [0]
+
+    def counting() -> float:
+        reads[0] += 1
+        return clock()
+
+    resolver = make_resolver(srv, counting, min_ttl=0, max_ttl=3600,
+                             overrides={"over.test": ["1.1.1.1"], "meta.test": ["169.254.169.254"]})
+    for host in ("8.8.8.8", "over.test"):
+        first = resolver.resolve_known(host)
+        before = reads[0]
+        again = resolver.resolve_known(host)
+        assert again == first and again is not first and reads[0] == before, host  # a list of its own, no clock
+        again.append("10.0.0.1")  # the caller's list: the next answer is untouched
+        assert resolver.resolve_known(host) == first, host
+    assert await resolver.resolve("cached.test") == ["8.8.8.8"]
+    assert resolver.resolve_known("cached.test") == ["8.8.8.8"]
+    hits = resolver.counts["cache_hit"]
+    assert [resolver.resolve_known("cached.test") for _ in range(3)] == [["8.8.8.8"]] * 3
+    assert resolver.counts["cache_hit"] == hits + 3  # each remembered answer counted as the cache's
+    clock.advance(299)
+    assert resolver.resolve_known("cached.test") == ["8.8.8.8"]  # not expired yet
+    clock.advance(2)
+    assert resolver.resolve_known("cached.test") is None  # expired with the cache entry: resolve queries again
+    assert await resolver.resolve("cached.test") == ["8.8.8.8"] and srv.lookups("cached.test") == 2
+    assert resolver.resolve_known("cached.test") == ["8.8.8.8"]  # the new answer, remembered anew
+    # Negative controls: a refused answer is asked each time, never remembered.
+    for _ in range(2):
+        assert resolver.resolve_known("meta.test") is None and resolver.resolve_known("10.0.0.1") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_crawls_resolution_splits_each_answer_once_and_refuses_the_same_way(dns_server):
+    """Resolution.addresses applies the crawl's own (narrower) rules to the resolver's answer: the split is kept per
+    answer, and a host refused once is refused again (never answered from a kept split of another answer)."""
+    from scrapy import Request
+
+    from scrapy_polite.crawl.resolution import Resolution
+    from scrapy_polite.reports.counters import Report
+
+    srv = dns_server({})
+    resolver = make_resolver(srv, address_filter=AddressFilter(allowed_networks=["127.0.0.0/8"]),
+                             overrides={"two.test": ["8.8.8.8", "127.0.0.9"], "local.test": ["127.0.0.9"]})
+    resolution = Resolution(SimpleNamespace(), AddressFilter(), Report(None), lambda exc: None)  # type: ignore[arg-type]
+    resolution._resolver = resolver
+    request = Request("http://two.test/")
+    first = await resolution.addresses(request, "two.test")
+    again = await resolution.addresses(request, "two.test")
+    assert first == again == ["8.8.8.8"] and first is not again  # 127.0.0.9: not allowed by the crawl's rules
+    assert len(resolution._splits) == 1
+    for _ in range(2):
+        with pytest.raises(BlockedHost):
+            await resolution.addresses(Request("http://local.test/"), "local.test")

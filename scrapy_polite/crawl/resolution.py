@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Resolution"]
 
+#: The most answers whose split by the crawl's address rules :class:`Resolution` keeps (emptied when full).
+_SPLITS_MAX = 10_000
+
 
 class Resolution:
     """The crawler's view of the process-wide resolver, narrowed by the spider's own address rules.
@@ -43,6 +46,9 @@ class Resolution:
         self._resolver: PublicHostnameResolver | None = None
         self._warned_proxy = False
         self._blocked_logged: set[str] = set()
+        #: answer → its split ``(kept, dropped)`` by :attr:`address_filter`, whose rules never change: a host's
+        #: answer is split once, not on every request (at most :data:`_SPLITS_MAX` kept).
+        self._splits: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         #: Whether a request's handler resolves its host itself (a *checked* handler): then every address of
         #: the answer must be allowed (docs/spec.md §4.1). Set by the pacer from the handler modes.
         self.resolves_itself: Callable[[Request], bool] = lambda _request: False
@@ -98,7 +104,7 @@ class Resolution:
                 request.meta[PROXY_COUNTED_META] = True
                 self.report.inc("proxy_unpinned")
             return None
-        resolver = self.resolver()
+        resolver = self._resolver if self._resolver is not None else self.resolver()
         whole = self.resolves_itself(request)
         try:
             if whole:
@@ -107,12 +113,17 @@ class Resolution:
                 known = resolver.resolve_known(host)  # a cached public answer: no Deferred
                 addresses = known if known is not None else await await_deferred(resolver.resolve(host))
             # The resolver is per process; a spider's own (narrower) address rules apply on top of it.
-            kept, dropped = self.address_filter.split(addresses)
+            split = self._splits.get(answer := tuple(addresses))
+            if split is None:
+                if len(self._splits) >= _SPLITS_MAX:
+                    self._splits.clear()
+                split = self._splits[answer] = self.address_filter.split(answer)
+            kept, dropped = split
             if not kept:
                 raise BlockedHost(host, dropped)
             if whole and dropped:
                 raise MixedAnswer(host, kept, dropped)
-            return kept
+            return list(kept)  # a list of its own: the caller may change it
         except BlockedHost as exc:
             self.report.refused(host, "non_public", request.url)
             if host not in self._blocked_logged:
