@@ -58,21 +58,14 @@ SERVER_SIDE_FAILURES: tuple[type[BaseException], ...] = server_side_failure_type
 _RATELIMIT_KEYS = frozenset(Headers().normkey(name) for name in RATELIMIT_FIELDS)
 
 
-def _download_latency(request: Request) -> float | None:
-    """Scrapy's ``meta['download_latency']`` (seconds from the request's start to its response's headers), or
-    None when the download handler set none (or a value that is not a number of seconds >= 0)."""
-    raw = request.meta.get("download_latency")
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) and raw >= 0:
-        return float(raw)
-    return None
-
-
-def _latency(measured: float | None, sent_at: Any, end: float) -> float | None:
-    """An answer's download time for adaptive pacing (docs/spec.md §2, "Adaptive pacing"): Scrapy's measure
-    when there is one, else the time from its booking (``polite_sent_at``) to its record (``end``), both the
-    table's clock; None when neither is known."""
-    if measured is not None:
-        return measured
+def _latency(measured: Any, sent_at: Any, end: float) -> float | None:
+    """An answer's download time for adaptive pacing (docs/spec.md §2, "Adaptive pacing"), seconds: Scrapy's
+    measure (``measured``: the request's ``meta['download_latency']``, seconds from its start to its response's
+    headers; None for a failure) when it is a number of seconds >= 0, else the time from its booking
+    (``polite_sent_at``) to its record (``end``), both the table's clock; None when neither is known."""
+    if isinstance(measured, (int, float)) and not isinstance(measured, bool) and math.isfinite(measured) \
+            and measured >= 0:
+        return float(measured)
     if isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool) and end >= sent_at:
         return end - float(sent_at)
     return None
@@ -130,37 +123,29 @@ class Recorder:
         host = request.meta.get(HOST_META)
         if host is None:
             return None
-        self.report.counters(host).statuses[response.status] += 1
-        if response.status in self.policy.throttle_statuses:
+        status = response.status
+        self.report.hosts[host].statuses[status] += 1
+        if status in self.policy.throttle_statuses:
             self.throttle_marks[host] = self.clock.store_now()
+        headers = response.headers
         retry_after = None
-        raw = response.headers.get(b"Retry-After")
+        raw = headers.get(b"Retry-After")
         if raw is not None:
             try:
-                retry_after = parse_retry_after(raw, now=self.clock.clock(), date=response.headers.get(b"Date"))
+                retry_after = parse_retry_after(raw, now=self.clock.clock(), date=headers.get(b"Date"))
             except InvalidRetryAfter as exc:
                 self.report.inc("retry_after/invalid")
                 logger.info("Ignoring invalid Retry-After from %s: %s", response.url, exc)
-        ratelimits = self._ratelimits(host, response) if self.policy.ratelimit_headers else None
-        sent_at = request.meta.get(SENT_AT_META)
-        serial = request.meta.get(QUOTA_SERIAL_META)
-        override = self.override(host, request)
-        status = response.status
-        measured = _download_latency(request)
-
-        def step(state: HostState | None, end: float) -> Decision:
-            return self.policy.after_response(state, status=status, end=end, retry_after=retry_after,
-                                              sent_at=sent_at, override=override, ratelimits=ratelimits,
-                                              serial=serial, latency=_latency(measured, sent_at, end))
-
-        return self._record(host, request, step, retry_after=retry_after, label=str(status), status=status)
+        # Most responses announce no quota: one set test spares them :meth:`_ratelimits`.
+        ratelimits = (self._ratelimits(host, response)
+                      if self.policy.ratelimit_headers and not _RATELIMIT_KEYS.isdisjoint(headers.keys()) else None)
+        return self._record(host, request, status=status, retry_after=retry_after, ratelimits=ratelimits,
+                            measured=request.meta.get("download_latency"), label=str(status))
 
     def _ratelimits(self, host: str, response: Response) -> RateLimits | None:
         """The response's rate-limit fields (docs/spec.md §2, "Announced quotas"), or None when it has none;
         malformed ones are counted (``polite/ratelimit/malformed``), logged once per host and field, ignored."""
         headers = response.headers
-        if _RATELIMIT_KEYS.isdisjoint(headers.keys()):  # most responses announce no quota: one set test
-            return None
         fields = {name: headers.getlist(name) for name in RATELIMIT_FIELDS if name in headers}
         if not fields:
             return None
@@ -180,30 +165,39 @@ class Recorder:
         if host is None or not isinstance(exception, SERVER_SIDE_FAILURES):
             return None
         self.throttle_marks[host] = self.clock.store_now()
-        self.report.counters(host).statuses[type(exception).__name__] += 1
-        sent_at = request.meta.get(SENT_AT_META)
-        serial = request.meta.get(QUOTA_SERIAL_META)
-        override = self.override(host, request)
+        cause = type(exception).__name__
+        self.report.counters(host).statuses[cause] += 1
+        return self._record(host, request, status=None, retry_after=None, ratelimits=None, measured=None,
+                            label="failure", cause=cause)
 
-        def step(state: HostState | None, end: float) -> Decision:
-            return self.policy.after_response(state, status=None, end=end, sent_at=sent_at, override=override,
-                                              serial=serial, latency=_latency(None, sent_at, end))
-
-        return self._record(host, request, step, retry_after=None, label="failure", cause=type(exception).__name__)
-
-    def _record(self, host: str, request: Request, step: Callable[[HostState | None, float], Decision],
-                *, retry_after: float | None, label: str, status: int | None = None,
+    def _record(self, host: str, request: Request, *, status: int | None, retry_after: float | None,
+                ratelimits: RateLimits | None, measured: Any, label: str,
                 cause: str | None = None) -> defer.Deferred[Any]:
-        address = request.meta.get(IP_META) if self.config.ip_interval > 0 else None
-        address_key = ip_key(address) if address else None
+        """Write the record of a response (``status``) or of a server-side failure (``status`` None, ``cause``:
+        its name) in one transaction: the host's new row (:meth:`PacingPolicy.after_response
+        <scrapy_polite.policy.PacingPolicy.after_response>`, the response ending at the transaction's ``now``,
+        ``measured``: Scrapy's ``download_latency``, see :func:`_latency`), the booking's in-flight hold released,
+        and the address's row finished; then count and log it (:meth:`_written`)."""
+        meta = request.meta
+        sent_at = meta.get(SENT_AT_META)
+        serial = meta.get(QUOTA_SERIAL_META)
+        override = self.override(host, request)
         ip_interval = self.config.ip_interval
+        address = meta.get(IP_META) if ip_interval > 0 else None
+        address_key = ip_key(address) if address else None
         policy = self.policy
         # The record releases the booking's in-flight hold, in the same transaction (docs/spec.md §3, "In flight").
         hold = self.lifecycle.take_hold(request)
         token = hold.token if hold is not None else None
 
         def fn(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState], Decision]:
-            decision = step(states[host], now)  # the response ends now, by the table's clock
+            # The response ends now, by the table's clock. Scrapy's measure is a float of seconds >= 0 on an
+            # ordinary page: _latency's first rule then, without its call.
+            latency = (measured if type(measured) is float and 0.0 <= measured < math.inf
+                       else _latency(measured, sent_at, now))
+            decision = policy.after_response(states[host], status=status, end=now, retry_after=retry_after,
+                                             sent_at=sent_at, override=override, ratelimits=ratelimits,
+                                             serial=serial, latency=latency)
             if token is not None:
                 released = policy.release_hold(decision.state, token)
                 if released is not None:
@@ -223,35 +217,50 @@ class Recorder:
 
     def _written(self, decision: Decision, host: str, request: Request, retry_after: float | None, label: str,
                  status: int | None, cause: str | None) -> Decision:
-        """The record is in the table: count it, then log its event (one callback: a page's record runs a
-        Deferred's callbacks once)."""
-        self._recorded(decision, host, retry_after, label)
-        self._log_event(decision, host, request, status, retry_after, cause)
+        """The record is in the table: count it (a throttle: :meth:`_throttled`; an announced quota:
+        :meth:`_ratelimit_recorded`; the host's counters: :meth:`Report.recorded
+        <scrapy_polite.reports.counters.Report.recorded>`), then log its event, and its backoff step
+        (:meth:`EventLog.response <scrapy_polite.reports.events.EventLog.response>`). One callback: a page's
+        record runs a Deferred's callbacks once."""
+        if decision.throttle:
+            self._throttled(decision, host, retry_after, label)
+        quota = decision.ratelimit
+        if quota is not None:
+            self._ratelimit_recorded(host, quota)
+        report = self.report
+        report.recorded(host, decision, offset=self.clock.offset, label=label, retry_after=retry_after)
+        state = decision.state
+        meta = request.meta
+        address = meta.get(IP_META)
+        report.events.response(
+            host, request.url, at=state.updated, status=status,
+            failure=cause, retry_after=retry_after, delay=decision.delay, due=state.next_allowed,
+            steps=state.consec, started=meta.get(SENT_AT_META), throttle=decision.throttle,
+            counted=decision.counted, address=address, ip_interval=self.config.ip_interval if address else None,
+            hold=quota.hold if quota is not None else None)
         return decision
 
-    def _recorded(self, decision: Decision, host: str, retry_after: float | None, label: str) -> Decision:
-        if decision.throttle:
-            self.throttle_marks[host] = max(self.throttle_marks.get(host, 0.0), decision.state.updated)
-            counters = self.report.counters(host)
-            counters.throttles += 1
-            self.report.inc(f"throttles/{label}")
-            if decision.counted:
-                counters.backoff_steps += 1
-                self.report.inc("backoff_steps")
-            if retry_after is not None and retry_after > 0:
-                self.report.inc("retry_after/honoured")
-            if decision.retry_after_clamped:
-                self.report.inc("retry_after/clamped")
-                if host not in self._clamped_hosts:
-                    self._clamped_hosts.add(host)
-                    logger.warning("%s asked for Retry-After %.0f s; honouring POLITE_MAX_RETRY_AFTER=%.0f s",
-                                   host, retry_after, self.policy.max_retry_after)
-            logger.debug("%s throttled (%s): backing off %.3f s (consec=%d)", host, label,
-                         decision.delay, decision.state.consec)
-        if decision.ratelimit is not None:
-            self._ratelimit_recorded(host, decision.ratelimit)
-        self.report.recorded(host, decision, offset=self.clock.offset, label=label, retry_after=retry_after)
-        return decision
+    def _throttled(self, decision: Decision, host: str, retry_after: float | None, label: str) -> None:
+        """Count and log a recorded throttle (``label``: its status, or ``"failure"``; ``retry_after``: seconds
+        asked, or None): ``polite/throttles/<label>``, its backoff step, its Retry-After honoured or clamped (one
+        WARNING per host), and the mark that defers burst requests decided before it (:meth:`throttled_since`)."""
+        self.throttle_marks[host] = max(self.throttle_marks.get(host, 0.0), decision.state.updated)
+        counters = self.report.counters(host)
+        counters.throttles += 1
+        self.report.inc(f"throttles/{label}")
+        if decision.counted:
+            counters.backoff_steps += 1
+            self.report.inc("backoff_steps")
+        if retry_after is not None and retry_after > 0:
+            self.report.inc("retry_after/honoured")
+        if decision.retry_after_clamped:
+            self.report.inc("retry_after/clamped")
+            if host not in self._clamped_hosts:
+                self._clamped_hosts.add(host)
+                logger.warning("%s asked for Retry-After %.0f s; honouring POLITE_MAX_RETRY_AFTER=%.0f s",
+                               host, retry_after, self.policy.max_retry_after)
+        logger.debug("%s throttled (%s): backing off %.3f s (consec=%d)", host, label,
+                     decision.delay, decision.state.consec)
 
     def _ratelimit_recorded(self, host: str, quota: RateLimitDecision) -> None:
         """Count and log what a response's announced quota decided (``polite/ratelimit/...``)."""
@@ -275,21 +284,6 @@ class Recorder:
                 self._ratelimit_logged.add((host, "clamped"))
                 logger.warning("%s announces a quota longer than POLITE_MAX_RETRY_AFTER=%.0f s; honouring that cap",
                                host, self.policy.max_retry_after)
-
-    def _log_event(self, decision: Decision | None, host: str, request: Request, status: int | None,
-                   retry_after: float | None, cause: str | None) -> Decision | None:
-        """The response's (or failure's) event, and its backoff step
-        (:class:`~scrapy_polite.reports.events.EventLog`)."""
-        if isinstance(decision, Decision):
-            state = decision.state
-            self.report.events.response(
-                host, request.url, at=state.updated, status=status,
-                failure=cause, retry_after=retry_after, delay=decision.delay, due=state.next_allowed,
-                steps=state.consec, started=request.meta.get(SENT_AT_META), throttle=decision.throttle,
-                counted=decision.counted, address=request.meta.get(IP_META),
-                ip_interval=self.config.ip_interval if request.meta.get(IP_META) else None,
-                hold=decision.ratelimit.hold if decision.ratelimit is not None else None)
-        return decision
 
     def _failed(self, failure: Failure, host: str, label: str) -> None:
         if isinstance(failure.value, StoreError):

@@ -102,10 +102,10 @@ def state_from_fields(*parts: Mapping[str, Any]) -> HostState:
     ``HostState(**merged)`` makes, without the frozen dataclass's per-field ``__setattr__`` (5.3 µs → 1.7 µs
     for a whole row here; every booking and response builds one or more).
 
-    The one place that builds a HostState without ``__init__``; it holds because HostState has no
-    ``__post_init__``, no slots and no ``init=False`` field (checked when this module is imported). The
-    caller gives every field (a store's whole row, or a row's ``__dict__`` and changes): nothing is
-    defaulted or checked here.
+    The one way a HostState is built without ``__init__`` (:func:`replace` builds its copy the same way, inline);
+    it holds because HostState has no ``__post_init__``, no slots and no ``init=False`` field (checked when this
+    module is imported). The caller gives every field (a store's whole row, or a row's ``__dict__`` and
+    changes): nothing is defaulted or checked here.
     """
     state: HostState = object.__new__(HostState)
     attributes = state.__dict__
@@ -130,7 +130,12 @@ else:
             return dataclasses.replace(obj, **changes)
         if not _STATE_FIELDS.issuperset(changes):
             raise TypeError(f"HostState has no field {sorted(set(changes) - _STATE_FIELDS)!r}")
-        return state_from_fields(obj.__dict__, changes)
+        # state_from_fields(obj.__dict__, changes), without its call (two per page): built as it builds.
+        state: HostState = object.__new__(HostState)
+        attributes = state.__dict__
+        attributes.update(obj.__dict__)
+        attributes.update(changes)
+        return state
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ The counters speak the user's words, the same in the documentation (docs/getting
 from __future__ import annotations
 
 import bisect
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,7 +189,9 @@ class Report:
         self.clock = clock
         self.started = clock()
         self.turn_span = Span()
-        self.hosts: dict[str, HostCounters] = {}
+        #: host → its counters, created on first use (``hosts[host]``, as :meth:`counters`; ``hosts.get(host)``
+        #: reads without creating): a ``defaultdict``, so that the lookup of every page costs no Python call.
+        self.hosts: defaultdict[str, HostCounters] = defaultdict(HostCounters)
         #: The event log the glue units write to (:class:`~scrapy_polite.reports.events.EventLog`; the pacer attaches
         #: the store's, off until then).
         self.events: EventLog = EventLog.off()
@@ -199,11 +201,8 @@ class Report:
         self.on_first_touch: Callable[[str], None] | None = None
 
     def counters(self, host: str) -> HostCounters:
-        """The host's counters (created on first use)."""
-        c = self.hosts.get(host)
-        if c is None:
-            c = self.hosts[host] = HostCounters()
-        return c
+        """The host's counters (created on first use: :attr:`hosts`)."""
+        return self.hosts[host]
 
     def known(self, host: str) -> HostState | None:
         """The host's row as this process last knew it (:attr:`HostCounters.state`), or None. A row the table has moved
@@ -225,15 +224,17 @@ class Report:
 
     def booked(self, host: str) -> None:
         """A paced request was booked on ``host``."""
-        self._touch(host)
-        self.counters(host).requests += 1
+        if self.unannounced:  # most crawls name no host late: no call to _touch
+            self._touch(host)
+        self.hosts[host].requests += 1
         self.inc("requests")
 
     def waited(self, host: str, seconds: float) -> None:
         """A request of ``host`` waits ``seconds`` in line, from now. It waits for the host's turn unless the
         host is backing us off now (a request that could not be deferred waits the backoff out: that time
         is in **backing off**, not in the turn waits)."""
-        self._touch(host)
+        if self.unannounced:
+            self._touch(host)
         counters = self.counters(host)
         counters.waits += 1
         counters.wait_seconds += seconds
@@ -252,7 +253,7 @@ class Report:
         backoff steps to earn back, opens a backoff window until the host's ``next_allowed``; a throttle's
         cause is kept: ``label`` (the status, or ``"failure"``) and the
         ``Retry-After`` honoured (seconds), e.g. ``"429, Retry-After 30 s"``."""
-        counters = self.counters(host)
+        counters = self.hosts[host]
         state = decision.state
         counters.state = state
         due = state.next_allowed + offset
@@ -287,7 +288,8 @@ class Report:
             self.unannounced.add(host)
 
     def _touch(self, host: str) -> None:
-        """This crawl meets ``host``: name it once if it started in backoff and was not named at start."""
+        """This crawl meets ``host``: name it once if it started in backoff and was not named at start (the
+        callers skip the call while :attr:`unannounced` is empty)."""
         if host in self.unannounced:
             self.unannounced.discard(host)
             if self.on_first_touch is not None:
@@ -326,7 +328,8 @@ class Report:
     def deferred(self, host: str, reason: DeferralReason, url: str | None = None, due: float | None = None) -> None:
         """A request of ``host`` (``url``, when known) was deferred for ``reason`` until ``due`` (this process's
         epoch s; None: unknown, or when its line frees). Also an event of the event log."""
-        self._touch(host)
+        if self.unannounced:
+            self._touch(host)
         self.events.deferral(host, url, reason, due)
         counters = self.counters(host)
         counters.deferrals += 1

@@ -66,11 +66,6 @@ _OWN_SEQUENCES: weakref.WeakKeyDictionary[Any, Iterator[int]] = weakref.WeakKeyD
 _SEQUENCES_LOCK = threading.Lock()
 
 
-def _numbered(event: Event, seq: int) -> Event:
-    """``event._replace(seq=seq)`` (``seq`` is the last field) at a fifth of its cost: one per event logged."""
-    return tuple.__new__(Event, (*event[:-1], seq))
-
-
 def _sequence(table: str | None, writer: object) -> Iterator[int]:
     with _SEQUENCES_LOCK:
         if table is None:
@@ -134,10 +129,15 @@ class EventLog:
     # -- the events (each appends one tuple) --------------------------------------------------------------
 
     def _add(self, event: Event) -> None:
+        """Buffer ``event`` numbered (:attr:`Event.seq <scrapy_polite.stores.Event.seq>`: the next of this log's
+        sequence, :func:`_sequence`), and have the buffer written when full or after ``flush_interval``.
+
+        The number is set as ``event._replace(seq=...)`` would (``seq`` is the last field) at a fifth of its
+        cost: one per event logged."""
         if self._seq is None:
             self._seq = _sequence(self.table, self.writer)
         buffer = self._buffer
-        buffer.append(_numbered(event, next(self._seq)))
+        buffer.append(tuple.__new__(Event, (*event[:-1], next(self._seq))))
         if len(buffer) >= self.batch_size:
             self._schedule(0.0)
         elif self._timer is None:
