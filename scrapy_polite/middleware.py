@@ -161,7 +161,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         """``request`` of ``host`` goes to ``address``: pinned to it, and counted (``polite/unpinned/<handler>``)
         when a checked handler sends it (docs/spec.md §4.1)."""
         self.resolution.pin(request, host, address)
-        self.unpinned.sent(request)
+        if self.unpinned.active:
+            self.unpinned.sent(request)
 
     def response_downloaded(self, response: Response, request: Request, spider: Any = None) -> None:
         """``response_downloaded`` (connected in :meth:`from_crawler`): **the** place a downloaded response is
@@ -170,13 +171,14 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         checked handler got from a non-public address is recorded as a failure that never throttles, one from
         another host than the booked one (a browser's redirect) is not recorded (docs/spec.md §4.1). A
         robots.txt response's status is noted. ``process_response`` then waits for the record."""
+        unpinned = self.unpinned
         try:
-            refusal = self.unpinned.refusal(request, response)
+            refusal = unpinned.refusal(request, response) if unpinned.active else None
             if refusal is not None:
                 # A checked handler reached a non-public address; that server's status (a 429) says nothing
                 # of the booked host: a failure, which never throttles it.
                 self.recorder.record_failure(request, IgnoreRequest(refusal))
-            elif not self.unpinned.foreign_response(request, response):
+            elif not (unpinned.active and unpinned.foreign_response(request, response)):
                 self.recorder.record_response(request, response)
         finally:  # a failing record never skips the robots.txt status
             if request.url.endswith("/robots.txt"):
@@ -195,7 +197,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         if self.lifecycle.stage(request) != Stage.IN_FLIGHT:  # not booked in this pass through the downloader
             self.booker.end(request, dropped=True)
             return response
-        refusal = self.unpinned.refusal(request, response)  # decided when it was recorded: counted once
+        # Decided when it was recorded: counted once.
+        refusal = self.unpinned.refusal(request, response) if self.unpinned.active else None
         decision = await end_when_recorded(self.recorder, self.booker, request)
         if refusal is not None:
             raise IgnoreRequest(f"scrapy-polite refuses the response of {request.url!r}: {refusal}")

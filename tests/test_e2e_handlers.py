@@ -435,6 +435,19 @@ def test_a_reported_address_is_compared_as_an_address():
     assert counted == ["unpinned/address_changed", "unpinned/refused_response"]
 
 
+def test_the_middleware_asks_about_unpinned_requests_only_when_a_handler_is_checked_or_a_browser():
+    """With every handler pinned (the add-on's own), nothing is unpinned: ``active`` is False and the middleware asks
+    nothing per page. Negative controls: a checked handler (httpx) and scrapy-playwright's browser make it True."""
+    def active(handlers):
+        settings = Settings({"DOWNLOAD_HANDLERS": handlers, "ADDONS": {Addon: 0}})
+        Addon().update_settings(settings)
+        return UnpinnedRequests(handler_modes(settings), AddressFilter(), lambda _key: None).active
+
+    assert active({}) is False
+    assert active({"http": HTTPX, "https": HTTPX}) is True
+    assert active({"http": PLAYWRIGHT, "https": PLAYWRIGHT}) is True
+
+
 @pytest_twisted.ensureDeferred
 async def test_negative_control_httpx_without_the_addon_is_not_spaced(arrival_server, tmp_path):
     """The same handler and hosts with POLITE_ENABLED = False: the spacing assertions above can fail."""

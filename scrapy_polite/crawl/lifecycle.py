@@ -366,8 +366,14 @@ class Lifecycle:
         ``polite/lifecycle/reclaimed``."""
         if active is None:
             return 0
-        gone = [(key, request) for key, request in self.holders()
-                if request not in active and self.stage(request) != Stage.HELD]
+        # holders() no longer in the downloader nor held by the scheduler (loops: no call of their own, once a second)
+        gone: list[tuple[str, Any]] = []
+        for key, line in self._lines.items():
+            if line.holder is not None and line.holder not in active and self.stage(line.holder) != Stage.HELD:
+                gone.append((key, line.holder))
+        for host, request in self._claims.items():
+            if request not in active and self.stage(request) != Stage.HELD:
+                gone.append((f"claim:{host}", request))
         ended = 0
         seen: set[int] = set()
         for key, request in gone:

@@ -51,7 +51,7 @@ class Resolution:
         self._splits: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         #: Whether a request's handler resolves its host itself (a *checked* handler): then every address of
         #: the answer must be allowed (docs/spec.md §4.1). Set by the pacer from the handler modes.
-        self.resolves_itself: Callable[[Request], bool] = lambda _request: False
+        self.resolves_itself: Callable[[Request], bool] | None = None  # None: no handler does
 
     def resolver(self) -> PublicHostnameResolver:
         """The process's :class:`~scrapy_polite.resolver.PublicHostnameResolver` (``TWISTED_DNS_RESOLVER``).
@@ -105,7 +105,7 @@ class Resolution:
                 self.report.inc("proxy_unpinned")
             return None
         resolver = self._resolver if self._resolver is not None else self.resolver()
-        whole = self.resolves_itself(request)
+        whole = self.resolves_itself is not None and self.resolves_itself(request)
         try:
             if whole:
                 addresses = await await_deferred(resolver.resolve_whole(host))

@@ -230,6 +230,10 @@ class UnpinnedRequests:
         #: The schemes whose responses may come from another host (a checked handler, or scrapy-playwright's
         #: browser, which follows redirects itself, pinned too).
         self._redirecting = {scheme for scheme, mode in modes.items() if mode.browser or mode.mode == CHECKED}
+        #: Some scheme is downloaded by a checked handler or by scrapy-playwright's browser (each is in
+        #: :attr:`_redirecting`). False in a crawl whose every handler is pinned: then every question here answers
+        #: "nothing" (no count, no refusal, no foreign response), and the middleware asks none.
+        self.active = bool(self._redirecting)
         #: scrapy-playwright through the crawl's proxy: the proxy options, by scheme (a request's own persistent
         #: browser context gets them too).
         self._proxied = {scheme: mode.proxy for scheme, mode in modes.items() if mode.browser}
