@@ -218,11 +218,12 @@ class _PinnedScrapyAgent(_ScrapyAgent):
     pinned_agents: dict[tuple[Any, ...], Agent]
 
     def _get_agent(self, request: Request, timeout: float) -> Agent:
-        address = request.meta.get(IP_META)
-        if not address or request.meta.get("proxy"):
+        meta = request.meta
+        address = meta.get(IP_META)
+        if not address or meta.get("proxy"):
             return super()._get_agent(request, timeout)
         # scrapy.utils._download_handlers.normalize_bind_address: private module, same in 2.18.0 and 2.19.0.
-        bind_address = normalize_bind_address(request.meta.get("bindaddress") or self._bindAddress)
+        bind_address = normalize_bind_address(meta.get("bindaddress") or self._bindAddress)
         key = (str(address), bind_address, timeout)
         agent = self.pinned_agents.get(key)
         if agent is None:

@@ -100,12 +100,13 @@ class PoliteDownloaderMiddleware(_PacerComponent):
 
     async def process_request(self, request: Request) -> Request | None:
         report = self.report
+        meta = request.meta  # (a property of Scrapy's Request: read once)
         # A redirect or retry copies its parent's meta: forget the parent's booking.
-        request.meta.pop(HOST_META, None)
-        request.meta.pop(SENT_AT_META, None)
-        request.meta.pop(QUOTA_SERIAL_META, None)
-        request.meta.pop(IP_META, None)
-        request.meta.pop(PINNED_META, None)
+        meta.pop(HOST_META, None)
+        meta.pop(SENT_AT_META, None)
+        meta.pop(QUOTA_SERIAL_META, None)
+        meta.pop(IP_META, None)
+        meta.pop(PINNED_META, None)
         try:
             parsed = url_host(request.url)  # never from meta: a redirect copies the old request's meta
         except InvalidHost as exc:  # docs/spec.md §1: the URL Standard rejects it; nothing is resolved
@@ -125,8 +126,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             report.inc("refused/no_host")
             raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: it has no host to pace")
         host = parsed.key
-        request.meta[HOST_META] = host
-        if request.meta.get(DONT_PACE_META):  # exempt from pacing, never from the address rules
+        meta[HOST_META] = host
+        if meta.get(DONT_PACE_META):  # exempt from pacing, never from the address rules
             await self._unpaced(request, host)
             return None
         try:
@@ -138,9 +139,9 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         if isinstance(outcome, Defer):
             hold_request(self.pacer, request, host, outcome.due)
             return request  # the engine hands it back to the scheduler, which keeps it until due
-        request.meta[SENT_AT_META] = outcome.sent_at
+        meta[SENT_AT_META] = outcome.sent_at
         if outcome.serial is not None:
-            request.meta[QUOTA_SERIAL_META] = outcome.serial
+            meta[QUOTA_SERIAL_META] = outcome.serial
         if outcome.address is not None:
             self._send_to(request, host, outcome.address)
         return None

@@ -400,8 +400,10 @@ class Lifecycle:
     def _move(self, request: Any, stage: Stage, host: str | None = None) -> Paced:
         """Move ``request`` to ``stage`` (for ``host``, when given), checked (:meth:`_checked`)."""
         paced = self._paced.get(request)
-        if paced is None or paced.stage not in ENTERED_FROM[stage]:  # first seen, or an illegal move
-            paced = self._checked(request, stage)
+        if paced is None:  # first seen (the scheduler's release of a new request)
+            paced = self._paced[request] = Paced()
+        if paced.stage not in ENTERED_FROM[stage]:  # an illegal move: counted and logged
+            self._checked(request, stage)
         paced.stage = stage
         if host is not None:
             paced.host = host

@@ -145,13 +145,15 @@ class Resolution:
     def pin(self, request: Request, host: str, address: str) -> None:
         """Connect ``request`` to ``address`` (``meta['polite_ip']``) and pin the resolver's answer for
         ``host`` to it until the request is done (docs/spec.md §4)."""
-        request.meta[IP_META] = address
-        if self._resolver is not None and not request.meta.get(PINNED_META):
+        meta = request.meta
+        meta[IP_META] = address
+        if self._resolver is not None and not meta.get(PINNED_META):
             self._resolver.pin(host, address)
-            request.meta[PINNED_META] = True
+            meta[PINNED_META] = True
 
     def unpin(self, request: Request, host: str) -> None:
         """Release the request's pin, if it holds one (idempotent)."""
-        address = request.meta.get(IP_META)
-        if address and request.meta.pop(PINNED_META, False) and self._resolver is not None:
+        meta = request.meta
+        address = meta.get(IP_META)
+        if address and meta.pop(PINNED_META, False) and self._resolver is not None:
             self._resolver.unpin(host, address)
