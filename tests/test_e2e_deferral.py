@@ -581,12 +581,12 @@ async def test_one_request_per_host_in_the_downloader_and_others_flow(arrival_se
 
 @pytest_twisted.ensureDeferred
 async def test_negative_control_without_deferral_requests_crowd_the_downloader(arrival_server, tmp_path, monkeypatch):
-    """The same crawl with deferral switched off (``Booker.can_defer`` patched to False: requests wait for the
-    host's line inside the downloader): the probe sees host A's requests pile up in the downloader and the
-    other hosts are slowed — the assertions above are not vacuous."""
-    from scrapy_polite.crawl.booking import Booker
+    """The same crawl with deferral switched off (``PoliteScheduler.owns`` patched to False: no request can be held,
+    so requests wait for the host's line inside the downloader): the probe sees host A's requests pile up in the
+    downloader and the other hosts are slowed — the assertions above are not vacuous."""
+    from scrapy_polite.scheduler import PoliteScheduler
 
-    monkeypatch.setattr(Booker, "can_defer", lambda self, request: False)
+    monkeypatch.setattr(PoliteScheduler, "owns", lambda self, request: False)
     crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(arrival_server, tmp_path, 90)
     assert len(timeline(a)) == 20 and all(len(timeline(o)) == 20 for o in others)
     assert crowded and raw_max > 5, (len(crowded), raw_max)
