@@ -205,7 +205,7 @@ class PoliteScheduler:
 
     def next_request(self) -> Request | None:
         self.pacer.reconcile()  # the backstop for a request that left by a path no middleware saw
-        request = self._next_due()
+        request = self._next_due() if self._heap else None  # (no call while nothing is held)
         if request is None:
             if self.shared is not None:
                 request = self.shared.take({host for host, _ in self._held.items()}, len(self._held))
