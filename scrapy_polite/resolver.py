@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import math
 import threading
 import time
 from collections import Counter
@@ -200,7 +199,7 @@ class PublicHostnameResolver:
         self._pins: dict[str, Counter[str]] = {}
         self._verdicts: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         #: host as asked → (its answer, every address allowed; until when it holds): :meth:`resolve_known`'s.
-        self._allowed: dict[str, tuple[tuple[str, ...], float]] = {}
+        self._allowed: dict[str, tuple[tuple[str, ...], float | None]] = {}
         self._local = threading.local()
 
     @classmethod
@@ -230,21 +229,21 @@ class PublicHostnameResolver:
 
     # -- the resolution ---------------------------------------------------------------------------------
 
-    def _known(self, host: str) -> tuple[tuple[str, ...], float] | None:
+    def _known(self, host: str) -> tuple[tuple[str, ...], float | None] | None:
         """:meth:`lookup`'s answer when it needs no query, with the time (:attr:`clock`'s seconds) until which
-        it holds: an address, an override, ``localhost`` (``math.inf``: they never change), a fresh cached
+        it holds: an address, an override, ``localhost`` (None: they never change), a fresh cached
         answer (its expiry; it counts a ``cache_hit``); None otherwise (an invalid name included)."""
         try:
             parsed = name_host(host)
         except InvalidHost:
             return None
         if parsed.ip is not None:  # an address in any of the URL Standard's spellings: never a DNS name
-            return (str(parsed.ip),), math.inf
+            return (str(parsed.ip),), None
         host = parsed.key
         if host in self.overrides:
-            return self.overrides[host], math.inf
+            return self.overrides[host], None
         if host == "localhost" or host.endswith(".localhost"):
-            return ("127.0.0.1", "::1"), math.inf
+            return ("127.0.0.1", "::1"), None
         cached = self._cache.get(host)
         if cached is not None and cached[1] > self.clock():
             self.counts["cache_hit"] += 1
@@ -261,9 +260,9 @@ class PublicHostnameResolver:
         the reading of its name and the address rules; one that expired counts its ``cache_hit`` as before."""
         remembered = self._allowed.get(host)
         if remembered is not None:
-            if remembered[1] == math.inf:  # an address, an override, localhost: no clock read
+            if remembered[1] is None:  # an address, an override, localhost: no clock read
                 return list(remembered[0])
-            if remembered[1] > self.clock():
+            if remembered[1] > self.clock():  # a cached answer (even one cached for ever) counts its hit
                 self.counts["cache_hit"] += 1
                 return list(remembered[0])
         known = self._known(host)

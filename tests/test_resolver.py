@@ -607,6 +607,21 @@ async def test_resolve_known_remembers_an_allowed_answer_until_it_expires(dns_se
 
 
 @pytest_twisted.ensureDeferred
+async def test_an_answer_cached_for_ever_still_counts_each_hit(dns_server):
+    """A cached answer that never expires (a TTL floor of infinity) is still the cache's: each answer remembered from
+    it counts its ``cache_hit``. Negative control: an override, which is no cached answer, counts none."""
+    srv = dns_server({"cached.test": [("8.8.8.8", 300)]})
+    resolver = make_resolver(srv, Clock(), min_ttl=float("inf"), max_ttl=float("inf"),
+                             overrides={"over.test": ["1.1.1.1"]})
+    assert await resolver.resolve("cached.test") == ["8.8.8.8"]
+    hits = resolver.counts["cache_hit"]
+    assert [resolver.resolve_known("cached.test") for _ in range(3)] == [["8.8.8.8"]] * 3
+    assert resolver.counts["cache_hit"] == hits + 3
+    assert [resolver.resolve_known("over.test") for _ in range(2)] == [["1.1.1.1"]] * 2
+    assert resolver.counts["cache_hit"] == hits + 3
+
+
+@pytest_twisted.ensureDeferred
 async def test_the_crawls_resolution_splits_each_answer_once_and_refuses_the_same_way(dns_server):
     """Resolution.addresses applies the crawl's own (narrower) rules to the resolver's answer: the split is kept per
     answer, and a host refused once is refused again (never answered from a kept split of another answer)."""

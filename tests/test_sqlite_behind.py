@@ -82,6 +82,7 @@ async def test_a_write_in_an_open_window_runs_at_once(tmp_path, behind):
     table = store.open_async(write_behind=behind)
     try:
         await table.update_many(["a.example"], _booked(10.0))  # the first group: opens the window
+        await _sleep(0.01)  # (resumed inside the group's delivery: a write made there waits for the next group)
         d = table.update_many(["b.example"], _booked(20.0))
         assert d.called is bool(behind)
         assert await d is not None
@@ -98,6 +99,35 @@ async def test_a_write_in_an_open_window_runs_at_once(tmp_path, behind):
             await after
         await _sleep(behind + 0.3)
         assert _committed(path, "b.example") is not None
+    finally:
+        await table.close_async()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_write_made_while_a_group_is_delivered_completes_after_the_group(tmp_path):
+    """Calls complete in call order: a write that a caller's callback makes while its group's results are handed
+    out waits for the next group, even in an open window (it would otherwise complete before the group's later
+    calls, which were made first). Negative control: the same write made after the group runs at once."""
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path, mark=True)
+    table = store.open_async(write_behind=1.0)
+    done: list[str] = []
+    try:
+        later: list[defer.Deferred] = []
+
+        def first(_result):
+            done.append("A")
+            later.append(table.update_many(["c.example"], _booked(1.0)).addCallback(lambda _: done.append("C")))
+
+        a = table.update_many(["a.example"], _booked(1.0)).addCallback(first)  # one turn: one group, A and B
+        b = table.update_many(["b.example"], _booked(1.0)).addCallback(lambda _: done.append("B"))
+        await defer.gatherResults([a, b])
+        await later[0]
+        assert done == ["A", "B", "C"]
+        await _sleep(0.01)  # (this coroutine resumed inside the delivery: the next turn is after it)
+        d = table.update_many(["d.example"], _booked(1.0))  # the window open, nothing delivered: at once
+        assert d.called
+        await d
     finally:
         await table.close_async()
 

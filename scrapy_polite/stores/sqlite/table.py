@@ -95,6 +95,8 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         self._held: deque[_Held] = deque()
         self._group_max = max(1, group_max)
         self._flush_turn: CallLaterResult | None = None  # the reactor turn scheduled for the next group
+        #: A group's results are being handed out: a write made meanwhile goes behind the group's later calls.
+        self._delivering = False
 
     @property
     def checkpoints(self) -> int:
@@ -136,7 +138,8 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
             return defer.fail(self._closed_error())
         if self._lost is not None or self._inline.behind.lost:  # (the check of _lost_error, without its call)
             return defer.fail(self._lost_error())
-        if writes and self._inline.behind.open and not (self._held or self._wal.holding or self._pool.queued):
+        if writes and self._inline.behind.open and not (self._held or self._delivering or self._wal.holding
+                                                         or self._pool.queued):
             # A write-behind window holds the file's write lock: this call is a group of its own, in the window's
             # transaction, at once (docs/spec.md §6, "Write-behind"): no turn waited, its result already there.
             try:
@@ -217,20 +220,23 @@ class AsyncSQLiteStore(TableBase["SQLiteStore"]):
         self.transactions += 1
         self._deliver(batch, outcomes)
 
-    @staticmethod
-    def _deliver(batch: Sequence[_Held], outcomes: Sequence[tuple[bool, Any]]) -> None:
-        """Each caller its own result or its own exception, in call order."""
-        for (_, d, _), (ok, value) in zip(batch, outcomes, strict=True):
-            if ok:
-                d.callback(value)
-            else:
-                d.errback(value)
+    def _deliver(self, batch: Sequence[_Held], outcomes: Sequence[tuple[bool, Any]]) -> None:
+        """Each caller its own result or its own exception, in call order. A write that a caller's callback makes
+        meanwhile waits for the next group (:attr:`_delivering`), so it completes after the rest of this one."""
+        delivering, self._delivering = self._delivering, True
+        try:
+            for (_, d, _), (ok, value) in zip(batch, outcomes, strict=True):
+                if ok:
+                    d.callback(value)
+                else:
+                    d.errback(value)
+        finally:
+            self._delivering = delivering
 
-    @staticmethod
-    def _fail_all(failure: Failure | Exception, batch: Sequence[_Held]) -> None:
-        """The group's transaction failed (nothing of it was written): every caller gets the error."""
-        for _, d, _ in batch:
-            d.errback(failure)
+    def _fail_all(self, failure: Failure | Exception, batch: Sequence[_Held]) -> None:
+        """The group's transaction failed (nothing of it was written): every caller gets the error (in call order,
+        as :meth:`_deliver`)."""
+        self._deliver(batch, [(False, failure)] * len(batch))
 
     def _commit_window(self) -> None:
         """Commit the write-behind window (its timer, the close). A window that cannot be committed is lost: the
