@@ -9,8 +9,9 @@ an ``async def`` download handler that awaits Scrapy's own, a scheduler that del
 
 * a downloader middleware at the end of the chain with ``async def process_request``, ``async def
   process_response`` and ``async def process_exception`` (the pacing middleware);
-* an extension with receivers for ``response_downloaded`` (the record) and ``spider_idle`` (the give-up's
-  ``response_received`` receiver is connected only while a given-up response is on its way: none here);
+* an extension with a receiver for ``spider_idle`` (the give-up's ``response_received`` receiver is connected
+  only while a given-up response is on its way, the record's ``response_downloaded`` only once a request goes to
+  another handler than the add-on's pinned ones, which record in the handler: neither here);
 * a scheduler that wraps Scrapy's (``enqueue_request``, ``next_request``, ``has_pending_requests``, ``len``);
 * an HTTP/1.1 download handler whose ``async def download_request`` awaits Scrapy's.
 
@@ -44,12 +45,8 @@ class ShellExtension:
     @classmethod
     def from_crawler(cls, crawler: Any) -> ShellExtension:
         ext = cls()
-        crawler.signals.connect(ext.response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(ext.spider_idle, signal=signals.spider_idle)
         return ext
-
-    def response_downloaded(self, response: Response, request: Request) -> None:
-        pass
 
     def spider_idle(self) -> None:
         pass

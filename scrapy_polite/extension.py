@@ -17,8 +17,8 @@ At construction it refuses a crawl that cannot run safely or has an invalid sett
 (:func:`~scrapy_polite.startup.refuse_to_start`: one ERROR line, a non-zero exit status), and closes the
 pace table it opened, so that the refused process exits.
 
-Responses and failures are recorded by the pacing middleware (:meth:`PoliteDownloaderMiddleware.response_downloaded
-<scrapy_polite.middleware.PoliteDownloaderMiddleware.response_downloaded>`). Stats are under
+Responses are recorded as they leave the download handler (:meth:`Recorder.downloaded
+<scrapy_polite.crawl.recording.Recorder.downloaded>`), failures by the pacing middleware. Stats are under
 ``polite/`` (:data:`scrapy_polite.vocabulary.STATS`).
 """
 

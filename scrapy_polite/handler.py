@@ -13,6 +13,7 @@ resolves the target, so pinning cannot apply (the middleware says so in the log 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PinnedH2DownloadHandler", "PinnedHTTP11DownloadHandler"]
 
+logger = logging.getLogger(__name__)
+
 
 class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
     """Scrapy's HTTP/1.1 handler, connecting each booked request to ``meta['polite_ip']``.
@@ -39,7 +42,9 @@ class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
     async def download_request(self, request: Request) -> Response:
         if request.meta.get(BURST_META):  # the usual case: no call, no lookup of the pacer
             _redefer_if_throttled(self.crawler, request)
-        return await download_pinned(self, request)
+        response = await download_pinned(self, request)
+        _record(self.crawler, request, response)
+        return response
 
 
 if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
@@ -59,7 +64,23 @@ if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
         async def download_request(self, request: Request) -> Response:
             if request.meta.get(BURST_META):  # the usual case: no call, no lookup of the pacer
                 _redefer_if_throttled(self.crawler, request)
-            return await download_pinned_h2(self, request)
+            response = await download_pinned_h2(self, request)
+            _record(self.crawler, request, response)
+            return response
+
+
+def _record(crawler: Crawler, request: Request, response: Response) -> None:
+    """Record the downloaded ``response`` here, as it leaves the handler (:meth:`Recorder.downloaded
+    <scrapy_polite.crawl.recording.Recorder.downloaded>`, docs/spec.md §5, "Recording"), as the middleware's
+    ``response_downloaded`` receiver does for other handlers: without Scrapy's signal dispatch per page. A record
+    that raises is logged; the response still goes on (as from a signal's receiver)."""
+    pacer = find_pacer(crawler)
+    if pacer is None:  # the handler without the add-on's middleware: nothing records
+        return
+    try:
+        pacer.recorder.downloaded(request, response)
+    except Exception:
+        logger.exception("scrapy-polite could not record %s for %s", response.status, request.url)
 
 
 def _redefer_if_throttled(crawler: Crawler, request: Request) -> None:

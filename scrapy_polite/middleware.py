@@ -3,11 +3,11 @@
 Before a request it books the request on its host: the request goes now, **waits** (non-blocking, at most
 ``POLITE_MAX_WAIT`` at a time) or is **deferred** — it leaves the downloader and the
 :class:`~scrapy_polite.scheduler.PoliteScheduler` holds it until its host is due. It is the one owner of
-a download's outcome: a response is recorded by :meth:`PoliteDownloaderMiddleware.response_downloaded` (the
-signal), a failure by ``process_exception``; then the request's life ends (its lines freed for the next
-request). A response judged a throttle is not passed on: the same request goes back to the scheduler to be
-held until its host is due, up to ``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.crawl.retrying`), so
-throttles never use up ``RETRY_TIMES``.
+a download's outcome: a response is recorded as it leaves the download handler (by the add-on's pinned handler
+itself, by :meth:`PoliteDownloaderMiddleware.response_downloaded` for any other), a failure by
+``process_exception``; then the request's life ends (its lines freed for the next request). A response judged a
+throttle is not passed on: the same request goes back to the scheduler to be held until its host is due, up to
+``POLITE_THROTTLE_RETRIES`` times (:mod:`scrapy_polite.crawl.retrying`), so throttles never use up ``RETRY_TIMES``.
 
 Settings: ``POLITE_ENABLED`` and the ``POLITE_*`` settings (:data:`scrapy_polite.settings.declaration.SETTINGS`).
 Request meta: ``polite_delay`` (seconds, a larger interval for this request's host), ``polite_burst`` (segments of
@@ -28,17 +28,27 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from .crawl.lifecycle import Stage
 from .crawl.seams import Defer, Redefer, ResolverNotInstalled
+from .network.handlers import own_handler_schemes
 from .network.hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .pacer import CrawlStopped, Pacer, get_pacer
 from .policy import host_key
 from .settings import polite_enabled
 from .stores import StoreError
-from .vocabulary import DONT_PACE_META, HOST_META, IP_META, PINNED_META, QUOTA_SERIAL_META, SENT_AT_META
+from .vocabulary import (
+    DONT_PACE_META,
+    HOST_META,
+    IP_META,
+    PINNED_META,
+    QUOTA_SERIAL_META,
+    RECORDED_META,
+    SENT_AT_META,
+)
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from scrapy.signalmanager import SignalManager
     from typing_extensions import Self
 
     from .crawl.booking import Booker
@@ -88,12 +98,21 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         self.unpinned = pacer.unpinned
         self.retries = pacer.retries
         self._refusals_logged: set[str] = set()
+        #: The crawler's signals, and the schemes whose download handler is one of the add-on's pinned ones (they
+        #: record their responses themselves): set by :meth:`from_crawler`. Until a request of another scheme
+        #: comes, ``response_downloaded`` is not connected (its dispatch costs about 0.3 % of plain Scrapy's
+        #: instructions per page); from then on, for the rest of the crawl (:meth:`_listen`).
+        self._signals: SignalManager | None = None
+        self._own_schemes: frozenset[str] = frozenset()
+        self._listening = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         middleware = super().from_crawler(crawler)
-        # Every downloaded response is recorded as it leaves the download handler, before any middleware acts on it.
-        crawler.signals.connect(middleware.response_downloaded, signal=signals.response_downloaded)
+        # Every downloaded response is recorded as it leaves the download handler, before any middleware acts on it:
+        # by the add-on's pinned handlers themselves, by response_downloaded for any other handler's (_listen).
+        middleware._signals = crawler.signals
+        middleware._own_schemes = own_handler_schemes(crawler.settings)
         # A throttled page whose retries are spent is given up once its response reaches the engine.
         middleware.retries.attach(crawler.signals)
         return middleware
@@ -127,6 +146,9 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             raise IgnoreRequest(f"scrapy-polite refuses {request.url!r}: it has no host to pace")
         host = parsed.key
         meta[HOST_META] = host
+        meta.pop(RECORDED_META, None)  # recorded once per pass through the downloader (Recorder.downloaded)
+        if not self._listening and request.url.partition(":")[0].lower() not in self._own_schemes:
+            self._listen()
         if meta.get(DONT_PACE_META):  # exempt from pacing, never from the address rules
             await self._unpaced(request, host)
             return None
@@ -165,25 +187,31 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         if self.unpinned.active:
             self.unpinned.sent(request)
 
+    def _listen(self) -> None:
+        """Connect :meth:`response_downloaded`, for the rest of the crawl: a request goes to a download handler
+        that is not one of the add-on's pinned ones (a checked handler, scrapy-playwright, ``ftp``, ``s3``)."""
+        self._listening = True
+        if self._signals is not None:
+            self._signals.connect(self.response_downloaded, signal=signals.response_downloaded)
+
     def response_downloaded(self, response: Response, request: Request, spider: Any = None) -> None:
-        """``response_downloaded`` (connected in :meth:`from_crawler`): **the** place a downloaded response is
-        recorded (docs/spec.md §5), before any downloader middleware acts on it (``RetryMiddleware`` turning a
-        429 into a retry): its status, ``Retry-After`` and rate-limit fields into the table. A response a
-        checked handler got from a non-public address is recorded as a failure that never throttles, one from
-        another host than the booked one (a browser's redirect) is not recorded (docs/spec.md §4.1). A
-        robots.txt response's status is noted. ``process_response`` then waits for the record."""
+        """``response_downloaded`` (connected by :meth:`_listen`): records a response that a download handler other
+        than the add-on's pinned ones downloaded (:meth:`Recorder.downloaded
+        <scrapy_polite.crawl.recording.Recorder.downloaded>`, docs/spec.md §5), before any downloader middleware
+        acts on it (``RetryMiddleware`` turning a 429 into a retry): its status, ``Retry-After`` and rate-limit
+        fields into the table. A response a checked handler got from a non-public address is recorded as a failure
+        that never throttles (that server's status says nothing of the booked host), one from another host than
+        the booked one (a browser's redirect) is not recorded (docs/spec.md §4.1). ``process_response`` then
+        waits for the record."""
+        if request.meta.get(RECORDED_META):  # the add-on's own handler recorded it
+            return
         unpinned = self.unpinned
-        try:
-            refusal = unpinned.refusal(request, response) if unpinned.active else None
-            if refusal is not None:
-                # A checked handler reached a non-public address; that server's status (a 429) says nothing
-                # of the booked host: a failure, which never throttles it.
-                self.recorder.record_failure(request, IgnoreRequest(refusal))
-            elif not (unpinned.active and unpinned.foreign_response(request, response)):
-                self.recorder.record_response(request, response)
-        finally:  # a failing record never skips the robots.txt status
-            if request.url.endswith("/robots.txt"):
-                self.recorder.robots_downloaded(request.url, response.status)
+        if not unpinned.active:
+            self.recorder.downloaded(request, response)
+            return
+        refusal = unpinned.refusal(request, response)
+        self.recorder.downloaded(request, response, refusal=refusal,
+                                 foreign=refusal is None and unpinned.foreign_response(request, response))
 
     async def process_response(self, request: Request, response: Response) -> Request | Response:
         """Wait for the response's record (:meth:`response_downloaded`), then end the request's life (its lines

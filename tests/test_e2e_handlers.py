@@ -23,6 +23,10 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_twisted
 import scrapy
+from pydispatch import dispatcher
+from scrapy import signals
+from scrapy.core.downloader.handlers.base import BaseDownloadHandler
+from scrapy.http import Response
 from scrapy.settings import Settings
 
 from scrapy_polite.addon import Addon, UnsafeHandlerError
@@ -30,7 +34,15 @@ from scrapy_polite.browser import BrowserRequestGuard
 from scrapy_polite.clock import process_clock
 from scrapy_polite.crawl.reactor import await_deferred
 from scrapy_polite.network.addresses import AddressFilter
-from scrapy_polite.network.handlers import CHECKED, PINNED, PINNED_HTTP11_HANDLER, UnpinnedRequests, handler_modes
+from scrapy_polite.network.handlers import (
+    CHECKED,
+    PINNED,
+    PINNED_HTTP11_HANDLER,
+    UnpinnedRequests,
+    handler_modes,
+    own_handler_schemes,
+)
+from scrapy_polite.pacer import find_pacer
 from scrapy_polite.resolver import MixedAnswer, PublicHostnameResolver
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
@@ -587,3 +599,54 @@ def test_an_unknown_handler_stops_scrapy_crawl_with_status_1_within_seconds(tmp_
     proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "own_handler")
     assert time.monotonic() - started < 20
     assert_refused(proc, server, "myproject.handlers.OwnHandler", "POLITE_CHECKED_HANDLERS")
+
+
+class LocalFTPHandler(BaseDownloadHandler):
+    """Stands in for Scrapy's FTP handler, a handler other than the add-on's pinned ones: answers 200 without a
+    network."""
+
+    async def download_request(self, request: scrapy.Request) -> Response:
+        return Response(request.url, status=200, request=request)
+
+
+def response_receivers(crawler) -> list[str]:
+    """The names of the receivers connected to the crawler's ``response_downloaded``."""
+    found = dispatcher.liveReceivers(dispatcher.getAllReceivers(crawler, signals.response_downloaded))
+    return [getattr(r, "__qualname__", repr(r)) for r in found]
+
+
+def test_the_pinned_handlers_schemes_are_the_ones_that_record_themselves():
+    """The add-on installs its pinned handler for http and https: those record their responses themselves. Negative
+    controls: Scrapy's ftp and s3 handlers and a checked handler are not the add-on's."""
+    def own(handlers):
+        settings = Settings({"DOWNLOAD_HANDLERS": handlers, "ADDONS": {Addon: 0}})
+        Addon().update_settings(settings)
+        return own_handler_schemes(settings)
+
+    assert own({}) == {"http", "https"}
+    assert own({"http": HTTPX, "https": HTTPX}) == set()
+    assert own({"http": HTTPX}) == {"https"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_response_is_recorded_once_whichever_handler_downloads_it(arrival_server, tmp_path):
+    """The add-on's pinned handler records what it downloads; a response of another handler (an ``ftp`` one here) is
+    recorded from Scrapy's ``response_downloaded``, connected once such a request comes (docs/spec.md §5,
+    "Recording"). In one crawl with both, every response counts once on its host (a record of both would count
+    the http pages twice). Negative control: a crawl of http pages alone records them all and never connects the
+    receiver."""
+    server = arrival_server("127.0.20.30")
+    urls = ["ftp://127.0.20.31/f0", *(server.url(f"/p/{i}") for i in range(4)), "ftp://127.0.20.31/f1"]
+    settings = polite_settings(POLITE_HOST_INTERVAL=0.05, DOWNLOAD_HANDLERS={"ftp": LocalFTPHandler})
+    crawler = await run_crawl(ListSpider, settings, urls=urls, timeout=30)
+    assert sorted(crawler.spider.statuses()) == [200] * 6, crawler.spider.failed
+    hosts = find_pacer(crawler).report.host_report()
+    assert hosts["127.0.20.30"]["statuses"] == {200: 4}
+    assert hosts["127.0.20.31"]["statuses"] == {200: 2}
+    assert "PoliteDownloaderMiddleware.response_downloaded" in response_receivers(crawler)
+
+    plain = await run_crawl(ListSpider, polite_settings(POLITE_HOST_INTERVAL=0.05),
+                            urls=[server.url(f"/q/{i}") for i in range(3)], timeout=30)
+    assert sorted(plain.spider.statuses()) == [200] * 3, plain.spider.failed
+    assert find_pacer(plain).report.host_report()["127.0.20.30"]["statuses"] == {200: 3}
+    assert "PoliteDownloaderMiddleware.response_downloaded" not in response_receivers(plain)

@@ -129,8 +129,9 @@ def meta_page() -> str:
 #: What the add-on does on each Scrapy signal it connects to (a signal found in the source without words here
 #: stops the build).
 SIGNAL_WORDS = {
-    "response_downloaded": "records the response on its host's row (status, `Retry-After`, quota fields), the one "
-                           "owner of a download's outcome",
+    "response_downloaded": "records the response of a download handler other than the add-on's pinned ones on its "
+                           "host's row (status, `Retry-After`, quota fields; the pinned handlers record their own): "
+                           "connected once a request of such a scheme comes",
     "response_received": "gives up a page whose throttle retries are spent once its throttled response reaches the "
                          "engine (connected only while such a response is on its way)",
     "robots_parsed": "reads the host's `Crawl-delay` / `Request-rate` from the parser Scrapy built",

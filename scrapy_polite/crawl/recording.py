@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Headers
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -35,7 +36,7 @@ from ..policy.ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
 from ..reports.counters import Report
 from ..settings import PoliteConfig
 from ..stores import StoreError
-from ..vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, SENT_AT_META
+from ..vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, RECORDED_META, SENT_AT_META
 from .lifecycle import Lifecycle
 from .outage import DeferredStore
 from .reactor import await_deferred
@@ -108,6 +109,27 @@ class Recorder:
         #: host → the status of its last downloaded robots.txt: only a 2xx or 4xx one may change the host's
         #: recorded delay (RFC 9309 §2.3.1.4; :meth:`robots_downloaded`).
         self.robots_statuses: dict[str, int] = {}
+
+    def downloaded(self, request: Request, response: Response, *, refusal: str | None = None,
+                   foreign: bool = False) -> None:
+        """Record ``response`` as it leaves the download handler, before any downloader middleware acts on it
+        (docs/spec.md §5, "Recording"), once per pass through the downloader (``meta['_polite_recorded']``): the
+        add-on's pinned handlers call this themselves, the middleware's ``response_downloaded`` receiver for every
+        other handler. ``refusal``: why a checked handler's response came from a non-public address (recorded as
+        a failure that never throttles); ``foreign``: it came from another host than the booked one (not
+        recorded; docs/spec.md §4.1). A robots.txt response's status is noted (:meth:`robots_downloaded`)."""
+        meta = request.meta
+        if meta.get(RECORDED_META):
+            return
+        meta[RECORDED_META] = True
+        try:
+            if refusal is not None:
+                self.record_failure(request, IgnoreRequest(refusal))
+            elif not foreign:
+                self.record_response(request, response)
+        finally:  # a failing record never skips the robots.txt status
+            if request.url.endswith("/robots.txt"):
+                self.robots_downloaded(request.url, response.status)
 
     def robots_downloaded(self, url: str, status: int) -> None:
         """Note the status of a downloaded robots.txt (``url``) for its host (:attr:`robots_statuses`)."""

@@ -54,6 +54,7 @@ __all__ = [
     "handler_modes",
     "is_playwright_handler",
     "log_modes",
+    "own_handler_schemes",
     "proxy_context",
     "same_address",
 ]
@@ -190,6 +191,16 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
                 f"entry (scrapy-polite installs {PINNED_HTTP11_HANDLER}), or accept it with its weaker address "
                 f"check: POLITE_CHECKED_HANDLERS = [{path!r}] (docs/guides/safety.md, \"Download handlers\").")
     return modes
+
+
+def own_handler_schemes(settings: Any) -> frozenset[str]:
+    """The schemes whose download handler (``DOWNLOAD_HANDLERS`` over Scrapy's ``DOWNLOAD_HANDLERS_BASE``) is one of
+    the add-on's pinned handlers, which record the responses they download themselves (docs/spec.md §5,
+    "Recording"); every other scheme's responses are recorded from Scrapy's ``response_downloaded`` signal."""
+    handlers = settings.getwithbase("DOWNLOAD_HANDLERS")
+    own = (PINNED_HTTP11_HANDLER, PINNED_H2_HANDLER)
+    return frozenset(scheme for scheme in handlers
+                     if handlers[scheme] is not None and component_path(handlers[scheme]) in own)
 
 
 def log_modes(modes: dict[str, SchemeMode]) -> None:
