@@ -388,8 +388,11 @@ def wake_engine(crawler: Crawler) -> None:
     Uses ``ExecutionEngine._slot.nextcall.schedule()`` (private; Scrapy 2.18.0 and 2.19.0): Scrapy has
     no public way to wake the engine; ``engine.crawl()`` would also schedule a request.
     """
-    slot = getattr(crawler_engine(crawler), "_slot", None)
-    nextcall = getattr(slot, "nextcall", None)
+    try:  # crawler_engine(crawler), without its call: once per page
+        engine = getattr(crawler, "engine", None)
+    except RuntimeError:
+        return
+    nextcall = getattr(getattr(engine, "_slot", None), "nextcall", None)
     if nextcall is not None:
         nextcall.schedule()
 

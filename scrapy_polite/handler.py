@@ -14,7 +14,7 @@ resolves the target, so pinning cannot apply (the middleware says so in the log 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
 
@@ -43,7 +43,7 @@ class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
         if request.meta.get(BURST_META):  # the usual case: no call, no lookup of the pacer
             _redefer_if_throttled(self.crawler, request)
         response = await download_pinned(self, request)
-        _record(self.crawler, request, response)
+        _record(self, request, response)
         return response
 
 
@@ -65,20 +65,24 @@ if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
             if request.meta.get(BURST_META):  # the usual case: no call, no lookup of the pacer
                 _redefer_if_throttled(self.crawler, request)
             response = await download_pinned_h2(self, request)
-            _record(self.crawler, request, response)
+            _record(self, request, response)
             return response
 
 
-def _record(crawler: Crawler, request: Request, response: Response) -> None:
+def _record(handler: Any, request: Request, response: Response) -> None:
     """Record the downloaded ``response`` here, as it leaves the handler (:meth:`Recorder.downloaded
     <scrapy_polite.crawl.recording.Recorder.downloaded>`, docs/spec.md §5, "Recording"), as the middleware's
-    ``response_downloaded`` receiver does for other handlers: without Scrapy's signal dispatch per page. A record
-    that raises is logged; the response still goes on (as from a signal's receiver)."""
-    pacer = find_pacer(crawler)
-    if pacer is None:  # the handler without the add-on's middleware: nothing records
-        return
+    ``response_downloaded`` receiver does for other handlers: without Scrapy's signal dispatch per page. The
+    crawl's recorder is kept with the handler (one per crawler) once found. A record that raises is logged; the
+    response still goes on (as from a signal's receiver)."""
+    recorder = vars(handler).get("_polite_recorder")
+    if recorder is None:
+        pacer = find_pacer(handler.crawler)
+        if pacer is None:  # the handler without the add-on's middleware: nothing records
+            return
+        recorder = vars(handler)["_polite_recorder"] = pacer.recorder
     try:
-        pacer.recorder.downloaded(request, response)
+        recorder.downloaded(request, response)
     except Exception:
         logger.exception("scrapy-polite could not record %s for %s", response.status, request.url)
 

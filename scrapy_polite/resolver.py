@@ -196,7 +196,7 @@ class PublicHostnameResolver:
         self._cache: dict[str, tuple[tuple[str, ...], float]] = {}
         self._negative: dict[str, tuple[DNSLookupError, float]] = {}
         self._pending: dict[str, list[defer.Deferred[tuple[str, ...]]]] = {}
-        self._pins: dict[str, Counter[str]] = {}
+        self._pins: dict[str, dict[str, int]] = {}  # host -> address -> pins
         self._verdicts: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         #: host as asked → (its answer, every address allowed; until when it holds): :meth:`resolve_known`'s.
         self._allowed: dict[str, tuple[tuple[str, ...], float | None]] = {}
@@ -419,10 +419,12 @@ class PublicHostnameResolver:
     def pin(self, host: str, address: str) -> None:
         """Answer only ``address`` for ``host`` until :meth:`unpin` (pins are counted per request)."""
         host = _canonical(host)
+        address = _canonical_address(address)
         pins = self._pins.get(host)
-        if pins is None:  # (not setdefault: a Counter built for nothing costs more than the pin, on every request)
-            pins = self._pins[host] = Counter()
-        pins[_canonical_address(address)] += 1
+        if pins is None:  # a plain dict, built only when needed: a host's pins end with its request, as a rule
+            self._pins[host] = {address: 1}
+        else:
+            pins[address] = pins.get(address, 0) + 1
 
     def unpin(self, host: str, address: str) -> None:
         """Release one pin of ``address`` for ``host``."""

@@ -43,6 +43,7 @@ import os
 import pickle
 import weakref
 from typing import TYPE_CHECKING, Any
+from weakref import ref
 
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.request import request_from_dict
@@ -101,6 +102,10 @@ class PoliteScheduler:
         self._seq = itertools.count()
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
+        # Each set's own set of weak references (CPython's ``WeakSet.data``): ``ref(request) in`` it answers as
+        # ``request in`` the WeakSet, without a Python-level call on every page; added to through the WeakSet.
+        self._owned_refs: set[weakref.ref[Request]] = vars(self._owned)["data"]
+        self._rehold_refs: set[weakref.ref[Request]] = vars(self._rehold)["data"]
         self._timer: Any = None
         self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
         self._closing = False
@@ -193,7 +198,7 @@ class PoliteScheduler:
         return min(self._due.values()) if self._due else None
 
     def enqueue_request(self, request: Request) -> bool:
-        if request in self._rehold:  # a deferred request coming back from the downloader: already held
+        if ref(request) in self._rehold_refs:  # a deferred request coming back from the downloader: already held
             self._rehold.discard(request)
             return True
         if self.lifecycle.stage(request) in IN_DOWNLOADER:
@@ -237,7 +242,7 @@ class PoliteScheduler:
 
     def owns(self, request: Request) -> bool:
         """The request was handed out by this scheduler, so it can be deferred."""
-        return request in self._owned
+        return ref(request) in self._owned_refs
 
     def hold(self, request: Request, host: str, due: float | None) -> None:
         """Keep ``request`` out of the downloader until ``due`` (epoch seconds; None: until its host's

@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from weakref import ref
 
 from twisted.internet import defer
 
@@ -154,8 +155,11 @@ class Lifecycle:
         self._lines: dict[str, Line] = {}
         self._claims: dict[str, Any] = {}  # host → its released request on its way to the booking
         self._waiting_hosts: dict[str, set[str]] = {}  # ip: key → hosts deferred until it frees
-        #: request → its place (freed with the request).
+        #: request → its place (freed with the request). Read through :attr:`_rows`, the map's own dict (CPython's
+        #: ``WeakKeyDictionary.data``, keyed by weak references): ``_rows.get(ref(request))`` answers as
+        #: ``_paced.get(request)`` does, without a Python-level call, several times per page; written through the map.
         self._paced: weakref.WeakKeyDictionary[Any, Paced] = weakref.WeakKeyDictionary()
+        self._rows: dict[weakref.ref[Any], Paced] = vars(self._paced)["data"]
         self._illegal_seen: set[tuple[Stage | None, Stage]] = set()
         self._budget_waiters: dict[str, Any] = {}  # ip: key → the request waiting for its budget
         self._holds: dict[Any, Hold] = {}  # request → the in-flight hold its booking took in the table
@@ -164,12 +168,12 @@ class Lifecycle:
 
     def stage(self, request: Any) -> Stage | None:
         """The request's stage (None: never seen, or garbage-collected)."""
-        paced = self._paced.get(request)
+        paced = self._rows.get(ref(request))
         return paced.stage if paced is not None else None
 
     def host_of(self, request: Any) -> str | None:
         """The host key the request was held, released or booked for (None: unknown)."""
-        paced = self._paced.get(request)
+        paced = self._rows.get(ref(request))
         return paced.host if paced is not None else None
 
     def busy(self, key: str) -> bool:
@@ -347,7 +351,7 @@ class Lifecycle:
         host = host if host is not None else self.host_of(request)
         if host is not None:
             self._free(request, host, address_key)
-        paced = self._paced.get(request)
+        paced = self._rows.get(ref(request))
         if paced is None:
             paced = self._paced[request] = Paced(host=host)
         if paced.stage not in ENDED:
@@ -399,7 +403,7 @@ class Lifecycle:
 
     def _move(self, request: Any, stage: Stage, host: str | None = None) -> Paced:
         """Move ``request`` to ``stage`` (for ``host``, when given), checked (:meth:`_checked`)."""
-        paced = self._paced.get(request)
+        paced = self._rows.get(ref(request))
         if paced is None:  # first seen (the scheduler's release of a new request)
             paced = self._paced[request] = Paced()
         if paced.stage not in ENTERED_FROM[stage]:  # an illegal move: counted and logged
@@ -413,7 +417,7 @@ class Lifecycle:
         """The record of ``request``, about to enter ``stage``, checked against the stage it leaves
         (:data:`ENTERED_FROM`): an illegal move is counted and logged (the first of each kind at WARNING) and raises
         :class:`IllegalMove` when :data:`STRICT`; else it is made all the same (the request's lines stay owned)."""
-        paced = self._paced.get(request)
+        paced = self._rows.get(ref(request))
         if paced is None:
             paced = self._paced[request] = Paced()
         if paced.stage not in ENTERED_FROM[stage]:
@@ -429,7 +433,7 @@ class Lifecycle:
         return paced
 
     def _end_claim(self, host: str, request: Any) -> None:
-        paced = self._paced.get(request)
+        paced = self._rows.get(ref(request))
         if paced is not None:
             paced.claimed = None
         if self._claims.get(host) is request:
@@ -439,7 +443,7 @@ class Lifecycle:
                 self._wake(host)
 
     def _free(self, request: Any, host: str, address_key: str | None = None) -> None:
-        paced = self._paced.get(request)
+        paced = self._rows.get(ref(request))
         if paced is not None and paced.claimed is not None:
             self._end_claim(paced.claimed, request)
         self._free_line(host, request)

@@ -132,7 +132,12 @@ class AsyncMemoryStore(TableBase[MemoryStore]):
         return self._inline(self.store.update, key, fn)
 
     def update_many(self, keys: Sequence[str], fn: ManyUpdateFn[T]) -> defer.Deferred[T]:
-        return self._inline(self.store.update_many, keys, fn)
+        if self._closed:  # _inline(self.store.update_many, keys, fn), without its call: twice per page
+            return defer.fail(self._closed_error())
+        try:
+            return defer.succeed(self.store.update_many(keys, fn))
+        except Exception:
+            return defer.fail()
 
     def append_events(self, events: list[Event]) -> defer.Deferred[None]:
         return self._inline(self.store.append_events, events)
