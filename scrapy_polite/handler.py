@@ -23,6 +23,8 @@ from .pacer import Redefer, find_pacer
 from .vocabulary import BURST_META
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -32,19 +34,34 @@ __all__ = ["PinnedH2DownloadHandler", "PinnedHTTP11DownloadHandler"]
 logger = logging.getLogger(__name__)
 
 
-class PinnedHTTP11DownloadHandler(HTTP11DownloadHandler):
+class _Pinned:
+    """What both pinned handlers do around their download: a throttled burst request sent back to be deferred
+    (:func:`_redefer_if_throttled`), the download through the handler's pinned path (:meth:`_download_pinned`), and the
+    response recorded as it leaves (:func:`_record`)."""
+
+    crawler: Crawler
+
+    def _download_pinned(self, request: Request) -> Awaitable[Response]:
+        """The pinned download: each handler sets it to its function of ``(handler, request)`` in
+        :mod:`scrapy_polite._compat`."""
+        raise NotImplementedError
+
+    async def download_request(self, request: Request) -> Response:
+        if request.meta.get(BURST_META):  # the usual case: no call, no lookup of the pacer
+            _redefer_if_throttled(self.crawler, request)
+        response = await self._download_pinned(request)
+        _record(self, request, response)
+        return response
+
+
+class PinnedHTTP11DownloadHandler(_Pinned, HTTP11DownloadHandler):
     """Scrapy's HTTP/1.1 handler, connecting each booked request to ``meta['polite_ip']``.
 
     Installed for ``http`` and ``https`` by the add-on. Raises ``NotConfigured`` without a Twisted
     reactor (as Scrapy's handler does).
     """
 
-    async def download_request(self, request: Request) -> Response:
-        if request.meta.get(BURST_META):  # the usual case: no call, no lookup of the pacer
-            _redefer_if_throttled(self.crawler, request)
-        response = await download_pinned(self, request)
-        _record(self, request, response)
-        return response
+    _download_pinned = download_pinned
 
 
 if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
@@ -52,7 +69,7 @@ if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
 
     from ._compat import download_pinned_h2
 
-    class PinnedH2DownloadHandler(H2DownloadHandler):
+    class PinnedH2DownloadHandler(_Pinned, H2DownloadHandler):
         """Scrapy's HTTP/2 handler (``https`` only, as Scrapy's), connecting each booked request to
         ``meta['polite_ip']`` and keying its HTTP/2 connections by that address (docs/spec.md §4.1).
 
@@ -61,12 +78,7 @@ if HAS_H2:  # Scrapy's HTTP/2 handler needs the optional h2 package
         (``pip install scrapy-polite[http2]``).
         """
 
-        async def download_request(self, request: Request) -> Response:
-            if request.meta.get(BURST_META):  # the usual case: no call, no lookup of the pacer
-                _redefer_if_throttled(self.crawler, request)
-            response = await download_pinned_h2(self, request)
-            _record(self, request, response)
-            return response
+        _download_pinned = download_pinned_h2
 
 
 def _record(handler: Any, request: Request, response: Response) -> None:

@@ -82,9 +82,7 @@ INVALID_DELAY_META: Final = "_polite_invalid_delay"
 PINNED_META: Final = "_polite_pinned"
 #: This request's proxy was already counted (``polite/proxy_unpinned``).
 PROXY_COUNTED_META: Final = "_polite_proxy_counted"
-#: This pass's download was recorded (by the add-on's own download handler, or by the middleware's
-#: ``response_downloaded`` for another handler's): recorded once (docs/spec.md §5, "Recording").
-RECORDED_META: Final = "_polite_recorded"
+RECORDED_META: Final = "_polite_recorded"  # this pass's download is recorded (docs/spec.md §5, "Recording")
 
 #: The meta keys a user may read or set, each with what it means (the reference lists them, in this order):
 #: the constant's name → (who sets it, its meaning). The package's own marks (leading underscore) and the
