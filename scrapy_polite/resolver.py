@@ -433,9 +433,11 @@ class PublicHostnameResolver:
         if not pins:
             return
         address = _canonical_address(address)
-        pins[address] -= 1
-        if pins[address] <= 0:
-            del pins[address]
+        count = pins.get(address, 0) - 1  # (an address not pinned: nothing to release)
+        if count > 0:
+            pins[address] = count
+        else:
+            pins.pop(address, None)
         if not pins:
             del self._pins[host]
 

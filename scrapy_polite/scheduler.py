@@ -102,15 +102,11 @@ class PoliteScheduler:
         self._seq = itertools.count()
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
-        # Each set's own set of weak references (CPython's ``WeakSet.data``): ``ref(request) in`` it answers as
-        # ``request in`` the WeakSet, without a Python-level call on every page; added to through the WeakSet.
-        self._owned_refs: set[weakref.ref[Request]] = vars(self._owned)["data"]
-        self._rehold_refs: set[weakref.ref[Request]] = vars(self._rehold)["data"]
+        self._owned_refs: set[weakref.ref[Request]] = vars(self._owned)["data"]  # CPython's WeakSet.data: see owns
         self._timer: Any = None
         self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
         self._closing = False
-        #: This worker's side of the shared frontier (scrapy-redis's scheduler), set at open; None: held
-        #: requests live here.
+        #: This worker's side of the shared frontier (scrapy-redis's scheduler), set at open; None: held ones are here.
         self.shared: SharedWorker | None = None
 
     @classmethod
@@ -193,12 +189,11 @@ class PoliteScheduler:
         return len(parked)
 
     def earliest_due(self) -> float | None:
-        """The earliest due time (epoch s) of a held request; ``inf`` when held only for a busy line;
-        None when nothing is held."""
+        """The earliest due time (epoch s) of a held request (``inf``: held only for a busy line; None: none held)."""
         return min(self._due.values()) if self._due else None
 
     def enqueue_request(self, request: Request) -> bool:
-        if ref(request) in self._rehold_refs:  # a deferred request coming back from the downloader: already held
+        if request in self._rehold:  # a deferred request coming back from the downloader: already held
             self._rehold.discard(request)
             return True
         if self.lifecycle.stage(request) in IN_DOWNLOADER:
@@ -241,7 +236,8 @@ class PoliteScheduler:
     # -- holding ------------------------------------------------------------------------------------------
 
     def owns(self, request: Request) -> bool:
-        """The request was handed out by this scheduler, so it can be deferred."""
+        """The request was handed out by this scheduler, so it can be deferred. (``request in self._owned``, read in
+        the WeakSet's own set of weak references without a Python-level call: once per page.)"""
         return ref(request) in self._owned_refs
 
     def hold(self, request: Request, host: str, due: float | None) -> None:

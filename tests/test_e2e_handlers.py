@@ -28,6 +28,7 @@ from scrapy import signals
 from scrapy.core.downloader.handlers.base import BaseDownloadHandler
 from scrapy.http import Response
 from scrapy.settings import Settings
+from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_polite.addon import Addon, UnsafeHandlerError
 from scrapy_polite.browser import BrowserRequestGuard
@@ -609,6 +610,19 @@ class LocalFTPHandler(BaseDownloadHandler):
         return Response(request.url, status=200, request=request)
 
 
+class WrappingS3Handler(BaseDownloadHandler):
+    """Downloads as Scrapy's S3 handler does (without botocore): through its own instance of the crawl's http
+    handler (the add-on's pinned one), with a copy of the request for the http URL (``request.replace``)."""
+
+    def __init__(self, crawler) -> None:
+        super().__init__(crawler)
+        http = load_object(crawler.settings.getwithbase("DOWNLOAD_HANDLERS")["http"])
+        self._download_http = build_from_crawler(http, crawler).download_request
+
+    async def download_request(self, request: scrapy.Request) -> Response:
+        return await self._download_http(request.replace(url="http" + request.url[len("s3"):]))
+
+
 def response_receivers(crawler) -> list[str]:
     """The names of the receivers connected to the crawler's ``response_downloaded``."""
     found = dispatcher.liveReceivers(dispatcher.getAllReceivers(crawler, signals.response_downloaded))
@@ -650,3 +664,18 @@ async def test_each_response_is_recorded_once_whichever_handler_downloads_it(arr
     assert sorted(plain.spider.statuses()) == [200] * 3, plain.spider.failed
     assert find_pacer(plain).report.host_report()["127.0.20.30"]["statuses"] == {200: 3}
     assert "PoliteDownloaderMiddleware.response_downloaded" not in response_receivers(plain)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_response_another_handler_downloads_through_the_pinned_one_is_recorded_once(arrival_server):
+    """Scrapy's S3 handler downloads a copy of the request through the crawl's http handler: the copy, which the
+    lifecycle never saw, is not recorded by the pinned handler; the request the middleware booked is, once, from
+    the signal. A 429 then counts one throttle (recorded by both, it would count two; the mutant is caught)."""
+    server = arrival_server("127.0.20.32")
+    server.route("/s/0", sequence(Reply.throttle(429, "1"), page()))
+    urls = [server.url(f"/s/{i}").replace("http", "s3", 1) for i in range(3)]
+    settings = polite_settings(POLITE_HOST_INTERVAL=0.05, DOWNLOAD_HANDLERS={"s3": WrappingS3Handler})
+    crawler = await run_crawl(ListSpider, settings, urls=urls, timeout=30)
+    assert sorted(crawler.spider.statuses()) == [200] * 3, crawler.spider.failed
+    assert find_pacer(crawler).report.host_report()["127.0.20.32"]["statuses"] == {429: 1, 200: 3}
+    assert stat(crawler, "throttles/429") == 1

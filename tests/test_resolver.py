@@ -475,6 +475,9 @@ async def test_pin_answers_only_the_pinned_address_until_unpinned(dns_server):
     assert await resolve_host_name(resolver, "pin.test") == ["1.1.1.1", "8.8.8.8"]
     resolver.unpin("pin.test", "8.8.8.8")  # an extra unpin is harmless
     assert resolver.pinned("pin.test") == []
+    resolver.pin("pin.test", "1.1.1.1")
+    resolver.unpin("pin.test", "8.8.8.8")  # harmless too while another address of the host is pinned
+    assert resolver.pinned("pin.test") == ["1.1.1.1"]
 
 
 @pytest_twisted.ensureDeferred

@@ -117,9 +117,13 @@ class Recorder:
         add-on's pinned handlers call this themselves, the middleware's ``response_downloaded`` receiver for every
         other handler. ``refusal``: why a checked handler's response came from a non-public address (recorded as
         a failure that never throttles); ``foreign``: it came from another host than the booked one (not
-        recorded; docs/spec.md §4.1). A robots.txt response's status is noted (:meth:`robots_downloaded`)."""
+        recorded; docs/spec.md §4.1). A robots.txt response's status is noted (:meth:`robots_downloaded`).
+
+        A request the crawl's lifecycle never saw is not recorded: a copy another handler made to download through
+        the add-on's (Scrapy's S3 handler downloads ``request.replace(url=...)`` through the ``https`` handler); its
+        original, the request the middleware booked, is recorded from the signal."""
         meta = request.meta
-        if meta.get(RECORDED_META):
+        if meta.get(RECORDED_META) or self.lifecycle.stage(request) is None:
             return
         meta[RECORDED_META] = True
         try:
