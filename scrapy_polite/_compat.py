@@ -17,7 +17,8 @@ What it provides:
 * :func:`server_side_failure_types`: the download failures that reached the server's side;
 * :func:`wake_engine`: ask the engine to pull from the scheduler again now;
 * :func:`commit_without_fsync`: let a queuelib SQLite disk queue commit without waiting for the disk;
-* :func:`fail_crawl_process`: make the process that runs a crawl exit with a non-zero status.
+* :func:`fail_crawl_process`: make the process that runs a crawl exit with a non-zero status;
+* :func:`stats_incrementer`: ``stats.inc_value`` without Scrapy 2.19's cost per call for its own collectors.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from scrapy.exceptions import (
     ResponseDataLossError,
     UnsupportedURLSchemeError,
 )
+from scrapy.statscollectors import MemoryStatsCollector, StatsCollector
 from scrapy.utils._download_handlers import get_dataloss_msg, normalize_bind_address, wrap_twisted_exceptions
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.deprecate import warn_on_deprecated_spider_attribute
@@ -60,6 +62,8 @@ except ImportError:
     HAS_H2 = False
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -68,7 +72,7 @@ if TYPE_CHECKING:
     from twisted.web.iweb import IPolicyForHTTPS
 
 __all__ = ["HAS_H2", "commit_without_fsync", "download_pinned", "download_pinned_h2", "fail_crawl_process",
-           "pinned_agent", "server_side_failure_types", "wake_engine", "crawler_engine"]
+           "pinned_agent", "server_side_failure_types", "stats_incrementer", "wake_engine", "crawler_engine"]
 
 #: Scrapy's HTTP/1.1 handler logs its data-loss warning here (``http11.logger``); so do we.
 _http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
@@ -379,6 +383,23 @@ def crawler_engine(crawler: Any) -> Any:
         return getattr(crawler, "engine", None)
     except RuntimeError:
         return None
+
+
+def stats_incrementer(stats: Any) -> Callable[[str, float], None]:
+    """``inc(key, count)``, what ``stats.inc_value(key, count)`` does. For Scrapy's ``StatsCollector`` and
+    ``MemoryStatsCollector`` themselves (not subclasses) it adds to their private ``_stats`` dict as their
+    ``inc_value`` does (Scrapy 2.18.0 and 2.19.0), without Scrapy 2.19's ``__getattribute__``, which runs Python
+    on every attribute read of the collector and raises an ``AttributeError`` inside: about 17,000 instructions
+    per ``inc_value``, against a few hundred. Any other collector's own ``inc_value`` is called."""
+    if type(stats) not in (StatsCollector, MemoryStatsCollector):
+        return cast("Callable[[str, float], None]", stats.inc_value)
+    read = object.__getattribute__
+
+    def inc(key: str, count: float = 1) -> None:
+        d = read(stats, "_stats")  # read each time: set_stats() replaces the dict
+        d[key] = d.setdefault(key, 0) + count
+
+    return inc
 
 
 def wake_engine(crawler: Crawler) -> None:

@@ -30,8 +30,9 @@ from twisted.web.client import (
     readBody,
 )
 
-from scrapy_polite._compat import pinned_agent, server_side_failure_types, wake_engine
+from scrapy_polite._compat import pinned_agent, server_side_failure_types, stats_incrementer, wake_engine
 from scrapy_polite.policy.robots import parse_robots_delay
+from scrapy_polite.reports.counters import Report
 from tests.support.server import ArrivalServer, Reply, always
 
 # Twisted warns when a response's transport lacks abortConnection (its own proxy transport): not ours to fix.
@@ -255,3 +256,39 @@ def test_the_pinned_agent_is_reused_for_the_same_address_bind_address_and_timeou
                           ("127.0.0.2", None, 6.0)}
     # Negative control: a request not booked on an address gets Scrapy's own agent, never a cached one.
     assert agent_for({}) not in (first, *others) and len(cache) == 4
+
+
+def test_stats_are_added_as_inc_value_adds_them_and_other_collectors_get_their_own_calls():
+    """Scrapy's own collectors are added to directly (no Python __getattribute__ per call in Scrapy 2.19), to the same
+    values as their ``inc_value``, also after ``set_stats`` replaced their dict. Negative control: a project's
+    collector (a subclass) gets its own ``inc_value`` call for every count."""
+    from scrapy.settings import Settings  # noqa: PLC0415
+    from scrapy.statscollectors import MemoryStatsCollector, StatsCollector  # noqa: PLC0415
+
+    crawler = SimpleNamespace(settings=Settings())
+    for cls in (StatsCollector, MemoryStatsCollector):
+        fast, slow = cls(crawler), cls(crawler)
+        inc = stats_incrementer(fast)
+        for key, count in (("polite/requests", 1), ("polite/requests", 1), ("polite/wait_seconds", 0.25)):
+            inc(key, count)
+            slow.inc_value(key, count)
+        assert fast.get_stats() == slow.get_stats() == {"polite/requests": 2, "polite/wait_seconds": 0.25}
+        fast.set_stats({"polite/requests": 5})
+        inc("polite/requests", 1)
+        assert fast.get_stats() == {"polite/requests": 6}
+
+    class ProjectStats(MemoryStatsCollector):
+        def __init__(self, crawler):
+            super().__init__(crawler)
+            self.calls = []
+
+        def inc_value(self, key, count=1, start=0, spider=None):
+            self.calls.append((key, count))
+            super().inc_value(key, count, start)
+
+    own = ProjectStats(crawler)
+    report = Report(own)
+    report.inc("requests")
+    report.inc("wait_seconds", 0.5)
+    assert own.calls == [("polite/requests", 1), ("polite/wait_seconds", 0.5)]
+    assert own.get_value("polite/requests") == 1

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._compat import stats_incrementer
 from ..clock import process_clock
 from ..policy import Decision, HostState
 from ..vocabulary import TURN_REASONS, DeferralReason, RefusalReason
@@ -184,8 +185,9 @@ class Report:
 
     def __init__(self, stats: Any, clock: Callable[[], float] = process_clock) -> None:
         self.stats = stats
-        # Read once: Scrapy 2.19's StatsCollector runs a Python __getattribute__ on every attribute read.
-        self._inc_value: Callable[..., None] | None = stats.inc_value if stats is not None else None
+        # Scrapy 2.19's StatsCollector runs a Python __getattribute__ on every attribute read: its own collectors
+        # are added to directly (stats_incrementer), once per page.
+        self._inc_value: Callable[[str, float], None] | None = stats_incrementer(stats) if stats is not None else None
         self.clock = clock
         self.started = clock()
         self.turn_span = Span()
