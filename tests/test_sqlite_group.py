@@ -237,11 +237,13 @@ class _Subclass(HostState):
 def test_a_state_that_reads_back_as_itself_is_cached_as_it_is():
     """The way most written rows take (``rows.reads_back_as_written``): the state written is the state cached,
     without predicting its columns and decoding them. Negative controls: a state the file reads back otherwise
-    (-0.0, an int in a float field, an integral float in an int field, a subclass) is cached as the file reads it."""
+    (-0.0, an int in a float field, an integral float in an int field, an int ``ok_seen``, a subclass) is cached as
+    the file reads it."""
     state = dataclasses.replace(OLD, next_allowed=12.5, quota_left=-1)
     cached, read = _cached_and_read(state)
     assert cached is state and read == state
     for other in (dataclasses.replace(OLD, next_allowed=-0.0), dataclasses.replace(OLD, latency=2),
+                  dataclasses.replace(OLD, ok_seen=1), dataclasses.replace(OLD, ok_seen=0),
                   dataclasses.replace(OLD, consec=2.0), _Subclass(**dataclasses.asdict(OLD))):
         cached, read = _cached_and_read(other)
         assert cached is not other and cached is not None and read is not None

@@ -621,6 +621,42 @@ def _opener(tmp_path, path, how):
     return subprocess.Popen([sys.executable, str(script), path, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
+def test_sqlite_the_running_mark_is_beaten_by_the_writes_at_most_once_a_second(tmp_path):
+    """An opener's mark says when it last wrote (its heartbeat, which an unclean stop's repair counts from): a group
+    commit beats it in its transaction when a second (``BEAT_EVERY``) has passed since the last beat, by the table's
+    clock, also when the group's transaction is a write-behind window's first. Negative control: a group within the
+    second leaves it."""
+    from scrapy_polite.stores.sqlite.marks import BEAT_EVERY
+
+    now = [1000.0]
+    path = str(tmp_path / "pace.sqlite3")
+    store = SQLiteStore(path, mark=True, clock=lambda: now[0])
+    inline = store.nowait()
+    inline.behind.seconds = 60.0  # (a window: the beat rides in the transaction its first group begins)
+    fn = rows.update_many(["a.example"], lambda states, t: ({"a.example": HostState(next_allowed=t, updated=t)}, t))
+
+    def beat() -> float:
+        inline.commit_window()
+        db = sqlite3.connect(path)
+        try:
+            return float(db.execute("SELECT beat FROM openers").fetchone()[0])
+        finally:
+            db.close()
+
+    try:
+        inline.run_group([fn])  # (the no-wait connection's first group beats the mark it shares)
+        first = beat()
+        now[0] += BEAT_EVERY / 2
+        inline.run_group([fn])
+        assert beat() == first  # negative control: within the second
+        now[0] += BEAT_EVERY
+        inline.run_group([fn])
+        assert beat() == pytest.approx(first + 1.5 * BEAT_EVERY)
+    finally:
+        inline.close()
+        store.close()
+
+
 def test_sqlite_an_unclean_stop_is_found_and_its_last_rows_are_treated_as_just_booked(tmp_path, caplog):
     """A process killed with the table open leaves its mark: the next opening finds it, and every row changed
     within CRASH_WINDOW seconds before its last heartbeat gets a next allowed moment at least the opening plus

@@ -56,6 +56,7 @@ EVENT_INSERT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join('?' * l
 EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
 
 _GET_FIELDS = operator.attrgetter(*HOST_FIELDS)
+_OK_SEEN = HOST_FIELDS.index("ok_seen")
 
 
 def decode(row: Sequence[Any] | None) -> HostState | None:
@@ -74,7 +75,8 @@ def keyed(rows: Iterable[Sequence[Any]]) -> list[tuple[str, HostState]]:
 
 
 def encode(key: str, state: HostState) -> tuple[Any, ...]:
-    """The ``hosts`` row of ``key`` (``ok_seen``, a bool, is stored as SQLite's integer 1 or 0).
+    """The ``hosts`` row of ``key`` (``ok_seen``, a bool, as the integer 1 or 0: Python's ``sqlite3`` binds a bool
+    through its adaptation, two failed attribute lookups, about 4,000 instructions per row; an int at once).
 
     Raises:
         sqlite3.IntegrityError: a field is NaN: refused as SQLite refuses a NaN in a NOT NULL column, in every
@@ -90,6 +92,9 @@ def encode(key: str, state: HostState) -> tuple[Any, ...]:
         bad = [name for name, value in zip(HOST_FIELDS, values) if value != value]
         if bad:  # (not when only an infinity and its opposite made the NaN: SQLite stores those)
             raise sqlite3.IntegrityError(f"the row of {key!r} has {', '.join(bad)} NaN, not a number")
+    ok_seen = values[_OK_SEEN]
+    if type(ok_seen) is bool:
+        return (key, *values[:_OK_SEEN], int(ok_seen), *values[_OK_SEEN + 1:])
     return (key, *values)
 
 
@@ -125,20 +130,21 @@ def _per_column(by_type: dict[str, T]) -> tuple[T, ...]:
 
 _AS_READ = _per_column(_CONVERTERS)
 #: Per column of :data:`HOST_FIELDS`, the one type whose values every column reads back as they are (a REAL column's
-#: float but -0.0, an INTEGER column's int; ``ok_seen``'s bool, which :func:`decode` makes again).
-_EXACT: tuple[type, ...] = _per_column({"float": float, "bool": bool, "int": int})
+#: float but -0.0, an INTEGER column's int; ``ok_seen``'s int, which :func:`encode` made of a bool and :func:`decode`
+#: makes a bool again).
+_EXACT: tuple[type, ...] = _per_column({"float": float, "bool": int, "int": int})
 _FLOATS_OF = operator.itemgetter(*[i for i, kind in enumerate(_EXACT) if kind is float])
 _ONES = (1.0,) * sum(kind is float for kind in _EXACT)
 
 
 def reads_back_as_written(state: HostState, row: Sequence[Any]) -> bool:
     """Whether reading back the ``hosts`` row ``row`` (:func:`encode`'s of ``state``, key first) gives ``state``
-    itself: a HostState (no subclass) whose every field has its column's exact type (:data:`_EXACT`) and whose
-    floats all have their sign bit clear (-0.0 reads back as 0.0; a negative float, never a policy's, takes
-    :func:`as_read`'s way too). Two C loops: the way most written rows take instead of :func:`as_read` and
-    :func:`decode`."""
+    itself: a HostState (no subclass) whose ``ok_seen`` is a bool, whose every column has its exact type
+    (:data:`_EXACT`) and whose floats all have their sign bit clear (-0.0 reads back as 0.0; a negative float, never
+    a policy's, takes :func:`as_read`'s way too). Two C loops: the way most written rows take instead of
+    :func:`as_read` and :func:`decode`."""
     columns = row[1:]
-    return (type(state) is HostState and tuple(map(type, columns)) == _EXACT
+    return (type(state) is HostState and type(state.ok_seen) is bool and tuple(map(type, columns)) == _EXACT
             and min(map(math.copysign, _ONES, _FLOATS_OF(columns))) > 0)
 
 
@@ -158,6 +164,7 @@ CACHE_ROWS = 10_000
 
 #: A cached row: its state (None: no row) and its columns as the file holds them (None: no row).
 _Cached = tuple[HostState | None, Sequence[Any] | None]
+_STATE = operator.itemgetter(0)
 
 
 class Rows:
@@ -216,6 +223,16 @@ class Rows:
         except KeyError:
             return self._read(key)[0]
 
+    def found(self, keys: Sequence[str]) -> dict[str, HostState | None]:
+        """key → the row of each of ``keys`` (:meth:`get`'s), in C calls when all are cached (the way of a crawl
+        alone on its table)."""
+        if self._synced:
+            try:
+                return dict(zip(keys, map(_STATE, map(self._rows.__getitem__, keys))))
+            except KeyError:
+                pass
+        return dict(zip(keys, map(self.get, keys)))
+
     def columns(self, key: str) -> Sequence[Any] | None:
         """The columns after ``host`` of the row of ``key`` as the file holds them (None: no row)."""
         self.get(key)  # (cached now, read when it was not)
@@ -252,12 +269,16 @@ class Rows:
         """
         if not self._synced:
             self.sync()
+        cache = self._rows
         for row, state in zip(rows, states, strict=True):
             self.db.execute(WRITE, row)
             if state.held_by:
                 self.holds = True
             if reads_back_as_written(state, row):
-                self._keep(row[0], (state, row[1:]))
+                key = row[0]
+                if len(cache) >= CACHE_ROWS and key not in cache:  # (_keep, without its call)
+                    del cache[next(iter(cache))]
+                cache[key] = (state, row[1:])
                 continue
             try:
                 columns = as_read(row)
@@ -324,7 +345,7 @@ def update_many_op(keys: Sequence[str], fn: ManyUpdateFn[T], table: Rows, clock:
     # C calls (zip, map, a key-set comparison), no comprehension: each would be a call of its own (Python < 3.12)
     # on each booking and record.
     keys = list(keys)  # (read twice below: an iterator given is read once)
-    found = dict(zip(keys, map(table.get, keys)))
+    found = table.found(keys)
     writes, result = fn(dict(found), clock())
     if not (type(writes) is dict and writes.keys() <= found.keys()):  # a stray key, or not a dict: looked at key by key
         stray = [key for key in writes if key not in found]

@@ -306,6 +306,8 @@ class SQLiteStore(_Statements):
                 db.execute("BEGIN IMMEDIATE")
                 SQLiteStore.write_transactions += 1
                 table.begin()
+                if group and self._mark.token is not None:  # once per transaction, not per group of a window
+                    self._mark.beat(db, self._clock)
             table.holds = False
             try:
                 if group and not behind.open:
@@ -361,7 +363,7 @@ class SQLiteStore(_Statements):
         IMMEDIATE`` transaction, in order: the group commit of docs/spec.md §6 ("Group commit"). Each row is read
         inside the transaction (after the writes of the operations before it in the group), so no other
         process's write is overwritten with stale data; each caller's function gets the store's clock read at
-        its turn. The opener's mark is beaten in the same transaction (at most once a second).
+        its turn. The opener's mark is beaten in the transaction the group begins (at most once a second).
 
         Returns:
             One ``(True, result)`` or ``(False, exception)`` per operation, in order. An operation whose function
@@ -390,8 +392,6 @@ class SQLiteStore(_Statements):
                 raise  # the file's failure (locked, full, damaged): the whole group is rolled back
             except Exception as exc:  # the caller's own failure: handed to its caller, the group goes on
                 outcomes.append((False, exc))
-        if self._mark.token is not None:
-            self._mark.beat(table.db, clock)
         return outcomes
 
     def run_alone(self, op: Callable[..., T], *args: Any) -> T:
