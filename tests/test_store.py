@@ -621,18 +621,19 @@ def _opener(tmp_path, path, how):
     return subprocess.Popen([sys.executable, str(script), path, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
-def test_sqlite_the_running_mark_is_beaten_by_the_writes_at_most_once_a_second(tmp_path):
-    """An opener's mark says when it last wrote (its heartbeat, which an unclean stop's repair counts from): a group
-    commit beats it in its transaction when a second (``BEAT_EVERY``) has passed since the last beat, by the table's
-    clock, also when the group's transaction is a write-behind window's first. Negative control: a group within the
-    second leaves it."""
+def test_sqlite_the_running_mark_is_beaten_once_per_transaction_at_most_once_a_second(tmp_path):
+    """An opener's mark says when it last wrote (its heartbeat, from which an unclean stop's repair counts): a group
+    commit that begins a transaction beats it there when a second (``BEAT_EVERY``) has passed since the last beat, by
+    the table's clock; the later groups of a write-behind window run in that transaction and do not. A heartbeat that
+    fails rolls its group back like any failure of the file: the next group and another writer find the file free.
+    Negative controls: a transaction within the second leaves it; a window's later group a second on leaves it too."""
     from scrapy_polite.stores.sqlite.marks import BEAT_EVERY
 
     now = [1000.0]
     path = str(tmp_path / "pace.sqlite3")
     store = SQLiteStore(path, mark=True, clock=lambda: now[0])
     inline = store.nowait()
-    inline.behind.seconds = 60.0  # (a window: the beat rides in the transaction its first group begins)
+    inline.behind.seconds = 60.0  # the first group opens a window; after it, none for 15 s (each group commits)
     fn = rows.update_many(["a.example"], lambda states, t: ({"a.example": HostState(next_allowed=t, updated=t)}, t))
 
     def beat() -> float:
@@ -644,14 +645,36 @@ def test_sqlite_the_running_mark_is_beaten_by_the_writes_at_most_once_a_second(t
             db.close()
 
     try:
-        inline.run_group([fn])  # (the no-wait connection's first group beats the mark it shares)
-        first = beat()
+        now[0] += 10.0
+        inline.run_group([fn])  # begins the window's transaction: beaten in it
+        first = now[0]
+        now[0] += 2 * BEAT_EVERY
+        inline.run_group([fn])  # the same window: no beat of its own
+        assert beat() == first
+        now[0] += BEAT_EVERY / 4
+        inline.run_group([fn])  # a transaction of its own, more than a second after the last beat
+        assert beat() == now[0]
+        second = now[0]
         now[0] += BEAT_EVERY / 2
         inline.run_group([fn])
-        assert beat() == first  # negative control: within the second
-        now[0] += BEAT_EVERY
-        inline.run_group([fn])
-        assert beat() == pytest.approx(first + 1.5 * BEAT_EVERY)
+        assert beat() == second  # negative control: within the second
+        deny = [True]
+
+        def refuse_the_beat(action: int, table: str | None, *_: object) -> int:
+            refused = action == sqlite3.SQLITE_UPDATE and table == "openers" and deny[0]
+            return sqlite3.SQLITE_DENY if refused else sqlite3.SQLITE_OK
+
+        inline._db.set_authorizer(refuse_the_beat)  # (a failure of the file, in the beat's own UPDATE)
+        now[0] += 2 * BEAT_EVERY
+        with pytest.raises(StoreError):
+            inline.run_group([fn])
+        deny[0] = False
+        other = SQLiteStore(path, timeout=0.5)  # another writer: not locked out by a transaction left open
+        try:
+            other.update("b.example", lambda _s, t: (HostState(next_allowed=t, updated=t), None))
+        finally:
+            other.close()
+        assert inline.run_group([fn])[0][0]
     finally:
         inline.close()
         store.close()

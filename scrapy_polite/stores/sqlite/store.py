@@ -306,11 +306,11 @@ class SQLiteStore(_Statements):
                 db.execute("BEGIN IMMEDIATE")
                 SQLiteStore.write_transactions += 1
                 table.begin()
-                if group and self._mark.token is not None:  # once per transaction, not per group of a window
-                    self._mark.beat(db, self._clock)
             table.holds = False
             try:
-                if group and not behind.open:
+                if group and not behind.open:  # (a transaction this group began: its mark beaten once in it)
+                    if self._mark.token is not None:
+                        self._mark.beat(db, self._clock)
                     behind.begin(db, table)
                 result = body(*args, table, self._clock)
                 if not behind.open:
