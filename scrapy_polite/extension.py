@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between two reconciles of the lifecycle with the downloader (docs/spec.md §5).
+RECONCILE_EVERY = 1.0
+
 __all__ = ["PoliteExtension"]
 
 
@@ -94,6 +97,9 @@ class PoliteExtension:
         self.config = pacer.config
         self.report = pacer.report
         self._progress: task.LoopingCall | None = None
+        #: The backstop for a request that left the downloader by a path no middleware of ours saw: its lines and
+        #: claim are freed within a second (:meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`).
+        self._reconciling = task.LoopingCall(pacer.reconcile)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -169,7 +175,7 @@ class PoliteExtension:
         scheduler = self.pacer.booker.scheduler
         if scheduler is None:
             return
-        self.pacer.reconcile(force=True)
+        self.pacer.reconcile()
         if not scheduler.held_count():
             # A shared frontier (scrapy-redis): stay open while Redis holds something this worker may take
             # within its idle window (MAX_IDLE_TIME_BEFORE_CLOSE, else POLITE_MAX_IDLE_WAIT), while other
@@ -211,6 +217,9 @@ class PoliteExtension:
         self._warn_wider_address_rules()
         self._spider_delay(spider)
         await self._list_start_backoffs(spider)
+        self._reconciling.clock = installed_reactor()
+        self._reconciling.start(RECONCILE_EVERY, now=False).addErrback(
+            lambda failure: logger.error("scrapy-polite: the reconcile failed", exc_info=failure.value))
         interval = self.crawler.settings.getfloat("LOGSTATS_INTERVAL")
         if interval > 0:
             self._progress = task.LoopingCall(self.log_progress)
@@ -310,8 +319,9 @@ class PoliteExtension:
         await await_deferred(self.pacer.recorder.set_crawl_delay(host, delay))
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
-        if self._progress is not None and self._progress.running:
-            self._progress.stop()
+        for timer in (self._progress, self._reconciling):
+            if timer is not None and timer.running:
+                timer.stop()
         stats = self.crawler.stats
         no_host = stats.get_value("polite/refused/no_host", 0) if stats is not None else 0
         logger.info("%s", format_summary(self.report, now=self.pacer.clock(), no_host=no_host or 0))

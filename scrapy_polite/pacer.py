@@ -170,7 +170,6 @@ class Pacer:
                              download_timeout=crawler.settings.getfloat("DOWNLOAD_TIMEOUT", DEFAULT_TIMEOUT))
         self.recorder = Recorder(config, self.table, self.lifecycle, self.report, self.sync, self.booker.override,
                                  self._store_failed, self.user_agent)
-        self._reconciled = float("-inf")
         self.retries = ThrottleRetries(config.policy, self.report, self.sync, self.booker.can_defer)
         #: The requests of a *checked* download handler (docs/spec.md §4.1).
         self.unpinned = UnpinnedRequests(_modes(crawler), config.address_filter, self.report.inc)
@@ -195,14 +194,10 @@ class Pacer:
         if self.failed is not None:
             raise self.failed
 
-    def reconcile(self, *, force: bool = False) -> int:
+    def reconcile(self) -> int:
         """End the requests holding a line or a claim that the downloader no longer has
-        (:meth:`Lifecycle.reconcile <scrapy_polite.crawl.lifecycle.Lifecycle.reconcile>`): at most once a second
-        unless ``force`` (the idle check). Returns how many were ended."""
-        now = self.clock()
-        if not force and 0.0 <= now - self._reconciled < 1.0:
-            return 0
-        self._reconciled = now
+        (:meth:`Lifecycle.reconcile <scrapy_polite.crawl.lifecycle.Lifecycle.reconcile>`; the extension calls it
+        once a second and at every idle check). Returns how many were ended."""
         active = getattr(getattr(crawler_engine(self.crawler), "downloader", None), "active", None)
         return self.lifecycle.reconcile(active, self.booker.release)
 

@@ -204,7 +204,6 @@ class PoliteScheduler:
         return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:
-        self.pacer.reconcile()  # the backstop for a request that left by a path no middleware saw
         request = self._next_due() if self._heap else None  # (no call while nothing is held)
         if request is None:
             if self.shared is not None:

@@ -220,6 +220,24 @@ async def test_held_requests_replaced_by_a_project_middleware_do_not_strand_the_
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_request_replaced_unseen_frees_its_host_while_the_crawl_is_busy_elsewhere(arrival_server, tmp_path):
+    """The reconcile runs once a second, not only when the crawl goes idle: a host whose released request left
+    unseen (replaced by a project middleware) gets its next request while another host's pages still keep the
+    crawl busy. Negative control (the order that tells): that other host's last page comes after it."""
+    srv, busy = arrival_server("127.0.5.22"), arrival_server("127.0.5.23")
+    srv.route("/*", page())
+    busy.route("/*", page())
+    urls = [srv.url("/old1"), srv.url("/a2")] + [busy.url(f"/b{i}") for i in range(80)]  # 8 s at 0.1 s apart
+    crawler, elapsed = await crawl(srv, tmp_path, urls, DOWNLOADER_MIDDLEWARES={Rewrite: 500})
+    assert paths(srv) == ["/a2", "/new1"]
+    a2 = next(a.start for a in srv.arrivals() if a.path == "/a2")
+    last_busy = max(a.start for a in busy.arrivals() if a.path != "/robots.txt")
+    assert a2 < last_busy, (a2, last_busy)  # not left to the idle check, after the busy host's pages
+    assert crawler.stats.get_value("polite/lifecycle/reclaimed") == 1
+    assert_finished(crawler, elapsed)
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_finished_crawl_is_freed_with_its_crawler(arrival_server, tmp_path):
     """Nothing of a finished crawl outlives its crawler: once the caller drops it, the crawler, its spider and
     its pacer (with the pace table object, the report and the held requests' queues) are freed. The pacer

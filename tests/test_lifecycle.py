@@ -110,7 +110,7 @@ class SchedulerPacer(StandInPacer):
     def clock(self) -> float:
         return self.m.clock()
 
-    def reconcile(self, *, force: bool = False) -> int:
+    def reconcile(self) -> int:
         ended = self.m.lifecycle.reconcile(self.m.active)
         self.m.vanished.clear()
         return ended
@@ -243,12 +243,18 @@ class LifecycleMachine(RuleBasedStateMachine):
     def inner_pending(self) -> list[scrapy.Request]:
         return self.scheduler.inner.queue
 
+    @precondition(lambda self: not self.closed)
+    @rule()
+    def reconcile_timer(self) -> None:
+        """The extension's timer (once a second): the lifecycle reconciles with the downloader."""
+        self.pacer.reconcile()
+
     @rule()
     def idle_check(self) -> None:
         """The extension's spider_idle: reconcile, then wake every parked host nothing holds back."""
         if self.active:
             return  # the engine is not idle while the downloader has requests
-        self.pacer.reconcile(force=True)
+        self.pacer.reconcile()
         self.scheduler.unpark()
         earliest = self.scheduler.earliest_due()
         assert earliest is None or earliest != math.inf, (
@@ -394,7 +400,7 @@ def test_a_host_whose_released_requests_are_dropped_one_by_one_is_never_parked_o
     """The crawl of the issue in miniature: a.test starts in backoff with five requests, all held; once due,
     each released request is dropped before booking (robots.txt) or booked. The host is never parked with
     nothing to wake it, and every request ends without the idle check's help; one that leaves by a path no
-    middleware saw is reclaimed when the engine next asks for requests.
+    middleware saw is reclaimed at the extension's next reconcile (once a second).
 
     Fails when a released request does not claim its host, or a drop does not end the claim: the host is
     parked "until its line frees" after the first drop (``nothing_waits_on_nothing``)."""
@@ -419,6 +425,7 @@ def test_a_host_whose_released_requests_are_dropped_one_by_one_is_never_parked_o
             if m.in_flight:
                 m.download_ends(0, 200, None)
             m.time_passes(1.0)
+            m.reconcile_timer()
         assert m.scheduler.held_count() == 0 and m.ended == 5
         assert [r.url for r in m.booked_requests] == ["http://a.test/1", "http://a.test/4"]
     finally:
@@ -562,9 +569,9 @@ async def test_the_pacers_reconcile_releases_the_reclaimed_requests_pin_and_hold
         go = await pacer.booker.before_request(ra, "a.example")
         resolution.pin(ra, "a.example", go.address)  # what the middleware does with a Go
         assert resolution.pins[("a.example", "192.0.2.1")] == 1 and store.get("a.example").held_by != 0
-        assert pacer.reconcile(force=True) == 0  # negative control: still in the downloader
+        assert pacer.reconcile() == 0  # negative control: still in the downloader
         active.clear()  # it left by a path no middleware saw
-        assert pacer.reconcile(force=True) == 1
+        assert pacer.reconcile() == 1
         assert resolution.pins[("a.example", "192.0.2.1")] == 0
         assert store.get("a.example").held_by == 0 and store.get("ip:192.0.2.1").held_by == 0
     finally:

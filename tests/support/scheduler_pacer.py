@@ -74,7 +74,7 @@ class SchedulerPacer:
     def clock(self) -> float:
         return self.now
 
-    def reconcile(self, *, force: bool = False) -> int:
+    def reconcile(self) -> int:
         return 0
 
     failed = None
