@@ -298,7 +298,7 @@ class TableWatch:
         table has none yet)."""
         if self._restoring is not None:
             return self._after_restore(lambda: self.update_many(keys, fn))
-        checked = self.check_every <= 0 or self._checks()
+        checked = self._checks()
         expected = self.identity
 
         def watched(states: dict[str, HostState | None], now: float) -> tuple[dict[str, HostState], Any]:
