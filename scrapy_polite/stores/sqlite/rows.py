@@ -269,16 +269,12 @@ class Rows:
         """
         if not self._synced:
             self.sync()
-        cache = self._rows
         for row, state in zip(rows, states, strict=True):
             self.db.execute(WRITE, row)
             if state.held_by:
                 self.holds = True
             if reads_back_as_written(state, row):
-                key = row[0]
-                if len(cache) >= CACHE_ROWS and key not in cache:  # (_keep, without its call)
-                    del cache[next(iter(cache))]
-                cache[key] = (state, row[1:])
+                self._keep(row[0], (state, row[1:]))
                 continue
             try:
                 columns = as_read(row)
