@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider, NotConfigured
 from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.reactor import is_reactor_installed
 from twisted.internet import task
 
@@ -40,7 +41,7 @@ from .addon import component_name as name
 from .crawl.reactor import await_deferred, installed_reactor
 from .crawl.seams import ResolverNotInstalled
 from .pacer import Pacer, discard_pacer, get_pacer
-from .policy import host_key
+from .policy import host_key, origin_of
 from .policy.robots import robots_delay
 from .reports.summary import HeldHost, format_progress, format_start_backoffs, format_summary
 from .resolver import PublicHostnameResolver
@@ -305,7 +306,8 @@ class PoliteExtension:
         host = host_key(request.url)
         if host is None:
             return
-        status = self.pacer.recorder.robots_statuses.get(host)  # None: none was downloaded
+        origin = origin_of(urlparse_cached(request))
+        status = self.pacer.recorder.robots_statuses.get(origin)  # None: none was downloaded
         if status is not None and (status >= 500 or status == 429):
             # RFC 9309 §2.3.1.4: an unreachable robots.txt says nothing new; keep the recorded delay.
             self.report.inc("robots/unreachable")
@@ -316,7 +318,7 @@ class PoliteExtension:
             self.report.inc("robots/errors")
             logger.exception("scrapy-polite could not read the delay of %s", request.url)
             return
-        await await_deferred(self.pacer.recorder.set_crawl_delay(host, delay))
+        await await_deferred(self.pacer.recorder.set_crawl_delay(host, delay, origin))
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         for timer in (self._progress, self._reconciling):

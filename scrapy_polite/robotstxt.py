@@ -46,7 +46,7 @@ from twisted.internet.defer import Deferred
 from .crawl.reactor import await_deferred, reactor_sleep
 from .middleware import defer_early, hold_request
 from .pacer import Pacer, get_pacer
-from .policy import host_key
+from .policy import host_key, origin_of
 from .policy.robots import (
     ALLOW_ALL,
     ROBOTS_MAX_BYTES,
@@ -133,8 +133,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             return None
         if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
             return None
-        url = urlparse_cached(request)
-        origin = f"{url.scheme}://{url.netloc}"
+        origin = origin_of(urlparse_cached(request))
         host = host_key(request.url)
         early = True  # the early deferral is still to be decided (once per pass)
         while True:

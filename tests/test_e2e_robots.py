@@ -240,6 +240,42 @@ async def test_a_refused_connection_holds_the_host_until_its_server_is_up(arriva
     assert [(f.url.rsplit("/", 2)[-2:], f.error) for f in crawler.spider.failed] == [(["private", "1"], "IgnoreRequest")]
 
 
+def links(*urls: str) -> Reply:
+    return Reply.html("".join(f'<a href="{url}">x</a>' for url in urls))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_robots_txt_without_a_delay_on_another_port_keeps_the_host_s_crawl_delay(arrival_server):
+    """One host, two origins: ``:A``'s robots.txt publishes ``Crawl-delay: 1.5``, ``:B``'s answers 404 (read later:
+    ``B`` is linked from ``A``'s first page). Both share the host's row (its key has no port), so every request after
+    ``A``'s robots.txt answered starts at least 1.5 s after the one before it ended, ``B``'s robots.txt and pages
+    included (the old rule, the last robots.txt read sets the row, let ``B``'s 404 clear the delay: the pages after it
+    came 0.2 s apart)."""
+    a, b = arrival_server("127.0.33.10"), arrival_server("127.0.33.10")
+    a.route("/robots.txt", Reply.robots("User-agent: *\nCrawl-delay: 1.5\n"))
+    b.route("/robots.txt", Reply.text("not here", status=404))
+    a.route("/1", links(b.url("/1"), b.url("/2")))
+    b.route("/1", links(a.url("/2"), a.url("/3"), a.url("/4")))
+    for path in ("/2", "/3", "/4"):
+        a.route(path, links())
+    b.route("/2", links())
+    crawler = await run_crawl(ListSpider, settings(POLITE_HOST_INTERVAL=0.2), urls=[a.url("/1")], follow=True,
+                              same_host=False, timeout=60)
+    arrivals = sorted([*a.arrivals(), *b.arrivals()], key=lambda x: x.start)
+    log = describe_all(arrivals)
+    assert len(crawler.spider.fetched) == 6 and [x.path for x in robots_hits(b)] == ["/robots.txt"], log
+    answered = robots_hits(a)[0].end
+    after = [x for x in arrivals if x.start > answered]
+    assert len(after) == 7, log  # A's 4 pages, B's robots.txt and 2 pages
+    gaps = [nxt.start - prev.end for prev, nxt in zip([robots_hits(a)[0], *after], after)]
+    assert min(gaps) >= 1.5 - TOL, (gaps, log)
+
+
+def describe_all(arrivals: list[Arrival]) -> str:
+    t0 = arrivals[0].start if arrivals else 0.0
+    return ", ".join(f":{a.server_address[1]}{a.path} {a.status} @{a.start - t0:.2f}-{a.end - t0:.2f}" for a in arrivals)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 3. 4xx: unavailable, everything allowed
 

@@ -842,6 +842,26 @@ def test_set_crawl_delay_adopts_and_counts():
     assert g.stat("crawl_delay/adopted") == 2
 
 
+def test_one_origin_s_robots_txt_does_not_clear_another_origin_s_delay():
+    """A host's origins share its row (the key has no port): the row holds the largest delay any of them published,
+    so the robots.txt of ``:8080`` without a delay (or with a smaller one) leaves ``https``'s 3 s in force."""
+    g = glue()
+    assert g.recorder.set_crawl_delay("a.example", 3, "https://a.example").result is True
+    assert g.recorder.set_crawl_delay("a.example", None, "http://a.example:8080").result is False
+    assert g.recorder.set_crawl_delay("a.example", 1, "http://a.example").result is False
+    assert g.row("a.example").crawl_delay == 3.0 and g.report.counters("a.example").crawl_delay == 3.0
+    assert g.stat("crawl_delay/adopted") == 2  # the origins that publish one: https, then http's 1 s
+    # A larger one from another origin raises it; the origin that published the largest lowers it to the next.
+    assert g.recorder.set_crawl_delay("a.example", 5, "http://a.example:8080").result is True
+    assert g.row("a.example").crawl_delay == 5.0
+    assert g.recorder.set_crawl_delay("a.example", None, "http://a.example:8080").result is True
+    assert g.row("a.example").crawl_delay == 3.0
+    # Negative control: when every origin read publishes none, the delay is cleared (a robots.txt changed).
+    g.recorder.set_crawl_delay("a.example", None, "https://a.example")
+    g.recorder.set_crawl_delay("a.example", None, "http://a.example")
+    assert g.row("a.example").crawl_delay == 0.0 and g.report.counters("a.example").crawl_delay is None
+
+
 def test_a_published_delay_above_max_wait_defers_the_next_request():
     g = glue()
     g.recorder.set_crawl_delay("a.example", 90)

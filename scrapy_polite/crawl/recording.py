@@ -14,6 +14,7 @@ import math
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Headers
@@ -28,15 +29,15 @@ from ..policy import (
     InvalidRetryAfter,
     PacingPolicy,
     RateLimitDecision,
-    host_key,
     ip_key,
+    origin_of,
     parse_retry_after,
 )
 from ..policy.ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
 from ..reports.counters import Report
 from ..settings import PoliteConfig
 from ..stores import StoreError
-from ..vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, RECORDED_META, SENT_AT_META
+from ..vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, RECORDED_META, SENT_AT_META, parse_seconds
 from .lifecycle import Lifecycle
 from .outage import DeferredStore
 from .reactor import await_deferred
@@ -106,9 +107,12 @@ class Recorder:
         self._unlined: weakref.WeakKeyDictionary[Any, defer.Deferred[Any]] = weakref.WeakKeyDictionary()
         #: Hosts whose malformed rate-limit fields, or clamped quota, were logged (once per host and field).
         self._ratelimit_logged: set[tuple[str, str]] = set()
-        #: host → the status of its last downloaded robots.txt: only a 2xx or 4xx one may change the host's
-        #: recorded delay (RFC 9309 §2.3.1.4; :meth:`robots_downloaded`).
+        #: origin (``scheme://host[:port]``) → the status of its last downloaded robots.txt: only a 2xx or 4xx one
+        #: may change the delay it publishes (RFC 9309 §2.3.1.4; :meth:`robots_downloaded`).
         self.robots_statuses: dict[str, int] = {}
+        #: host → origin → the delay (seconds, 0: none) that origin's robots.txt publishes, as this process read it
+        #: (:meth:`set_crawl_delay`).
+        self._published: dict[str, dict[str, float]] = {}
 
     def downloaded(self, request: Request, response: Response, *, refusal: str | None = None,
                    foreign: bool = False) -> None:
@@ -136,10 +140,8 @@ class Recorder:
                 self.robots_downloaded(request.url, response.status)
 
     def robots_downloaded(self, url: str, status: int) -> None:
-        """Note the status of a downloaded robots.txt (``url``) for its host (:attr:`robots_statuses`)."""
-        host = host_key(url)
-        if host is not None:
-            self.robots_statuses[host] = status
+        """Note the status of a downloaded robots.txt (``url``) for its origin (:attr:`robots_statuses`)."""
+        self.robots_statuses[origin_of(urlsplit(url))] = status
 
     def record_response(self, request: Request, response: Response) -> defer.Deferred[Any] | None:
         """Feed a downloaded response's status and Retry-After into the table (docs/spec.md §2).
@@ -341,10 +343,19 @@ class Recorder:
         mark = self.throttle_marks.get(host) if host is not None else None
         return mark is not None and decided is not None and mark > decided
 
-    def set_crawl_delay(self, host: str, delay: float | None) -> defer.Deferred[Any]:
-        """Record the host's published delay (seconds; None: it publishes none) in the table (docs/spec.md §2, §5);
-        a Deferred of whether the row changed."""
-        value = float(delay) if delay is not None else 0.0
+    def set_crawl_delay(self, host: str, delay: float | None, origin: str | None = None) -> defer.Deferred[Any]:
+        """Record the delay (seconds; None: none) the robots.txt of ``origin`` (:func:`origin_of`; None: the host's
+        only one) publishes for ``host`` in the table (docs/spec.md §2, §5); a Deferred of whether the row changed.
+
+        A host's origins (``http`` and ``https``, other ports) each publish their own robots.txt, and share the host's
+        row (docs/spec.md §1): the row holds the largest delay any of them published as this process read it, so one
+        origin's robots.txt without a delay does not clear, or lower, another's. An invalid delay is not kept: the
+        policy refuses it (the Deferred fails with its ``ValueError``)."""
+        mine = value = float(delay) if delay is not None else 0.0
+        if parse_seconds(value) is not None:
+            published = self._published.setdefault(host, {})
+            published[origin or host] = value
+            value = max(published.values())
         policy = self.policy
 
         def fn(state: HostState | None, now: float) -> tuple[HostState | None, bool]:
@@ -357,9 +368,9 @@ class Recorder:
             self.report.counters(host).crawl_delay = value if value > 0 else None
             if changed:
                 self.report.events.robots_delay(host, value)
-            if value > 0:
+            if mine > 0:
                 self.report.inc("crawl_delay/adopted")
-                logger.info("%s publishes a delay of %g s for %s: adopted", host, value, self.user_agent)
+                logger.info("%s publishes a delay of %g s for %s: adopted", origin or host, mine, self.user_agent)
             return changed
 
         d.addCallbacks(done, self._failed, errbackArgs=(host, "its robots.txt delay"))

@@ -1,15 +1,25 @@
 """The keys of the pace table's rows (docs/spec.md §1, §3): a URL's host key (:func:`host_key`) and an address's
-row key (:func:`ip_key`)."""
+row key (:func:`ip_key`); and a URL's origin (:func:`origin_of`), whose robots.txt publishes its own delay for
+the host's row."""
 
 from __future__ import annotations
 
 import ipaddress
 from functools import lru_cache
+from typing import Protocol
 
 from ..network.addresses import embedded_ipv4
 from ..network.hosts import InvalidHost, url_host
 
-__all__ = ["host_key", "ip_key"]
+__all__ = ["host_key", "ip_key", "origin_of"]
+
+
+class _SplitURL(Protocol):
+    @property
+    def scheme(self) -> str: ...
+
+    @property
+    def netloc(self) -> str: ...
 
 
 def host_key(url: str) -> str | None:
@@ -54,3 +64,15 @@ def ip_key(address: str) -> str:
         if embedded is not None:
             return f"ip:{embedded}"
     return f"ip:{ip}"
+
+
+def origin_of(url: _SplitURL) -> str:
+    """The origin of a URL split by ``urllib.parse`` (``urlsplit``, or Scrapy's ``urlparse_cached``): its scheme and
+    authority, ``scheme://host[:port]``, each of which has a robots.txt of its own (RFC 9309 §2.3). A host's origins
+    share its row (:func:`host_key` has no port).
+
+    >>> from urllib.parse import urlsplit
+    >>> origin_of(urlsplit("https://example.com:8443/a?b"))
+    'https://example.com:8443'
+    """
+    return f"{url.scheme}://{url.netloc}"
