@@ -29,6 +29,7 @@ from scrapy_polite.settings import (
     unknown_settings,
     warn_unknown_settings,
 )
+from scrapy_polite.startup import refuse_to_start
 
 
 def cmdline(**values: object) -> Settings:
@@ -458,12 +459,17 @@ def test_the_addon_warns_about_a_typo(caplog):
 
 
 @pytest.mark.parametrize("make", [dict, cmdline], ids=["dict", "cmdline"])
-def test_adaptive_with_autothrottle_is_refused_unless_allowed(make):
-    """POLITE_ADAPTIVE and AutoThrottle are two pacers, one unaware of the other: refused, naming the fix,
-    unless POLITE_ADAPTIVE_WITH_AUTOTHROTTLE says both (docs/spec.md §2, "Adaptive pacing")."""
+def test_adaptive_with_autothrottle_is_refused_unless_allowed(make, caplog):
+    """POLITE_ADAPTIVE and AutoThrottle are two pacers, one unaware of the other: refused, naming the fix (its own,
+    not the generic "give POLITE_ADAPTIVE a value"), unless POLITE_ADAPTIVE_WITH_AUTOTHROTTLE says both (docs/spec.md
+    §2, "Adaptive pacing")."""
     with pytest.raises(SettingsError, match="AUTOTHROTTLE_ENABLED = False") as exc:
         PoliteConfig.from_settings(make(POLITE_ADAPTIVE="True", AUTOTHROTTLE_ENABLED="True"))
     assert "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE" in str(exc.value)
+    with caplog.at_level(logging.ERROR):
+        refuse_to_start(exc.value)
+    line, = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.count("Fix:") == 1 and "Fix: turn AutoThrottle off" in line and "a value" not in line, line
     allowed = PoliteConfig.from_settings(make(POLITE_ADAPTIVE="True", AUTOTHROTTLE_ENABLED="True",
                                               POLITE_ADAPTIVE_WITH_AUTOTHROTTLE="True"))
     assert allowed.policy.adaptive is not None

@@ -237,7 +237,8 @@ def crawl_delay(op: Operator) -> int:
     else:
         was = f"{before:g} s" if before else "none"
         now = "cleared" if clear else f"{value:g} s"
-        op.print(f"{key}: Crawl-delay {now} (was {was}). It lasts until the host's robots.txt is read again "
+        change = "The clearing" if clear else "This delay"
+        op.print(f"{key}: Crawl-delay {now} (was {was}). {change} lasts until the host's robots.txt is read again "
                  "(each crawl that obeys robots.txt reads it, and records the delay it publishes); "
                  "POLITE_HOST_DELAYS sets a lasting one.")
     return EXIT_OK
