@@ -162,8 +162,8 @@ class Throttle:
 
 @dataclass(frozen=True)
 class Arrival:
-    """One request as the server saw it: ``start`` after its headers were read, ``end`` after the response
-    was written (``time.time()``)."""
+    """One request as the server saw it: ``start`` after its headers were read, ``end`` right before the response's
+    last write (``time.time()``; taken after it, a thread that waits for the GIL meanwhile reads the end late)."""
 
     host: str  # the Host header, without port
     path: str
@@ -249,13 +249,16 @@ class DemoServer:
         for key, value in headers.items():
             handler.send_header(key, value)
         handler.send_header("Content-Length", str(len(content)))
-        handler.end_headers()
+        if body:
+            handler.end_headers()
+        end = time.time()  # right before the last write: the crawler cannot have the whole response earlier
         if body:
             handler.wfile.write(content)
+        else:
+            handler.end_headers()
         handler.wfile.flush()
         host = (handler.headers.get("Host") or self.address).rsplit(":", 1)[0].lower()
-        arrival = Arrival(host=host, path=urlsplit(handler.path).path or "/", status=status, start=start,
-                          end=time.time())
+        arrival = Arrival(host=host, path=urlsplit(handler.path).path or "/", status=status, start=start, end=end)
         with self._lock:
             self.arrivals.append(arrival)
         logger.debug("%s %s %s -> %d (%.3f s)", host, handler.command, arrival.path, status, arrival.end - start)
