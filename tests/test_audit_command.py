@@ -92,9 +92,10 @@ def test_requests_exactly_at_every_boundary_pass(tmp_path):
     log.add(4.5, "robots_delay", delay=2.0, due=T0 + 6.5)
     log.book(6.5, interval=2.0, ip_interval=1.0)
     log.book(8.5, interval=2.0, ip_interval=1.0)
+    log.add(9.0, "refusal", host="internal.example", reason="non_public")  # refused, never requested
     code, out, err = audit_cli(sqlite_log(tmp_path, log))
     assert code == EXIT_OK, out + err
-    assert out.splitlines()[-1] == "OK: no violation in 5 requests to 1 host"
+    assert out.splitlines()[-1] == "OK: no violation in 5 requests to 1 host"  # (the refused host is not one)
 
 
 def test_a_log_trimmed_by_its_cap_is_refused_with_the_fix(tmp_path):

@@ -115,7 +115,7 @@ def _verdict(report: AuditReport) -> str:
         return (f"NOT VOUCHED FOR: no violation in the {requests} recorded, but the table came back empty: the "
                 "record before that is lost")
     if report.ok:
-        return f"OK: no violation in {requests} to {plural(len(report.hosts), 'host')}"
+        return f"OK: no violation in {requests} to {plural(sum(1 for h in report.hosts if h.requests), 'host')}"
     counts: dict[str, int] = defaultdict(int)
     for violation in report.violations:
         counts[violation.kind] += 1
