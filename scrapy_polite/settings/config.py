@@ -107,8 +107,8 @@ def _adaptive(settings: BaseSettings) -> AdaptivePolicy | None:
         return None
     if _autothrottle(settings) and not both:
         raise SettingsError("POLITE_ADAPTIVE and AUTOTHROTTLE_ENABLED are both on: two pacers, one unaware of the "
-                            "other. Fix: turn AutoThrottle off (AUTOTHROTTLE_ENABLED = False): POLITE_ADAPTIVE paces each "
-                            "host on its response times already, shared across processes; or set "
+                            "other. Fix: turn AutoThrottle off (AUTOTHROTTLE_ENABLED = False): POLITE_ADAPTIVE paces "
+                            "each host on its response times already, shared across processes; or set "
                             "POLITE_ADAPTIVE_WITH_AUTOTHROTTLE = True to run both")
     return AdaptivePolicy(factor=factor, cap=cap)
 
