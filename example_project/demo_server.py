@@ -249,6 +249,7 @@ class DemoServer:
         for key, value in headers.items():
             handler.send_header(key, value)
         handler.send_header("Content-Length", str(len(content)))
+        body = body and bool(content)
         if body:
             handler.end_headers()
         end = time.time()  # right before the last write: the crawler cannot have the whole response earlier

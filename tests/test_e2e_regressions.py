@@ -28,6 +28,7 @@ import pytest
 import pytest_twisted
 import scrapy
 from scrapy import Request
+from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_polite.clock import process_clock
@@ -387,6 +388,32 @@ async def test_robots_404_clears_recorded_crawl_delay(arrival_server, tmp_path):
     assert state is not None and state.crawl_delay == 0, f"a 404 robots.txt must clear the Crawl-delay: row {state}"
     assert not crawler.stats.get_value("polite/robots/unreachable"), (
         f"a 404 robots.txt is not unreachable: {polite_stats(crawler)}")
+
+
+@pytest.mark.parametrize("redirected", [True, False], ids=["redirected", "direct"])
+@pytest_twisted.ensureDeferred
+async def test_a_503_robots_txt_keeps_the_delay_under_scrapy_s_own_middleware(arrival_server, tmp_path, redirected):
+    """Scrapy's own ``RobotsTxtMiddleware`` (the add-on's opt-out) lets Scrapy's ``RedirectMiddleware`` follow a
+    robots.txt redirect, and sends ``robots_parsed`` for every status. Origin ``:A``'s robots.txt redirects to
+    ``:B``'s on the same host (the loopback stand-in for http → https), which answers 503: the recorded Crawl-delay
+    of 2 s stays, as for a 503 at ``:A`` itself (``direct``, the control). Fails when the 503 is noted for the origin
+    it came from and not for the one asked (the row's delay is then cleared to 0)."""
+    ip = "127.0.4.42" if redirected else "127.0.4.43"
+    a, b = arrival_server(ip), arrival_server(ip)
+    busy = Reply.html("<html>busy</html>", status=503)
+    a.route("/robots.txt", Reply.redirect(b.url("/robots.txt"), 301) if redirected else busy)
+    b.route("/robots.txt", busy)
+    a.route("/*", page())
+    uri = sqlite_uri(tmp_path)
+    seed(uri, {ip: HostState(crawl_delay=2.0, ok_seen=True, updated=process_clock())})
+    crawler = await run_crawl(ListSpider, settings(
+        POLITE_STORE=uri, ROBOTSTXT_OBEY=True, POLITE_HOST_INTERVAL=0.2,
+        DOWNLOADER_MIDDLEWARES={PoliteRobotsTxtMiddleware: None, RobotsTxtMiddleware: 100}),
+        urls=[a.url("/page")], timeout=40)
+    assert [x.path for x in b.arrivals()] == (["/robots.txt"] if redirected else []), b.arrivals()
+    state = row(uri, ip)
+    assert state is not None and state.crawl_delay == 2.0, (state, polite_stats(crawler))
+    assert crawler.stats.get_value("polite/robots/unreachable") == 1, polite_stats(crawler)
 
 
 # ---------------------------------------------------------------------------------------------------

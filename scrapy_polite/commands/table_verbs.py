@@ -237,10 +237,9 @@ def crawl_delay(op: Operator) -> int:
     else:
         was = f"{before:g} s" if before else "none"
         now = "cleared" if clear else f"{value:g} s"
-        change = "The clearing" if clear else "This delay"
-        op.print(f"{key}: Crawl-delay {now} (was {was}). {change} lasts until the host's robots.txt is read again "
-                 "(each crawl that obeys robots.txt reads it, and records the delay it publishes); "
-                 "POLITE_HOST_DELAYS sets a lasting one.")
+        lasting = "" if clear else "; POLITE_HOST_DELAYS sets a lasting one"
+        op.print(f"{key}: Crawl-delay {now} (was {was}) until the host's robots.txt is read again (each crawl that "
+                 f"obeys robots.txt reads it, and records the delay it publishes){lasting}.")
     return EXIT_OK
 
 

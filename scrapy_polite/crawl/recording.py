@@ -136,11 +136,16 @@ class Recorder:
             elif not foreign:
                 self.record_response(request, response)
         finally:  # a failing record never skips the robots.txt status
-            if request.url.endswith("/robots.txt"):
-                self.robots_downloaded(request.url, response.status)
+            # A robots.txt that Scrapy's RedirectMiddleware followed (under Scrapy's own robots.txt middleware: the
+            # add-on's follows each hop itself) answers for the origin whose robots.txt was asked: the chain's first.
+            redirected = meta.get("redirect_urls")
+            url = redirected[0] if redirected else request.url
+            if url.endswith("/robots.txt"):
+                self.robots_downloaded(url, response.status)
 
     def robots_downloaded(self, url: str, status: int) -> None:
-        """Note the status of a downloaded robots.txt (``url``) for its origin (:attr:`robots_statuses`)."""
+        """Note the status of a downloaded robots.txt for its origin (:attr:`robots_statuses`): ``url``, the URL that
+        was asked (before any redirect)."""
         self.robots_statuses[origin_of(urlsplit(url))] = status
 
     def record_response(self, request: Request, response: Response) -> defer.Deferred[Any] | None:
@@ -350,7 +355,7 @@ class Recorder:
         A host's origins (``http`` and ``https``, other ports) each publish their own robots.txt, and share the host's
         row (docs/spec.md §1): the row holds the largest delay any of them published as this process read it, so one
         origin's robots.txt without a delay does not clear, or lower, another's. An invalid delay is not kept: the
-        policy refuses it (the Deferred fails with its ``ValueError``)."""
+        policy refuses it, and the refusal is logged (the Deferred then fires None)."""
         mine = value = float(delay) if delay is not None else 0.0
         if parse_seconds(value) is not None:
             published = self._published.setdefault(host, {})
