@@ -182,6 +182,7 @@ def test_hosts_json_has_the_columns_as_keys(table):
     assert list(hosts) == ["idle.example", "slow.example", "busy.example"]
     busy = hosts["busy.example"]
     assert set(busy) == {"host", "next_allowed", "next_allowed_at", "next_allowed_in", "backoff_steps", "crawl_delay",
+                         "origin_delays",
                          "after_success", "retry_after_scale", "2xx_seen", "updated", "updated_at",
                          "ratelimit_interval", "ratelimit_until", "ratelimit_until_at", "latency", "strain",
                          "quota_left", "quota_reset", "quota_reset_at", "quota_limit", "quota_window", "booked",
@@ -804,28 +805,33 @@ def test_show_says_every_field_in_words(table):
     now = table.now
     quota = HostState(next_allowed=now + 2, ok_seen=True, updated=now - 1, ratelimit_interval=0.8, quota_left=2,
                       quota_reset=now + 3, quota_limit=5, quota_window=4.0, quota_serial=14, booked=16,
-                      latency=0.123, strain=2)
+                      latency=0.123, strain=2, crawl_delay=2.0,
+                      origin_delays='{"http://quota.example:8080": 0.5, "https://quota.example": 2.0}')
     table.store.update("quota.example", lambda old, now_: (quota, None))
     text = table.run("show", "quota.example").out
-    lines = dict(re.findall(r"^  ([a-zA-Z -]+?)\s{2,}(.*)$", text, re.M))
+    lines = dict(re.findall(r"^  ([a-zA-Z. -]+?)\s{2,}(.*)$", text, re.M))
     assert lines["quota left"] == "2 requests until its reset"
     assert re.match(r"in (3\.0|2\.9|2\.8) s \(at ", lines["quota reset"]), lines  # in words, whatever the machine's load
     assert lines["quota size"] == "5 requests per 4.0 s"
     assert lines["booked"] == "16 requests (the answer to request 14 counted the quota last, 2 booked since)"
     assert lines["latency"] == "0.123 s (smoothed download time)"
     assert lines["strain"] == "2 (5xx answers and failures not yet earned back)"
+    assert lines["robots.txt delays"] == "https://quota.example 2 s, http://quota.example:8080 0.5 s"
+    assert "origin delays" not in text  # (not by its name: an origin's JSON is no number; the old show raised)
     assert "quota serial" not in text and "quota limit" not in text and "quota window" not in text
     data = json.loads(table.run("show", "quota.example", "--json").out)["row"]
     assert (data["quota_left"], data["quota_limit"], data["quota_window"], data["booked"], data["quota_serial"]) == (
         2, 5, 4.0, 16, 14)
+    assert data["origin_delays"] == {"http://quota.example:8080": 0.5, "https://quota.example": 2.0}
     # No quota known (quota_left -1): no quota line at all (the old show printed "quota left  -1").
     plain = HostState(next_allowed=now, ok_seen=True, updated=now - 1, quota_left=-1, booked=3, quota_serial=3)
     table.store.update("plain.example", lambda old, now_: (plain, None))
     text = table.run("show", "plain.example").out
     assert "quota left" not in text and not re.search(r"\s-1$", text, re.M), text
     assert re.search(r"^  booked\s{2,}3 requests$", text, re.M), text  # (no quota: none counted, none to speak of)
+    assert "robots.txt delays" not in text  # the control: none published
     # Every line show names is in the operating guide's list of show's lines.
     guide = (ROOT / "docs" / "guides" / "operating.md").read_text(encoding="utf-8")
     for label in ("quota left", "quota reset", "quota size", "booked", "latency", "strain", "rate limit",
-                  "quota spent", "Retry-After scale", "in flight"):
+                  "quota spent", "Retry-After scale", "in flight", "robots.txt delays"):
         assert f"| `{label}` |" in guide, label

@@ -271,6 +271,30 @@ async def test_a_robots_txt_without_a_delay_on_another_port_keeps_the_host_s_cra
     assert min(gaps) >= 1.5 - TOL, (gaps, log)
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_that_reads_only_a_no_delay_origin_keeps_the_delay_another_crawl_recorded(arrival_server,
+                                                                                                tmp_path):
+    """Two crawls share one SQLite table, as the processes of a fleet do: the first reads only ``:A``'s robots.txt
+    (``Crawl-delay: 1.5``), the second only ``:B``'s (404), then fetches three of ``B``'s pages. ``A``'s delay stays in
+    force for the host (the row keeps each origin's delay): the second crawl's requests start at least 1.5 s after
+    the one before ended. Fails when a robots.txt without a delay clears the row's delay whatever origin published it
+    (the rule kept per process: ``B``'s pages then came 0.2 s apart)."""
+    a, b = arrival_server("127.0.33.11"), arrival_server("127.0.33.11")
+    a.route("/robots.txt", Reply.robots("User-agent: *\nCrawl-delay: 1.5\n"))
+    b.route("/robots.txt", Reply.text("not here", status=404))
+    a.route("/1", links())
+    for path in ("/1", "/2", "/3"):
+        b.route(path, links())
+    shared = settings(POLITE_HOST_INTERVAL=0.2, POLITE_STORE=f"sqlite:///{tmp_path}/pace.sqlite3")
+    await run_crawl(ListSpider, shared, urls=[a.url("/1")], timeout=40)
+    crawler = await run_crawl(ListSpider, shared, urls=[b.url(p) for p in ("/1", "/2", "/3")], timeout=40)
+    arrivals = sorted(b.arrivals(), key=lambda x: x.start)
+    log = describe_all(arrivals)
+    assert len(crawler.spider.fetched) == 3 and [x.path for x in arrivals][0] == "/robots.txt", log
+    gaps = [nxt.start - prev.end for prev, nxt in zip(arrivals, arrivals[1:])]
+    assert len(gaps) == 3 and min(gaps) >= 1.5 - TOL, (gaps, log)
+
+
 def describe_all(arrivals: list[Arrival]) -> str:
     t0 = arrivals[0].start if arrivals else 0.0
     return ", ".join(f":{a.server_address[1]}{a.path} {a.status} @{a.start - t0:.2f}-{a.end - t0:.2f}" for a in arrivals)

@@ -249,12 +249,13 @@ class Glue:
 
 def glue(*, settings: dict[str, Any] | None = None, addresses: dict[str, list[str]] | None = None,
          owns: bool = True, scheduler: bool = True, sleep: str = "fake", store_ahead: float = 0.0,
-         gated: bool = False) -> Glue:
+         gated: bool = False, store: MemoryStore | None = None) -> Glue:
     """Build the units. ``store_ahead``: the store's clock runs that many seconds ahead of this process's
-    (a server clock); ``sleep``: ``"fake"`` (fired at once) or ``"hand"``; ``gated``: a :class:`GatedStore`."""
+    (a server clock); ``sleep``: ``"fake"`` (fired at once) or ``"hand"``; ``gated``: a :class:`GatedStore`;
+    ``store``: a table another glue uses too (another process's), on its own clock."""
     config = PoliteConfig.from_settings({**SETTINGS, **(settings or {})})
     clock = FakeClock()
-    store = MemoryStore(clock=(lambda: clock() + store_ahead) if store_ahead else clock)
+    store = store or MemoryStore(clock=(lambda: clock() + store_ahead) if store_ahead else clock)
     astore: Any = store.open_async()
     if gated:
         astore = GatedStore(astore)
@@ -860,6 +861,35 @@ def test_one_origin_s_robots_txt_does_not_clear_another_origin_s_delay():
     g.recorder.set_crawl_delay("a.example", None, "https://a.example")
     g.recorder.set_crawl_delay("a.example", None, "http://a.example")
     assert g.row("a.example").crawl_delay == 0.0 and g.report.counters("a.example").crawl_delay is None
+
+
+def test_a_process_that_read_only_a_no_delay_origin_keeps_the_delay_another_process_recorded():
+    """The fleet (docs/spec.md §2, "Crawl-delay"): the row keeps each origin's delay, so a second process, which has
+    read only ``:8080``'s robots.txt (no delay), leaves the 3 s the first process recorded from ``https`` in force;
+    when the first reads ``https``'s robots.txt again without one, the delay goes. Negative control: without the
+    origin (the whole host's robots.txt), the second process's word replaces the row's."""
+    first = glue()
+    second = glue(store=first.store)
+    assert first.recorder.set_crawl_delay("a.example", 3, "https://a.example").result is True
+    assert second.recorder.set_crawl_delay("a.example", None, "http://a.example:8080").result is False
+    assert first.row("a.example").crawl_delay == 3.0 and second.report.counters("a.example").crawl_delay == 3.0
+    assert second.recorder.set_crawl_delay("a.example", 2, "http://a.example:8080").result is False
+    assert first.recorder.set_crawl_delay("a.example", None, "https://a.example").result is True
+    assert first.row("a.example").crawl_delay == 2.0  # :8080's, recorded by the other process
+    assert second.recorder.set_crawl_delay("a.example", None).result is True
+    assert first.row("a.example").crawl_delay == 0.0
+
+
+def test_an_origin_s_delay_is_kept_under_one_name_however_its_urls_spell_it():
+    """``https://a.example:443`` and ``https://A.example`` are one origin: the robots.txt read under the second
+    spelling clears what the first recorded (as a name per spelling, the 5 s would stay in force for good), and no
+    user info reaches the table. Negative control: another port is another origin, whose delay stays."""
+    g = glue()
+    g.recorder.set_crawl_delay("a.example", 5, "https://user:secret@a.example:443")
+    g.recorder.set_crawl_delay("a.example", 2, "http://a.example:8080")
+    assert "secret" not in g.row("a.example").origin_delays and g.row("a.example").crawl_delay == 5.0
+    assert g.recorder.set_crawl_delay("a.example", None, "https://A.example").result is True
+    assert g.row("a.example").crawl_delay == 2.0
 
 
 def test_a_published_delay_above_max_wait_defers_the_next_request():

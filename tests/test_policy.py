@@ -656,7 +656,8 @@ def test_a_budget_of_zero_never_retries_and_the_default_is_ten():
 # -- the module's fast copy of a row ------------------------------------------------------------------------
 
 _FIELD_VALUES = {f.name: (st.booleans() if f.type == "bool" else st.integers(-1, 10**6) if f.type == "int"
-                          else st.floats(0, 1e10, allow_nan=False)) for f in dataclasses.fields(HostState)}
+                          else st.text() if f.type == "str" else st.floats(0, 1e10, allow_nan=False))
+                 for f in dataclasses.fields(HostState)}
 
 
 @given(st.fixed_dictionaries({}, optional=_FIELD_VALUES), st.fixed_dictionaries({}, optional=_FIELD_VALUES))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from scrapy_polite.policy import Booking, Deferral, HostState, PacingPolicy, ip_key
+from scrapy_polite.policy.robots import ORIGINS_KEPT, merge_origin_delays, published_delays, with_origin_delay
 
 #: An arbitrary "now" (Unix epoch seconds); every clock here is injected. Multiples of 1/4 s added to it are
 #: exact in binary floating point, so the timelines below compare exactly.
@@ -220,6 +221,68 @@ def test_robots_delay_refuses_what_is_not_seconds(bad):
         POLICY.robots_delay_update(None, bad, now=T0)
     with pytest.raises(ValueError):
         POLICY.robots_delay_update(HostState(crawl_delay=1.0), bad, now=T0)
+
+
+def test_robots_delay_of_an_origin_lowers_only_what_that_origin_published():
+    """The row keeps each origin's delay and the largest is in force (docs/spec.md §2, "Crawl-delay"), so the origins of
+    one host (other ports, http beside https) never clear each other's. Negative control: without an origin, a
+    robots.txt without a delay clears the row's."""
+    a, b = "https://h.example", "http://h.example:8080"
+    one = POLICY.robots_delay_update(None, 3, now=T0, origin=a)
+    assert one.crawl_delay == 3.0 and published_delays(one.origin_delays) == {a: 3.0}
+    two = POLICY.robots_delay_update(one, None, now=T0 + 1, origin=b)
+    assert two is None  # b publishes none, and had recorded none: nothing changes
+    three = POLICY.robots_delay_update(one, 5, now=T0 + 1, origin=b)
+    assert three.crawl_delay == 5.0 and three.next_allowed == T0 + 6
+    four = POLICY.robots_delay_update(three, 0, now=T0 + 2, origin=b)
+    assert four.crawl_delay == 3.0 and published_delays(four.origin_delays) == {a: 3.0}
+    five = POLICY.robots_delay_update(four, 1, now=T0 + 3, origin=a)
+    assert five.crawl_delay == 1.0 and five.origin_delays == '{"https://h.example": 1.0}'
+    assert POLICY.robots_delay_update(five, 0, now=T0 + 4, origin=a).crawl_delay == 0.0
+    assert POLICY.robots_delay_update(four, None, now=T0 + 4).crawl_delay == 0.0  # the control
+
+
+def test_an_operator_s_delay_replaces_what_the_origins_published_until_robots_txt_is_read_again():
+    state = POLICY.robots_delay_update(None, 3, now=T0, origin="https://h.example")
+    set_by_hand = PacingPolicy.with_crawl_delay(state, 10, now=T0 + 1)
+    assert set_by_hand.crawl_delay == 10.0 and set_by_hand.origin_delays == ""
+    again = POLICY.robots_delay_update(set_by_hand, 0, now=T0 + 2, origin="http://h.example:8080")
+    assert again.crawl_delay == 0.0  # the operator's word lasted until a robots.txt was read
+    # The reset keeps the host's own numbers, its origins' delays among them.
+    assert PacingPolicy.reset(state, now=T0 + 5).origin_delays == state.origin_delays
+
+
+def test_origin_delays_keep_the_largest_of_a_bounded_number_of_origins_and_read_a_bad_value_as_none():
+    text = ""
+    for port in range(ORIGINS_KEPT + 10):
+        text, in_force = with_origin_delay(text, f"http://h.example:{port}", 1.0 + port)
+    delays = published_delays(text)
+    assert len(delays) == ORIGINS_KEPT and in_force == ORIGINS_KEPT + 10.0
+    assert min(delays.values()) == 11.0  # the smallest were dropped, never the largest
+    for bad in ("{", "[1, 2]", '{"http://h": "x", "https://h": -1, "http://h:1": NaN, "http://h:2": true}'):
+        assert published_delays(bad) == {}
+        assert with_origin_delay(bad, "https://h", 2.0) == ('{"https://h": 2.0}', 2.0)
+
+
+def test_origin_delays_another_writer_left_behind_are_dropped():
+    """A row whose ``crawl_delay`` is not the largest of its origin delays was written by a writer that set the delay
+    without them (an earlier version's process or ``crawl-delay``): its entries are stale, so a robots.txt without a
+    delay does not bring back the 5 s the site withdrew. Negative control: a row whose entries agree keeps them."""
+    stale = HostState(crawl_delay=0.0, origin_delays='{"https://h.example": 5.0}', updated=T0 - 10)
+    new = POLICY.robots_delay_update(stale, 0, now=T0, origin="http://h.example:8080")
+    assert new is not None and new.crawl_delay == 0.0 and new.origin_delays == ""
+    agreed = replace(stale, crawl_delay=5.0)
+    assert POLICY.robots_delay_update(agreed, 0, now=T0, origin="http://h.example:8080") is None
+    assert POLICY.robots_delay_update(agreed, 1, now=T0, origin="http://h.example:8080").crawl_delay == 5.0
+
+
+def test_a_restored_row_keeps_each_origin_s_larger_delay():
+    current = HostState(crawl_delay=3.0, origin_delays='{"http://h": 1.0, "https://h": 3.0}')
+    known = HostState(crawl_delay=4.0, origin_delays='{"http://h": 4.0, "http://h:8080": 2.0}')
+    merged = POLICY.restore(current, known)
+    assert merged.crawl_delay == 4.0
+    assert published_delays(merged.origin_delays) == {"http://h": 4.0, "https://h": 3.0, "http://h:8080": 2.0}
+    assert merge_origin_delays(current.origin_delays, "") == current.origin_delays
 
 
 # --------------------------------------------------------------------------------------------------

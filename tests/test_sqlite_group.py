@@ -132,13 +132,13 @@ _INTS = st.integers(min_value=-(2 ** 63), max_value=2 ** 63 - 1)
 
 def _strategy_for(field: dataclasses.Field) -> st.SearchStrategy:
     kind = field.type if isinstance(field.type, str) else field.type.__name__
-    return {"float": _FLOATS, "int": _INTS, "bool": st.booleans()}[kind]
+    return {"float": _FLOATS, "int": _INTS, "bool": st.booleans(), "str": st.text()}[kind]
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.fixed_dictionaries({f.name: _strategy_for(f) for f in dataclasses.fields(HostState)}))
 def test_a_row_read_back_is_the_host_state_written(fields):
-    """Any HostState (every float, infinities included; every 64-bit integer; both booleans) written through
+    """Any HostState (every float, infinities included; every 64-bit integer; both booleans; any text) written through
     a group commit reads back as the same value, each field of its own type (``ok_seen`` a bool, not SQLite's
     integer), a frozen value like any other. Negative control: a different state does not compare equal."""
     state = HostState(**fields)

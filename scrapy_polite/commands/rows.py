@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..policy import HostState, PacingPolicy
+from ..policy.robots import published_delays
 from ..reports.events import describe, throttle_cause
 from ..reports.words import format_due, format_duration, format_relative, iso_time, plural
 from ..stores import Event, PaceStore
@@ -21,6 +22,7 @@ __all__ = [
     "SHOWN_FIELDS",
     "UNSPOKEN",
     "adaptive_cells",
+    "robots_cells",
     "event_json",
     "field_words",
     "hold_cells",
@@ -92,6 +94,7 @@ def host_json(key: str, state: HostState, now: float, throttle: Event | None,
         "after_success": _after_success(state, policy),
         "retry_after_scale": state.run_retry_after or None,
         "crawl_delay": state.crawl_delay or None,
+        "origin_delays": published_delays(state.origin_delays) or None,
         "2xx_seen": state.ok_seen,
         "updated": state.updated or None,
         "updated_at": iso_time(state.updated),
@@ -129,7 +132,7 @@ def host_cells(key: str, state: HostState, now: float, throttle: Event | None,
 SHOWN_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "updated", "throttled_at",
                  "ratelimit_interval", "ratelimit_until", "run_retry_after", "quota_left", "quota_reset",
                  "quota_limit", "quota_window", "quota_serial", "booked", "latency", "strain", "held_until",
-                 "held_by")
+                 "held_by", "origin_delays")
 
 
 def quota_cells(state: HostState, now: float) -> list[tuple[str, str]]:
@@ -192,6 +195,19 @@ def adaptive_cells(state: HostState) -> list[tuple[str, str]]:
     return cells
 
 
+def robots_cells(state: HostState) -> list[tuple[str, str]]:
+    """The ``robots.txt delays`` line of ``show``, when the host's origins publish any (docs/spec.md §2, "A host's
+    origins"): each origin's delay, the largest (the Crawl-delay in force) first."""
+    delays = published_delays(state.origin_delays)
+    if not delays:
+        return []
+    return [("robots.txt delays", _delays_words(delays))]
+
+
+def _delays_words(delays: dict[str, float]) -> str:
+    return ", ".join(f"{origin} {delay:g} s" for origin, delay in sorted(delays.items(), key=lambda d: -d[1]))
+
+
 def event_json(event: Event) -> dict[str, Any]:
     """An event as ``show --json`` gives it: its fields, its time in ISO 8601 (``at_iso``), and in words (``what``)."""
     data = event._asdict()
@@ -235,6 +251,9 @@ def field_words(name: str, value: Any, now: float) -> str:
         return "2xx seen" if value else "2xx not seen"
     if name == "crawl_delay":
         return f"Crawl-delay {value:g} s" if value else "no Crawl-delay"
+    if name == "origin_delays":
+        delays = published_delays(value)
+        return f"robots.txt delays {_delays_words(delays)}" if delays else "no robots.txt delays"
     if name == "throttled_at":
         return f"last throttle ({format_relative(value, now)})" if value else "no throttle"
     if name == "quota_left":

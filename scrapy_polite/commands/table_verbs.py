@@ -34,6 +34,7 @@ from .rows import (
     last_throttles,
     quota_cells,
     recorded,
+    robots_cells,
 )
 
 __all__ = ["CRAWL_DELAY_ARGS", "check_crawl_delay", "crawl_delay", "expire", "hosts", "reset", "show"]
@@ -141,7 +142,8 @@ def _print_row(op: Operator, key: str, state: HostState, throttle: Event | None)
     width = max(len(c) for c in (*HOST_COLUMNS[1:], "Retry-After scale"))
     for column, cell in zip(HOST_COLUMNS[1:], cells[1:]):
         op.print(f"  {column:<{width}}  {cell}")
-    for label, cell in (*quota_cells(state, op.now), *adaptive_cells(state), *hold_cells(state, op.now)):
+    for label, cell in (*robots_cells(state), *quota_cells(state, op.now), *adaptive_cells(state),
+                        *hold_cells(state, op.now)):
         op.print(f"  {label:<{width}}  {cell}")
     if state.consec > 0 and state.run_retry_after:
         op.print(f"  {'Retry-After scale':<{width}}  {state.run_retry_after:g} s (the largest Retry-After of "
@@ -149,7 +151,7 @@ def _print_row(op: Operator, key: str, state: HostState, throttle: Event | None)
     extra = {f.name: getattr(state, f.name) for f in fields(state)
              if f.name not in SHOWN_FIELDS and getattr(state, f.name)}
     for name, value in extra.items():  # a field added to HostState later: shown by its name
-        op.print(f"  {name.replace('_', ' '):<{width}}  {value:g}")
+        op.print(f"  {name.replace('_', ' '):<{width}}  {f'{value:g}' if isinstance(value, float) else value}")
     if state.consec > 0:
         op.print(f"  {op.forgive_words([key])}")
 

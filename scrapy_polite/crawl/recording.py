@@ -30,6 +30,7 @@ from ..policy import (
     PacingPolicy,
     RateLimitDecision,
     ip_key,
+    origin_key,
     origin_of,
     parse_retry_after,
 )
@@ -37,7 +38,7 @@ from ..policy.ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
 from ..reports.counters import Report
 from ..settings import PoliteConfig
 from ..stores import StoreError
-from ..vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, RECORDED_META, SENT_AT_META, parse_seconds
+from ..vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, RECORDED_META, SENT_AT_META
 from .lifecycle import Lifecycle
 from .outage import DeferredStore
 from .reactor import await_deferred
@@ -110,9 +111,6 @@ class Recorder:
         #: origin (``scheme://host[:port]``) → the status of its last downloaded robots.txt: only a 2xx or 4xx one
         #: may change the delay it publishes (RFC 9309 §2.3.1.4; :meth:`robots_downloaded`).
         self.robots_statuses: dict[str, int] = {}
-        #: host → origin → the delay (seconds, 0: none) that origin's robots.txt publishes, as this process read it
-        #: (:meth:`set_crawl_delay`).
-        self._published: dict[str, dict[str, float]] = {}
 
     def downloaded(self, request: Request, response: Response, *, refusal: str | None = None,
                    foreign: bool = False) -> None:
@@ -350,26 +348,29 @@ class Recorder:
 
     def set_crawl_delay(self, host: str, delay: float | None, origin: str | None = None) -> defer.Deferred[Any]:
         """Record the delay (seconds; None: none) the robots.txt of ``origin`` (:func:`origin_of`; None: the host's
-        only one) publishes for ``host`` in the table (docs/spec.md §2, §5); a Deferred of whether the row changed.
+        only one) publishes for ``host`` in the table (docs/spec.md §2, §5); a Deferred of whether the delay in force
+        changed.
 
         A host's origins (``http`` and ``https``, other ports) each publish their own robots.txt, and share the host's
-        row (docs/spec.md §1): the row holds the largest delay any of them published as this process read it, so one
-        origin's robots.txt without a delay does not clear, or lower, another's. An invalid delay is not kept: the
-        policy refuses it, and the refusal is logged (the Deferred then fires None)."""
-        mine = value = float(delay) if delay is not None else 0.0
-        if parse_seconds(value) is not None:
-            published = self._published.setdefault(host, {})
-            published[origin or host] = value
-            value = max(published.values())
+        row (docs/spec.md §1): the row keeps each origin's delay (under :func:`origin_key`), as any process recorded
+        it, and the largest is in force (:meth:`~scrapy_polite.policy.PacingPolicy.robots_delay_update`), so one
+        origin's robots.txt without a delay does not clear, or lower, another's. An invalid delay is refused by the
+        policy, and the refusal is logged (the Deferred then fires None)."""
+        mine = float(delay) if delay is not None else 0.0
         policy = self.policy
+        in_force = [mine]
+        key = origin_key(origin) if origin is not None else None
 
         def fn(state: HostState | None, now: float) -> tuple[HostState | None, bool]:
-            new = policy.robots_delay_update(state, value, now=now)
-            return new, new is not None
+            new = policy.robots_delay_update(state, mine, now=now, origin=key)
+            before = state.crawl_delay if state is not None else 0.0
+            in_force[0] = new.crawl_delay if new is not None else before
+            return new, in_force[0] != before
 
         d = self.store.update(host, fn)
 
         def done(changed: bool) -> bool:
+            value = in_force[0]
             self.report.counters(host).crawl_delay = value if value > 0 else None
             if changed:
                 self.report.events.robots_delay(host, value)

@@ -6,7 +6,8 @@ Everything that decides *how long* a host must be left alone lives here, one mod
   :data:`NEVER_SEEN`, :func:`state_from_fields` and :func:`replace`), and what the rules decide:
   :class:`Decision`, :class:`RateLimitDecision`, :class:`Booking`, :class:`Deferral`;
 * :mod:`.keys` — :func:`host_key`, the pacing key of a URL (docs/spec.md §1), :func:`ip_key`, the pace-table
-  key of an address's row, and :func:`origin_of`, a URL's origin (its robots.txt's);
+  key of an address's row, :func:`origin_of`, a URL's origin (its robots.txt's), and :func:`origin_key`, the name
+  a host's row keeps that origin's delay under;
 * :mod:`.retry_after` — :func:`parse_retry_after`, the ``Retry-After`` header (RFC 9110 §10.2.3);
 * :mod:`.pacing` — :class:`PacingPolicy`, the configuration (intervals and caps, in seconds) and the rules:
   :meth:`~PacingPolicy.effective_interval`, :meth:`~PacingPolicy.after_response`, :meth:`~PacingPolicy.wait`,
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from ..network.hosts import NO_NETWORK_SCHEMES
 from .booking import HOLD_POLL as HOLD_POLL
-from .keys import host_key, ip_key, origin_of
+from .keys import host_key, ip_key, origin_key, origin_of
 from .pacing import MAX_BACKOFF_EXPONENT as MAX_BACKOFF_EXPONENT
 from .pacing import PacingPolicy
 from .quota import FIRST_ANSWER_POLL as FIRST_ANSWER_POLL
@@ -56,5 +57,6 @@ __all__ = [
     "Deferral",
     "Booking",
     "ip_key",
+    "origin_key",
     "origin_of",
 ]

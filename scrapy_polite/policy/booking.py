@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
+from .robots import merge_origin_delays
 from .state import NEVER_SEEN, Booking, HostState, replace
 
 __all__ = ["BookingRules", "HOLD_POLL"]
@@ -166,7 +167,7 @@ class BookingRules:
         empty"): what this process knew of it (``known``, the last it read or wrote), merged with what the
         table holds now (``current``: None, or a row another process wrote or restored since). Only more
         waiting can follow: every hold and backoff as long as the longer of the two, every published number
-        (Crawl-delay, an announced quota's interval) the larger, the quota's count from the later-counted
+        (Crawl-delay, each origin's, an announced quota's interval) the larger, the quota's count from the later-counted
         response, the in-flight hold of the later booking."""
         if current is None:
             return known
@@ -176,7 +177,9 @@ class BookingRules:
         return replace(
             current, next_allowed=max(current.next_allowed, known.next_allowed),
             consec=max(current.consec, known.consec),
-            crawl_delay=max(current.crawl_delay, known.crawl_delay), ok_seen=current.ok_seen or known.ok_seen,
+            crawl_delay=max(current.crawl_delay, known.crawl_delay),
+            origin_delays=merge_origin_delays(current.origin_delays, known.origin_delays),
+            ok_seen=current.ok_seen or known.ok_seen,
             throttled_at=max(current.throttled_at, known.throttled_at), updated=max(current.updated, known.updated),
             ratelimit_interval=max(current.ratelimit_interval, known.ratelimit_interval),
             ratelimit_until=max(current.ratelimit_until, known.ratelimit_until), quota_left=newer.quota_left,

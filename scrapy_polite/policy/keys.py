@@ -7,11 +7,15 @@ from __future__ import annotations
 import ipaddress
 from functools import lru_cache
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from ..network.addresses import embedded_ipv4
 from ..network.hosts import InvalidHost, url_host
 
-__all__ = ["host_key", "ip_key", "origin_of"]
+__all__ = ["host_key", "ip_key", "origin_key", "origin_of"]
+
+#: The port a scheme's origin has when its URL names none.
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class _SplitURL(Protocol):
@@ -76,3 +80,28 @@ def origin_of(url: _SplitURL) -> str:
     'https://example.com:8443'
     """
     return f"{url.scheme}://{url.netloc}"
+
+
+def origin_key(origin: str) -> str:
+    """The name a host's row keeps an origin's robots.txt delay under (docs/spec.md §2, "A host's origins"): one
+    per origin however a URL spells it: the scheme lower-cased, the host as :func:`host_key` reads it (an IPv6
+    address in brackets), the port unless it is the scheme's default, and no user info (never a password in the
+    table).
+
+    >>> origin_key("HTTPS://user:secret@Example.COM.:443")
+    'https://example.com'
+    >>> origin_key("http://[2001:DB8::1]:8080")
+    'http://[2001:db8::1]:8080'
+    """
+    parts = urlsplit(origin)
+    scheme = parts.scheme.lower()
+    host = host_key(origin) or (parts.hostname or "")
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:  # a port that is no number: the origin as it is spelt
+        return f"{scheme}://{host}"
+    if port is None or port == _DEFAULT_PORTS.get(scheme):
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"

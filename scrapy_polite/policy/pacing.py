@@ -18,6 +18,7 @@ from .adaptive import AdaptivePolicy
 from .booking import BookingRules
 from .quota import QuotaRules
 from .ratelimit import RateLimits
+from .robots import published_delays, with_origin_delay
 from .state import NEVER_SEEN, Decision, Deferral, HostState, RateLimitDecision, replace
 
 __all__ = ["PacingPolicy", "MAX_BACKOFF_EXPONENT"]
@@ -296,24 +297,35 @@ class PacingPolicy(QuotaRules, BookingRules):
             return Deferral(reason="ratelimit" if quota > published else "crawl_delay", due=state.next_allowed)
         return None
 
-    def robots_delay_update(self, state: HostState | None, delay: float | None, *,
-                            now: float) -> HostState | None:
-        """A host's row after its robots.txt (answered 2xx or 4xx at ``now``) published ``delay``
-        seconds (None or 0: no delay), or None when nothing changes (docs/spec.md §2, §5).
+    def robots_delay_update(self, state: HostState | None, delay: float | None, *, now: float,
+                            origin: str | None = None) -> HostState | None:
+        """A host's row after the robots.txt of ``origin`` (``scheme://host[:port]``; None: the host's only one),
+        answered 2xx or 4xx at ``now``, published ``delay`` seconds (None or 0: no delay), or None when nothing
+        changes (docs/spec.md §2, §5).
 
-        The delay is recorded as ``crawl_delay``, and since robots.txt was itself a request to the host,
-        just answered, the host's next request is at least ``delay`` seconds after it.
+        The row keeps each origin's delay (``origin_delays``, :func:`~scrapy_polite.policy.robots.with_origin_delay`)
+        and the largest as ``crawl_delay``: one origin's robots.txt without a delay does not clear another's, in any
+        process. Entries whose largest is not the row's ``crawl_delay`` were left by a writer that set the delay
+        without them (an operator's ``crawl-delay`` of an earlier version, a process of one): they are dropped, as an
+        operator's delay drops them. Without an origin, the delay replaces what the row held. Since robots.txt was
+        itself a request to the host, just answered, the host's next request is at least the delay in force after it.
 
         Raises:
             ValueError: a negative or non-finite delay.
         """
         value = float(delay) if delay is not None else 0.0
-        if state is not None and state.crawl_delay == value:
+        if parse_seconds(value) is None:
+            raise ValueError(f"crawl_delay must be a finite number of seconds >= 0, got {delay!r}")
+        kept = state.origin_delays if state is not None else ""
+        if state is not None and kept and max(published_delays(kept).values(), default=0.0) != state.crawl_delay:
+            kept = ""  # another writer set the delay since (an older version, an operator): the entries are stale
+        text, in_force = with_origin_delay(kept, origin, value) if origin is not None else ("", value)
+        if state is None and in_force == 0.0:
             return None
-        if state is None and value == 0.0:
+        if state is not None and state.crawl_delay == in_force and state.origin_delays == text:
             return None
-        new = self.with_crawl_delay(state, value, now=now)
-        return replace(new, next_allowed=max(new.next_allowed, now + value))
+        return replace(state or NEVER_SEEN, crawl_delay=in_force, origin_delays=text, updated=now,
+                       next_allowed=max((state or NEVER_SEEN).next_allowed, now + in_force))
 
     # -- operator verbs -------------------------------------------------------------------------------
 
@@ -327,7 +339,8 @@ class PacingPolicy(QuotaRules, BookingRules):
         §3)."""
         if state is None:
             return HostState(updated=now)
-        return HostState(crawl_delay=state.crawl_delay, ratelimit_interval=state.ratelimit_interval,
+        return HostState(crawl_delay=state.crawl_delay, origin_delays=state.origin_delays,
+                         ratelimit_interval=state.ratelimit_interval,
                          quota_limit=state.quota_limit, quota_window=state.quota_window,
                          quota_serial=state.quota_serial, booked=state.booked, updated=now,
                          held_until=state.held_until, held_by=state.held_by)
@@ -348,11 +361,12 @@ class PacingPolicy(QuotaRules, BookingRules):
 
     @staticmethod
     def with_crawl_delay(state: HostState | None, crawl_delay: float, *, now: float) -> HostState:
-        """The state with the host's published Crawl-delay recorded (seconds ≥ 0).
+        """The state with an operator's Crawl-delay recorded (seconds ≥ 0; ``scrapy polite crawl-delay``): it replaces
+        what the host's origins published (``origin_delays``) until a robots.txt is read again.
 
         Raises:
             ValueError: a negative or non-finite delay.
         """
         if parse_seconds(crawl_delay) is None:
             raise ValueError(f"crawl_delay must be a finite number of seconds >= 0, got {crawl_delay!r}")
-        return replace(state or NEVER_SEEN, crawl_delay=float(crawl_delay), updated=now)
+        return replace(state or NEVER_SEEN, crawl_delay=float(crawl_delay), origin_delays="", updated=now)

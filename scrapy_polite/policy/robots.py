@@ -10,6 +10,7 @@ applies (both are limits the site published).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -35,9 +36,13 @@ __all__ = [
     "classify_status",
     "decide",
     "fetching",
+    "ORIGINS_KEPT",
+    "merge_origin_delays",
     "parse_robots_delay",
+    "published_delays",
     "reask_floor",
     "robots_delay",
+    "with_origin_delay",
     "truncate",
 ]
 
@@ -84,6 +89,67 @@ def _call(rp: Any, name: str, user_agent: str) -> Any:
     if method is None:
         return None
     return method(user_agent)
+
+
+# -- the delays of a host's origins, in its row (docs/spec.md §2, "Crawl-delay") -------------------------------------
+
+#: The most origins of one host whose delays a row keeps: beyond them, the smallest delays are dropped (never the
+#: largest, which is the one in force), so a page that links to a host on thousands of ports grows no row.
+ORIGINS_KEPT: Final = 16
+
+
+def published_delays(text: str) -> dict[str, float]:
+    """The delays (seconds > 0) a host's origins publish, as a row keeps them (``HostState.origin_delays``: a JSON
+    object, ``origin`` → seconds; ``""``: none). A value that is no such object (a row edited by hand) reads as
+    none: the row's ``crawl_delay`` is then the next origin's word, as before any was kept."""
+    if not text:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {origin: float(delay) for origin, delay in parsed.items()
+            if type(delay) in (int, float) and parse_seconds(delay) and delay > 0}
+
+
+def with_origin_delay(text: str, origin: str, delay: float) -> tuple[str, float]:
+    """The row's origin delays (:func:`published_delays`' text) after ``origin``'s robots.txt published ``delay``
+    seconds (0: none), and the delay in force: the largest any origin publishes (0: none). robots.txt is per origin
+    (RFC 9309 §2.3), the row per host (docs/spec.md §1): so one origin's robots.txt without a delay lowers only what
+    that origin published, never another's, in every process that shares the row.
+
+    >>> with_origin_delay("", "https://h", 2.0)
+    ('{"https://h": 2.0}', 2.0)
+    >>> with_origin_delay('{"https://h": 2.0}', "http://h:8080", 0.0)
+    ('{"https://h": 2.0}', 2.0)
+    >>> with_origin_delay('{"https://h": 2.0}', "https://h", 0.0)
+    ('', 0.0)
+    """
+    delays = published_delays(text)
+    delays.pop(origin, None)
+    if delay > 0:
+        delays[origin] = float(delay)
+    return _as_text(delays), max(delays.values(), default=0.0)
+
+
+def merge_origin_delays(one: str, other: str) -> str:
+    """Two rows' origin delays (:func:`published_delays`' text) as one: each origin's larger delay (a row written
+    back into a table that came back empty, docs/spec.md §6)."""
+    if not other or one == other:
+        return one
+    merged = published_delays(one)
+    for origin, delay in published_delays(other).items():
+        merged[origin] = max(delay, merged.get(origin, 0.0))
+    return _as_text(merged)
+
+
+def _as_text(delays: dict[str, float]) -> str:
+    """Origin delays as a row keeps them: the :data:`ORIGINS_KEPT` largest, in a JSON object sorted by origin."""
+    if len(delays) > ORIGINS_KEPT:
+        delays = dict(sorted(delays.items(), key=lambda item: item[1], reverse=True)[:ORIGINS_KEPT])
+    return json.dumps(dict(sorted(delays.items()))) if delays else ""
 
 
 # -- the robots.txt lifecycle (RFC 9309; docs/spec.md §5, "The robots.txt lifecycle") ----------------------------

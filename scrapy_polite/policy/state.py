@@ -32,7 +32,8 @@ class HostState:
     Attributes:
         next_allowed: Unix epoch seconds before which no request may start to the host.
         consec: consecutive throttles not yet earned back, an int ≥ 0.
-        crawl_delay: seconds, the host's published Crawl-delay (robots.txt) or an operator override; 0 = none.
+        crawl_delay: seconds, the host's published Crawl-delay (robots.txt: the largest of ``origin_delays``) or an
+            operator override; 0 = none.
         ok_seen: the host has served a 2xx at least once.
         throttled_at: epoch seconds of the response that recorded the last throttle step (0 = never);
             used to judge a response against the host's state when its request was sent.
@@ -63,6 +64,9 @@ class HostState:
             is recorded (which releases the hold) or, should that process die, until this moment. 0 = not held.
         held_by: the token of the booking that holds the row (0 = not held): a record releases only its own
             hold, never a later booking's.
+        origin_delays: the delay each origin of the host (``scheme://host[:port]``) publishes in its robots.txt, as
+            recorded by any process: a JSON object of seconds > 0 by origin, ``""`` = none
+            (:func:`~scrapy_polite.policy.robots.with_origin_delay`; docs/spec.md §2, "Crawl-delay").
     """
 
     next_allowed: float = 0.0
@@ -84,6 +88,7 @@ class HostState:
     run_retry_after: float = 0.0
     held_until: float = 0.0
     held_by: int = 0
+    origin_delays: str = ""
 
 
 #: A host never seen (every field its default); immutable, so shared.

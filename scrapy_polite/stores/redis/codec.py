@@ -22,6 +22,7 @@ STATE_FIELDS: dict[str, str] = {
     "latency": "l", "strain": "s",
     "run_retry_after": "m",
     "held_until": "hu", "held_by": "hb",
+    "origin_delays": "od",
 }
 _STATE_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(HostState)}
 if set(STATE_FIELDS) != set(_STATE_TYPES):  # pragma: no cover - a development error, caught by any test run
@@ -57,17 +58,18 @@ def decode(values: Sequence[Any]) -> Row:
     for name, raw in zip(STATE_FIELDS, fields):
         if raw is not None:  # None: a field the writer's version did not have yet (its default)
             kind = _STATE_TYPES[name]
-            state[name] = raw == b"1" if kind is bool else kind(raw)
+            state[name] = raw == b"1" if kind is bool else text(raw) if kind is str else kind(raw)
     return Row(bytes(version), HostState(**state))
 
 
 def encode(state: HostState) -> list[Any]:
-    """The state's field values in the order of :data:`STATE_FIELDS` (floats by ``repr``: exact)."""
+    """The state's field values in the order of :data:`STATE_FIELDS` (floats by ``repr``: exact; text as it is)."""
     out: list[Any] = []
     for name in STATE_FIELDS:
         value = getattr(state, name)
         kind = _STATE_TYPES[name]
-        out.append(int(bool(value)) if kind is bool else int(value) if kind is int else repr(float(value)))
+        out.append(int(bool(value)) if kind is bool else int(value) if kind is int else value if kind is str
+                   else repr(float(value)))
     return out
 
 

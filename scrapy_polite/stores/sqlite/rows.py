@@ -43,9 +43,11 @@ REFUSALS = (*CALLER_ERRORS, OverflowError)
 #: The ``hosts`` columns after ``host``, one per :class:`HostState` field, in this order.
 HOST_FIELDS = ("next_allowed", "consec", "crawl_delay", "ok_seen", "throttled_at", "updated", "ratelimit_interval",
                "ratelimit_until", "quota_left", "quota_reset", "quota_limit", "quota_window", "quota_serial", "booked",
-               "latency", "strain", "run_retry_after", "held_until", "held_by")
-if set(HOST_FIELDS) != {f.name for f in dataclasses.fields(HostState)}:  # pragma: no cover - a development error
-    raise AssertionError("every HostState field needs a column in HOST_FIELDS (and a migration)")
+               "latency", "strain", "run_retry_after", "held_until", "held_by", "origin_delays")
+if (set(HOST_FIELDS) != {f.name for f in dataclasses.fields(HostState)}
+        or [f.name for f in dataclasses.fields(HostState) if f.type == "str"] != [HOST_FIELDS[-1]]):  # pragma: no cover
+    raise AssertionError("every HostState field needs a column in HOST_FIELDS (and a migration), its one text field "
+                         "last (encode sums the others)")
 COLUMNS = ", ".join(HOST_FIELDS)
 SELECT_ONE = f"SELECT {COLUMNS} FROM hosts WHERE host = ?"
 WRITE = f"INSERT OR REPLACE INTO hosts (host, {COLUMNS}) VALUES ({', '.join(['?'] * (len(HOST_FIELDS) + 1))})"
@@ -55,7 +57,9 @@ EVENT_COLUMNS = ("at, kind, host, url, status, delay, due, reason, retry_after, 
 EVENT_INSERT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join('?' * len(Event._fields))})"
 EVENT_TRIM = "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?"
 
-_GET_FIELDS = operator.attrgetter(*HOST_FIELDS)
+#: The number columns: every one but the last, ``origin_delays`` (text).
+_NUMBERS = HOST_FIELDS[:-1]
+_GET_NUMBERS = operator.attrgetter(*_NUMBERS)
 _OK_SEEN = HOST_FIELDS.index("ok_seen")
 
 
@@ -83,19 +87,20 @@ def encode(key: str, state: HostState) -> tuple[Any, ...]:
             column. SQLite itself would not: ``INSERT OR REPLACE`` puts a column's default in place of the NULL
             a NaN becomes, so a NaN ``ratelimit_until`` would be stored as 0 (the quota no longer held).
     """
-    values = _GET_FIELDS(state)
+    values = _GET_NUMBERS(state)
+    text = state.origin_delays
     try:
-        total = sum(values)  # one C loop over the fields: a NaN in any of them makes the sum NaN
+        total = sum(values)  # one C loop over the numbers: a NaN in any of them makes the sum NaN
     except TypeError:  # a field that is no number: SQLite's own refusal of its type says which
-        return (key, *values)
+        return (key, *values, text)
     if total != total:
-        bad = [name for name, value in zip(HOST_FIELDS, values) if value != value]
+        bad = [name for name, value in zip(_NUMBERS, values) if value != value]
         if bad:  # (not when only an infinity and its opposite made the NaN: SQLite stores those)
             raise sqlite3.IntegrityError(f"the row of {key!r} has {', '.join(bad)} NaN, not a number")
     ok_seen = values[_OK_SEEN]
     if type(ok_seen) is bool:
-        return (key, *values[:_OK_SEEN], int(ok_seen), *values[_OK_SEEN + 1:])
-    return (key, *values)
+        return (key, *values[:_OK_SEEN], int(ok_seen), *values[_OK_SEEN + 1:], text)
+    return (key, *values, text)
 
 
 def _real(value: Any) -> float:
@@ -103,6 +108,13 @@ def _real(value: Any) -> float:
     if not isinstance(value, (int, float)):  # (text, bytes: SQLite may keep them as they are; not predicted here)
         raise TypeError(f"a {type(value).__name__} value")
     return float(value) + 0.0
+
+
+def _text(value: Any) -> str:
+    """Text as a TEXT column reads it back: itself."""
+    if not isinstance(value, str):  # (numbers, bytes: SQLite stores them as text or a blob; not predicted here)
+        raise TypeError(f"a {type(value).__name__} value")
+    return value
 
 
 def _integer(value: Any) -> Any:
@@ -117,9 +129,9 @@ def _integer(value: Any) -> Any:
 
 
 #: Per column of :data:`HOST_FIELDS`, how SQLite reads back what was written, by the column's affinity (the
-#: field's annotated type: ``float`` fields are REAL columns, ``int`` and ``bool`` ones INTEGER; :func:`decode`
-#: makes the bool).
-_CONVERTERS: dict[str, Callable[[Any], Any]] = {"float": _real, "bool": _integer, "int": _integer}
+#: field's annotated type: ``float`` fields are REAL columns, ``int`` and ``bool`` ones INTEGER, ``str`` ones TEXT;
+#: :func:`decode` makes the bool).
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {"float": _real, "bool": _integer, "int": _integer, "str": _text}
 
 
 def _per_column(by_type: dict[str, T]) -> tuple[T, ...]:
@@ -130,9 +142,9 @@ def _per_column(by_type: dict[str, T]) -> tuple[T, ...]:
 
 _AS_READ = _per_column(_CONVERTERS)
 #: Per column of :data:`HOST_FIELDS`, the one type whose values every column reads back as they are (a REAL column's
-#: float but -0.0, an INTEGER column's int; ``ok_seen``'s int, which :func:`encode` made of a bool and :func:`decode`
-#: makes a bool again).
-_EXACT: tuple[type, ...] = _per_column({"float": float, "bool": int, "int": int})
+#: float but -0.0, an INTEGER column's int, a TEXT column's str; ``ok_seen``'s int, which :func:`encode` made of a
+#: bool and :func:`decode` makes a bool again).
+_EXACT: tuple[type, ...] = _per_column({"float": float, "bool": int, "int": int, "str": str})
 _FLOATS_OF = operator.itemgetter(*[i for i, kind in enumerate(_EXACT) if kind is float])
 _ONES = (1.0,) * sum(kind is float for kind in _EXACT)
 

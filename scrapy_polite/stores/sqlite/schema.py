@@ -26,7 +26,9 @@ __all__ = ["SCHEMA_VERSION", "connect", "file_id", "migrate", "set_up", "set_up_
 #: docs/spec.md §6, "A table that comes back empty").
 #: 7: the table's clock (table ``clocks``: the anchor of the process clock every opener of one boot of the machine
 #: reads the table's time with, docs/spec.md §6 "One clock per file").
-SCHEMA_VERSION = 7
+#: 8: the delay each origin of a host publishes in its robots.txt (``hosts.origin_delays``, docs/spec.md §2
+#: "Crawl-delay").
+SCHEMA_VERSION = 8
 
 _SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -120,9 +122,15 @@ _SCHEMA_V7 = """
 CREATE TABLE IF NOT EXISTS clocks (boot TEXT PRIMARY KEY, anchor REAL NOT NULL) WITHOUT ROWID;
 """
 
+#: Each origin's robots.txt delay (docs/spec.md §2, "Crawl-delay"): rows written before it keep none (''), so the
+#: next robots.txt read of the host sets ``crawl_delay`` from what its origins publish from then on.
+_SCHEMA_V8 = """
+ALTER TABLE hosts ADD COLUMN origin_delays TEXT NOT NULL DEFAULT '';
+"""
+
 #: Migrations from version N to N+1, applied in order inside one transaction. Version 0 is an empty file.
 MIGRATIONS: dict[int, str] = {0: _SCHEMA_V1, 1: _SCHEMA_V2, 2: _SCHEMA_V3, 3: _SCHEMA_V4, 4: _SCHEMA_V5,
-                               5: _SCHEMA_V6, 6: _SCHEMA_V7}
+                               5: _SCHEMA_V6, 6: _SCHEMA_V7, 7: _SCHEMA_V8}
 
 #: Version 1's index on ``hosts.updated``, dropped by the opening that finds it (:func:`migrate`): every write of a
 #: row paid for it (a second B-tree's page written to the WAL, about half of a one-row write transaction: 18 → 10 µs
