@@ -806,7 +806,8 @@ def test_show_says_every_field_in_words(table):
     quota = HostState(next_allowed=now + 2, ok_seen=True, updated=now - 1, ratelimit_interval=0.8, quota_left=2,
                       quota_reset=now + 3, quota_limit=5, quota_window=4.0, quota_serial=14, booked=16,
                       latency=0.123, strain=2, crawl_delay=2.0,
-                      origin_delays='{"http://quota.example:8080": 0.5, "https://quota.example": 2.0}')
+                      origin_delays=json.dumps({"http://quota.example:8080 bot/1": [0.5, now],
+                                                "https://quota.example bot/1": [2.0, now]}))
     table.store.update("quota.example", lambda old, now_: (quota, None))
     text = table.run("show", "quota.example").out
     lines = dict(re.findall(r"^  ([a-zA-Z. -]+?)\s{2,}(.*)$", text, re.M))
@@ -816,13 +817,14 @@ def test_show_says_every_field_in_words(table):
     assert lines["booked"] == "16 requests (the answer to request 14 counted the quota last, 2 booked since)"
     assert lines["latency"] == "0.123 s (smoothed download time)"
     assert lines["strain"] == "2 (5xx answers and failures not yet earned back)"
-    assert lines["robots.txt delays"] == "https://quota.example 2 s, http://quota.example:8080 0.5 s"
+    assert lines["robots.txt delays"] == ("https://quota.example 2 s (for bot/1), "
+                                          "http://quota.example:8080 0.5 s (for bot/1)")
     assert "origin delays" not in text  # (not by its name: an origin's JSON is no number; the old show raised)
     assert "quota serial" not in text and "quota limit" not in text and "quota window" not in text
     data = json.loads(table.run("show", "quota.example", "--json").out)["row"]
     assert (data["quota_left"], data["quota_limit"], data["quota_window"], data["booked"], data["quota_serial"]) == (
         2, 5, 4.0, 16, 14)
-    assert data["origin_delays"] == {"http://quota.example:8080": 0.5, "https://quota.example": 2.0}
+    assert data["origin_delays"] == {"http://quota.example:8080 bot/1": 0.5, "https://quota.example bot/1": 2.0}
     # No quota known (quota_left -1): no quota line at all (the old show printed "quota left  -1").
     plain = HostState(next_allowed=now, ok_seen=True, updated=now - 1, quota_left=-1, booked=3, quota_serial=3)
     table.store.update("plain.example", lambda old, now_: (plain, None))

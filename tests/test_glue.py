@@ -37,7 +37,7 @@ from scrapy_polite.crawl.recording import Recorder
 from scrapy_polite.crawl.seams import Defer, Go
 from scrapy_polite.middleware import PoliteDownloaderMiddleware, end_when_recorded
 from scrapy_polite.pacer import CrawlStopped, Pacer
-from scrapy_polite.policy import HostState, host_key
+from scrapy_polite.policy import HostState, PacingPolicy, host_key
 from scrapy_polite.reports.counters import Report
 from scrapy_polite.settings import PoliteConfig
 from scrapy_polite.stores import AsyncStore, MemoryStore, StoreError
@@ -878,6 +878,19 @@ def test_a_process_that_read_only_a_no_delay_origin_keeps_the_delay_another_proc
     assert first.row("a.example").crawl_delay == 2.0  # :8080's, recorded by the other process
     assert second.recorder.set_crawl_delay("a.example", None).result is True
     assert first.row("a.example").crawl_delay == 0.0
+
+
+def test_an_operator_s_delay_then_a_no_delay_origin_falls_back_to_the_delay_another_origin_published():
+    """A new-user trial: a crawl read ``https``'s 3 s, the operator raised the host's delay to 5 s, then another
+    process read only ``:8080``'s robots.txt (none). The operator's delay ends there, and ``https``'s 3 s holds again
+    (it had gone: the operator's delay dropped the origins' entries, and every process then went 0.3 s apart)."""
+    first = glue()
+    second = glue(store=first.store)
+    first.recorder.set_crawl_delay("a.example", 3, "https://a.example")
+    first.store.update("a.example", lambda s, now: (PacingPolicy.with_crawl_delay(s, 5.0, now=now), None))
+    assert first.row("a.example").crawl_delay == 5.0
+    assert second.recorder.set_crawl_delay("a.example", None, "http://a.example:8080").result is True
+    assert first.row("a.example").crawl_delay == 3.0
 
 
 def test_an_origin_s_delay_is_kept_under_one_name_however_its_urls_spell_it():

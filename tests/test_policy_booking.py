@@ -11,6 +11,7 @@ last part replays whole timelines with the pure functions and checks the referen
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections import defaultdict
@@ -19,7 +20,16 @@ from dataclasses import dataclass, replace
 import pytest
 
 from scrapy_polite.policy import Booking, Deferral, HostState, PacingPolicy, ip_key
-from scrapy_polite.policy.robots import ORIGINS_KEPT, merge_origin_delays, published_delays, with_origin_delay
+from scrapy_polite.policy.robots import (
+    OPERATOR,
+    ORIGINS_KEPT,
+    ROBOTS_TTL,
+    entry_name,
+    merge_origin_delays,
+    published_delays,
+    with_operator_delay,
+    with_origin_delay,
+)
 
 #: An arbitrary "now" (Unix epoch seconds); every clock here is injected. Multiples of 1/4 s added to it are
 #: exact in binary floating point, so the timelines below compare exactly.
@@ -224,64 +234,101 @@ def test_robots_delay_refuses_what_is_not_seconds(bad):
 
 
 def test_robots_delay_of_an_origin_lowers_only_what_that_origin_published():
-    """The row keeps each origin's delay and the largest is in force (docs/spec.md §2, "Crawl-delay"), so the origins of
-    one host (other ports, http beside https) never clear each other's. Negative control: without an origin, a
-    robots.txt without a delay clears the row's."""
-    a, b = "https://h.example", "http://h.example:8080"
+    """The row keeps each origin's delay and the largest is in force (docs/spec.md §2, "A host's origins"), so the
+    origins of one host (other ports, http beside https) never clear each other's. Negative control: without an
+    origin, a robots.txt without a delay clears the row's."""
+    a, b = "https://h.example ua", "http://h.example:8080 ua"
     one = POLICY.robots_delay_update(None, 3, now=T0, origin=a)
-    assert one.crawl_delay == 3.0 and published_delays(one.origin_delays) == {a: 3.0}
-    two = POLICY.robots_delay_update(one, None, now=T0 + 1, origin=b)
-    assert two is None  # b publishes none, and had recorded none: nothing changes
+    assert one.crawl_delay == 3.0 and published_delays(one.origin_delays) == {a: (3.0, T0)}
+    assert POLICY.robots_delay_update(one, None, now=T0 + 1, origin=b) is None  # b had none, and has none
     three = POLICY.robots_delay_update(one, 5, now=T0 + 1, origin=b)
     assert three.crawl_delay == 5.0 and three.next_allowed == T0 + 6
     four = POLICY.robots_delay_update(three, 0, now=T0 + 2, origin=b)
-    assert four.crawl_delay == 3.0 and published_delays(four.origin_delays) == {a: 3.0}
+    assert four.crawl_delay == 3.0 and published_delays(four.origin_delays) == {a: (3.0, T0)}
     five = POLICY.robots_delay_update(four, 1, now=T0 + 3, origin=a)
-    assert five.crawl_delay == 1.0 and five.origin_delays == '{"https://h.example": 1.0}'
+    assert five.crawl_delay == 1.0 and five.origin_delays == json.dumps({a: [1.0, T0 + 3]})
     assert POLICY.robots_delay_update(five, 0, now=T0 + 4, origin=a).crawl_delay == 0.0
     assert POLICY.robots_delay_update(four, None, now=T0 + 4).crawl_delay == 0.0  # the control
 
 
-def test_an_operator_s_delay_replaces_what_the_origins_published_until_robots_txt_is_read_again():
-    state = POLICY.robots_delay_update(None, 3, now=T0, origin="https://h.example")
-    set_by_hand = PacingPolicy.with_crawl_delay(state, 10, now=T0 + 1)
-    assert set_by_hand.crawl_delay == 10.0 and set_by_hand.origin_delays == ""
-    again = POLICY.robots_delay_update(set_by_hand, 0, now=T0 + 2, origin="http://h.example:8080")
-    assert again.crawl_delay == 0.0  # the operator's word lasted until a robots.txt was read
+def test_each_user_agent_keeps_its_own_entry_and_the_largest_is_in_force():
+    """Crawls of different user agents on one table read different groups of one robots.txt: each keeps its own
+    entry, so the other's read does not lower it (both share the host's pace: the largest holds)."""
+    slow, other = entry_name("http://h.example", "slowbot/1.0"), entry_name("http://h.example", "otherbot/1.0")
+    state = POLICY.robots_delay_update(None, 4, now=T0, origin=slow)
+    state = POLICY.robots_delay_update(state, 1, now=T0 + 1, origin=other)
+    assert state.crawl_delay == 4.0
+    # Negative control: the same user agent's read replaces its own entry.
+    assert POLICY.robots_delay_update(state, 1, now=T0 + 2, origin=slow).crawl_delay == 1.0
+
+
+def test_an_entry_read_more_than_a_day_ago_is_dropped_at_the_next_read():
+    """RFC 9309 §2.4: a robots.txt is read again within 24 h by every crawl that still fetches from the origin, so
+    an entry older than that (a user agent no crawl uses any more) no longer holds the host."""
+    old, new = entry_name("https://h.example", "mybot/1.0"), entry_name("https://h.example", "mybot/1.1")
+    state = POLICY.robots_delay_update(None, 10, now=T0, origin=old)
+    later = POLICY.robots_delay_update(state, 0, now=T0 + ROBOTS_TTL, origin=new)
+    assert later.crawl_delay == 0.0 and later.origin_delays == ""
+    # Negative control: within the day, the other entry holds.
+    assert POLICY.robots_delay_update(state, 0, now=T0 + ROBOTS_TTL - 1, origin=new) is None
+
+
+def test_an_operator_s_delay_holds_until_a_robots_txt_is_read_and_the_origins_entries_then_count_again():
+    """The operator's delay is in force, whatever the origins publish, until a robots.txt of the host is read
+    again; the origins' entries are kept under it, so that read falls back to the largest of them (not to the
+    one origin read). It holds the host from the command on, as a robots.txt delay does. ``--clear`` (0) drops
+    every entry."""
+    a, b = "https://h.example ua", "http://h.example:8080 ua"
+    state = POLICY.robots_delay_update(None, 3, now=T0, origin=a)
+    by_hand = PacingPolicy.with_crawl_delay(state, 10, now=T0 + 1)
+    assert by_hand.crawl_delay == 10.0 and by_hand.next_allowed == T0 + 11
+    assert set(published_delays(by_hand.origin_delays)) == {a, OPERATOR}
+    again = POLICY.robots_delay_update(by_hand, 0, now=T0 + 2, origin=b)
+    assert again.crawl_delay == 3.0 and set(published_delays(again.origin_delays)) == {a}
+    lowered = PacingPolicy.with_crawl_delay(state, 1, now=T0 + 1)
+    assert lowered.crawl_delay == 1.0 and lowered.next_allowed == state.next_allowed  # never earlier
+    assert POLICY.robots_delay_update(lowered, 0, now=T0 + 2, origin=b).crawl_delay == 3.0
+    cleared = PacingPolicy.with_crawl_delay(state, 0, now=T0 + 1)
+    assert cleared.crawl_delay == 0.0 and cleared.origin_delays == ""
+    assert POLICY.robots_delay_update(cleared, 0, now=T0 + 2, origin=b) is None  # the control: a's entry went
     # The reset keeps the host's own numbers, its origins' delays among them.
     assert PacingPolicy.reset(state, now=T0 + 5).origin_delays == state.origin_delays
 
 
-def test_origin_delays_keep_the_largest_of_a_bounded_number_of_origins_and_read_a_bad_value_as_none():
+def test_origin_delays_keep_the_largest_of_a_bounded_number_of_entries_and_read_a_bad_value_as_none():
     text = ""
     for port in range(ORIGINS_KEPT + 10):
-        text, in_force = with_origin_delay(text, f"http://h.example:{port}", 1.0 + port)
+        text, in_force = with_origin_delay(text, f"http://h.example:{port} ua", 1.0 + port, T0)
     delays = published_delays(text)
     assert len(delays) == ORIGINS_KEPT and in_force == ORIGINS_KEPT + 10.0
-    assert min(delays.values()) == 11.0  # the smallest were dropped, never the largest
-    for bad in ("{", "[1, 2]", '{"http://h": "x", "https://h": -1, "http://h:1": NaN, "http://h:2": true}'):
+    assert min(delay for delay, _ in delays.values()) == 11.0  # the smallest were dropped, never the largest
+    by_hand = with_operator_delay(text, 0.5, T0)  # the operator's is kept, however small (it is the one in force)
+    assert published_delays(by_hand)[OPERATOR] == (0.5, T0) and len(published_delays(by_hand)) == ORIGINS_KEPT
+    for bad in ("{", "[1, 2]", '{"a": "x", "b": [-1, 0], "c": [NaN, 0], "d": [true, 0], "e": [1, Infinity], '
+                '"f": 2, "g": [1, 2, 3]}'):
         assert published_delays(bad) == {}
-        assert with_origin_delay(bad, "https://h", 2.0) == ('{"https://h": 2.0}', 2.0)
+        assert with_origin_delay(bad, "https://h ua", 2.0, T0) == (json.dumps({"https://h ua": [2.0, T0]}), 2.0)
 
 
-def test_origin_delays_another_writer_left_behind_are_dropped():
-    """A row whose ``crawl_delay`` is not the largest of its origin delays was written by a writer that set the delay
-    without them (an earlier version's process or ``crawl-delay``): its entries are stale, so a robots.txt without a
-    delay does not bring back the 5 s the site withdrew. Negative control: a row whose entries agree keeps them."""
-    stale = HostState(crawl_delay=0.0, origin_delays='{"https://h.example": 5.0}', updated=T0 - 10)
-    new = POLICY.robots_delay_update(stale, 0, now=T0, origin="http://h.example:8080")
+def test_entries_another_writer_left_behind_are_dropped():
+    """A row whose ``crawl_delay`` its entries did not make was written by a writer that set the delay without them
+    (an earlier version's process or ``crawl-delay``): its entries are stale, so a robots.txt without a delay does
+    not bring back the 5 s the site withdrew. Negative control: a row whose entries agree keeps them."""
+    stale = HostState(crawl_delay=0.0, origin_delays=json.dumps({"https://h.example ua": [5.0, T0]}), updated=T0)
+    new = POLICY.robots_delay_update(stale, 0, now=T0 + 1, origin="http://h.example:8080 ua")
     assert new is not None and new.crawl_delay == 0.0 and new.origin_delays == ""
     agreed = replace(stale, crawl_delay=5.0)
-    assert POLICY.robots_delay_update(agreed, 0, now=T0, origin="http://h.example:8080") is None
-    assert POLICY.robots_delay_update(agreed, 1, now=T0, origin="http://h.example:8080").crawl_delay == 5.0
+    assert POLICY.robots_delay_update(agreed, 0, now=T0 + 1, origin="http://h.example:8080 ua") is None
+    assert POLICY.robots_delay_update(agreed, 1, now=T0 + 1, origin="http://h.example:8080 ua").crawl_delay == 5.0
 
 
-def test_a_restored_row_keeps_each_origin_s_larger_delay():
-    current = HostState(crawl_delay=3.0, origin_delays='{"http://h": 1.0, "https://h": 3.0}')
-    known = HostState(crawl_delay=4.0, origin_delays='{"http://h": 4.0, "http://h:8080": 2.0}')
+def test_a_restored_row_keeps_each_entry_s_larger_delay():
+    current = HostState(crawl_delay=3.0, origin_delays=json.dumps({"http://h": [1.0, T0], "https://h": [3.0, T0]}))
+    known = HostState(crawl_delay=4.0, origin_delays=json.dumps({"http://h": [4.0, T0 - 5], "http://h:81": [2.0, T0]}))
     merged = POLICY.restore(current, known)
     assert merged.crawl_delay == 4.0
-    assert published_delays(merged.origin_delays) == {"http://h": 4.0, "https://h": 3.0, "http://h:8080": 2.0}
+    assert published_delays(merged.origin_delays) == {"http://h": (4.0, T0 - 5), "https://h": (3.0, T0),
+                                                      "http://h:81": (2.0, T0)}
     assert merge_origin_delays(current.origin_delays, "") == current.origin_delays
 
 

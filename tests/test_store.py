@@ -373,7 +373,7 @@ def test_sqlite_a_file_with_version_1_s_index_loses_it_and_keeps_its_rows(tmp_pa
         s.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
         assert _indexes(db) == []
     finally:
         db.close()
@@ -760,7 +760,7 @@ def test_sqlite_migrates_a_version_3_file_keeping_its_rows_without_latency(tmp_p
         s.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     finally:
         db.close()
 

@@ -215,8 +215,8 @@ def check_crawl_delay(opts: argparse.Namespace) -> None:
 
 
 def crawl_delay(op: Operator) -> int:
-    """``scrapy polite crawl-delay HOST SECONDS|--clear [--json]``: set (or clear) the host's Crawl-delay, until
-    its robots.txt is read again.
+    """``scrapy polite crawl-delay HOST SECONDS|--clear [--json]``: set (or clear) the host's Crawl-delay, until a
+    robots.txt of the host is read again (docs/spec.md §2, "A host's origins").
 
     Raises:
         NoSuchHost: ``--clear`` on a host not in the table.
@@ -240,8 +240,9 @@ def crawl_delay(op: Operator) -> int:
         was = f"{before:g} s" if before else "none"
         now = "cleared" if clear else f"{value:g} s"
         lasting = "" if clear else "; POLITE_HOST_DELAYS sets a lasting one"
-        op.print(f"{key}: Crawl-delay {now} (was {was}) until the host's robots.txt is read again (each crawl that "
-                 f"obeys robots.txt reads it, and records the delay it publishes){lasting}.")
+        op.print(f"{key}: Crawl-delay {now} (was {was}), for every port of the host, until a robots.txt of the "
+                 f"host is read again (each crawl that obeys robots.txt reads it; the delays the host's origins "
+                 f"publish then hold again){lasting}.")
     return EXIT_OK
 
 

@@ -35,6 +35,7 @@ from ..policy import (
     parse_retry_after,
 )
 from ..policy.ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
+from ..policy.robots import entry_name
 from ..reports.counters import Report
 from ..settings import PoliteConfig
 from ..stores import StoreError
@@ -352,14 +353,15 @@ class Recorder:
         changed.
 
         A host's origins (``http`` and ``https``, other ports) each publish their own robots.txt, and share the host's
-        row (docs/spec.md §1): the row keeps each origin's delay (under :func:`origin_key`), as any process recorded
-        it, and the largest is in force (:meth:`~scrapy_polite.policy.PacingPolicy.robots_delay_update`), so one
-        origin's robots.txt without a delay does not clear, or lower, another's. An invalid delay is refused by the
+        row (docs/spec.md §1): the row keeps each origin's delay for each user agent (:func:`entry_name`, the origin
+        named by :func:`origin_key`), as any process recorded it, and the largest is in force
+        (:meth:`~scrapy_polite.policy.PacingPolicy.robots_delay_update`), so one origin's robots.txt without a delay
+        does not clear, or lower, another's. An invalid delay is refused by the
         policy, and the refusal is logged (the Deferred then fires None)."""
         mine = float(delay) if delay is not None else 0.0
         policy = self.policy
         in_force = [mine]
-        key = origin_key(origin) if origin is not None else None
+        key = entry_name(origin_key(origin), self.user_agent) if origin is not None else None
 
         def fn(state: HostState | None, now: float) -> tuple[HostState | None, bool]:
             new = policy.robots_delay_update(state, mine, now=now, origin=key)

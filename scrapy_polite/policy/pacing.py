@@ -18,7 +18,7 @@ from .adaptive import AdaptivePolicy
 from .booking import BookingRules
 from .quota import QuotaRules
 from .ratelimit import RateLimits
-from .robots import published_delays, with_origin_delay
+from .robots import agrees, with_operator_delay, with_origin_delay
 from .state import NEVER_SEEN, Decision, Deferral, HostState, RateLimitDecision, replace
 
 __all__ = ["PacingPolicy", "MAX_BACKOFF_EXPONENT"]
@@ -299,16 +299,15 @@ class PacingPolicy(QuotaRules, BookingRules):
 
     def robots_delay_update(self, state: HostState | None, delay: float | None, *, now: float,
                             origin: str | None = None) -> HostState | None:
-        """A host's row after the robots.txt of ``origin`` (``scheme://host[:port]``; None: the host's only one),
-        answered 2xx or 4xx at ``now``, published ``delay`` seconds (None or 0: no delay), or None when nothing
-        changes (docs/spec.md §2, §5).
+        """A host's row after a robots.txt answered 2xx or 4xx at ``now`` published ``delay`` seconds (None or 0: no
+        delay) for the entry ``origin`` (:func:`~scrapy_polite.policy.robots.entry_name`: its origin and user
+        agent; None: the host's only one), or None when nothing changes (docs/spec.md §2 "A host's origins", §5).
 
-        The row keeps each origin's delay (``origin_delays``, :func:`~scrapy_polite.policy.robots.with_origin_delay`)
+        The row keeps each entry's delay (``origin_delays``, :func:`~scrapy_polite.policy.robots.with_origin_delay`)
         and the largest as ``crawl_delay``: one origin's robots.txt without a delay does not clear another's, in any
-        process. Entries whose largest is not the row's ``crawl_delay`` were left by a writer that set the delay
-        without them (an operator's ``crawl-delay`` of an earlier version, a process of one): they are dropped, as an
-        operator's delay drops them. Without an origin, the delay replaces what the row held. Since robots.txt was
-        itself a request to the host, just answered, the host's next request is at least the delay in force after it.
+        process. Entries that did not make the row's delay (:func:`~scrapy_polite.policy.robots.agrees`) are stale
+        and dropped. Without an origin, the delay replaces what the row held. Since robots.txt was itself a request
+        to the host, just answered, the host's next request is at least the delay in force after it.
 
         Raises:
             ValueError: a negative or non-finite delay.
@@ -316,10 +315,8 @@ class PacingPolicy(QuotaRules, BookingRules):
         value = float(delay) if delay is not None else 0.0
         if parse_seconds(value) is None:
             raise ValueError(f"crawl_delay must be a finite number of seconds >= 0, got {delay!r}")
-        kept = state.origin_delays if state is not None else ""
-        if state is not None and kept and max(published_delays(kept).values(), default=0.0) != state.crawl_delay:
-            kept = ""  # another writer set the delay since (an older version, an operator): the entries are stale
-        text, in_force = with_origin_delay(kept, origin, value) if origin is not None else ("", value)
+        kept = _entries(state)
+        text, in_force = with_origin_delay(kept, origin, value, now) if origin is not None else ("", value)
         if state is None and in_force == 0.0:
             return None
         if state is not None and state.crawl_delay == in_force and state.origin_delays == text:
@@ -361,12 +358,24 @@ class PacingPolicy(QuotaRules, BookingRules):
 
     @staticmethod
     def with_crawl_delay(state: HostState | None, crawl_delay: float, *, now: float) -> HostState:
-        """The state with an operator's Crawl-delay recorded (seconds ≥ 0; ``scrapy polite crawl-delay``): it replaces
-        what the host's origins published (``origin_delays``) until a robots.txt is read again.
+        """The state with an operator's Crawl-delay set at ``now`` (seconds ≥ 0; ``scrapy polite crawl-delay``): in
+        force until a robots.txt of the host is read again, when the origins' entries count again; 0 clears them
+        too (:func:`~scrapy_polite.policy.robots.with_operator_delay`). As a robots.txt delay does, it holds the
+        host at least the delay from ``now``.
 
         Raises:
             ValueError: a negative or non-finite delay.
         """
         if parse_seconds(crawl_delay) is None:
             raise ValueError(f"crawl_delay must be a finite number of seconds >= 0, got {crawl_delay!r}")
-        return replace(state or NEVER_SEEN, crawl_delay=float(crawl_delay), origin_delays="", updated=now)
+        value = float(crawl_delay)
+        old = state or NEVER_SEEN
+        return replace(old, crawl_delay=value, origin_delays=with_operator_delay(_entries(state), value, now),
+                       updated=now, next_allowed=max(old.next_allowed, now + value))
+
+
+def _entries(state: HostState | None) -> str:
+    """The row's origin delays, or none when they did not make its delay (stale: another writer set it)."""
+    if state is None or not state.origin_delays or not agrees(state.origin_delays, state.crawl_delay):
+        return ""
+    return state.origin_delays

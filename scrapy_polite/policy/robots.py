@@ -36,12 +36,16 @@ __all__ = [
     "classify_status",
     "decide",
     "fetching",
+    "OPERATOR",
     "ORIGINS_KEPT",
+    "agrees",
+    "entry_name",
     "merge_origin_delays",
     "parse_robots_delay",
     "published_delays",
     "reask_floor",
     "robots_delay",
+    "with_operator_delay",
     "with_origin_delay",
     "truncate",
 ]
@@ -91,17 +95,22 @@ def _call(rp: Any, name: str, user_agent: str) -> Any:
     return method(user_agent)
 
 
-# -- the delays of a host's origins, in its row (docs/spec.md §2, "Crawl-delay") -------------------------------------
+# -- the delays of a host's origins, in its row (docs/spec.md §2, "A host's origins") --------------------------------
 
-#: The most origins of one host whose delays a row keeps: beyond them, the smallest delays are dropped (never the
-#: largest, which is the one in force), so a page that links to a host on thousands of ports grows no row.
+#: The most entries a row keeps: beyond them, the smallest delays are dropped (never the largest, which is the one in
+#: force), so a page that links to a host on thousands of ports grows no row.
 ORIGINS_KEPT: Final = 16
+#: The name of an operator's delay among a row's entries (``scrapy polite crawl-delay``).
+OPERATOR: Final = "operator"
+
+#: One entry: the delay (seconds > 0) and when it was read or set (epoch seconds, the table's clock).
+Entry = tuple[float, float]
 
 
-def published_delays(text: str) -> dict[str, float]:
-    """The delays (seconds > 0) a host's origins publish, as a row keeps them (``HostState.origin_delays``: a JSON
-    object, ``origin`` → seconds; ``""``: none). A value that is no such object (a row edited by hand) reads as
-    none: the row's ``crawl_delay`` is then the next origin's word, as before any was kept."""
+def published_delays(text: str) -> dict[str, Entry]:
+    """The entries of a host's row (``HostState.origin_delays``: a JSON object, ``"<origin> <user agent>"`` or
+    :data:`OPERATOR` → ``[seconds, read at]``; ``""``: none). An entry that is no such pair, or a value that is no
+    such object (a row edited by hand), reads as none."""
     if not text:
         return {}
     try:
@@ -110,46 +119,77 @@ def published_delays(text: str) -> dict[str, float]:
         return {}
     if not isinstance(parsed, dict):
         return {}
-    return {origin: float(delay) for origin, delay in parsed.items()
-            if type(delay) in (int, float) and parse_seconds(delay) and delay > 0}
+    entries: dict[str, Entry] = {}
+    for name, value in parsed.items():
+        if isinstance(value, list) and len(value) == 2 and all(type(v) in (int, float) for v in value):
+            delay, at = value
+            if parse_seconds(delay) and delay > 0 and math.isfinite(at):
+                entries[name] = (float(delay), float(at))
+    return entries
 
 
-def with_origin_delay(text: str, origin: str, delay: float) -> tuple[str, float]:
-    """The row's origin delays (:func:`published_delays`' text) after ``origin``'s robots.txt published ``delay``
-    seconds (0: none), and the delay in force: the largest any origin publishes (0: none). robots.txt is per origin
-    (RFC 9309 §2.3), the row per host (docs/spec.md §1): so one origin's robots.txt without a delay lowers only what
-    that origin published, never another's, in every process that shares the row.
+def entry_name(origin: str, user_agent: str) -> str:
+    """The name of the entry a robots.txt read for ``user_agent`` at ``origin`` (``scheme://host[:port]``, one
+    spelling: :func:`~scrapy_polite.policy.keys.origin_key`) keeps: each user agent has its own group."""
+    return f"{origin} {user_agent}"
 
-    >>> with_origin_delay("", "https://h", 2.0)
-    ('{"https://h": 2.0}', 2.0)
-    >>> with_origin_delay('{"https://h": 2.0}', "http://h:8080", 0.0)
-    ('{"https://h": 2.0}', 2.0)
-    >>> with_origin_delay('{"https://h": 2.0}', "https://h", 0.0)
-    ('', 0.0)
+
+def agrees(text: str, crawl_delay: float) -> bool:
+    """Whether a row's entries made its ``crawl_delay``: the operator's, when there is one, else the largest. A row
+    whose delay another writer set without them (an earlier version's process or command) does not agree: its
+    entries are stale."""
+    entries = published_delays(text)
+    if OPERATOR in entries:
+        return entries[OPERATOR][0] == crawl_delay
+    return max((delay for delay, _ in entries.values()), default=0.0) == crawl_delay
+
+
+def with_origin_delay(text: str, name: str, delay: float, now: float) -> tuple[str, float]:
+    """A row's entries (:func:`published_delays`' text) after a robots.txt read at ``now`` published ``delay`` seconds
+    (0: none) for the entry ``name`` (:func:`entry_name`), and the delay in force: the largest entry (0: none).
+
+    robots.txt is per origin and per user agent (RFC 9309 §2.2.1, §2.3), the row per host (docs/spec.md §1): a read
+    changes only its own entry, so one origin's robots.txt without a delay never clears another's, in any process of
+    the fleet. An operator's entry lasts until this read; an entry read more than :data:`ROBOTS_TTL` ago is dropped
+    (RFC 9309 §2.4: every crawl that still fetches from the origin has read it again since).
     """
-    delays = published_delays(text)
-    delays.pop(origin, None)
+    entries = {key: entry for key, entry in published_delays(text).items()
+               if key != OPERATOR and now - entry[1] < ROBOTS_TTL}
+    entries.pop(name, None)
     if delay > 0:
-        delays[origin] = float(delay)
-    return _as_text(delays), max(delays.values(), default=0.0)
+        entries[name] = (float(delay), now)
+    return _as_text(entries), max((d for d, _ in entries.values()), default=0.0)
+
+
+def with_operator_delay(text: str, delay: float, now: float) -> str:
+    """A row's entries after an operator set the host's delay to ``delay`` seconds at ``now`` (0: cleared): the
+    operator's entry, in force until a robots.txt of the host is read again, beside the origins' entries, which then
+    count again; a cleared delay drops them all (each comes back when its robots.txt is read again)."""
+    if delay <= 0:
+        return ""
+    entries = published_delays(text)
+    entries[OPERATOR] = (float(delay), now)
+    return _as_text(entries)
 
 
 def merge_origin_delays(one: str, other: str) -> str:
-    """Two rows' origin delays (:func:`published_delays`' text) as one: each origin's larger delay (a row written
-    back into a table that came back empty, docs/spec.md §6)."""
+    """Two rows' entries (:func:`published_delays`' text) as one: each entry's larger delay (a row written back into
+    a table that came back empty, docs/spec.md §6)."""
     if not other or one == other:
         return one
     merged = published_delays(one)
-    for origin, delay in published_delays(other).items():
-        merged[origin] = max(delay, merged.get(origin, 0.0))
+    for name, entry in published_delays(other).items():
+        merged[name] = max(entry, merged.get(name, entry))
     return _as_text(merged)
 
 
-def _as_text(delays: dict[str, float]) -> str:
-    """Origin delays as a row keeps them: the :data:`ORIGINS_KEPT` largest, in a JSON object sorted by origin."""
-    if len(delays) > ORIGINS_KEPT:
-        delays = dict(sorted(delays.items(), key=lambda item: item[1], reverse=True)[:ORIGINS_KEPT])
-    return json.dumps(dict(sorted(delays.items()))) if delays else ""
+def _as_text(entries: dict[str, Entry]) -> str:
+    """Entries as a row keeps them: the :data:`ORIGINS_KEPT` largest (the operator's always), in a JSON object sorted
+    by name."""
+    if len(entries) > ORIGINS_KEPT:
+        entries = dict(sorted(entries.items(), key=lambda item: (item[0] == OPERATOR, item[1]),
+                              reverse=True)[:ORIGINS_KEPT])
+    return json.dumps({name: list(entries[name]) for name in sorted(entries)}) if entries else ""
 
 
 # -- the robots.txt lifecycle (RFC 9309; docs/spec.md §5, "The robots.txt lifecycle") ----------------------------
