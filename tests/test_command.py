@@ -34,7 +34,7 @@ from scrapy_polite.commands import (
     parse_since,
     run_command,
 )
-from scrapy_polite.policy import HostState
+from scrapy_polite.policy import HostState, PacingPolicy
 from scrapy_polite.stores import Event, MemoryStore, SQLiteStore, open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -372,6 +372,27 @@ def test_crawl_delay_sets_and_clears(table):
     assert created.code == EXIT_OK and table.state("new.example").crawl_delay == 3.0
     reasons = [e.reason for e in table.store.events() if e.kind == "operator"]
     assert reasons == ["crawl-delay 2.5 s", "crawl-delay cleared", "crawl-delay 3 s"]
+
+
+def test_crawl_delay_over_published_delays_holds_then_clear_falls_back_to_the_largest(table):
+    """A new-user trial: the operator's delay is one more entry, so ``--clear`` (or the next robots.txt read) falls
+    back to the largest delay the host's origins publish, not to none; a delay set holds the host from the command
+    on, and the output says when and how to forget that. Negative control: a host whose origins published nothing
+    clears to none."""
+    published = PacingPolicy().robots_delay_update(None, 4, now=table.now, origin="https://pub.example bot/1")
+    table.store.update("pub.example", lambda s, now: (published, None))
+    raised = table.run("crawl-delay", "pub.example", "60")
+    assert raised.code == EXIT_OK, raised.err
+    assert "next allowed in 1 m" in raised.out and "scrapy polite reset pub.example" in raised.out, raised.out
+    assert table.state("pub.example").next_allowed >= table.now + 59
+    cleared = table.run("crawl-delay", "pub.example", "--clear")
+    assert cleared.code == EXIT_OK, cleared.err
+    assert "the host's Crawl-delay is now 4 s, the largest its origins' robots.txt publish" in cleared.out
+    assert table.state("pub.example").crawl_delay == 4.0
+    events = [(e.reason, e.delay) for e in table.store.events() if e.kind == "operator" and e.host == "pub.example"]
+    assert events == [("crawl-delay 60 s", 60.0), ("crawl-delay cleared", 4.0)]  # the delay in force, for the audit
+    table.run("crawl-delay", "slow.example", "--clear")
+    assert table.state("slow.example").crawl_delay == 0.0
 
 
 def test_crawl_delay_errors(table):
@@ -806,8 +827,8 @@ def test_show_says_every_field_in_words(table):
     quota = HostState(next_allowed=now + 2, ok_seen=True, updated=now - 1, ratelimit_interval=0.8, quota_left=2,
                       quota_reset=now + 3, quota_limit=5, quota_window=4.0, quota_serial=14, booked=16,
                       latency=0.123, strain=2, crawl_delay=2.0,
-                      origin_delays=json.dumps({"http://quota.example:8080 bot/1": [0.5, now],
-                                                "https://quota.example bot/1": [2.0, now]}))
+                      origin_delays=json.dumps({"http://quota.example:8080 bot/1": 0.5,
+                                                "https://quota.example bot/1": 2.0}))
     table.store.update("quota.example", lambda old, now_: (quota, None))
     text = table.run("show", "quota.example").out
     lines = dict(re.findall(r"^  ([a-zA-Z. -]+?)\s{2,}(.*)$", text, re.M))

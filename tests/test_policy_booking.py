@@ -23,9 +23,7 @@ from scrapy_polite.policy import Booking, Deferral, HostState, PacingPolicy, ip_
 from scrapy_polite.policy.robots import (
     OPERATOR,
     ORIGINS_KEPT,
-    ROBOTS_TTL,
     entry_name,
-    merge_origin_delays,
     published_delays,
     with_operator_delay,
     with_origin_delay,
@@ -239,14 +237,15 @@ def test_robots_delay_of_an_origin_lowers_only_what_that_origin_published():
     origin, a robots.txt without a delay clears the row's."""
     a, b = "https://h.example ua", "http://h.example:8080 ua"
     one = POLICY.robots_delay_update(None, 3, now=T0, origin=a)
-    assert one.crawl_delay == 3.0 and published_delays(one.origin_delays) == {a: (3.0, T0)}
+    assert one.crawl_delay == 3.0 and published_delays(one.origin_delays) == {a: 3.0}
     assert POLICY.robots_delay_update(one, None, now=T0 + 1, origin=b) is None  # b had none, and has none
+    assert POLICY.robots_delay_update(one, 3, now=T0 + 1, origin=a) is None  # the same again writes nothing
     three = POLICY.robots_delay_update(one, 5, now=T0 + 1, origin=b)
     assert three.crawl_delay == 5.0 and three.next_allowed == T0 + 6
     four = POLICY.robots_delay_update(three, 0, now=T0 + 2, origin=b)
-    assert four.crawl_delay == 3.0 and published_delays(four.origin_delays) == {a: (3.0, T0)}
+    assert four.crawl_delay == 3.0 and published_delays(four.origin_delays) == {a: 3.0}
     five = POLICY.robots_delay_update(four, 1, now=T0 + 3, origin=a)
-    assert five.crawl_delay == 1.0 and five.origin_delays == json.dumps({a: [1.0, T0 + 3]})
+    assert five.crawl_delay == 1.0 and five.origin_delays == json.dumps({a: 1.0})
     assert POLICY.robots_delay_update(five, 0, now=T0 + 4, origin=a).crawl_delay == 0.0
     assert POLICY.robots_delay_update(four, None, now=T0 + 4).crawl_delay == 0.0  # the control
 
@@ -262,59 +261,49 @@ def test_each_user_agent_keeps_its_own_entry_and_the_largest_is_in_force():
     assert POLICY.robots_delay_update(state, 1, now=T0 + 2, origin=slow).crawl_delay == 1.0
 
 
-def test_an_entry_read_more_than_a_day_ago_is_dropped_at_the_next_read():
-    """RFC 9309 §2.4: a robots.txt is read again within 24 h by every crawl that still fetches from the origin, so
-    an entry older than that (a user agent no crawl uses any more) no longer holds the host."""
-    old, new = entry_name("https://h.example", "mybot/1.0"), entry_name("https://h.example", "mybot/1.1")
-    state = POLICY.robots_delay_update(None, 10, now=T0, origin=old)
-    later = POLICY.robots_delay_update(state, 0, now=T0 + ROBOTS_TTL, origin=new)
-    assert later.crawl_delay == 0.0 and later.origin_delays == ""
-    # Negative control: within the day, the other entry holds.
-    assert POLICY.robots_delay_update(state, 0, now=T0 + ROBOTS_TTL - 1, origin=new) is None
-
-
 def test_an_operator_s_delay_holds_until_a_robots_txt_is_read_and_the_origins_entries_then_count_again():
     """The operator's delay is in force, whatever the origins publish, until a robots.txt of the host is read
-    again; the origins' entries are kept under it, so that read falls back to the largest of them (not to the
-    one origin read). It holds the host from the command on, as a robots.txt delay does. ``--clear`` (0) drops
-    every entry."""
+    again; the origins' entries are kept under it, so that read falls back to the largest of them (not to the one
+    origin read). It holds the host from the command on, as a robots.txt delay does. Removed (``--clear``), the
+    origins' largest holds at once."""
     a, b = "https://h.example ua", "http://h.example:8080 ua"
     state = POLICY.robots_delay_update(None, 3, now=T0, origin=a)
     by_hand = PacingPolicy.with_crawl_delay(state, 10, now=T0 + 1)
     assert by_hand.crawl_delay == 10.0 and by_hand.next_allowed == T0 + 11
-    assert set(published_delays(by_hand.origin_delays)) == {a, OPERATOR}
+    assert published_delays(by_hand.origin_delays) == {a: 3.0, OPERATOR: 10.0}
     again = POLICY.robots_delay_update(by_hand, 0, now=T0 + 2, origin=b)
-    assert again.crawl_delay == 3.0 and set(published_delays(again.origin_delays)) == {a}
-    lowered = PacingPolicy.with_crawl_delay(state, 1, now=T0 + 1)
-    assert lowered.crawl_delay == 1.0 and lowered.next_allowed == state.next_allowed  # never earlier
+    assert again.crawl_delay == 3.0 and published_delays(again.origin_delays) == {a: 3.0}
+    lowered = PacingPolicy.with_crawl_delay(state, 0, now=T0 + 1)
+    assert lowered.crawl_delay == 0.0 and lowered.next_allowed == state.next_allowed  # never earlier
     assert POLICY.robots_delay_update(lowered, 0, now=T0 + 2, origin=b).crawl_delay == 3.0
-    cleared = PacingPolicy.with_crawl_delay(state, 0, now=T0 + 1)
-    assert cleared.crawl_delay == 0.0 and cleared.origin_delays == ""
-    assert POLICY.robots_delay_update(cleared, 0, now=T0 + 2, origin=b) is None  # the control: a's entry went
+    removed = PacingPolicy.with_crawl_delay(by_hand, None, now=T0 + 2)
+    assert removed.crawl_delay == 3.0 and published_delays(removed.origin_delays) == {a: 3.0}
+    assert removed.next_allowed == by_hand.next_allowed  # (the hold stays: reset forgets it)
+    assert PacingPolicy.with_crawl_delay(None, None, now=T0).crawl_delay == 0.0  # the control: nothing published
     # The reset keeps the host's own numbers, its origins' delays among them.
-    assert PacingPolicy.reset(state, now=T0 + 5).origin_delays == state.origin_delays
+    assert PacingPolicy.reset(by_hand, now=T0 + 5).origin_delays == by_hand.origin_delays
 
 
 def test_origin_delays_keep_the_largest_of_a_bounded_number_of_entries_and_read_a_bad_value_as_none():
     text = ""
     for port in range(ORIGINS_KEPT + 10):
-        text, in_force = with_origin_delay(text, f"http://h.example:{port} ua", 1.0 + port, T0)
+        text, in_force = with_origin_delay(text, f"http://h.example:{port} ua", 1.0 + port)
     delays = published_delays(text)
     assert len(delays) == ORIGINS_KEPT and in_force == ORIGINS_KEPT + 10.0
-    assert min(delay for delay, _ in delays.values()) == 11.0  # the smallest were dropped, never the largest
-    by_hand = with_operator_delay(text, 0.5, T0)  # the operator's is kept, however small (it is the one in force)
-    assert published_delays(by_hand)[OPERATOR] == (0.5, T0) and len(published_delays(by_hand)) == ORIGINS_KEPT
-    for bad in ("{", "[1, 2]", '{"a": "x", "b": [-1, 0], "c": [NaN, 0], "d": [true, 0], "e": [1, Infinity], '
-                '"f": 2, "g": [1, 2, 3]}'):
+    assert min(delays.values()) == 11.0  # the smallest were dropped, never the largest
+    by_hand, _ = with_operator_delay(text, 0.5)  # the operator's is kept, however small (it is the one in force)
+    assert published_delays(by_hand)[OPERATOR] == 0.5 and len(published_delays(by_hand)) == ORIGINS_KEPT
+    for bad in ("{", "[1, 2]", "[" * 100_000, '{"a": "x", "b": -1, "c": NaN, "d": true, "e": Infinity, "f": [1], '
+                '"g": 0, "h": 1' + "0" * 400 + "}"):
         assert published_delays(bad) == {}
-        assert with_origin_delay(bad, "https://h ua", 2.0, T0) == (json.dumps({"https://h ua": [2.0, T0]}), 2.0)
+        assert with_origin_delay(bad, "https://h ua", 2.0) == (json.dumps({"https://h ua": 2.0}), 2.0)
 
 
 def test_entries_another_writer_left_behind_are_dropped():
     """A row whose ``crawl_delay`` its entries did not make was written by a writer that set the delay without them
     (an earlier version's process or ``crawl-delay``): its entries are stale, so a robots.txt without a delay does
     not bring back the 5 s the site withdrew. Negative control: a row whose entries agree keeps them."""
-    stale = HostState(crawl_delay=0.0, origin_delays=json.dumps({"https://h.example ua": [5.0, T0]}), updated=T0)
+    stale = HostState(crawl_delay=0.0, origin_delays=json.dumps({"https://h.example ua": 5.0}), updated=T0)
     new = POLICY.robots_delay_update(stale, 0, now=T0 + 1, origin="http://h.example:8080 ua")
     assert new is not None and new.crawl_delay == 0.0 and new.origin_delays == ""
     agreed = replace(stale, crawl_delay=5.0)
@@ -322,14 +311,25 @@ def test_entries_another_writer_left_behind_are_dropped():
     assert POLICY.robots_delay_update(agreed, 1, now=T0 + 1, origin="http://h.example:8080 ua").crawl_delay == 5.0
 
 
-def test_a_restored_row_keeps_each_entry_s_larger_delay():
-    current = HostState(crawl_delay=3.0, origin_delays=json.dumps({"http://h": [1.0, T0], "https://h": [3.0, T0]}))
-    known = HostState(crawl_delay=4.0, origin_delays=json.dumps({"http://h": [4.0, T0 - 5], "http://h:81": [2.0, T0]}))
+@pytest.mark.parametrize("operator_side", ["current", "known"])
+def test_a_restored_row_keeps_each_entry_s_larger_delay_and_stays_current(operator_side):
+    """A row written back into a table that came back empty: each entry's larger delay, the larger delay in force;
+    should an operator's delay on one side not make it (a review's sequence: https publishes 10 s, the operator
+    sets 5 s, one process knew the row before the command), the larger holds until the next read, which falls
+    back to the origins' largest (10 s), not to nothing."""
+    https, http = "https://h ua", "http://h ua"
+    published = POLICY.robots_delay_update(None, 10, now=T0, origin=https)
+    by_hand = PacingPolicy.with_crawl_delay(published, 5, now=T0 + 1)
+    current, known = (by_hand, published) if operator_side == "current" else (published, by_hand)
     merged = POLICY.restore(current, known)
+    assert merged.crawl_delay == 10.0
+    after = POLICY.robots_delay_update(merged, 0, now=T0 + 2, origin=http)
+    assert (after or merged).crawl_delay == 10.0
+    rows = (HostState(crawl_delay=3.0, origin_delays=json.dumps({http: 1.0, https: 3.0})),
+            HostState(crawl_delay=4.0, origin_delays=json.dumps({http: 4.0, "http://h:81 ua": 2.0})))
+    merged = POLICY.restore(*rows)
     assert merged.crawl_delay == 4.0
-    assert published_delays(merged.origin_delays) == {"http://h": (4.0, T0 - 5), "https://h": (3.0, T0),
-                                                      "http://h:81": (2.0, T0)}
-    assert merge_origin_delays(current.origin_delays, "") == current.origin_delays
+    assert published_delays(merged.origin_delays) == {http: 4.0, https: 3.0, "http://h:81 ua": 2.0}
 
 
 # --------------------------------------------------------------------------------------------------

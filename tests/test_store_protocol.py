@@ -56,8 +56,8 @@ FULL = HostState(next_allowed=T0 + 0.123456789, consec=7, crawl_delay=2.5, ok_se
                  ratelimit_until=T0 + 12.000001, quota_left=3, quota_reset=T0 + 4.000001, quota_limit=5,
                  quota_window=4.5, quota_serial=41, booked=2**40 + 3, latency=0.05 + 1e-9, strain=3,
                  run_retry_after=3.000000001, held_until=T0 + 181.5000001, held_by=2**61 + 12345,
-                 origin_delays='{"http://b\\u00fccher.example:8080 bot/1 (+\\"x\\")": [2.5, 1765000000.125], '
-                               '"https://\u00e9t\u00e9.example ": [1e-07, 0.5]}')
+                 origin_delays='{"http://b\\u00fccher.example:8080 bot/1 (+\\"x\\")": 2.5, '
+                               '"https://\u00e9t\u00e9.example ": 1e-07, "operator": 2.5}')
 OTHER = HostState(next_allowed=T0 + 5, consec=1, updated=T0)
 
 

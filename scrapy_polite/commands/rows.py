@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..policy import HostState, PacingPolicy
-from ..policy.robots import OPERATOR, Entry, published_delays
+from ..policy.robots import OPERATOR, published_delays
 from ..reports.events import describe, throttle_cause
 from ..reports.words import format_due, format_duration, format_relative, iso_time, plural
 from ..stores import Event, PaceStore
@@ -94,7 +94,7 @@ def host_json(key: str, state: HostState, now: float, throttle: Event | None,
         "after_success": _after_success(state, policy),
         "retry_after_scale": state.run_retry_after or None,
         "crawl_delay": state.crawl_delay or None,
-        "origin_delays": {name: delay for name, (delay, _at) in published_delays(state.origin_delays).items()} or None,
+        "origin_delays": published_delays(state.origin_delays) or None,
         "2xx_seen": state.ok_seen,
         "updated": state.updated or None,
         "updated_at": iso_time(state.updated),
@@ -204,10 +204,11 @@ def robots_cells(state: HostState) -> list[tuple[str, str]]:
     return [("robots.txt delays", _delays_words(delays))]
 
 
-def _delays_words(delays: dict[str, Entry]) -> str:
-    """Each entry's delay, the largest first: ``https://example.com 2 s (for mybot/1.0)``, ``the operator's 5 s``."""
+def _delays_words(delays: dict[str, float]) -> str:
+    """Each entry's delay, the operator's first, then the largest: ``the operator's 5 s (until a robots.txt is
+    read)``, ``https://example.com 2 s (for mybot/1.0)``."""
     words = []
-    for name, (delay, _at) in sorted(delays.items(), key=lambda item: -item[1][0]):
+    for name, delay in sorted(delays.items(), key=lambda item: (item[0] != OPERATOR, -item[1])):
         origin, _, agent = name.partition(" ")
         if name == OPERATOR:
             words.append(f"the operator's {delay:g} s (until a robots.txt is read)")

@@ -215,34 +215,40 @@ def check_crawl_delay(opts: argparse.Namespace) -> None:
 
 
 def crawl_delay(op: Operator) -> int:
-    """``scrapy polite crawl-delay HOST SECONDS|--clear [--json]``: set (or clear) the host's Crawl-delay, until a
-    robots.txt of the host is read again (docs/spec.md §2, "A host's origins").
+    """``scrapy polite crawl-delay HOST SECONDS|--clear [--json]``: set the operator's Crawl-delay of the host, until a
+    robots.txt of the host is read again, or remove it (the largest delay the host's origins publish then holds;
+    docs/spec.md §2, "A host's origins").
 
     Raises:
         NoSuchHost: ``--clear`` on a host not in the table.
     """
     clear = bool(op.opts.clear)
     key = target_key(op.opts.target)
-    value = 0.0 if clear else read_seconds(op.opts.seconds)
+    value = None if clear else read_seconds(op.opts.seconds)
 
-    def fn(state: HostState | None, now: float) -> tuple[HostState | None, tuple[bool, float]]:
+    def fn(state: HostState | None, now: float) -> tuple[HostState | None, tuple[HostState | None, float]]:
         if state is None and clear:
-            return None, (False, 0.0)
-        return PacingPolicy.with_crawl_delay(state, value, now=now), (True, state.crawl_delay if state else 0.0)
+            return None, (None, 0.0)
+        new = PacingPolicy.with_crawl_delay(state, value, now=now)
+        return new, (new, state.crawl_delay if state else 0.0)
 
-    changed, before = op.store.update(key, fn)
-    if not changed:
+    new, before = op.store.update(key, fn)
+    if new is None:
         raise NoSuchHost(f"{key}: not in the pace table {op.store.uri} (no Crawl-delay to clear)")
-    op.operator_event(key, "crawl-delay cleared" if clear else f"crawl-delay {value:g} s", delay=value)
+    delay = new.crawl_delay
+    op.operator_event(key, "crawl-delay cleared" if clear else f"crawl-delay {delay:g} s", delay=delay)
     if op.opts.json:
-        op.dump({"store": op.store.uri, "host": key, "crawl_delay": value or None, "was": before or None})
+        op.dump({"store": op.store.uri, "host": key, "crawl_delay": delay or None, "was": before or None})
+        return EXIT_OK
+    was = f"{before:g} s" if before else "none"
+    if clear:
+        now = f"{delay:g} s, the largest its origins' robots.txt publish" if delay else "none"
+        op.print(f"{key}: the operator's Crawl-delay removed (was {was}); the host's Crawl-delay is now {now}.")
     else:
-        was = f"{before:g} s" if before else "none"
-        now = "cleared" if clear else f"{value:g} s"
-        lasting = "" if clear else "; POLITE_HOST_DELAYS sets a lasting one"
-        op.print(f"{key}: Crawl-delay {now} (was {was}), for every port of the host, until a robots.txt of the "
-                 f"host is read again (each crawl that obeys robots.txt reads it; the delays the host's origins "
-                 f"publish then hold again){lasting}.")
+        op.print(f"{key}: Crawl-delay {delay:g} s (was {was}), for every port of the host, until a robots.txt of the "
+                 f"host is read again (each crawl that obeys robots.txt reads it; the largest delay the host's "
+                 f"origins publish then holds again); next allowed {format_due(new.next_allowed, op.now)} "
+                 f"(scrapy polite reset {key} forgets the hold); POLITE_HOST_DELAYS sets a lasting delay.")
     return EXIT_OK
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
-from .robots import merge_origin_delays
+from .robots import current_entries, merge_origin_delays
 from .state import NEVER_SEEN, Booking, HostState, replace
 
 __all__ = ["BookingRules", "HOLD_POLL"]
@@ -171,14 +171,16 @@ class BookingRules:
         response, the in-flight hold of the later booking."""
         if current is None:
             return known
+        crawl_delay = max(current.crawl_delay, known.crawl_delay)
         newer, older = (known, current) if known.quota_serial > current.quota_serial else (current, known)
         held = known if known.held_until > current.held_until else current
         adaptive = known if known.updated > current.updated else current
         return replace(
             current, next_allowed=max(current.next_allowed, known.next_allowed),
             consec=max(current.consec, known.consec),
-            crawl_delay=max(current.crawl_delay, known.crawl_delay),
-            origin_delays=merge_origin_delays(current.origin_delays, known.origin_delays),
+            crawl_delay=crawl_delay,
+            origin_delays=merge_origin_delays(current_entries(current.origin_delays, current.crawl_delay),
+                                              current_entries(known.origin_delays, known.crawl_delay), crawl_delay),
             ok_seen=current.ok_seen or known.ok_seen,
             throttled_at=max(current.throttled_at, known.throttled_at), updated=max(current.updated, known.updated),
             ratelimit_interval=max(current.ratelimit_interval, known.ratelimit_interval),

@@ -18,7 +18,7 @@ from .adaptive import AdaptivePolicy
 from .booking import BookingRules
 from .quota import QuotaRules
 from .ratelimit import RateLimits
-from .robots import agrees, with_operator_delay, with_origin_delay
+from .robots import current_entries, with_operator_delay, with_origin_delay
 from .state import NEVER_SEEN, Decision, Deferral, HostState, RateLimitDecision, replace
 
 __all__ = ["PacingPolicy", "MAX_BACKOFF_EXPONENT"]
@@ -305,9 +305,10 @@ class PacingPolicy(QuotaRules, BookingRules):
 
         The row keeps each entry's delay (``origin_delays``, :func:`~scrapy_polite.policy.robots.with_origin_delay`)
         and the largest as ``crawl_delay``: one origin's robots.txt without a delay does not clear another's, in any
-        process. Entries that did not make the row's delay (:func:`~scrapy_polite.policy.robots.agrees`) are stale
-        and dropped. Without an origin, the delay replaces what the row held. Since robots.txt was itself a request
-        to the host, just answered, the host's next request is at least the delay in force after it.
+        process. Entries that did not make the row's delay are stale, and dropped
+        (:func:`~scrapy_polite.policy.robots.current_entries`). Without an origin, the delay replaces what the row
+        held. Since robots.txt was itself a request to the host, just answered, the host's next request is at least
+        the delay in force after it.
 
         Raises:
             ValueError: a negative or non-finite delay.
@@ -316,7 +317,7 @@ class PacingPolicy(QuotaRules, BookingRules):
         if parse_seconds(value) is None:
             raise ValueError(f"crawl_delay must be a finite number of seconds >= 0, got {delay!r}")
         kept = _entries(state)
-        text, in_force = with_origin_delay(kept, origin, value, now) if origin is not None else ("", value)
+        text, in_force = with_origin_delay(kept, origin, value) if origin is not None else ("", value)
         if state is None and in_force == 0.0:
             return None
         if state is not None and state.crawl_delay == in_force and state.origin_delays == text:
@@ -357,25 +358,24 @@ class PacingPolicy(QuotaRules, BookingRules):
         return throttle and retries < self.throttle_retries
 
     @staticmethod
-    def with_crawl_delay(state: HostState | None, crawl_delay: float, *, now: float) -> HostState:
-        """The state with an operator's Crawl-delay set at ``now`` (seconds ≥ 0; ``scrapy polite crawl-delay``): in
-        force until a robots.txt of the host is read again, when the origins' entries count again; 0 clears them
-        too (:func:`~scrapy_polite.policy.robots.with_operator_delay`). As a robots.txt delay does, it holds the
-        host at least the delay from ``now``.
+    def with_crawl_delay(state: HostState | None, crawl_delay: float | None, *, now: float) -> HostState:
+        """The state with an operator's Crawl-delay set at ``now`` (seconds ≥ 0; None: the operator's removed;
+        ``scrapy polite crawl-delay``): in force until a robots.txt of the host is read again, when the largest delay
+        the host's origins publish holds again; removed, that one holds at once
+        (:func:`~scrapy_polite.policy.robots.with_operator_delay`). As a robots.txt delay does, a delay set holds the
+        host at least that long from ``now`` (``scrapy polite reset`` forgets the hold).
 
         Raises:
             ValueError: a negative or non-finite delay.
         """
-        if parse_seconds(crawl_delay) is None:
+        if crawl_delay is not None and parse_seconds(crawl_delay) is None:
             raise ValueError(f"crawl_delay must be a finite number of seconds >= 0, got {crawl_delay!r}")
-        value = float(crawl_delay)
         old = state or NEVER_SEEN
-        return replace(old, crawl_delay=value, origin_delays=with_operator_delay(_entries(state), value, now),
-                       updated=now, next_allowed=max(old.next_allowed, now + value))
+        text, value = with_operator_delay(_entries(state), None if crawl_delay is None else float(crawl_delay))
+        held = old.next_allowed if crawl_delay is None else max(old.next_allowed, now + value)
+        return replace(old, crawl_delay=value, origin_delays=text, updated=now, next_allowed=held)
 
 
 def _entries(state: HostState | None) -> str:
-    """The row's origin delays, or none when they did not make its delay (stale: another writer set it)."""
-    if state is None or not state.origin_delays or not agrees(state.origin_delays, state.crawl_delay):
-        return ""
-    return state.origin_delays
+    """The row's current origin delays (:func:`~scrapy_polite.policy.robots.current_entries`)."""
+    return current_entries(state.origin_delays, state.crawl_delay) if state is not None else ""

@@ -38,8 +38,9 @@ __all__ = [
     "fetching",
     "OPERATOR",
     "ORIGINS_KEPT",
-    "agrees",
+    "current_entries",
     "entry_name",
+    "in_force",
     "merge_origin_delays",
     "parse_robots_delay",
     "published_delays",
@@ -97,34 +98,31 @@ def _call(rp: Any, name: str, user_agent: str) -> Any:
 
 # -- the delays of a host's origins, in its row (docs/spec.md §2, "A host's origins") --------------------------------
 
-#: The most entries a row keeps: beyond them, the smallest delays are dropped (never the largest, which is the one in
-#: force), so a page that links to a host on thousands of ports grows no row.
+#: The most entries a row keeps: beyond them, the smallest delays are dropped (never the operator's, nor the largest,
+#: the ones in force), so a page that links to a host on thousands of ports grows no row.
 ORIGINS_KEPT: Final = 16
 #: The name of an operator's delay among a row's entries (``scrapy polite crawl-delay``).
 OPERATOR: Final = "operator"
 
-#: One entry: the delay (seconds > 0) and when it was read or set (epoch seconds, the table's clock).
-Entry = tuple[float, float]
 
-
-def published_delays(text: str) -> dict[str, Entry]:
-    """The entries of a host's row (``HostState.origin_delays``: a JSON object, ``"<origin> <user agent>"`` or
-    :data:`OPERATOR` → ``[seconds, read at]``; ``""``: none). An entry that is no such pair, or a value that is no
-    such object (a row edited by hand), reads as none."""
+def published_delays(text: str) -> dict[str, float]:
+    """The entries of a host's row (``HostState.origin_delays``: a JSON object, ``"<origin> <user agent>"`` → seconds
+    > 0, and :data:`OPERATOR` → seconds ≥ 0; ``""``: none). An entry that is no such number, or a value that is no such
+    object (a row edited by hand), reads as none."""
     if not text:
         return {}
     try:
         parsed = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     if not isinstance(parsed, dict):
         return {}
-    entries: dict[str, Entry] = {}
-    for name, value in parsed.items():
-        if isinstance(value, list) and len(value) == 2 and all(type(v) in (int, float) for v in value):
-            delay, at = value
-            if parse_seconds(delay) and delay > 0 and math.isfinite(at):
-                entries[name] = (float(delay), float(at))
+    entries: dict[str, float] = {}
+    for name, delay in parsed.items():
+        if type(delay) in (int, float):
+            seconds = parse_seconds(delay)
+            if seconds is not None and (seconds > 0 or name == OPERATOR):
+                entries[name] = seconds
     return entries
 
 
@@ -134,62 +132,66 @@ def entry_name(origin: str, user_agent: str) -> str:
     return f"{origin} {user_agent}"
 
 
-def agrees(text: str, crawl_delay: float) -> bool:
-    """Whether a row's entries made its ``crawl_delay``: the operator's, when there is one, else the largest. A row
-    whose delay another writer set without them (an earlier version's process or command) does not agree: its
-    entries are stale."""
-    entries = published_delays(text)
+def in_force(entries: dict[str, float]) -> float:
+    """The delay a row's entries make: the operator's, when there is one, else the largest (0: none)."""
     if OPERATOR in entries:
-        return entries[OPERATOR][0] == crawl_delay
-    return max((delay for delay, _ in entries.values()), default=0.0) == crawl_delay
+        return entries[OPERATOR]
+    return max(entries.values(), default=0.0)
 
 
-def with_origin_delay(text: str, name: str, delay: float, now: float) -> tuple[str, float]:
-    """A row's entries (:func:`published_delays`' text) after a robots.txt read at ``now`` published ``delay`` seconds
-    (0: none) for the entry ``name`` (:func:`entry_name`), and the delay in force: the largest entry (0: none).
+def current_entries(text: str, crawl_delay: float) -> str:
+    """A row's entries if they made its ``crawl_delay`` (:func:`in_force`), else none: a row whose delay another writer
+    set without them (an earlier version's process or command) keeps stale entries, which count no more."""
+    return text if text and in_force(published_delays(text)) == crawl_delay else ""
+
+
+def with_origin_delay(text: str, name: str, delay: float) -> tuple[str, float]:
+    """A row's entries (:func:`published_delays`' text) after a robots.txt read published ``delay`` seconds (0: none)
+    for the entry ``name`` (:func:`entry_name`), and the delay in force: the largest entry (0: none).
 
     robots.txt is per origin and per user agent (RFC 9309 §2.2.1, §2.3), the row per host (docs/spec.md §1): a read
     changes only its own entry, so one origin's robots.txt without a delay never clears another's, in any process of
-    the fleet. An operator's entry lasts until this read; an entry read more than :data:`ROBOTS_TTL` ago is dropped
-    (RFC 9309 §2.4: every crawl that still fetches from the origin has read it again since).
+    the fleet. An operator's entry lasts until this read.
     """
-    entries = {key: entry for key, entry in published_delays(text).items()
-               if key != OPERATOR and now - entry[1] < ROBOTS_TTL}
+    entries = published_delays(text)
+    entries.pop(OPERATOR, None)
     entries.pop(name, None)
     if delay > 0:
-        entries[name] = (float(delay), now)
-    return _as_text(entries), max((d for d, _ in entries.values()), default=0.0)
+        entries[name] = float(delay)
+    return _as_text(entries), in_force(entries)
 
 
-def with_operator_delay(text: str, delay: float, now: float) -> str:
-    """A row's entries after an operator set the host's delay to ``delay`` seconds at ``now`` (0: cleared): the
-    operator's entry, in force until a robots.txt of the host is read again, beside the origins' entries, which then
-    count again; a cleared delay drops them all (each comes back when its robots.txt is read again)."""
-    if delay <= 0:
-        return ""
+def with_operator_delay(text: str, delay: float | None) -> tuple[str, float]:
+    """A row's entries after an operator set the host's delay to ``delay`` seconds (None: removed it), and the delay in
+    force: the operator's, until a robots.txt of the host is read again; without it, the largest the origins
+    publish."""
     entries = published_delays(text)
-    entries[OPERATOR] = (float(delay), now)
-    return _as_text(entries)
+    entries.pop(OPERATOR, None)
+    if delay is not None:
+        entries[OPERATOR] = float(delay)
+    return _as_text(entries), in_force(entries)
 
 
-def merge_origin_delays(one: str, other: str) -> str:
-    """Two rows' entries (:func:`published_delays`' text) as one: each entry's larger delay (a row written back into
-    a table that came back empty, docs/spec.md §6)."""
-    if not other or one == other:
-        return one
+def merge_origin_delays(one: str, other: str, crawl_delay: float) -> str:
+    """Two rows' entries (:func:`published_delays`' text) as one, for a row whose delay is ``crawl_delay`` (a row
+    written back into a table that came back empty, docs/spec.md §6): each entry's larger delay; should they not
+    make ``crawl_delay`` (an operator's delay on one side only), it is the operator's, so the row's entries are
+    current (:func:`current_entries`) and the next robots.txt read falls back to the origins' largest."""
     merged = published_delays(one)
-    for name, entry in published_delays(other).items():
-        merged[name] = max(entry, merged.get(name, entry))
+    for name, delay in published_delays(other).items():
+        merged[name] = max(delay, merged.get(name, delay))
+    if in_force(merged) != crawl_delay:
+        merged[OPERATOR] = crawl_delay
     return _as_text(merged)
 
 
-def _as_text(entries: dict[str, Entry]) -> str:
+def _as_text(entries: dict[str, float]) -> str:
     """Entries as a row keeps them: the :data:`ORIGINS_KEPT` largest (the operator's always), in a JSON object sorted
     by name."""
     if len(entries) > ORIGINS_KEPT:
         entries = dict(sorted(entries.items(), key=lambda item: (item[0] == OPERATOR, item[1]),
                               reverse=True)[:ORIGINS_KEPT])
-    return json.dumps({name: list(entries[name]) for name in sorted(entries)}) if entries else ""
+    return json.dumps({name: entries[name] for name in sorted(entries)}) if entries else ""
 
 
 # -- the robots.txt lifecycle (RFC 9309; docs/spec.md §5, "The robots.txt lifecycle") ----------------------------

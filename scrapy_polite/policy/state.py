@@ -64,9 +64,10 @@ class HostState:
             is recorded (which releases the hold) or, should that process die, until this moment. 0 = not held.
         held_by: the token of the booking that holds the row (0 = not held): a record releases only its own
             hold, never a later booking's.
-        origin_delays: the delay each origin of the host (``scheme://host[:port]``) publishes in its robots.txt, as
-            recorded by any process: a JSON object of seconds > 0 by origin, ``""`` = none
-            (:func:`~scrapy_polite.policy.robots.with_origin_delay`; docs/spec.md §2, "Crawl-delay").
+        origin_delays: the delay each origin of the host (``scheme://host[:port]``) publishes in its robots.txt for
+            each user agent, as recorded by any process, and an operator's: a JSON object of seconds by entry
+            (:func:`~scrapy_polite.policy.robots.published_delays`), ``""`` = none; ``crawl_delay`` is the
+            operator's, else the largest (docs/spec.md §2, "A host's origins").
     """
 
     next_allowed: float = 0.0
