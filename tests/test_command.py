@@ -379,7 +379,7 @@ def test_crawl_delay_over_published_delays_holds_then_clear_falls_back_to_the_la
     back to the largest delay the host's origins publish, not to none; a delay set holds the host from the command
     on, and the output says when and how to forget that. Negative control: a host whose origins published nothing
     clears to none."""
-    published = PacingPolicy().robots_delay_update(None, 4, now=table.now, origin="https://pub.example bot/1")
+    published = PacingPolicy().robots_delay_update(None, 4, now=table.now, entry="https://pub.example bot/1")
     table.store.update("pub.example", lambda s, now: (published, None))
     raised = table.run("crawl-delay", "pub.example", "60")
     assert raised.code == EXIT_OK, raised.err

@@ -236,17 +236,17 @@ def test_robots_delay_of_an_origin_lowers_only_what_that_origin_published():
     origins of one host (other ports, http beside https) never clear each other's. Negative control: without an
     origin, a robots.txt without a delay clears the row's."""
     a, b = "https://h.example ua", "http://h.example:8080 ua"
-    one = POLICY.robots_delay_update(None, 3, now=T0, origin=a)
+    one = POLICY.robots_delay_update(None, 3, now=T0, entry=a)
     assert one.crawl_delay == 3.0 and published_delays(one.origin_delays) == {a: 3.0}
-    assert POLICY.robots_delay_update(one, None, now=T0 + 1, origin=b) is None  # b had none, and has none
-    assert POLICY.robots_delay_update(one, 3, now=T0 + 1, origin=a) is None  # the same again writes nothing
-    three = POLICY.robots_delay_update(one, 5, now=T0 + 1, origin=b)
+    assert POLICY.robots_delay_update(one, None, now=T0 + 1, entry=b) is None  # b had none, and has none
+    assert POLICY.robots_delay_update(one, 3, now=T0 + 1, entry=a) is None  # the same again writes nothing
+    three = POLICY.robots_delay_update(one, 5, now=T0 + 1, entry=b)
     assert three.crawl_delay == 5.0 and three.next_allowed == T0 + 6
-    four = POLICY.robots_delay_update(three, 0, now=T0 + 2, origin=b)
+    four = POLICY.robots_delay_update(three, 0, now=T0 + 2, entry=b)
     assert four.crawl_delay == 3.0 and published_delays(four.origin_delays) == {a: 3.0}
-    five = POLICY.robots_delay_update(four, 1, now=T0 + 3, origin=a)
+    five = POLICY.robots_delay_update(four, 1, now=T0 + 3, entry=a)
     assert five.crawl_delay == 1.0 and five.origin_delays == json.dumps({a: 1.0})
-    assert POLICY.robots_delay_update(five, 0, now=T0 + 4, origin=a).crawl_delay == 0.0
+    assert POLICY.robots_delay_update(five, 0, now=T0 + 4, entry=a).crawl_delay == 0.0
     assert POLICY.robots_delay_update(four, None, now=T0 + 4).crawl_delay == 0.0  # the control
 
 
@@ -254,11 +254,11 @@ def test_each_user_agent_keeps_its_own_entry_and_the_largest_is_in_force():
     """Crawls of different user agents on one table read different groups of one robots.txt: each keeps its own
     entry, so the other's read does not lower it (both share the host's pace: the largest holds)."""
     slow, other = entry_name("http://h.example", "slowbot/1.0"), entry_name("http://h.example", "otherbot/1.0")
-    state = POLICY.robots_delay_update(None, 4, now=T0, origin=slow)
-    state = POLICY.robots_delay_update(state, 1, now=T0 + 1, origin=other)
+    state = POLICY.robots_delay_update(None, 4, now=T0, entry=slow)
+    state = POLICY.robots_delay_update(state, 1, now=T0 + 1, entry=other)
     assert state.crawl_delay == 4.0
     # Negative control: the same user agent's read replaces its own entry.
-    assert POLICY.robots_delay_update(state, 1, now=T0 + 2, origin=slow).crawl_delay == 1.0
+    assert POLICY.robots_delay_update(state, 1, now=T0 + 2, entry=slow).crawl_delay == 1.0
 
 
 def test_an_operator_s_delay_holds_until_a_robots_txt_is_read_and_the_origins_entries_then_count_again():
@@ -267,15 +267,15 @@ def test_an_operator_s_delay_holds_until_a_robots_txt_is_read_and_the_origins_en
     origin read). It holds the host from the command on, as a robots.txt delay does. Removed (``--clear``), the
     origins' largest holds at once."""
     a, b = "https://h.example ua", "http://h.example:8080 ua"
-    state = POLICY.robots_delay_update(None, 3, now=T0, origin=a)
+    state = POLICY.robots_delay_update(None, 3, now=T0, entry=a)
     by_hand = PacingPolicy.with_crawl_delay(state, 10, now=T0 + 1)
     assert by_hand.crawl_delay == 10.0 and by_hand.next_allowed == T0 + 11
     assert published_delays(by_hand.origin_delays) == {a: 3.0, OPERATOR: 10.0}
-    again = POLICY.robots_delay_update(by_hand, 0, now=T0 + 2, origin=b)
+    again = POLICY.robots_delay_update(by_hand, 0, now=T0 + 2, entry=b)
     assert again.crawl_delay == 3.0 and published_delays(again.origin_delays) == {a: 3.0}
     lowered = PacingPolicy.with_crawl_delay(state, 0, now=T0 + 1)
     assert lowered.crawl_delay == 0.0 and lowered.next_allowed == state.next_allowed  # never earlier
-    assert POLICY.robots_delay_update(lowered, 0, now=T0 + 2, origin=b).crawl_delay == 3.0
+    assert POLICY.robots_delay_update(lowered, 0, now=T0 + 2, entry=b).crawl_delay == 3.0
     removed = PacingPolicy.with_crawl_delay(by_hand, None, now=T0 + 2)
     assert removed.crawl_delay == 3.0 and published_delays(removed.origin_delays) == {a: 3.0}
     assert removed.next_allowed == by_hand.next_allowed  # (the hold stays: reset forgets it)
@@ -304,11 +304,11 @@ def test_entries_another_writer_left_behind_are_dropped():
     (an earlier version's process or ``crawl-delay``): its entries are stale, so a robots.txt without a delay does
     not bring back the 5 s the site withdrew. Negative control: a row whose entries agree keeps them."""
     stale = HostState(crawl_delay=0.0, origin_delays=json.dumps({"https://h.example ua": 5.0}), updated=T0)
-    new = POLICY.robots_delay_update(stale, 0, now=T0 + 1, origin="http://h.example:8080 ua")
+    new = POLICY.robots_delay_update(stale, 0, now=T0 + 1, entry="http://h.example:8080 ua")
     assert new is not None and new.crawl_delay == 0.0 and new.origin_delays == ""
     agreed = replace(stale, crawl_delay=5.0)
-    assert POLICY.robots_delay_update(agreed, 0, now=T0 + 1, origin="http://h.example:8080 ua") is None
-    assert POLICY.robots_delay_update(agreed, 1, now=T0 + 1, origin="http://h.example:8080 ua").crawl_delay == 5.0
+    assert POLICY.robots_delay_update(agreed, 0, now=T0 + 1, entry="http://h.example:8080 ua") is None
+    assert POLICY.robots_delay_update(agreed, 1, now=T0 + 1, entry="http://h.example:8080 ua").crawl_delay == 5.0
 
 
 @pytest.mark.parametrize("operator_side", ["current", "known"])
@@ -318,12 +318,12 @@ def test_a_restored_row_keeps_each_entry_s_larger_delay_and_stays_current(operat
     sets 5 s, one process knew the row before the command), the larger holds until the next read, which falls
     back to the origins' largest (10 s), not to nothing."""
     https, http = "https://h ua", "http://h ua"
-    published = POLICY.robots_delay_update(None, 10, now=T0, origin=https)
+    published = POLICY.robots_delay_update(None, 10, now=T0, entry=https)
     by_hand = PacingPolicy.with_crawl_delay(published, 5, now=T0 + 1)
     current, known = (by_hand, published) if operator_side == "current" else (published, by_hand)
     merged = POLICY.restore(current, known)
     assert merged.crawl_delay == 10.0
-    after = POLICY.robots_delay_update(merged, 0, now=T0 + 2, origin=http)
+    after = POLICY.robots_delay_update(merged, 0, now=T0 + 2, entry=http)
     assert (after or merged).crawl_delay == 10.0
     rows = (HostState(crawl_delay=3.0, origin_delays=json.dumps({http: 1.0, https: 3.0})),
             HostState(crawl_delay=4.0, origin_delays=json.dumps({http: 4.0, "http://h:81 ua": 2.0})))

@@ -356,15 +356,15 @@ class Recorder:
         row (docs/spec.md §1): the row keeps each origin's delay for each user agent (:func:`entry_name`, the origin
         named by :func:`origin_key`), as any process recorded it, and the largest is in force
         (:meth:`~scrapy_polite.policy.PacingPolicy.robots_delay_update`), so one origin's robots.txt without a delay
-        does not clear, or lower, another's. An invalid delay is refused by the
-        policy, and the refusal is logged (the Deferred then fires None)."""
+        does not clear, or lower, another's. An invalid delay is refused by the policy, and the refusal is logged
+        (the Deferred then fires None)."""
         mine = float(delay) if delay is not None else 0.0
         policy = self.policy
         in_force = [mine]
         key = entry_name(origin_key(origin), self.user_agent) if origin is not None else None
 
         def fn(state: HostState | None, now: float) -> tuple[HostState | None, bool]:
-            new = policy.robots_delay_update(state, mine, now=now, origin=key)
+            new = policy.robots_delay_update(state, mine, now=now, entry=key)
             before = state.crawl_delay if state is not None else 0.0
             in_force[0] = new.crawl_delay if new is not None else before
             return new, in_force[0] != before

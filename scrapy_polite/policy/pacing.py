@@ -298,15 +298,15 @@ class PacingPolicy(QuotaRules, BookingRules):
         return None
 
     def robots_delay_update(self, state: HostState | None, delay: float | None, *, now: float,
-                            origin: str | None = None) -> HostState | None:
+                            entry: str | None = None) -> HostState | None:
         """A host's row after a robots.txt answered 2xx or 4xx at ``now`` published ``delay`` seconds (None or 0: no
-        delay) for the entry ``origin`` (:func:`~scrapy_polite.policy.robots.entry_name`: its origin and user
-        agent; None: the host's only one), or None when nothing changes (docs/spec.md §2 "A host's origins", §5).
+        delay) for ``entry`` (:func:`~scrapy_polite.policy.robots.entry_name`: its origin and user agent; None:
+        the host's only one), or None when nothing changes (docs/spec.md §2 "A host's origins", §5).
 
         The row keeps each entry's delay (``origin_delays``, :func:`~scrapy_polite.policy.robots.with_origin_delay`)
         and the largest as ``crawl_delay``: one origin's robots.txt without a delay does not clear another's, in any
         process. Entries that did not make the row's delay are stale, and dropped
-        (:func:`~scrapy_polite.policy.robots.current_entries`). Without an origin, the delay replaces what the row
+        (:func:`~scrapy_polite.policy.robots.current_entries`). Without an entry, the delay replaces what the row
         held. Since robots.txt was itself a request to the host, just answered, the host's next request is at least
         the delay in force after it.
 
@@ -317,7 +317,7 @@ class PacingPolicy(QuotaRules, BookingRules):
         if parse_seconds(value) is None:
             raise ValueError(f"crawl_delay must be a finite number of seconds >= 0, got {delay!r}")
         kept = _entries(state)
-        text, in_force = with_origin_delay(kept, origin, value) if origin is not None else ("", value)
+        text, in_force = with_origin_delay(kept, entry, value) if entry is not None else ("", value)
         if state is None and in_force == 0.0:
             return None
         if state is not None and state.crawl_delay == in_force and state.origin_delays == text:
