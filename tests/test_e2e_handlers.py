@@ -47,6 +47,7 @@ from scrapy_polite.pacer import find_pacer
 from scrapy_polite.resolver import MixedAnswer, PublicHostnameResolver
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.dns_server import dns_server  # noqa: F401  (a fixture)
 from tests.support.server import Arrival, Reply, gaps, page, sequence
 from tests.test_e2e_addresses import RecordingSpider
 
@@ -610,9 +611,11 @@ class LocalFTPHandler(BaseDownloadHandler):
         return Response(request.url, status=200, request=request)
 
 
-class WrappingS3Handler(BaseDownloadHandler):
-    """Downloads as Scrapy's S3 handler does (without botocore): through its own instance of the crawl's http
-    handler (the add-on's pinned one), with a copy of the request for the http URL (``request.replace``)."""
+class AmazonS3Handler(BaseDownloadHandler):
+    """Downloads as Scrapy's S3 handler does for an anonymous request (``scrapy.core.downloader.handlers.s3``, which
+    needs botocore): ``s3://BUCKET/KEY`` from ``BUCKET.s3.amazonaws.com``, through its own instance of the crawl's
+    http handler (the add-on's pinned one), with a copy of the request (``request.replace``); here over http and on
+    the URL's port (a loopback server)."""
 
     def __init__(self, crawler) -> None:
         super().__init__(crawler)
@@ -620,7 +623,20 @@ class WrappingS3Handler(BaseDownloadHandler):
         self._download_http = build_from_crawler(http, crawler).download_request
 
     async def download_request(self, request: scrapy.Request) -> Response:
-        return await self._download_http(request.replace(url="http" + request.url[len("s3"):]))
+        parts = urlsplit(request.url)
+        url = f"http://{parts.hostname}.s3.amazonaws.com:{parts.port}{parts.path}"
+        return await self._download_http(request.replace(url=url))
+
+
+def s3_crawl(server, dns_server, paths, **overrides):
+    """The settings and URLs of a crawl of ``s3://my-bucket:PORT/PATH`` for each of ``paths``, whose S3 host
+    (``my-bucket.s3.amazonaws.com``) is ``server``'s address (the DNS server knows no other name)."""
+    settings = polite_settings(DOWNLOAD_HANDLERS={"s3": AmazonS3Handler}, POLITE_DNS_NAMESERVERS=[dns_server({}).address],
+                               POLITE_DNS_OVERRIDES={S3_HOST: [server.address]}, **overrides)
+    return settings, [f"s3://my-bucket:{server.port}{path}" for path in paths]
+
+
+S3_HOST = "my-bucket.s3.amazonaws.com"
 
 
 def response_receivers(crawler) -> list[str]:
@@ -667,15 +683,29 @@ async def test_each_response_is_recorded_once_whichever_handler_downloads_it(arr
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_response_another_handler_downloads_through_the_pinned_one_is_recorded_once(arrival_server):
+async def test_a_response_another_handler_downloads_through_the_pinned_one_is_recorded_once(arrival_server,
+                                                                                           dns_server):
     """Scrapy's S3 handler downloads a copy of the request through the crawl's http handler: the copy, which the
     lifecycle never saw, is not recorded by the pinned handler; the request the middleware booked is, once, from
     the signal. A 429 then counts one throttle (recorded by both, it would count two; the mutant is caught)."""
     server = arrival_server("127.0.20.32")
     server.route("/s/0", sequence(Reply.throttle(429, "1"), page()))
-    urls = [server.url(f"/s/{i}").replace("http", "s3", 1) for i in range(3)]
-    settings = polite_settings(POLITE_HOST_INTERVAL=0.05, DOWNLOAD_HANDLERS={"s3": WrappingS3Handler})
+    settings, urls = s3_crawl(server, dns_server, [f"/s/{i}" for i in range(3)], POLITE_HOST_INTERVAL=0.05)
     crawler = await run_crawl(ListSpider, settings, urls=urls, timeout=30)
     assert sorted(crawler.spider.statuses()) == [200] * 3, crawler.spider.failed
-    assert find_pacer(crawler).report.host_report()["127.0.20.32"]["statuses"] == {429: 1, 200: 3}
+    assert find_pacer(crawler).report.host_report()[S3_HOST]["statuses"] == {429: 1, 200: 3}
     assert stat(crawler, "throttles/429") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_s3_request_is_booked_on_the_host_scrapys_s3_handler_downloads_from(arrival_server, dns_server):
+    """``s3://BUCKET/KEY`` is downloaded from ``BUCKET.s3.amazonaws.com`` (Scrapy's S3 handler): that host is booked,
+    resolved, pinned and paced (docs/spec.md §1). Booked on the bucket's own name, every request failed (no such
+    host: the DNS server knows only the S3 name): the negative control of the rule."""
+    server = arrival_server("127.0.20.33")
+    settings, urls = s3_crawl(server, dns_server, [f"/k/{i}" for i in range(3)], POLITE_HOST_INTERVAL=0.3)
+    crawler = await run_crawl(ListSpider, settings, urls=urls, timeout=30)
+    assert sorted(crawler.spider.statuses()) == [200] * 3, crawler.spider.failed
+    arrivals = server.arrivals(host=S3_HOST)
+    assert len(arrivals) == 3 and min(gaps(arrivals)) >= 0.25
+    assert find_pacer(crawler).report.host_report()[S3_HOST]["statuses"] == {200: 3}

@@ -295,6 +295,25 @@ def test_a_url_other_parsers_read_differently_is_refused(url):
     assert host_key(url) is None
 
 
+@pytest.mark.parametrize("url, key", [
+    ("s3://my-bucket/data/x.json", "my-bucket.s3.amazonaws.com"),
+    ("S3://My.Bucket/k?x=1", "my.bucket.s3.amazonaws.com"),
+    ("s3://key:secret@my-bucket/k", "my-bucket.s3.amazonaws.com"),
+    ("s3://127.0.0.1/k", "127.0.0.1.s3.amazonaws.com"),  # a domain under amazonaws.com, never the address
+])
+def test_an_s3_url_is_keyed_by_the_host_scrapys_s3_handler_contacts(url, key):
+    """Scrapy's S3 handler downloads ``s3://BUCKET/KEY`` from ``BUCKET.s3.amazonaws.com`` (docs/spec.md §1); any
+    other scheme without special meaning keeps the host it names (the control)."""
+    assert host_key(url) == key
+    assert host_key(url.replace("s3:", "s3x:", 1).replace("S3:", "s3x:", 1)) != key
+
+
+def test_an_s3_url_whose_bucket_makes_no_host_is_refused():
+    with pytest.raises(InvalidHost, match="its bucket makes no host name") as refused:
+        url_host("s3://a%2fb/k")
+    assert refused.value.url == "s3://a%2fb/k"
+
+
 # --------------------------------------------------------------------------------------------------
 # A real crawl
 

@@ -204,7 +204,32 @@ def url_host(url: str) -> Host | None:
             result = _agreed(url, result)
     if isinstance(result, str):
         raise InvalidHost(url, result)
+    if scheme == "s3" and result is not None:
+        return _s3_host(url)
     return result
+
+
+def _s3_host(url: str) -> Host:
+    """The host an ``s3://BUCKET/KEY`` URL is downloaded from: Scrapy's S3 handler fetches
+    ``https://BUCKET.s3.amazonaws.com/KEY`` (the bucket as ``urlsplit`` reads it; ``s3.amazonaws.com`` whatever
+    the credentials), so that host is booked, resolved and pinned (docs/spec.md §1), never the bucket's name.
+
+    Raises:
+        InvalidHost: the bucket makes no host name.
+    """
+    try:
+        bucket = urlsplit(url).hostname
+    except ValueError:
+        bucket = None
+    if not bucket:
+        raise InvalidHost(url, NO_HOST)
+    try:
+        host = url_host(f"https://{bucket}.s3.amazonaws.com/")
+    except InvalidHost as exc:
+        raise InvalidHost(url, f"its bucket makes no host name: {exc.reason}") from None
+    if host is None:  # pragma: no cover - an https URL always has a host or is refused
+        raise InvalidHost(url, NO_HOST)
+    return host
 
 
 def _agreed(url: str, host: Host | None) -> Host | str | None:
