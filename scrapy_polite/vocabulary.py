@@ -119,7 +119,9 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
                        "middlewares)",
     "polite/waits": "waits in line (for the host's interval or an address's budget)",
     "polite/wait_seconds": "the total seconds of those waits",
-    "polite/deferrals": "requests deferred: held out of the downloader until their host is due",
+    "polite/deferrals": "requests deferred: held out of the downloader until their host is due, for every reason "
+                        "(the summary's \"deferred\" counts those the host slowed, its \"turn waits\" those of "
+                        "a busy line)",
     "polite/deferrals/<reason>": "requests deferred, by reason: `throttled` (the host is backing us off), "
                                  "`ratelimit` (its announced quota is spent, or slower than `POLITE_MAX_WAIT`), "
                                  "`crawl_delay` (a published delay longer than `POLITE_MAX_WAIT`), `line` (another "
