@@ -143,6 +143,32 @@ def test_epoch_reset_against_the_date_header_when_the_clocks_disagree():
     assert limits.limits[0].reset == pytest.approx(9.4)
 
 
+def test_every_reset_from_the_epoch_threshold_on_is_an_epoch_time():
+    """GitLab and Twitch send ``RateLimit-Reset`` as an epoch second, against the drafts (gitlab-org/gitlab#199738):
+    read as delta seconds it held the host for POLITE_MAX_RETRY_AFTER (an hour) instead of the 73 s asked. The
+    same rule for ``t`` and the draft -07 ``reset``; below the threshold each stays delta seconds (the control)."""
+    gitlab = parse(RateLimit_Limit="600", RateLimit_Remaining="0", RateLimit_Reset="1372700873")
+    assert gitlab.limits == (ServiceLimit(0, 73.0),) and not gitlab.malformed
+    assert parse(RateLimit='"default";r=0;t=1372700873').limits[0].reset == 73.0
+    assert parse(RateLimit="limit=100, remaining=0, reset=1372700873").limits[0].reset == 73.0
+    assert parse(RateLimit_Remaining="0", RateLimit_Reset="999999999").limits[0].reset == 999999999.0
+    assert parse(RateLimit='"default";r=0;t=30').limits[0].reset == 30.0
+    end = NOW
+    gitlab_429 = POLICY.after_response(None, status=429, end=end, retry_after=60.0, ratelimits=gitlab)
+    assert gitlab_429.state.next_allowed - end == pytest.approx(74.0, abs=1.0)  # the reset (+ its 1 s), not an hour
+
+
+def test_x_fields_sent_twice_give_the_fewest_remaining_and_the_latest_reset():
+    """A gateway and the origin both send ``X-RateLimit-*`` (go-chi/httprate#30): the lines arrive joined by a
+    comma, and were ignored as malformed, so a spent quota was not held. One line each is the control."""
+    twice = parse(X_RateLimit_Limit=["60", "60"], X_RateLimit_Remaining=["0", "0"], X_RateLimit_Reset=["30", "30"])
+    assert twice.limits == (ServiceLimit(0, 30.0),) and not twice.malformed
+    assert parse(X_RateLimit_Remaining="5, 0", X_RateLimit_Reset="10, 30").limits == (ServiceLimit(0, 30.0),)
+    assert parse(X_RateLimit_Remaining="0", X_RateLimit_Reset_After=["1.5", "2.25"]).limits[0].reset == 2.25
+    assert parse(X_RateLimit_Remaining="0", X_RateLimit_Reset="30").limits == (ServiceLimit(0, 30.0),)
+    assert parse(X_RateLimit_Remaining="0, x").malformed == ("x-ratelimit-remaining",)
+
+
 # --------------------------------------------------------------------------------------------------
 # Malformed fields: ignored (the drafts: "Malformed RateLimit header fields MUST be ignored") and named
 # --------------------------------------------------------------------------------------------------

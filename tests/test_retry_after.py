@@ -63,16 +63,33 @@ def test_digits_are_never_parsed_as_a_date(value):
     pytest.param("nan", id="nan"),
     pytest.param("NaN", id="NaN"),
     pytest.param("1e3", id="exponent"),
-    pytest.param("1,5", id="decimal comma"),
     pytest.param("+-3", id="two signs"),
     pytest.param("12 34", id="two numbers"),
     pytest.param("0x10", id="hex"),
     pytest.param("Wed, 99 Foo 2015", id="date with a bogus month"),
+    pytest.param("Fri, 15 Jan 2027 25:02:00 GMT", id="hour 25"),
+    pytest.param("Sun, 32 Jan 2027 08:02:00 GMT", id="32 January"),
+    pytest.param("Mon, 30 Feb 2026 08:02:00 GMT", id="30 February"),
+    pytest.param("Fri, 15 Jan 2027 99999999999:02:00 GMT", id="an hour beyond any"),
+    pytest.param("Fri, 15 Jan 2027 08:60:00 GMT", id="minute 60"),
+    pytest.param("120, soon", id="a joined line that is no number"),
     pytest.param("Sun, 06 Nov", id="truncated date"),
 ])
 def test_invalid_values_raise(value):
     with pytest.raises(InvalidRetryAfter):
         parse_retry_after(value, now=NOW)
+
+
+@pytest.mark.parametrize("value, want", [("120, 120", 120.0), ("1,5", 5.0), ("30 ,\t60.5", 60.5)])
+def test_field_lines_joined_by_an_intermediary_give_the_longest(value, want):
+    """RFC 9110 §5.3: two ``Retry-After`` lines (a gateway's and the origin's) arrive joined by a comma; the longest
+    wait is kept. (``1,5`` as a decimal comma would be shorter.)"""
+    assert parse_retry_after(value, now=NOW) == want
+
+
+def test_a_leap_second_is_a_date():
+    """RFC 9110's HTTP-date allows second 60: a real date, not refused with the impossible ones (the control)."""
+    assert parse_retry_after("Thu, 31 Dec 2026 23:59:60 GMT", now=1_798_761_500.0) == 100.0
 
 
 @pytest.mark.parametrize("value", ["9" * 400, "1" * 310, "9" * 400 + ".5"])

@@ -11,11 +11,14 @@ A server may announce its quota before it has to refuse a request. Three familie
 * the earlier drafts' ``RateLimit-Limit`` (``100``, or ``100, 100;w=60`` with a policy), ``RateLimit-Remaining``
   and ``RateLimit-Reset`` (delta seconds), Structured Fields as well;
 * the common ``X-RateLimit-Limit`` / ``X-RateLimit-Remaining`` / ``X-RateLimit-Reset`` (GitHub, Twitter,
-  Discord, …), plain numbers. ``X-RateLimit-Reset`` is **delta seconds below 10⁹ and an epoch time from 10⁹
-  on** (10⁹ s is 31 years: no quota resets that far ahead, and every epoch time since 2001-09-09 is above
-  it); from 10¹² on it is epoch *milliseconds*. An epoch time is measured on the local clock when the
-  response's ``Date`` agrees with it to within :data:`CLOCK_AGREEMENT` seconds, else against ``Date`` (the
-  server's clock). Discord's ``X-RateLimit-Reset-After`` (delta seconds) wins over ``X-RateLimit-Reset``.
+  Discord, …), plain numbers; field lines joined by an intermediary give the fewest remaining and the latest
+  reset. Discord's ``X-RateLimit-Reset-After`` (delta seconds) wins over ``X-RateLimit-Reset``.
+
+Every reset is **delta seconds below 10⁹ and an epoch time from 10⁹ on** (10⁹ s is 31 years: no quota resets
+that far ahead, and every epoch time since 2001-09-09 is above it; GitHub's ``X-RateLimit-Reset`` and GitLab's
+and Twitch's ``RateLimit-Reset`` are epoch times); from 10¹² on it is epoch *milliseconds*. An epoch time is
+measured on the local clock when the response's ``Date`` agrees with it to within :data:`CLOCK_AGREEMENT`
+seconds, else against ``Date`` (the server's clock).
 
 Every reset is read with its **resolution** (:attr:`ServiceLimit.resolution`): the seconds to which the field
 states it. ``t``, ``RateLimit-Reset`` and a reset without decimals are whole seconds (resolution 1 s), three
@@ -35,7 +38,6 @@ that is present but malformed is ignored, as the drafts require, and named in :a
 
 from __future__ import annotations
 
-import email.utils
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -43,6 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import http_sf
+
+from .retry_after import parse_http_date
 
 __all__ = [
     "CLOCK_AGREEMENT",
@@ -63,9 +67,9 @@ RATELIMIT_FIELDS: tuple[str, ...] = (
     "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Reset-After",
 )
 
-#: An ``X-RateLimit-Reset`` of this many seconds or more is an epoch time, not a delay (2001-09-09T01:46:40Z).
+#: A reset of this many seconds or more is an epoch time, not a delay (2001-09-09T01:46:40Z).
 EPOCH_THRESHOLD = 1e9
-#: An ``X-RateLimit-Reset`` of this value or more is an epoch time in milliseconds (10¹² ms is 2001-09-09 too).
+#: A reset of this value or more is an epoch time in milliseconds (10¹² ms is 2001-09-09 too).
 EPOCH_MS_THRESHOLD = 1e12
 #: Seconds within which the response's ``Date`` and the local clock count as the same clock (``Date`` has a
 #: resolution of one second, and the response took a moment to arrive).
@@ -174,7 +178,7 @@ def parse_rate_limits(fields: Mapping[str, Sequence[str | bytes]], *, now: float
 
     # The IETF fields (draft -08 on, and the forms of drafts -04 to -07).
     policies.extend(read("ratelimit-policy", _ietf_policies) or ())
-    found = read("ratelimit", _ietf_limits)
+    found = read("ratelimit", _ietf_limits, now, date)
     if found is not None:
         policies.extend(found[0])
         limits.extend(found[1])
@@ -183,7 +187,7 @@ def parse_rate_limits(fields: Mapping[str, Sequence[str | bytes]], *, now: float
         policies.extend(read(prefix + "limit", _limit_field) or ())
         remaining = read(prefix + "remaining", _count if prefix == "x-ratelimit-" else _sf_count)
         if prefix == "ratelimit-":
-            reset = read(prefix + "reset", _sf_delay)
+            reset = read(prefix + "reset", _sf_delay, now, date)
         else:
             after = read("x-ratelimit-reset-after", _delay)
             reset = read("x-ratelimit-reset", _x_reset, now, date)
@@ -261,13 +265,13 @@ def _ietf_policies(text: str) -> list[QuotaPolicy]:
     return policies
 
 
-def _ietf_limits(text: str) -> tuple[list[QuotaPolicy], list[ServiceLimit]]:
+def _ietf_limits(text: str, now: float, date: str | bytes | None) -> tuple[list[QuotaPolicy], list[ServiceLimit]]:
     """``RateLimit``: a List ``"name";r=0;t=12`` (draft -08 on), or the Dictionary
     ``limit=100, remaining=0, reset=12`` of draft -07 (its ``limit`` is a policy without a window)."""
     try:
         members = _sf_list(text)
     except ValueError:
-        return _draft7_limits(text)
+        return _draft7_limits(text, now, date)
     limits = []
     for member in members:
         value, params = _member(member)
@@ -275,12 +279,12 @@ def _ietf_limits(text: str) -> tuple[list[QuotaPolicy], list[ServiceLimit]]:
             raise _Malformed(f"a service limit must name its policy (a String or Token), got {value!r}")
         remaining = _required(params, "r")
         reset = _int_param(params, "t")
-        limits.append(ServiceLimit(remaining=remaining, reset=float(reset) if reset is not None else None,
-                                   name=_name(value), resolution=WHOLE_SECONDS if reset is not None else 0.0))
+        seconds, resolution = _from_now(reset, WHOLE_SECONDS, now, date) if reset is not None else (None, 0.0)
+        limits.append(ServiceLimit(remaining=remaining, reset=seconds, name=_name(value), resolution=resolution))
     return [], limits
 
 
-def _draft7_limits(text: str) -> tuple[list[QuotaPolicy], list[ServiceLimit]]:
+def _draft7_limits(text: str, now: float, date: str | bytes | None) -> tuple[list[QuotaPolicy], list[ServiceLimit]]:
     parsed = http_sf.parse(text.encode("latin-1"), tltype="dictionary")
     if not isinstance(parsed, dict) or not parsed:
         raise _Malformed("neither a List nor a Dictionary")
@@ -292,8 +296,8 @@ def _draft7_limits(text: str) -> tuple[list[QuotaPolicy], list[ServiceLimit]]:
     limit = _required(params, "limit")  # draft -07 §3.1: "limit" and "reset" are required, "remaining" optional
     reset = _required(params, "reset")
     remaining = _int_param(params, "remaining")
-    limits = ([ServiceLimit(remaining=remaining, reset=float(reset), resolution=WHOLE_SECONDS)]
-              if remaining is not None else [])
+    seconds, resolution = _from_now(reset, WHOLE_SECONDS, now, date)
+    limits = [ServiceLimit(remaining=remaining, reset=seconds, resolution=resolution)] if remaining is not None else []
     return [QuotaPolicy(quota=limit)], limits
 
 
@@ -314,9 +318,10 @@ def _sf_count(text: str) -> int:
     return _integer(value, "the value")
 
 
-def _sf_delay(text: str) -> tuple[float, float]:
-    """``RateLimit-Reset``: an Integer of seconds, as ``(seconds, resolution)``."""
-    return float(_sf_count(text)), WHOLE_SECONDS
+def _sf_delay(text: str, now: float, date: str | bytes | None) -> tuple[float, float]:
+    """``RateLimit-Reset``: an Integer of seconds (or, from 10⁹ on, an epoch time: :func:`_from_now`), as
+    ``(seconds from now, resolution)``."""
+    return _from_now(_sf_count(text), WHOLE_SECONDS, now, date)
 
 
 # -- the X- fields: plain numbers -------------------------------------------------------------------------
@@ -333,7 +338,9 @@ def _number(text: str) -> float:
 
 
 def _count(text: str) -> int:
-    return int(_number(text))
+    """``X-RateLimit-Remaining``; field lines joined by an intermediary (``0, 0``: a gateway and the origin both
+    sent it) give the fewest left."""
+    return int(min(map(_number, text.split(","))))
 
 
 def _resolution(text: str) -> float:
@@ -343,17 +350,24 @@ def _resolution(text: str) -> float:
 
 
 def _delay(text: str) -> tuple[float, float]:
-    """Delta seconds (``X-RateLimit-Reset-After``), as ``(seconds, resolution)``."""
-    return _number(text), _resolution(text)
+    """Delta seconds (``X-RateLimit-Reset-After``), as ``(seconds, resolution)``; of field lines joined by an
+    intermediary, the latest reset."""
+    return max((_number(part), _resolution(part)) for part in text.split(","))
 
 
 def _x_reset(text: str, now: float, date: str | bytes | None) -> tuple[float, float]:
     """``X-RateLimit-Reset`` as ``(seconds from now, resolution in seconds)``: delta seconds, an epoch time or
-    epoch milliseconds. A reset in the past is 0 seconds away."""
-    value = _number(text)
-    resolution = _resolution(text)
+    epoch milliseconds (:func:`_from_now`); of field lines joined by an intermediary, the latest reset."""
+    return max(_from_now(_number(part), _resolution(part), now, date) for part in text.split(","))
+
+
+def _from_now(value: float, resolution: float, now: float, date: str | bytes | None) -> tuple[float, float]:
+    """A reset as ``(seconds from now, resolution in seconds)``: delta seconds below :data:`EPOCH_THRESHOLD`, an
+    epoch time from it on (GitHub's ``X-RateLimit-Reset``; GitLab and Twitch send their ``RateLimit-Reset`` so
+    too), epoch milliseconds from :data:`EPOCH_MS_THRESHOLD`. An epoch time is a moment of the local clock, or
+    of the response's ``Date`` when the two disagree; a reset in the past is 0 seconds away."""
     if value < EPOCH_THRESHOLD:
-        return value, resolution
+        return float(value), resolution
     epoch = value
     if value >= EPOCH_MS_THRESHOLD:
         epoch, resolution = value / 1000.0, resolution / 1000.0
@@ -368,8 +382,4 @@ def _http_date(value: str | bytes | None) -> float | None:
     if value is None:
         return None
     text = value.decode("latin-1") if isinstance(value, bytes) else value
-    try:
-        parsed = email.utils.parsedate_tz(text.strip())
-        return float(email.utils.mktime_tz(parsed)) if parsed is not None else None
-    except (TypeError, ValueError, OverflowError, IndexError):
-        return None
+    return parse_http_date(text.strip())

@@ -3,6 +3,7 @@ it into seconds, :class:`InvalidRetryAfter` is a value it refuses."""
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import math
 import re
@@ -55,31 +56,37 @@ def parse_retry_after(value: str | bytes | None, *, now: float, date: str | byte
         raise InvalidRetryAfter("empty Retry-After")
     if _DECIMAL.match(text):
         return float(text)  # a run of digits too long for a float is inf ("longer than any cap"), never invalid
+    if "," in text and all(_DECIMAL.match(part.strip()) for part in text.split(",")):
+        # Field lines joined by an intermediary (``120, 120``): the longest wait asked (RFC 9110 §5.3).
+        return max(float(part) for part in text.split(","))
     if text[0] in "+-" or text[0].isdigit():
         # A number that is not a non-negative decimal: negative, exponent, "1,5", "inf" spelled oddly.
         raise InvalidRetryAfter(f"Retry-After is not a non-negative number: {text!r}")
-    target = _parse_http_date(text)
+    target = parse_http_date(text)
     if target is None:
         raise InvalidRetryAfter(f"Retry-After is neither seconds nor an HTTP-date: {text!r}")
     reference = now
     if date is not None:
         if isinstance(date, bytes):
             date = date.decode("latin-1")
-        parsed_date = _parse_http_date(date.strip())
+        parsed_date = parse_http_date(date.strip())
         if parsed_date is not None:
             reference = parsed_date
     return max(0.0, target - reference)
 
 
-def _parse_http_date(text: str) -> float | None:
-    """An HTTP-date (IMF-fixdate, RFC 850 or asctime form) as epoch seconds, or None."""
+def parse_http_date(text: str) -> float | None:
+    """An HTTP-date (IMF-fixdate, RFC 850 or asctime form, RFC 9110 §5.6.7) as epoch seconds, or None: not a date,
+    or a date no calendar has (hour 25, 32 January: ``email.utils`` would roll them over into another moment)."""
     try:
         parsed = email.utils.parsedate_tz(text)
     except (TypeError, ValueError, IndexError):  # pragma: no cover - defensive, parsedate_tz rarely raises
         return None
     if parsed is None:
         return None
+    year, month, day, hour, minute, second = parsed[:6]
     try:
+        datetime.datetime(year, month, day, hour, minute, min(second, 59))  # (60: a leap second)
         stamp = float(email.utils.mktime_tz(parsed))
     except (OverflowError, ValueError):
         return None
