@@ -64,6 +64,7 @@ from .policy.robots import (
     fetching,
     reask_floor,
     truncate,
+    with_protego,
 )
 from .resolver import HostNotFound, InvalidHostName
 from .settings import polite_enabled
@@ -265,7 +266,8 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             self.pacer.report.inc("robots/truncated")
             logger.info("scrapy-polite: %s is %d bytes: only the first %d are parsed (RFC 9309 §2.5)", response.url,
                         len(response.body), len(body))
-        return Answer("parsed", rules=Rules(build_from_crawler(self._parserimpl, self.crawler, body)))
+        parser = build_from_crawler(self._parserimpl, self.crawler, body)
+        return Answer("parsed", rules=Rules(with_protego(parser, body)))
 
     async def _retry_at(self, hosts: list[str], failures: int, now: float) -> float:
         """When an unreachable robots.txt is asked again (this middleware's clock): when every host its requests

@@ -323,6 +323,37 @@ def test_the_middleware_keeps_robotstxt_parser_and_obey():
         PoliteRobotsTxtMiddleware.from_crawler(get_crawler(settings_dict={"ROBOTSTXT_OBEY": False}))
 
 
+@pytest.mark.parametrize("parser", ["scrapy.robotstxt.PythonRobotParser", "scrapy.robotstxt.ProtegoRobotParser"])
+def test_the_delay_is_read_with_protego_whatever_parses_the_rules(parser):
+    """``ROBOTSTXT_PARSER`` decides the rules; the delay is read with Protego from the same body (docs/spec.md §5):
+    urllib's parser reads no ``2.5`` (only whole seconds), no ``Request-rate``. Its own reading is the control."""
+    from scrapy.http import Response
+
+    from scrapy_polite.policy.robots import robots_delay
+
+    crawler = get_crawler(settings_dict={"ROBOTSTXT_OBEY": True, "POLITE_STORE": "memory://",
+                                         "POLITE_ALLOW_PRIVATE": True, "ROBOTSTXT_PARSER": parser})
+    body = b"User-agent: *\nCrawl-delay: 2.5\nRequest-rate: 1/10s\nDisallow: /private/\n"
+    try:
+        middleware = PoliteRobotsTxtMiddleware.from_crawler(crawler)
+        answer = middleware._answer(Response("http://example.com/robots.txt", body=body), redirected_too_often=False)
+    finally:
+        discard_pacer(crawler)
+    rules = answer.rules.parser
+    assert robots_delay(rules, "mybot") == 10.0
+    assert not rules.allowed("http://example.com/private/x", "mybot")  # the rules are still the chosen parser's
+    if parser.endswith("PythonRobotParser"):
+        assert robots_delay(rules.rp, "mybot") is None  # urllib's own reading loses both
+
+
+def test_parse_robots_delay_reads_past_a_byte_order_mark():
+    from scrapy_polite.policy.robots import parse_robots_delay
+
+    body = b"User-agent: *\nCrawl-delay: 5\n"
+    assert parse_robots_delay(b"\xef\xbb\xbf" + body, "mybot") == parse_robots_delay(body, "mybot") == 5.0
+    assert parse_robots_delay("\ufeff" + body.decode(), "mybot") == 5.0
+
+
 def test_constants_meet_rfc_9309():
     from scrapy_polite.policy.robots import ROBOTS_MAX_REDIRECTS
 

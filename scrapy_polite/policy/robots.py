@@ -46,26 +46,43 @@ __all__ = [
     "published_delays",
     "reask_floor",
     "robots_delay",
+    "with_protego",
     "with_operator_delay",
     "with_origin_delay",
     "truncate",
 ]
 
 
+#: Where the add-on's robots.txt middleware keeps, beside a Scrapy ``RobotParser`` not built on Protego
+#: (``ROBOTSTXT_PARSER``: urllib's ``PythonRobotParser`` reads only whole-second delays, no ``Request-rate``), a
+#: Protego parse of the same body, from which :func:`robots_delay` reads the delay (docs/spec.md §5).
+PROTEGO_ATTR = "_polite_protego"
+
+
+def with_protego(parser: Any, body: bytes) -> Any:
+    """``parser`` (a Scrapy ``RobotParser`` of ``body``), with a Protego parse of ``body`` kept beside it under
+    :data:`PROTEGO_ATTR` when it is not Protego's own: the delay is read the same whatever parses the rules."""
+    if not isinstance(getattr(parser, "rp", None), Protego) and hasattr(parser, "__dict__"):
+        vars(parser)[PROTEGO_ATTR] = Protego.parse(body.decode("utf-8-sig", errors="replace"))
+    return parser
+
+
 def robots_delay(parser: Any, user_agent: str) -> float | None:
     """The delay (seconds) a parsed robots.txt asks of ``user_agent``.
 
     Args:
-        parser: a ``protego.Protego`` instance, or Scrapy's ``ProtegoRobotParser`` (whose ``rp`` is one),
-            or any Scrapy ``RobotParser`` with ``crawl_delay(user_agent)`` (then ``Request-rate`` is not
-            available and only ``Crawl-delay`` counts).
+        parser: a ``protego.Protego`` instance, or Scrapy's ``ProtegoRobotParser`` (whose ``rp`` is one), or a
+            Scrapy ``RobotParser`` with a Protego parse beside it (:func:`with_protego`), or any other with
+            ``crawl_delay(user_agent)`` (then ``Request-rate`` is not available and only ``Crawl-delay`` counts).
         user_agent: the crawler's user agent (Protego matches its product token).
 
     Returns:
         ``max(crawl_delay, seconds / requests)`` over what the matching group publishes, or None when it
         publishes neither (or only malformed values, which Protego already discards).
     """
-    rp = getattr(parser, "rp", parser)
+    rp = getattr(parser, PROTEGO_ATTR, None)
+    if rp is None:
+        rp = getattr(parser, "rp", parser)
     delays: list[float] = []
     crawl_delay = _call(rp, "crawl_delay", user_agent)
     if crawl_delay is not None:
@@ -85,8 +102,8 @@ def parse_robots_delay(body: str | bytes, user_agent: str) -> float | None:
     Undecodable bytes are replaced (robots.txt is UTF-8 by RFC 9309 §2.3); never raises on content.
     """
     if isinstance(body, bytes):
-        body = body.decode("utf-8", errors="replace")
-    return robots_delay(Protego.parse(body), user_agent)
+        body = body.decode("utf-8-sig", errors="replace")  # (a byte order mark is no part of the first line)
+    return robots_delay(Protego.parse(body.removeprefix("\ufeff")), user_agent)
 
 
 def _call(rp: Any, name: str, user_agent: str) -> Any:
