@@ -560,3 +560,41 @@ async def test_a_robots_txt_unreachable_past_the_idle_wait_ends_the_crawl_as_def
     assert f"{srv.address}: robots.txt unreachable (503) for" in summary[0], summary  # still so at close
     progress = [m for m in messages if re.match(r"scrapy-polite: (\d+ requests? held|only waiting)", m)]
     assert progress and all("robots.txt unreachable" in m for m in progress), progress
+
+
+
+# 8. One origin however its URLs spell it
+
+
+def robots_recording(headers: list[dict[str, str]]) -> Any:
+    """A robots.txt handler answering :data:`RULES`, keeping each request's headers in ``headers``."""
+    def handler(info: RequestInfo, count: int) -> Reply:
+        headers.append(info.headers)
+        return Reply.text(RULES)
+
+    return handler
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_origin_spelt_several_ways_asks_one_robots_txt_without_user_info(arrival_server):
+    """``http://Robots.Test:P``, ``http://user:pw@robots.test.:P`` and ``http://ROBOTS.test:P`` are one origin
+    (docs/spec.md §2, "A host's origins"): one robots.txt state, one robots.txt request, without the user info;
+    every page's rule comes from it (``/private`` never fetched). The control: Scrapy's own middleware keys robots.txt
+    by the URL's netloc as written, and asks it once per spelling."""
+    asked: list[dict[str, str]] = []
+    srv = arrival_server("127.0.33.21")
+    srv.route("/robots.txt", robots_recording(asked))
+    spellings = ["http://Robots.Test:{}", "http://user:pw@robots.test.:{}", "http://ROBOTS.test:{}"]
+    paths = ("/a", "/private/x")
+    dns = {"POLITE_DNS_OVERRIDES": {"robots.test": [srv.address]}, "POLITE_HOST_INTERVAL": 0.05}
+    urls = [spelling.format(srv.port) + path for spelling in spellings for path in paths]
+    await run_crawl(ListSpider, settings(**dns), urls=urls, timeout=30)
+    assert len(robots_hits(srv)) == 1 and "authorization" not in asked[0], (describe(srv, 0.0), asked)
+    assert {a.path for a in pages(srv)} == {"/a"}  # (Scrapy's duplicate filter takes ROBOTS.test's for Robots.Test's)
+
+    control = arrival_server("127.0.33.22")
+    control.route("/robots.txt", Reply.text(RULES))
+    dns = {"POLITE_DNS_OVERRIDES": {"robots.test": [control.address]}, "POLITE_HOST_INTERVAL": 0.05}
+    urls = [spelling.format(control.port) + path for spelling in spellings for path in paths]
+    await run_crawl(ListSpider, stock(settings(**dns)), urls=urls, timeout=30)
+    assert len(robots_hits(control)) > 1

@@ -71,22 +71,26 @@ def ip_key(address: str) -> str:
 
 
 def origin_of(url: _SplitURL) -> str:
-    """The origin of a URL split by ``urllib.parse`` (``urlsplit``, or Scrapy's ``urlparse_cached``): its scheme and
-    authority, ``scheme://host[:port]``, each of which has a robots.txt of its own (RFC 9309 §2.3). A host's origins
-    share its row (:func:`host_key` has no port).
+    """The origin of a URL split by ``urllib.parse`` (``urlsplit``, or Scrapy's ``urlparse_cached``), named by
+    :func:`origin_key`: ``scheme://host[:port]``, each of which has a robots.txt of its own (RFC 9309 §2.3), one
+    name however the URL spells it (one robots.txt state, one fetch, no user info sent). A host's origins share its
+    row (:func:`host_key` has no port).
 
     >>> from urllib.parse import urlsplit
     >>> origin_of(urlsplit("https://example.com:8443/a?b"))
     'https://example.com:8443'
+    >>> origin_of(urlsplit("http://user@Example.com.:80/a"))
+    'http://example.com'
     """
-    return f"{url.scheme}://{url.netloc}"
+    return origin_key(f"{url.scheme}://{url.netloc}")
 
 
+@lru_cache(maxsize=4096)  # once per request under ROBOTSTXT_OBEY: origins are few
 def origin_key(origin: str) -> str:
-    """The name a host's row keeps an origin's robots.txt delay under (docs/spec.md §2, "A host's origins"): one
-    per origin however a URL spells it: the scheme lower-cased, the host as :func:`host_key` reads it (an IPv6
-    address in brackets), the port unless it is the scheme's default, and no user info (never a password in the
-    table).
+    """The one name of an origin however a URL spells it (docs/spec.md §2, "A host's origins"; the robots.txt
+    middleware's state, the row's delay entries): the scheme lower-cased, the host as :func:`host_key` reads it
+    (an IPv6 address in brackets; an ``s3`` bucket as it is, since its robots.txt URL goes to the S3 handler), the
+    port unless it is the scheme's default, and no user info (never a password in the table).
 
     >>> origin_key("HTTPS://user:secret@Example.COM.:443")
     'https://example.com'
@@ -95,7 +99,7 @@ def origin_key(origin: str) -> str:
     """
     parts = urlsplit(origin)
     scheme = parts.scheme.lower()
-    host = host_key(origin) or (parts.hostname or "")
+    host = (None if scheme == "s3" else host_key(origin)) or (parts.hostname or "")
     if ":" in host:
         host = f"[{host}]"
     try:
