@@ -294,8 +294,9 @@ def parse_seconds(value: object) -> float | None:
 
     The one reading of every duration a user or a server gives (settings, ``meta['polite_delay']``, a spider's
     ``crawl_delay``, the ``@polite_delay`` contract, ``scrapy polite crawl-delay``, a robots.txt delay): what
-    ``float()`` reads — an int, a float, a numeric string such as ``"5"``, ``" 2.5 "`` or ``"1e3"``, and a bool
-    as 0 or 1, as Scrapy's ``getfloat`` reads it — that is finite (not NaN, not infinite) and not negative.
+    ``float()`` reads — an int, a float, a numeric string such as ``"5"``, ``" 2.5 "`` or ``"1e3"`` — that is
+    finite (not NaN, not infinite) and not negative. A bool is none, though ``float()`` and Scrapy's ``getfloat``
+    read it as 1 or 0: ``POLITE_HOST_INTERVAL = False`` would silently unpace every host.
     Every duration is in seconds (docs/spec.md §2, Scrapy's ``DOWNLOAD_DELAY`` convention). Never raises: the
     caller decides what a bad value means (a :class:`~scrapy_polite.settings.SettingsError` for a setting, a
     counted and logged fallback for a request's meta).
@@ -309,6 +310,8 @@ def parse_seconds(value: object) -> float | None:
     >>> parse_seconds("2.5"), parse_seconds(0), parse_seconds(-1), parse_seconds("nan"), parse_seconds("soon")
     (2.5, 0.0, None, None, None)
     """
+    if isinstance(value, bool):
+        return None
     try:
         seconds = float(value)  # type: ignore[arg-type]  # anything float() refuses is not a duration
     except (TypeError, ValueError, OverflowError):

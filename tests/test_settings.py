@@ -186,6 +186,8 @@ INVALID = [
     ("POLITE_ALLOW_PRIVATE", [1]),
     ("POLITE_HOST_INTERVAL", -1),
     ("POLITE_HOST_INTERVAL", "fast"),
+    ("POLITE_HOST_INTERVAL", False, "got False"),  # getfloat reads it as 0: every host silently unpaced
+    ("POLITE_MAX_WAIT", True, "got True"),
     ("POLITE_IP_INTERVAL", float("inf")),
     ("POLITE_MAX_BACKOFF", -0.5),
     ("POLITE_MAX_WAIT", 0, "got 0"),

@@ -79,10 +79,10 @@ def _seconds(settings: BaseSettings, name: str) -> float:
     (:func:`~scrapy_polite.vocabulary.parse_seconds`; ``getfloat`` takes ``'nan'``, ``'inf'`` and ``-1``).
 
     Raises:
-        SettingsError: not a number, not finite, or negative.
+        SettingsError: not a number, not finite, negative, or a bool.
     """
     value = _read(settings, name, settings.getfloat, "a number of seconds")
-    if parse_seconds(value) is None:
+    if parse_seconds(value) is None or isinstance(_raw(settings, name), bool):  # (getfloat reads True as 1.0)
         raise SettingsError(f"{name} must be a finite number of seconds >= 0, got {_raw(settings, name)!r}")
     return value
 
