@@ -258,8 +258,8 @@ REFUSAL_REASONS: Final[tuple[RefusalReason, ...]] = get_args(RefusalReason)
 
 #: The kinds of the event log's events, in the order a request meets them (docs: guides/operating;
 #: :class:`~scrapy_polite.stores.Event` describes the fields of each).
-EventKind = Literal["booking", "wait", "deferral", "response", "failure", "backoff", "robots_delay", "refusal",
-                    "operator", "restored"]
+EventKind = Literal["opened", "booking", "wait", "deferral", "response", "failure", "backoff", "robots_delay",
+                    "refusal", "operator", "restored", "closed"]
 #: Every event kind, in order.
 EVENT_KINDS: Final[tuple[EventKind, ...]] = get_args(EventKind)
 

@@ -401,3 +401,51 @@ def test_a_booking_without_its_answer_in_the_log_is_not_held_in_flight():
     log = Log()
     log.events = one.events + two.events
     assert run(log).ok
+
+
+# --------------------------------------------------------------------------------------------------
+# A process that did not close its log
+
+
+def test_a_process_that_did_not_close_its_log_is_not_vouched_for():
+    """A killed process's last second of events (written in batches) is lost with it, its in-flight booking among
+    them: the audit cannot vouch for a log that was opened and not closed (trial: a SIGKILLed fleet worker's
+    request, sent, was missing and the audit said OK). Its controls: the same log closed; a log of an earlier
+    version, which wrote no opening, judged as before."""
+    def crawl(closed: bool) -> Log:
+        log = Log()
+        log.add(0.0, "opened", "")
+        log.book(0.0)
+        log.respond(0.5, due=1.5)
+        log.book(1.5)
+        if closed:
+            log.respond(2.0, due=3.0)
+            log.add(2.1, "closed", "")
+        return log
+
+    killed = run(crawl(closed=False))
+    assert not killed.ok and killed.unclosed == ["m:1"] and not killed.violations
+    words = format_report(killed, store="test")
+    assert words[-1].startswith("NOT VOUCHED FOR: no violation in the 2 requests recorded, but a process did not "
+                                "close its event log")
+    assert any(line.startswith("OPEN: m:1 did not close its event log (killed, or still running)") for line in words)
+    assert report_json(killed, store="test")["unclosed"] == ["m:1"]
+    assert run(crawl(closed=True)).ok
+    older = crawl(closed=False)
+    older.events = [e for e in older.events if e.kind != "opened"]
+    older.events = [e._replace(seq=e.seq - 1) for e in older.events]
+    assert run(older).ok
+
+
+def test_logs_of_one_process_each_opened_and_closed():
+    """Two crawlers of one process share its numbering: each opens and closes its own log; one left open is
+    named (the control), both closed are vouched for."""
+    log = Log()
+    log.add(0.0, "opened", "")
+    log.book(0.0)
+    log.add(0.1, "opened", "")
+    log.book(0.1, host="b.example")
+    log.add(1.0, "closed", "")
+    assert run(log).unclosed == ["m:1"]
+    log.add(1.1, "closed", "")
+    assert run(log).ok

@@ -259,9 +259,10 @@ def test_crawlers_of_one_process_on_one_table_share_one_numbering():
     for log in logs * 2:
         log.refusal("a.example", None, "non_public")
         log.flush()
-    assert [e.seq for e in one.events] == [0, 3] and [e.seq for e in two.events] == [1, 4]
-    assert [e.seq for e in other.events] == [0, 1]  # another prefix: another table
+    # Each log's first event is preceded by its "opened" one.
+    assert [e.seq for e in one.events] == [0, 1, 6] and [e.seq for e in two.events] == [2, 3, 7]
+    assert [e.seq for e in other.events] == [0, 1, 2]  # another prefix: another table
     numbers = sorted(e.seq for w in (one, two, logs[3].writer) for e in w.events)
-    assert numbers == list(range(6))  # one source, one table: no gap, no repeat
+    assert numbers == list(range(9))  # one source, one table: no gap, no repeat
     for log in logs[4:]:  # a memory table numbers its own events
-        assert [e.seq for e in log.writer.store.events()] == [0, 1]
+        assert [e.seq for e in log.writer.store.events()] == [0, 1, 2]

@@ -368,15 +368,15 @@ def _numbers(store: Any, count: int) -> list[int | None]:
 
 def test_logs_of_one_shared_table_share_one_numbering():
     shared = PrefixedStore("numbering-test:")
-    first, second = _numbers(shared, 2), _numbers(PrefixedStore("numbering-test:"), 2)
-    assert second == [first[-1] + 1, first[-1] + 2]  # type: ignore[operator]  # no gap: one source, one table
+    first, second = _numbers(shared, 2), _numbers(PrefixedStore("numbering-test:"), 2)  # (opened, 2, closed) each
+    assert second == [first[-1] + n for n in range(1, 5)]  # type: ignore[operator]  # no gap: one source, one table
     other = _numbers(PrefixedStore("numbering-other:"), 1)
-    assert other == [0]  # another table of the same server starts its own
+    assert other == [0, 1, 2]  # another table of the same server starts its own
 
 
 def test_negative_control_a_table_of_the_process_own_is_numbered_alone():
-    assert _numbers(MemoryStore(), 2) == [0, 1]
-    assert _numbers(MemoryStore(), 2) == [0, 1]
+    assert _numbers(MemoryStore(), 2) == [0, 1, 2, 3]  # (the log's opening and closing)
+    assert _numbers(MemoryStore(), 2) == [0, 1, 2, 3]
 
 
 # -- ServerClock: the pacer ------------------------------------------------------------------------------------

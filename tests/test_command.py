@@ -733,6 +733,12 @@ def test_the_last_throttle_cause_is_found_past_the_step_cap(table):
                                      source="m:1")])
     quiet = table.run("show", "quiet.example").out
     assert re.search(r"^  last throttle\s{2,}5\.\d s ago \(cause not in the event log\)$", quiet, re.M), quiet
+    # A throttle of the last 2 s: its process may not have written its events yet, and the words say so.
+    table.store.update("recent.example", lambda old, now_: (HostState(consec=1, throttled_at=table.now - 0.5,
+                                                                      updated=table.now - 0.5), None))
+    recent = table.run("show", "recent.example").out
+    assert re.search(r"^  last throttle\s{2,}0\.\d s ago \(cause not written to the event log yet\)$", recent,
+                     re.M), recent
 
 
 def test_the_last_throttle_cause_past_the_step_cap_in_one_pass_over_the_log():

@@ -107,9 +107,10 @@ def test_each_call_records_one_event_with_the_store_time():
     log.flush()
     (batch,) = writer.batches
     store_now = T0 + 100 - 2.5
-    assert [e.seq for e in batch] == list(range(6))  # numbered in the order recorded (Event.seq)
+    assert [e.seq for e in batch] == list(range(7))  # numbered in the order recorded (Event.seq)
     batch = [e._replace(seq=None) for e in batch]
     assert batch == [
+        Event(T0, "opened", "", source="m:1"),  # the log's first event is its opening
         Event(T0, "booking", "a.example", "http://a.example/", delay=1.0, due=T0 + 1, address="192.0.2.1",
               source="m:1"),
         Event(store_now, "wait", "a.example", "http://a.example/x", delay=0.75, due=store_now + 0.75, source="m:1"),
@@ -132,12 +133,12 @@ def test_a_counted_throttle_is_a_response_and_a_backoff_step():
     log.response("a.example", "http://a.example/4", status=None, failure="TimeoutError", throttle=True, counted=True,
                  **{**common, "retry_after": None})
     log.flush()
-    kinds = [(e.kind, e.status, e.reason) for e in writer.batches[0]]
+    kinds = [(e.kind, e.status, e.reason) for e in writer.batches[0][1:]]  # (after the log's opening)
     assert kinds == [("response", 429, "throttle"), ("backoff", 429, "429"),
                      ("response", 429, "throttle_counted_before"),  # no second step for the same moment
                      ("response", 200, None),
                      ("failure", None, "TimeoutError"), ("backoff", None, "TimeoutError")]
-    backoff = writer.batches[0][1]
+    backoff = writer.batches[0][2]
     assert (backoff.delay, backoff.due, backoff.steps, backoff.retry_after, backoff.started) == (5.0, T0 + 6, 2, 5.0, T0)
 
 
@@ -158,19 +159,25 @@ def test_a_batch_is_written_one_interval_after_its_first_event():
     writer = Writer()
     log, timers, _ = make(writer, flush_interval=1.0)
     log.wait("a.example", None, 0.1)
+    assert timers.pending() == [0.0]  # the log's opening and its first event: written at once
+    timers.fire()
     log.wait("a.example", None, 0.2)
+    log.wait("a.example", None, 0.3)
     assert timers.pending() == [1.0]  # one timer for the batch, not one per event
     timers.fire()
-    assert [len(b) for b in writer.batches] == [2]
-    log.wait("a.example", None, 0.3)
+    assert [len(b) for b in writer.batches] == [2, 2]
+    log.wait("a.example", None, 0.4)
     assert timers.pending() == [1.0]  # the next batch has its own timer
     timers.fire()
-    assert [len(b) for b in writer.batches] == [2, 1]
+    assert [len(b) for b in writer.batches] == [2, 2, 1]
 
 
 def test_a_full_batch_is_written_at_once():
     writer = Writer()
     log, timers, _ = make(writer, batch_size=3)
+    log.wait("a.example", None, 0.1)
+    timers.fire()  # (the log's opening and its first event, written at once)
+    writer.batches.clear()
     for _ in range(3):
         log.wait("a.example", None, 0.1)
     assert timers.pending() == [0.0]  # the interval's timer replaced by an immediate one
@@ -187,12 +194,12 @@ def test_a_failed_batch_is_dropped_counted_and_warned_once(caplog):
             log.wait("a.example", None, 0.1)
             d = log.flush()
             assert d.called and d.result is None  # never fails: the crawl is not affected
-    assert stats == {"events/dropped": 2}
+    assert stats == {"events/dropped": 3}  # (the log's opening, and the two)
     assert len([r for r in caplog.records if "event log" in r.getMessage()]) == 1
     writer.fail = False
     log.wait("a.example", None, 0.1)
     log.flush()
-    assert stats == {"events/dropped": 2}  # negative control: a good batch is not counted
+    assert stats == {"events/dropped": 3}  # negative control: a good batch is not counted
 
 
 def test_pending_writes_are_bounded():
@@ -214,9 +221,18 @@ def test_close_cancels_the_timer_and_writes_what_is_left():
     log, timers, _ = make(writer)
     log.wait("a.example", None, 0.1)
     log.close()
-    assert timers.pending() == [] and [len(b) for b in writer.batches] == [1]
+    assert timers.pending() == [] and [[e.kind for e in b] for b in writer.batches] == [["opened", "wait", "closed"]]
     log.wait("a.example", None, 0.1)  # after close: kept until the next flush, no timer
     assert timers.pending() == []
+    log.close()  # closed once
+    assert [e.kind for e in writer.batches[-1]] == ["wait"]
+
+
+def test_a_log_that_recorded_nothing_opens_and_closes_nothing():
+    writer = Writer()
+    log, _, _ = make(writer)
+    log.close()
+    assert writer.batches == []
 
 
 # --------------------------------------------------------------------------------------------------

@@ -167,7 +167,7 @@ def test_turn_reasons_are_deferral_reasons():
 
 def test_the_store_s_event_kinds_are_the_vocabulary_s():
     assert stores.EVENT_KINDS is EVENT_KINDS
-    assert EVENT_KINDS[0] == "booking" and len(set(EVENT_KINDS)) == len(EVENT_KINDS)
+    assert EVENT_KINDS[0] == "opened" and EVENT_KINDS[-1] == "closed" and len(set(EVENT_KINDS)) == len(EVENT_KINDS)
 
 
 def test_close_reasons_are_documented():

@@ -156,6 +156,8 @@ class AuditReport:
         notes: what the audit could not check, in words (an older log without the recorded intervals).
         losses: the times the table came back empty (:class:`Loss`): the record before each is lost, and the
             audit cannot vouch for it.
+        unclosed: the processes whose event log was opened and not closed (killed, or still running): the events of
+            their last second (written in batches) may be missing, and the audit cannot vouch for them.
     """
 
     events: int
@@ -167,11 +169,13 @@ class AuditReport:
     violations: list[Violation]
     notes: list[str]
     losses: list[Loss] = field(default_factory=list)
+    unclosed: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """No violation, and no span the audit cannot vouch for (a table that came back empty)."""
-        return not self.violations and not self.losses
+        """No violation, and nothing the audit cannot vouch for (a table that came back empty, a process's log not
+        closed)."""
+        return not self.violations and not self.losses and not self.unclosed
 
 
 

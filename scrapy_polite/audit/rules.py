@@ -23,14 +23,17 @@ address rules the crawl ran with, and checks, per host and per address, the rule
 
 A burst request (``polite_burst``, §5) is not booked: it is exempt from the intervals and the Crawl-delay, not
 from a throttle's or a quota's hold. ``scrapy polite reset`` forgets a host's holds, so an operator's reset
-ends them. A log the audit cannot vouch for — an event that cannot be read, or events missing (their numbers,
-:attr:`Event.seq <scrapy_polite.stores.Event.seq>`, leave a gap or do not start at 0) — raises
-:class:`~scrapy_polite.audit.log.LogError` (:mod:`.log`), never a verdict.
+ends them. A process whose log was opened and not closed (killed, or still running: its last second of events may
+not be written) leaves the audit unable to vouch for the crawl (:attr:`AuditReport.unclosed
+<scrapy_polite.audit.report.AuditReport.unclosed>`). A log the audit cannot vouch for — an event that cannot be
+read, or events missing (their numbers, :attr:`Event.seq <scrapy_polite.stores.Event.seq>`, leave a gap or do not
+start at 0) — raises :class:`~scrapy_polite.audit.log.LogError` (:mod:`.log`), never a verdict.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -298,6 +301,8 @@ class _Auditors:
         self.addresses: dict[str, _AddressAudit] = {}
         self.verdicts: dict[str, bool] = {}
         self.losses: list[Loss] = []
+        #: Per process, its logs opened less those closed (``opened`` / ``closed`` events).
+        self.open_logs: Counter[str] = Counter()
         #: Requests logged before their interval (``old_intervals``) or address interval was recorded.
         self.old_intervals = self.old_addresses = 0
 
@@ -322,6 +327,9 @@ class _Auditors:
         if kind in ("wait", "deferral", "backoff"):
             return  # a wait or a deferral contacts nobody; a backoff repeats its response
         if kind == "refusal" and not event.host:
+            return
+        if kind in ("opened", "closed"):
+            self.open_logs[event.source] += 1 if kind == "opened" else -1
             return
         if kind == "restored" and not event.host:
             self.losses.append(Loss(event.at, event.source, event.steps or 0, event.started or 0.0))
@@ -368,4 +376,5 @@ class _Auditors:
             first=ordered[0].at if ordered else 0.0, last=ordered[-1].at if ordered else 0.0,
             hosts=[h for h in hosts if h.requests or h.throttles or h.refused],
             addresses=[self.addresses[a].summary for a in sorted(self.addresses)], violations=self.violations,
-            notes=self.notes(ordered, windowed=windowed), losses=self.losses)
+            notes=self.notes(ordered, windowed=windowed), losses=self.losses,
+            unclosed=sorted(source for source, count in self.open_logs.items() if count > 0))

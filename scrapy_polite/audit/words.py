@@ -63,6 +63,10 @@ def format_report(report: AuditReport, *, store: str, throttles_shown: int = 5) 
         lines.append(f"LOST: the pace table came back empty between {clock_time(loss.since, date=True)} and "
                      f"{clock_time(loss.at, date=True)} ({loss.source} restored {plural(loss.rows, 'row')} it "
                      "knew): the record before that was lost with the table, and the audit cannot vouch for it")
+    for source in report.unclosed:
+        lines.append(f"OPEN: {source} did not close its event log (killed, or still running): the events of its last "
+                     "second, and the requests they record, may be missing, and the audit cannot vouch for them; "
+                     "audit again once it has closed, or --since a moment after it stopped")
     for violation in report.violations:
         lines.extend(_violation_words(violation))
     if any(violation.kind == "address" for violation in report.violations):
@@ -111,9 +115,11 @@ def _address_line(address: AddressSummary) -> str:
 def _verdict(report: AuditReport) -> str:
     """The last line: ``OK``, ``NOT VOUCHED FOR`` (a table that came back empty) or ``FAILED`` with the counts."""
     requests = plural(sum(h.requests for h in report.hosts), "request")
-    if report.losses and not report.violations:
-        return (f"NOT VOUCHED FOR: no violation in the {requests} recorded, but the table came back empty: the "
-                "record before that is lost")
+    if (report.losses or report.unclosed) and not report.violations:
+        why = [*(["the table came back empty: the record before that is lost"] if report.losses else []),
+               *([("a process" if len(report.unclosed) == 1 else f"{len(report.unclosed)} processes")
+                  + " did not close its event log: its last events may be missing"] if report.unclosed else [])]
+        return f"NOT VOUCHED FOR: no violation in the {requests} recorded, but " + "; and ".join(why)
     if report.ok:
         return f"OK: no violation in {requests} to {plural(sum(1 for h in report.hosts if h.requests), 'host')}"
     counts: dict[str, int] = defaultdict(int)
@@ -137,6 +143,7 @@ def report_json(report: AuditReport, *, store: str) -> dict[str, Any]:
         "store": store, "ok": report.ok, "events": report.events, "sources": report.sources,
         "losses": [{"at": loss.at, "source": loss.source, "rows": loss.rows, "since": loss.since}
                    for loss in report.losses],
+        "unclosed": report.unclosed,
         "first": report.first or None, "last": report.last or None, "notes": report.notes,
         "hosts": [{"host": h.host, "requests": h.requests, "bursts": h.bursts, "smallest_gap": h.smallest_gap,
                    "interval": h.gap_required, "addresses": h.addresses, "refused": h.refused,

@@ -58,12 +58,19 @@ def last_throttle(store: PaceStore, key: str, state: HostState) -> Event | None:
     return chosen[-1] if chosen else None
 
 
+#: Seconds a crawl's events may wait in its memory before they are written (its log's batches, one flush interval
+#: apart, and the write itself).
+_LOG_LAG = 2.0
+
+
 def _throttle_words(event: Event | None, state: HostState, now: float) -> str:
     if not state.throttled_at:
         return "-"
     when = format_relative(state.throttled_at, now)
     cause = throttle_cause(event) if event is not None else None
     if event is None or cause is None:
+        if now - state.throttled_at <= _LOG_LAG:  # its process writes its events in batches a second apart
+            return f"{when} (cause not written to the event log yet)"
         return f"{when} (cause not in the event log)"
     if event.retry_after is not None and event.retry_after > 0:
         cause += f", Retry-After {event.retry_after:g} s"

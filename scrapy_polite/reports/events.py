@@ -133,12 +133,17 @@ class EventLog:
         sequence, :func:`_sequence`), and have the buffer written when full or after ``flush_interval``.
 
         The number is set as ``event._replace(seq=...)`` would (``seq`` is the last field) at a fifth of its
-        cost: one per event logged."""
-        if self._seq is None:
-            self._seq = _sequence(self.table, self.writer)
+        cost: one per event logged. The log's first event is preceded by an ``opened`` one, and that batch is
+        written at once (:meth:`close` writes ``closed``): the audit tells a process that stopped without writing
+        its last events, even one killed in its first second (docs/spec.md §8)."""
         buffer = self._buffer
-        buffer.append(tuple.__new__(Event, (*event[:-1], next(self._seq))))
-        if len(buffer) >= self.batch_size:
+        seq = self._seq
+        opening = seq is None
+        if seq is None:
+            seq = self._seq = _sequence(self.table, self.writer)
+            buffer.append(Event(event.at, "opened", "", source=self.source, seq=next(seq)))
+        buffer.append(tuple.__new__(Event, (*event[:-1], next(seq))))
+        if opening or len(buffer) >= self.batch_size:
             self._schedule(0.0)
         elif self._timer is None:
             self._schedule(self.flush_interval)
@@ -270,7 +275,10 @@ class EventLog:
                            "crawl is not affected; polite/events/dropped counts them)", count, why)
 
     def close(self) -> Deferred[None]:
-        """Stop the timer and write what is left (call before the store is closed)."""
+        """Stop the timer and write what is left, ending with a ``closed`` event when the log wrote any (call before
+        the store is closed; once)."""
+        if self.enabled and self._seq is not None and not self._closed:
+            self._add(Event(self.clock.store_now(), "closed", "", source=self.source))
         self._closed = True
         if self._timer is not None:
             _cancel(self._timer)
@@ -342,6 +350,8 @@ def describe(event: Event) -> str:
         return text + (f", until {clock_time(due)}" if due is not None else "")
     if kind == "robots_delay":
         return f"robots.txt delay {delay:g} s adopted" if delay else "robots.txt publishes no delay"
+    if kind in ("opened", "closed"):
+        return f"{event.source}'s event log {kind}"
     if kind == "refusal":
         return f"refused ({REFUSAL_WORDS.get(reason or '', reason)})"
     if kind == "operator":

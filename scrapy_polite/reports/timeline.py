@@ -91,6 +91,8 @@ def _rows(events: Sequence[Event]) -> dict[str, _Row]:
     rows: dict[str, _Row] = {}
     answered = {(e.host, e.started) for e in events if e.kind in ("response", "failure") and e.started is not None}
     for e in events:
+        if e.kind in ("opened", "closed"):  # a process's log, no host's
+            continue
         row = rows.get(e.host)
         if row is None:
             row = rows[e.host] = _Row(e.host, e.at)

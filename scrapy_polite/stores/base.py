@@ -171,7 +171,10 @@ class Event(NamedTuple):
             ``operator`` (``scrapy polite reset`` / ``crawl-delay``: ``reason`` names the verb), ``restored``
             (the table came back empty and this process wrote back what it knew, docs/spec.md §6: host ``""``
             for the table, ``steps``: the rows restored, ``started``: when this process last found the table
-            whole; then one per host restored, ``delay``: its Crawl-delay, ``due``: its next allowed).
+            whole; then one per host restored, ``delay``: its Crawl-delay, ``due``: its next allowed), ``opened``
+            and ``closed`` (host ``""``: a crawler's log began, numbered before its first event, and was closed
+            cleanly, numbered after its last: a process with more ``opened`` than ``closed`` was killed or still
+            runs, and the events of its last second may be missing, ``scrapy polite audit``).
         host: the host key (``""`` for a URL without a host).
         url, status, delay, due, reason, retry_after, steps, address, started: see ``kind``; a ``response`` or
             ``failure`` also names the ``address`` its request was booked on.
