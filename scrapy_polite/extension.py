@@ -160,10 +160,12 @@ class PoliteExtension:
                        for other in process.allowed_networks):
                 wider.append(str(net))
         if wider:
+            process_words = ", ".join(str(net) for net in process.allowed_networks) or "public addresses only"
             logger.warning(
-                "scrapy-polite: this spider's address rules allow %s, which the process-wide resolver does not: "
-                "those addresses stay refused. Put POLITE_ALLOWED_NETWORKS / POLITE_ALLOW_PRIVATE in the project "
-                "settings (settings.py), not in the spider's custom_settings.", ", ".join(wider))
+                "scrapy-polite: this spider's address rules allow %s, beyond the process-wide resolver's (%s): "
+                "only what the process allows is reached, the rest stays refused. Put POLITE_ALLOWED_NETWORKS / "
+                "POLITE_ALLOW_PRIVATE in the project settings (settings.py), not in the spider's custom_settings.",
+                ", ".join(wider), process_words)
 
     def spider_idle(self, spider: Spider) -> None:
         """Keep the spider open while requests are held (docs/spec.md §5), unless everything held is due beyond

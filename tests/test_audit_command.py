@@ -151,7 +151,11 @@ def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path):
 def test_an_empty_log_cannot_be_vouched_for(tmp_path):
     uri = sqlite_log(tmp_path, Log())
     code, _, err = audit_cli(uri)
-    assert code == EXIT_BAD_LOG and "no events to audit" in err
+    assert code == EXIT_BAD_LOG and "no events to audit" in err and "POLITE_EVENT_LOG off" in err
+    log = Log()
+    log.book(0.0)
+    code, _, err = audit_cli(sqlite_log(tmp_path, log), "--since", "2099-01-01")  # a window with none
+    assert code == EXIT_BAD_LOG and "nothing crawled in that window" in err and "POLITE_EVENT_LOG off" not in err
 
 
 def test_an_older_sqlite_log_is_migrated_and_audited_from_its_due_times(tmp_path):

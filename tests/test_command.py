@@ -257,7 +257,10 @@ def test_show_takes_a_url_or_an_address_row_and_limits_the_events(table):
     address = table.run("show", "ip:192.0.2.7")
     assert address.code == EXIT_OK, address.err
     assert address.out.startswith("ip:192.0.2.7 in the pace table")
-    assert re.search(r"^  backoff steps\s+0$", address.out, re.M) and "address rows" not in address.out
+    assert re.search(r"^  next allowed\s+", address.out, re.M) and "address rows" not in address.out
+    # An address row has a pace and nothing of a host's own (backoff, Crawl-delay, 2xx seen); a host's has them.
+    assert not re.search(r"^  (backoff steps|Crawl-delay|2xx seen|last throttle) ", address.out, re.M), address.out
+    assert re.search(r"^  backoff steps\s+", by_url.out, re.M) and re.search(r"^  2xx seen\s+", by_url.out, re.M)
     assert "recent bookings on this address" in address.out and "http://busy.example/p/3" in address.out
 
 

@@ -120,8 +120,10 @@ def audit_log(op: Operator) -> int:
     except StoreCorrupt as exc:
         raise BadLog(f"the event log of {uri} cannot be read: {exc}") from None
     if not events:
-        raise BadLog(f"no events to audit in the event log of {uri}{_since_words(since)} (POLITE_EVENT_LOG off, or "
-                     "nothing crawled with this POLITE_STORE yet): a crawl without a record cannot be vouched for")
+        why = ("nothing crawled in that window: audit from an earlier moment" if since is not None else
+               "POLITE_EVENT_LOG off, or nothing crawled with this POLITE_STORE yet")
+        raise BadLog(f"no events to audit in the event log of {uri}{_since_words(since)} ({why}): a crawl without a "
+                     "record cannot be vouched for")
     try:
         report = audit(events, op.config.address_filter.allows, rules=_rules_words(op), windowed=since is not None)
     except LogError as exc:

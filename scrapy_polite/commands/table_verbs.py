@@ -140,8 +140,10 @@ def _print_row(op: Operator, key: str, state: HostState, throttle: Event | None)
     """The host's row, a line per field in words (docs/guides/operating.md, "The other fields show prints")."""
     cells = host_cells(key, state, op.now, throttle, op.policy)
     width = max(len(c) for c in (*HOST_COLUMNS[1:], "Retry-After scale"))
+    on_address = key.startswith("ip:")  # an address row has a pace, no backoff, Crawl-delay or 2xx of its own
     for column, cell in zip(HOST_COLUMNS[1:], cells[1:]):
-        op.print(f"  {column:<{width}}  {cell}")
+        if not on_address or column in ADDRESS_COLUMNS:
+            op.print(f"  {column:<{width}}  {cell}")
     for label, cell in (*robots_cells(state), *quota_cells(state, op.now), *adaptive_cells(state),
                         *hold_cells(state, op.now)):
         op.print(f"  {label:<{width}}  {cell}")
