@@ -449,3 +449,27 @@ def test_logs_of_one_process_each_opened_and_closed():
     assert run(log).unclosed == ["m:1"]
     log.add(1.1, "closed", "")
     assert run(log).ok
+
+
+def test_a_window_still_names_a_process_that_opened_its_log_before_it():
+    """``--since`` reads the log from a moment on, and the command gives the audit every opening and close of the
+    whole log: a crawler killed inside the window, whose log was opened before it, is named; so is one of two
+    crawlers of a process whose other one closed in the window (review). A process whose events all lie before
+    the window is not (the control)."""
+    log = Log()
+    log.add(0.0, "opened", "")
+    log.book(0.0)
+    log.add(5.0, "opened", "")  # a second crawler of the same process
+    log.book(5.0, host="b.example")
+    log.add(7.0, "closed", "")
+    log.book(8.0, host="b.example")  # then killed: no close
+    marks = [e for e in log.events if e.kind in ("opened", "closed")]
+    window = [e for e in log.events if e.at >= T0 + 6.0]
+    assert audit(window, LOOPBACK, windowed=True).ok  # counting only what the window holds hides it
+    assert audit(window, LOOPBACK, windowed=True, marks=marks).unclosed == ["m:1"]
+    other = Log("m:2")
+    other.add(0.0, "opened", "")
+    other.book(0.0, host="c.example")
+    gone = [*marks, *(e for e in other.events if e.kind == "opened")]
+    later = [e for e in [*log.events, *other.events] if e.at >= T0 + 6.0]
+    assert audit(later, LOOPBACK, windowed=True, marks=gone).unclosed == ["m:1"]  # m:2 has nothing in the window

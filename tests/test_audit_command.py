@@ -270,3 +270,23 @@ def test_crawlers_of_one_process_on_one_table_share_one_numbering():
     assert numbers == list(range(9))  # one source, one table: no gap, no repeat
     for log in logs[4:]:  # a memory table numbers its own events
         assert [e.seq for e in log.writer.store.events()] == [0, 1, 2]
+
+
+def test_a_window_reads_every_opening_and_a_window_of_closes_alone_is_empty(tmp_path):
+    """``audit --since``: the store's openings before the window still count, so a crawler killed in the window is
+    named (exit 2, ``OPEN:``); a window holding only a log's close has nothing crawled to vouch for (review). The
+    same log audited whole, closed, is OK (the control)."""
+    log = Log()
+    log.add(0.0, "opened", "")
+    log.book(0.0)
+    log.book(10.0)
+    uri = sqlite_log(tmp_path, log)
+    since = "@" + str(T0 + 5.0)
+    code, out, _ = audit_cli(uri, "--since", since)
+    assert code == EXIT_BAD_LOG and "OPEN: m:1 did not close its event log" in out, out
+    log.add(11.0, "closed", "")
+    (tmp_path / "closed").mkdir()
+    closed = sqlite_log(tmp_path / "closed", log)
+    assert audit_cli(closed, "--since", since)[0] == EXIT_OK
+    code, _, err = audit_cli(closed, "--since", "@" + str(T0 + 10.5))
+    assert code == EXIT_BAD_LOG and "nothing crawled in that window" in err

@@ -158,15 +158,25 @@ def test_every_reset_from_the_epoch_threshold_on_is_an_epoch_time():
     assert gitlab_429.state.next_allowed - end == pytest.approx(74.0, abs=1.0)  # the reset (+ its 1 s), not an hour
 
 
-def test_x_fields_sent_twice_give_the_fewest_remaining_and_the_latest_reset():
-    """A gateway and the origin both send ``X-RateLimit-*`` (go-chi/httprate#30): the lines arrive joined by a
-    comma, and were ignored as malformed, so a spent quota was not held. One line each is the control."""
+def test_x_fields_sent_twice_are_two_limits_each_with_its_own_reset():
+    """A gateway and the origin both send ``X-RateLimit-*`` (go-chi/httprate#30): the lines were joined by a comma
+    and ignored as malformed, so a spent quota was not held. Each remaining count goes with its own reset: the
+    gateway's spent 10 per minute holds the host a minute, not until the origin's hourly reset. One line each is
+    the control; counts that do not pair up give the fewest remaining and the latest reset."""
     twice = parse(X_RateLimit_Limit=["60", "60"], X_RateLimit_Remaining=["0", "0"], X_RateLimit_Reset=["30", "30"])
-    assert twice.limits == (ServiceLimit(0, 30.0),) and not twice.malformed
-    assert parse(X_RateLimit_Remaining="5, 0", X_RateLimit_Reset="10, 30").limits == (ServiceLimit(0, 30.0),)
+    assert twice.limits == (ServiceLimit(0, 30.0), ServiceLimit(0, 30.0)) and not twice.malformed
+    two = parse(X_RateLimit_Limit=["10", "5000"], X_RateLimit_Remaining=["0", "4999"],
+                X_RateLimit_Reset=["60", str(int(NOW) + 3600)])
+    assert two.limits == (ServiceLimit(0, 60.0), ServiceLimit(4999, 3600.0))
+    held = POLICY.after_response(None, status=200, end=NOW, ratelimits=two)
+    assert held.state.ratelimit_until - NOW == pytest.approx(61.0)  # the gateway's minute (and its 1 s resolution)
+    assert parse(X_RateLimit_Remaining="5, 0", X_RateLimit_Reset="10, 30").limits == (
+        ServiceLimit(5, 10.0), ServiceLimit(0, 30.0))
+    assert parse(X_RateLimit_Remaining=["0", "3"], X_RateLimit_Reset="30").limits == (ServiceLimit(0, 30.0),)
     assert parse(X_RateLimit_Remaining="0", X_RateLimit_Reset_After=["1.5", "2.25"]).limits[0].reset == 2.25
     assert parse(X_RateLimit_Remaining="0", X_RateLimit_Reset="30").limits == (ServiceLimit(0, 30.0),)
     assert parse(X_RateLimit_Remaining="0, x").malformed == ("x-ratelimit-remaining",)
+    assert parse(X_RateLimit_Remaining="1,000", X_RateLimit_Reset="30").malformed == ("x-ratelimit-remaining",)
 
 
 # --------------------------------------------------------------------------------------------------

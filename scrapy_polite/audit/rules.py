@@ -259,7 +259,7 @@ class _AddressAudit:
 
 
 def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str = "the address rules",
-          windowed: bool = False) -> AuditReport:
+          windowed: bool = False, marks: Iterable[Event] | None = None) -> AuditReport:
     """Check the event log of a crawl (see the module for the rules; docs/spec.md §8).
 
     Args:
@@ -269,6 +269,8 @@ def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str 
         rules: the rules in words, for an ``address`` violation (e.g. ``POLITE_ALLOWED_NETWORKS 127.0.0.0/8``).
         windowed: the events are the log from a moment on (``--since``): a process's numbers need not start
             at 0, and holds set before that moment are not known.
+        marks: the ``opened`` and ``closed`` events of the whole log (with ``windowed``: a process that opened its
+            log before the window and did not close it is named); None: those among ``events``.
 
     Returns:
         An :class:`AuditReport`.
@@ -281,6 +283,10 @@ def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str 
     answers = _answers(ordered)
     for event in ordered:
         auditors.feed(event, answers.get(id(event)) if event.kind == "booking" else None)
+    if marks is not None:
+        auditors.open_logs = Counter()
+        for mark in marks:
+            auditors.open_logs[mark.source] += 1 if mark.kind == "opened" else -1 if mark.kind == "closed" else 0
     return auditors.report(ordered, windowed=windowed)
 
 
@@ -371,10 +377,12 @@ class _Auditors:
                 self.hosts[violation.key].summary.violations += 1
         self.violations.sort(key=lambda v: (v.second.at, list(VIOLATION_KINDS).index(v.kind)))
         hosts = [self.hosts[h].summary for h in sorted(self.hosts)]
+        present = {e.source for e in ordered}
         return AuditReport(
             events=len(ordered), sources=sorted({e.source for e in ordered if e.source}),
             first=ordered[0].at if ordered else 0.0, last=ordered[-1].at if ordered else 0.0,
             hosts=[h for h in hosts if h.requests or h.throttles or h.refused],
             addresses=[self.addresses[a].summary for a in sorted(self.addresses)], violations=self.violations,
             notes=self.notes(ordered, windowed=windowed), losses=self.losses,
-            unclosed=sorted(source for source, count in self.open_logs.items() if count > 0))
+            unclosed=sorted(source for source, count in self.open_logs.items()
+                            if count > 0 and source in present))

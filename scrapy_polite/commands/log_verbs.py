@@ -11,7 +11,7 @@ import os
 from scrapy.exceptions import UsageError
 
 from ..audit import LogError, audit, format_report, report_json
-from ..reports.events import clock_time
+from ..reports.events import LOG_MARKS, clock_time, crawl_events
 from ..reports.timeline import hosts_of, timeline_format, write_timeline
 from ..reports.words import format_time, plural
 from ..stores import Event, StoreCorrupt
@@ -63,7 +63,7 @@ def _timeline_events(op: Operator, since: float | None) -> list[Event]:
         if missing:
             raise NoSuchHost(f"no events of {', '.join(missing)} in {op.store.uri}{_since_words(since)}")
     else:
-        events = op.store.events(since, None, limit)
+        events = crawl_events(op.store.events(since, None, limit))  # (not the logs' own opening and close)
     if not events:
         raise NoSuchHost(f"no events in the event log of {op.store.uri}{_since_words(since)} (POLITE_EVENT_LOG off, "
                          "or nothing crawled with this POLITE_STORE yet)")
@@ -117,15 +117,18 @@ def audit_log(op: Operator) -> int:
     uri = op.store.uri
     try:
         events = op.store.events(since, None, limit=_EVERY_EVENT)
+        # From a moment on, a process that opened its log before it is still counted (docs/spec.md §8).
+        marks = None if since is None else [e for e in op.store.events(None, "", _EVERY_EVENT) if e.kind in LOG_MARKS]
     except StoreCorrupt as exc:
         raise BadLog(f"the event log of {uri} cannot be read: {exc}") from None
-    if not events:
+    if not crawl_events(events):
         why = ("nothing crawled in that window: audit from an earlier moment" if since is not None else
                "POLITE_EVENT_LOG off, or nothing crawled with this POLITE_STORE yet")
         raise BadLog(f"no events to audit in the event log of {uri}{_since_words(since)} ({why}): a crawl without a "
                      "record cannot be vouched for")
     try:
-        report = audit(events, op.config.address_filter.allows, rules=_rules_words(op), windowed=since is not None)
+        report = audit(events, op.config.address_filter.allows, rules=_rules_words(op), windowed=since is not None,
+                       marks=marks)
     except LogError as exc:
         raise BadLog(f"the event log of {uri} cannot be audited: {exc}") from None
     if op.opts.json:

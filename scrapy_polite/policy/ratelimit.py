@@ -11,8 +11,8 @@ A server may announce its quota before it has to refuse a request. Three familie
 * the earlier drafts' ``RateLimit-Limit`` (``100``, or ``100, 100;w=60`` with a policy), ``RateLimit-Remaining``
   and ``RateLimit-Reset`` (delta seconds), Structured Fields as well;
 * the common ``X-RateLimit-Limit`` / ``X-RateLimit-Remaining`` / ``X-RateLimit-Reset`` (GitHub, Twitter,
-  Discord, …), plain numbers; field lines joined by an intermediary give the fewest remaining and the latest
-  reset. Discord's ``X-RateLimit-Reset-After`` (delta seconds) wins over ``X-RateLimit-Reset``.
+  Discord, …), plain numbers; sent twice (a gateway's quota and the origin's), each remaining count goes with the
+  reset sent in the same place. Discord's ``X-RateLimit-Reset-After`` (delta seconds) wins over ``X-RateLimit-Reset``.
 
 Every reset is **delta seconds below 10⁹ and an epoch time from 10⁹ on** (10⁹ s is 31 years: no quota resets
 that far ahead, and every epoch time since 2001-09-09 is above it; GitHub's ``X-RateLimit-Reset`` and GitLab's
@@ -83,6 +83,9 @@ WHOLE_SECONDS = 1.0
 REQUESTS = "requests"
 
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$", re.ASCII)
+#: Between the values of an X- field's lines an intermediary joined (``0, 0``): a comma and white space (``1,000``
+#: is one malformed value, not two).
+_MEMBERS = re.compile(r",\s+")
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,12 @@ def parse_rate_limits(fields: Mapping[str, Sequence[str | bytes]], *, now: float
             malformed.append(name)
             return None
 
+    def members(name: str, parse: Any, *args: Any) -> list[Any] | None:
+        """An X- field's values, one per field line (or per member of lines an intermediary joined: ``0, 0``)."""
+        found: list[Any] | None = read(name, lambda text, *a: [parse(part, *a) for part in _MEMBERS.split(text)],
+                                       *args)
+        return found
+
     # The IETF fields (draft -08 on, and the forms of drafts -04 to -07).
     policies.extend(read("ratelimit-policy", _ietf_policies) or ())
     found = read("ratelimit", _ietf_limits, now, date)
@@ -185,17 +194,32 @@ def parse_rate_limits(fields: Mapping[str, Sequence[str | bytes]], *, now: float
     # The earlier drafts' three fields, and the X- fields, each a policy (limit) and a service limit.
     for prefix in ("ratelimit-", "x-ratelimit-"):
         policies.extend(read(prefix + "limit", _limit_field) or ())
-        remaining = read(prefix + "remaining", _count if prefix == "x-ratelimit-" else _sf_count)
         if prefix == "ratelimit-":
+            remaining = read(prefix + "remaining", _sf_count)
             reset = read(prefix + "reset", _sf_delay, now, date)
+            if remaining is not None:
+                seconds, resolution = reset if reset is not None else (None, 0.0)
+                limits.append(ServiceLimit(remaining=remaining, reset=seconds, resolution=resolution))
         else:
-            after = read("x-ratelimit-reset-after", _delay)
-            reset = read("x-ratelimit-reset", _x_reset, now, date)
-            reset = after if after is not None else reset
-        if remaining is not None:
-            seconds, resolution = reset if reset is not None else (None, 0.0)
-            limits.append(ServiceLimit(remaining=remaining, reset=seconds, resolution=resolution))
+            after = members("x-ratelimit-reset-after", _delay)
+            resets = after if after is not None else members("x-ratelimit-reset", _x_reset, now, date)
+            limits.extend(_x_limits(members(prefix + "remaining", _count), resets))
     return RateLimits(policies=tuple(policies), limits=tuple(limits), malformed=tuple(malformed))
+
+
+def _x_limits(remaining: list[int] | None, resets: list[tuple[float, float]] | None) -> list[ServiceLimit]:
+    """The X- fields' service limits: each ``X-RateLimit-Remaining`` value with the reset sent in the same place
+    (a gateway's quota and the origin's, two lines of each field: each spent one holds the host until its own
+    reset); values that do not pair up make one limit of the fewest remaining and the latest reset."""
+    if remaining is None:
+        return []
+    if resets is None:
+        return [ServiceLimit(remaining=min(remaining), reset=None)]
+    if len(resets) == len(remaining):
+        return [ServiceLimit(remaining=left, reset=seconds, resolution=resolution)
+                for left, (seconds, resolution) in zip(remaining, resets)]
+    seconds, resolution = max(resets)
+    return [ServiceLimit(remaining=min(remaining), reset=seconds, resolution=resolution)]
 
 
 # -- the IETF fields ----------------------------------------------------------------------------------------
@@ -338,9 +362,7 @@ def _number(text: str) -> float:
 
 
 def _count(text: str) -> int:
-    """``X-RateLimit-Remaining``; field lines joined by an intermediary (``0, 0``: a gateway and the origin both
-    sent it) give the fewest left."""
-    return int(min(map(_number, text.split(","))))
+    return int(_number(text))
 
 
 def _resolution(text: str) -> float:
@@ -350,15 +372,14 @@ def _resolution(text: str) -> float:
 
 
 def _delay(text: str) -> tuple[float, float]:
-    """Delta seconds (``X-RateLimit-Reset-After``), as ``(seconds, resolution)``; of field lines joined by an
-    intermediary, the latest reset."""
-    return max((_number(part), _resolution(part)) for part in text.split(","))
+    """Delta seconds (``X-RateLimit-Reset-After``), as ``(seconds, resolution)``."""
+    return _number(text), _resolution(text)
 
 
 def _x_reset(text: str, now: float, date: str | bytes | None) -> tuple[float, float]:
     """``X-RateLimit-Reset`` as ``(seconds from now, resolution in seconds)``: delta seconds, an epoch time or
-    epoch milliseconds (:func:`_from_now`); of field lines joined by an intermediary, the latest reset."""
-    return max(_from_now(_number(part), _resolution(part), now, date) for part in text.split(","))
+    epoch milliseconds (:func:`_from_now`)."""
+    return _from_now(_number(text), _resolution(text), now, date)
 
 
 def _from_now(value: float, resolution: float, now: float, date: str | bytes | None) -> tuple[float, float]:

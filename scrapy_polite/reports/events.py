@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
@@ -37,8 +37,8 @@ from ..policy import HostState
 from ..stores.base import Event
 from ..vocabulary import DeferralReason, RefusalReason
 
-__all__ = ["DEFERRAL_WORDS", "EventLog", "EventWriter", "REFUSAL_WORDS", "clock_time", "describe", "process_source",
-           "throttle_cause"]
+__all__ = ["DEFERRAL_WORDS", "LOG_MARKS", "EventLog", "EventWriter", "REFUSAL_WORDS", "clock_time", "crawl_events",
+           "describe", "process_source", "throttle_cause"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,16 @@ class EventWriter(Protocol):
     def append_events(self, events: list[Event]) -> Deferred[None]:
         """Write ``events``; the Deferred fires when they are written (or fails)."""
         ...
+
+
+#: The kinds of a crawler's log's own events (its opening and its clean close), no host's: the audit counts them,
+#: the timeline and the other readers of a crawl's events skip them.
+LOG_MARKS = ("opened", "closed")
+
+
+def crawl_events(events: Iterable[Event]) -> list[Event]:
+    """``events`` without the logs' own (:data:`LOG_MARKS`): what the crawls did."""
+    return [e for e in events if e.kind not in LOG_MARKS]
 
 
 def process_source() -> str:

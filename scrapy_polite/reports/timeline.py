@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..stores.base import Event
-from .events import DEFERRAL_WORDS, REFUSAL_WORDS, clock_time, describe
+from .events import DEFERRAL_WORDS, REFUSAL_WORDS, clock_time, crawl_events, describe
 from .words import plural
 
 __all__ = ["FORMATS", "OUTCOME_COLOURS", "hosts_of", "timeline_format", "timeline_html", "timeline_svg",
@@ -91,8 +91,6 @@ def _rows(events: Sequence[Event]) -> dict[str, _Row]:
     rows: dict[str, _Row] = {}
     answered = {(e.host, e.started) for e in events if e.kind in ("response", "failure") and e.started is not None}
     for e in events:
-        if e.kind in ("opened", "closed"):  # a process's log, no host's
-            continue
         row = rows.get(e.host)
         if row is None:
             row = rows[e.host] = _Row(e.host, e.at)
@@ -340,7 +338,7 @@ def timeline_svg(events: Iterable[Event], *, title: str = "scrapy-polite timelin
     Returns:
         The SVG text (UTF-8 when written), well-formed XML.
     """
-    events = sorted(events, key=lambda e: e.at)
+    events = sorted(crawl_events(events), key=lambda e: e.at)  # (a log's opening and close: no host's)
     drawn = time.time() if now is None else now
     prolog = '<?xml version="1.0" encoding="UTF-8"?>\n'
     if not events:
@@ -364,7 +362,7 @@ def timeline_html(events: Iterable[Event], *, title: str = "scrapy-polite timeli
     Returns:
         The HTML text (UTF-8 when written).
     """
-    events = sorted(events, key=lambda e: e.at)
+    events = sorted(crawl_events(events), key=lambda e: e.at)  # (a log's opening and close: no host's)
     drawn = time.time() if now is None else now
     head = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
             '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
@@ -436,6 +434,6 @@ def write_timeline(events: Sequence[Event], output: str, *, title: str = "scrapy
 def hosts_of(events: Iterable[Event]) -> list[str]:
     """The hosts of ``events``, in order of their first event (the timeline's rows)."""
     first: dict[str, float] = defaultdict(lambda: math.inf)
-    for e in events:
+    for e in crawl_events(events):
         first[e.host] = min(first[e.host], e.at)
     return sorted(first, key=lambda h: (first[h], h))
