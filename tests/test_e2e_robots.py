@@ -579,7 +579,7 @@ def robots_recording(headers: list[dict[str, str]]) -> Any:
 async def test_one_origin_spelt_several_ways_asks_one_robots_txt_without_user_info(arrival_server):
     """``http://Robots.Test:P``, ``http://user:pw@robots.test.:P`` and ``http://ROBOTS.test:P`` are one origin
     (docs/spec.md §2, "A host's origins"): one robots.txt state, one robots.txt request, without the user info;
-    every page's rule comes from it (``/private`` never fetched). The control: Scrapy's own middleware keys robots.txt
+    every page's rule comes from it (``/private`` never fetched; the page with user info is refused). The control: Scrapy's own middleware keys robots.txt
     by the URL's netloc as written, and asks it once per spelling."""
     asked: list[dict[str, str]] = []
     srv = arrival_server("127.0.33.21")
@@ -595,6 +595,7 @@ async def test_one_origin_spelt_several_ways_asks_one_robots_txt_without_user_in
     control = arrival_server("127.0.33.22")
     control.route("/robots.txt", Reply.text(RULES))
     dns = {"POLITE_DNS_OVERRIDES": {"robots.test": [control.address]}, "POLITE_HOST_INTERVAL": 0.05}
+    spellings[1] = "http://robots.test.:{}"  # (a page with user info is refused: docs/spec.md §1)
     urls = [spelling.format(control.port) + path for spelling in spellings for path in paths]
     await run_crawl(ListSpider, stock(settings(**dns)), urls=urls, timeout=30)
     assert len(robots_hits(control)) > 1

@@ -508,7 +508,7 @@ def test_stale_throttle_after_the_step_was_earned_back_takes_no_new_step():
     pytest.param("http://[2001:DB8::1]/", "2001:db8::1", id="IPv6 brackets removed, lower-cased"),
     pytest.param("http://[2001:db8::1]:8443/", "2001:db8::1", id="IPv6 with port"),
     pytest.param("http://192.0.2.7:8080/", "192.0.2.7", id="IPv4 with port"),
-    pytest.param("https://user:pw@example.com:444/", "example.com", id="userinfo and port dropped"),
+    pytest.param("https://user:pw@example.com:444/", None, id="userinfo: refused (docs/spec.md §1)"),
 ])
 def test_host_key(url, want):
     assert host_key(url) == want

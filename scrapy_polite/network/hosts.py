@@ -143,8 +143,19 @@ def _from_parsed(hostname: str, host_type: HostType) -> Host | str:
     return Host(key)
 
 
+#: The schemes whose requests carry a ``Host`` header built from the URL's authority.
+_HOST_HEADER_SCHEMES = frozenset({"http", "https", "ws", "wss"})
+#: Why an HTTP URL with user info is refused (docs/spec.md §1).
+USER_INFO = ("it carries user info (name:password@ before the host), which would be sent in its Host header "
+             "(Scrapy's own HTTP handler fails such a URL: invalid hostname); give credentials with Scrapy's "
+             "HttpAuthMiddleware (http_user, http_pass) instead")
+
+
 def _parse(url: str, authority: str) -> Host | str | None:
-    """The host of ``url``, None without one, or the reason (a ``str``) the Standard rejects it."""
+    """The host of ``url``, None without one, or the reason (a ``str``) it is refused: the Standard rejects it, or
+    an HTTP URL carries user info (:data:`USER_INFO`)."""
+    if "@" in authority and url.partition(":")[0].strip().lower() in _HOST_HEADER_SCHEMES:
+        return USER_INFO
     try:
         parts = parse_url(url, attributes=("hostname", "host_type"))
     except ValueError:
@@ -181,8 +192,9 @@ def url_host(url: str) -> Host | None:
 
     Raises:
         InvalidHost: the Standard rejects the URL's host, port or credentials (``http://1.2.3.4.5/``,
-            ``http://[fe80::1%25eth0]/``, ``http://a b/``, ``http://x:99999/``), it is no URL at all, or
-            Python's ``urlsplit`` reads another host from it (``http:///x``).
+            ``http://[fe80::1%25eth0]/``, ``http://a b/``, ``http://x:99999/``), it is no URL at all, Python's
+            ``urlsplit`` reads another host from it (``http:///x``), or an HTTP URL carries user info
+            (``http://name:password@host/``: it would be sent in the Host header).
 
     >>> url_host("http://0x7f.1/x")
     Host(key='127.0.0.1', ip=IPv4Address('127.0.0.1'))

@@ -99,7 +99,8 @@ def origin_key(origin: str) -> str:
     """
     parts = urlsplit(origin)
     scheme = parts.scheme.lower()
-    host = (None if scheme == "s3" else host_key(origin)) or (parts.hostname or "")
+    hostport = parts.netloc.rpartition("@")[2]  # (a URL with user info has no host key: refused, docs/spec.md §1)
+    host = (None if scheme == "s3" else host_key(f"{scheme}://{hostport}")) or (parts.hostname or "")
     if ":" in host:
         host = f"[{host}]"
     try:
