@@ -231,6 +231,22 @@ def test_progress_names_what_is_held_and_what_is_due_next():
     assert due_now is not None and "only waiting" not in due_now
 
 
+def test_progress_names_another_process_s_request_in_flight_and_the_hold_s_bound():
+    """A host kept out by another process's in-flight hold (a killed process's lasts until its bound: a trial's
+    restart waited 2 m 41 s while every line said "its turn ... due now"): the lines say why and until when at the
+    latest. The control: a hold that has ended is not named."""
+    rep, clock = report()
+    rep.counters("slow.example").held_elsewhere_until = clock.t + 161
+    held = [HeldHost("slow.example", 1, clock.t + 2)]
+    words = "a request of another process in flight: held until its answer, at the latest in 2 m 41 s"
+    only = format_progress(rep, held, now=clock.t, idle=True)
+    assert only is not None and f"slow.example ({words}" in only, only
+    busy = format_progress(rep, held, now=clock.t, idle=False)
+    assert busy is not None and f"next due: slow.example in 2.0 s (at 08:00:02) ({words}" in busy, busy
+    later = format_progress(rep, held, now=clock.t + 200, idle=True)
+    assert later is not None and "another process" not in later
+
+
 # --------------------------------------------------------------------------------------------------
 # On real crawls
 

@@ -285,10 +285,10 @@ class Booker:
                 self.release(request, host)
                 return self.defer(host, self.clock.to_local(verdict.due), verdict.reason, request)
             if booking.held:
-                # Another process's request is in flight on the host or the address (docs/spec.md §3, "In
-                # flight"): its end is not known, so ask again one interval later (the row is not free sooner
-                # after its release), out of the downloader when the request can leave it.
+                # Another process's request is in flight (docs/spec.md §3, "In flight"), held at the latest until
+                # booking.start: ask again one interval later, out of the downloader when the request can leave it.
                 self.report.inc("held_in_flight")
+                self.report.counters(host).held_elsewhere_until = self.clock.to_local(booking.start)
                 if deferrable:
                     self.release(request, host)
                     return self.defer(host, self.clock.to_local(now + booking.poll), "line", request)

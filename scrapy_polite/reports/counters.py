@@ -121,6 +121,9 @@ class HostCounters:
         robots_unreachable_since: this process's epoch s since which the host's robots.txt has been unreachable
             with no rules read before, so that its requests are held (None: it is not);
         robots_cause: that robots.txt's last answer, in words (``"503"``, ``"TimeoutError"``).
+        held_elsewhere_until: this process's epoch s at which, at the latest, the in-flight hold of another
+            process's request on the host (or its address) ends, as the last booking kept out by it found (docs/spec.md
+            §3, "In flight"; a dead process's hold lasts until then); None: none found.
     """
 
     requests: int = 0
@@ -145,6 +148,7 @@ class HostCounters:
     backing_off: Span = field(default_factory=Span)
     robots_unreachable_since: float | None = None
     robots_cause: str | None = None
+    held_elsewhere_until: float | None = None
 
     @property
     def turn_waits(self) -> int:

@@ -118,6 +118,8 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
                 why = f"backing off after {_backoff_words(c)}"
             elif c is not None and c.state is not None and c.state.crawl_delay:
                 why = f"Crawl-delay {c.state.crawl_delay:g} s"
+            elif c is not None and (c.held_elsewhere_until or 0.0) > now:
+                why = _elsewhere_words(c, now)
             else:
                 why = "its turn"
             parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(due_of(h), now)}")
@@ -133,6 +135,8 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
         line += f"; next due: {first.host} {format_due(due_of(first), now)}"
         if first.host in backing:
             line += f" ({_backoff_words(backing[first.host])})"
+        elif (c := report.hosts.get(first.host)) is not None and (c.held_elsewhere_until or 0.0) > now:
+            line += f" ({_elsewhere_words(c, now)})"
     elif backing:
         host, c = min(backing.items(), key=lambda item: item[1].backoff_due or 0.0)
         line += f"; next due: {host} {format_due(c.backoff_due or now, now)} ({_backoff_words(c)})"
@@ -144,6 +148,14 @@ def _robots_words(c: HostCounters, now: float) -> str:
     since = c.robots_unreachable_since if c.robots_unreachable_since is not None else now
     cause = f" ({c.robots_cause})" if c.robots_cause else ""
     return f"robots.txt unreachable{cause} for {format_duration(now - since)}"
+
+
+def _elsewhere_words(c: HostCounters, now: float) -> str:
+    """``a request of another process in flight: held until its answer, at the latest in 2 m 31 s (at …)``: why a
+    host's requests wait for another process (docs/spec.md §3, "In flight": a dead process's hold lasts until its
+    bound, the request's download timeout and the interval after its booking)."""
+    return (f"a request of another process in flight: held until its answer, at the latest "
+            f"{format_due(c.held_elsewhere_until or now, now)}")
 
 
 def _cell_deferred(c: HostCounters) -> str:
