@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..policy import ip_key
-from ..reports.events import clock_time
+from ..reports.events import LOG_MARKS, clock_time
 from ..stores.base import Event
 from .log import read_log
 from .report import VIOLATION_KINDS, AddressSummary, AuditReport, HostSummary, Loss, Throttle, Violation, cause
@@ -286,7 +286,7 @@ def audit(events: Iterable[Event], allows: Callable[[str], bool], *, rules: str 
     if marks is not None:
         auditors.open_logs = Counter()
         for mark in marks:
-            auditors.open_logs[mark.source] += 1 if mark.kind == "opened" else -1 if mark.kind == "closed" else 0
+            auditors.mark(mark)
     return auditors.report(ordered, windowed=windowed)
 
 
@@ -327,6 +327,12 @@ class _Auditors:
             found = self.addresses[key] = _AddressAudit(key, self.verdicts[address], self.violations.append)
         return found
 
+    def mark(self, event: Event) -> None:
+        """Count a log's ``opened`` or ``closed`` event (:data:`~scrapy_polite.reports.events.LOG_MARKS`) for its
+        source; any other kind is ignored."""
+        if event.kind in LOG_MARKS:
+            self.open_logs[event.source] += 1 if event.kind == "opened" else -1
+
     def feed(self, event: Event, answer: Event | None) -> None:
         """The next event of the log, in time order; ``answer``: a booking's response or failure (:func:`_answers`)."""
         kind = event.kind
@@ -334,8 +340,8 @@ class _Auditors:
             return  # a wait or a deferral contacts nobody; a backoff repeats its response
         if kind == "refusal" and not event.host:
             return
-        if kind in ("opened", "closed"):
-            self.open_logs[event.source] += 1 if kind == "opened" else -1
+        if kind in LOG_MARKS:
+            self.mark(event)
             return
         if kind == "restored" and not event.host:
             self.losses.append(Loss(event.at, event.source, event.steps or 0, event.started or 0.0))
