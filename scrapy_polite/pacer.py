@@ -173,6 +173,7 @@ class Pacer:
         self.retries = ThrottleRetries(config.policy, self.report, self.sync, self.booker.can_defer)
         #: The requests of a *checked* download handler (docs/spec.md §4.1).
         self.unpinned = UnpinnedRequests(_modes(crawler), config.address_filter, self.report.inc)
+        self.resolution.through_proxy = self.unpinned.through_proxy
         if self.unpinned.active:  # else no handler resolves a host itself: the resolution asks nothing
             self.resolution.resolves_itself = self.unpinned.resolves_itself
         # scrapy-playwright's browser: its proxy (pinned) or its guard (checked), docs/spec.md §4.1.

@@ -575,3 +575,47 @@ async def test_proxied_requests_are_counted_as_unpinned(arrival_server, dns_serv
     assert dns_srv.total() == 0, "the target of a proxied request must not be resolved locally"
     assert {h for h, _ in connects} == {"127.0.0.9"}
     assert all(booked is None for _, booked, _ in spider.booked)
+
+
+@pytest.mark.parametrize("admitted", [False, True])
+@pytest_twisted.ensureDeferred
+async def test_an_ftp_request_with_a_proxy_is_checked(admitted):
+    """Scrapy's FTP handler ignores ``meta['proxy']`` and connects to the URL's host itself (review: a proxy
+    middleware or ``ftp_proxy`` let ``ftp://`` reach a private address unchecked). The request is checked as any
+    other: 127.0.0.2, not admitted, is never contacted; admitted (the control), it is, proxy or not."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.2", 0))
+    listener.listen(5)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    peers: list[object] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = listener.accept()
+            except OSError:
+                continue
+            peers.append(peer)
+            conn.sendall(b"220 banner\r\n")
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    networks = ["127.0.0.2/32"] if admitted else ["127.0.0.9/32"]
+    settings = polite_settings(POLITE_ALLOWED_NETWORKS=networks, POLITE_HOST_INTERVAL=0.0, DOWNLOAD_TIMEOUT=5)
+    try:
+        crawler = await run_crawl(ListSpider, settings, urls=[f"ftp://127.0.0.2:{port}/file.txt"],
+                                  meta={"proxy": "http://127.0.0.9:9"}, timeout=30)
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert len(peers) == (1 if admitted else 0), peers
+    assert stat(crawler, "polite/proxy_unpinned") == 0
+    assert stat(crawler, "polite/blocked/private_address") == (0 if admitted else 1), {
+        k: v for k, v in crawler.stats.get_stats().items() if k.startswith("polite/")}

@@ -462,6 +462,28 @@ def test_the_middleware_asks_about_unpinned_requests_only_when_a_handler_is_chec
     assert active({"http": PLAYWRIGHT, "https": PLAYWRIGHT}) is True
 
 
+def test_only_a_handler_that_sends_to_meta_proxy_leaves_the_address_to_the_proxy():
+    """``meta['proxy']`` spares a request the address check only when its handler sends it to that proxy
+    (Scrapy's HTTP/1.1 handler, httpx; ``s3`` through ``https``). Scrapy's FTP handler, scrapy-playwright and a
+    handler the add-on does not know connect themselves (review: ``ftp://`` with ``ftp_proxy`` reached a private
+    address unchecked). Negative control: without ``meta['proxy']`` no request is sent to a proxy."""
+    def through(handlers, url, proxy="http://proxy.test:3128"):
+        settings = Settings({"DOWNLOAD_HANDLERS": handlers, "ADDONS": {Addon: 0},
+                             "POLITE_CHECKED_HANDLERS": ["tests.test_e2e_handlers.LocalFTPHandler"]})
+        Addon().update_settings(settings)
+        unpinned = UnpinnedRequests(handler_modes(settings), AddressFilter(), lambda _key: None)
+        return unpinned.through_proxy(scrapy.Request(url, meta={"proxy": proxy} if proxy else {}))
+
+    assert through({}, "http://a.test/") is True
+    assert through({}, "s3://bucket/key") is True
+    assert through({"http": HTTPX, "https": HTTPX}, "https://a.test/") is True
+    assert through({}, "ftp://a.test/f") is False
+    assert through({"http": PLAYWRIGHT, "https": PLAYWRIGHT}, "https://a.test/") is False
+    local = "tests.test_e2e_handlers.LocalFTPHandler"
+    assert through({"http": local, "https": local}, "http://a.test/") is False
+    assert through({}, "http://a.test/", proxy=None) is False
+
+
 @pytest_twisted.ensureDeferred
 async def test_negative_control_httpx_without_the_addon_is_not_spaced(arrival_server, tmp_path):
     """The same handler and hosts with POLITE_ENABLED = False: the spacing assertions above can fail."""

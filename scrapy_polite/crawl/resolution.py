@@ -52,6 +52,9 @@ class Resolution:
         #: Whether a request's handler resolves its host itself (a *checked* handler): then every address of
         #: the answer must be allowed (docs/spec.md §4.1). Set by the pacer from the handler modes.
         self.resolves_itself: Callable[[Request], bool] | None = None  # None: no handler does
+        #: Whether a request goes to its ``meta['proxy']``, which resolves its host (its handler honours the proxy):
+        #: then nothing is resolved, checked or pinned here. Set by the pacer from the handler modes.
+        self.through_proxy: Callable[[Request], bool] | None = None  # None: no request does
 
     def resolver(self) -> PublicHostnameResolver:
         """The process's :class:`~scrapy_polite.resolver.PublicHostnameResolver` (``TWISTED_DNS_RESOLVER``).
@@ -83,7 +86,8 @@ class Resolution:
 
     async def addresses(self, request: Request, host: str) -> list[str] | None:
         """The public addresses the request may connect to (sorted, IPv4 first), or None when an HTTP
-        proxy resolves the target (pacing by host still applies, pinning cannot).
+        proxy resolves the target (:attr:`through_proxy`: pacing by host still applies, pinning cannot). A request
+        whose handler ignores ``meta['proxy']`` (``ftp``, scrapy-playwright) is resolved and checked as any other.
 
         For a request whose handler resolves the host itself (:attr:`resolves_itself`), the whole answer
         must be allowed: one non-public address refuses the host (:class:`MixedAnswer`), since the handler
@@ -95,7 +99,7 @@ class Resolution:
             DNSLookupError: the host cannot be resolved (NXDOMAIN, SERVFAIL, timeout).
             ResolverNotInstalled: see :meth:`resolver`.
         """
-        if request.meta.get("proxy"):
+        if request.meta.get("proxy") and self.through_proxy is not None and self.through_proxy(request):
             if not self._warned_proxy:
                 self._warned_proxy = True
                 logger.warning("scrapy-polite: requests through an HTTP proxy are resolved by the proxy, so "

@@ -76,17 +76,23 @@ class _Family:
     mode: str
     label: str
     replacement: str | None = None
+    #: The handler sends a request with ``meta['proxy']`` to that proxy, which resolves the host (Scrapy's HTTP/1.1,
+    #: httpx and aiohttp handlers); scrapy-playwright ignores it and Scrapy's HTTP/2 handler refuses it.
+    honours_proxy: bool = False
 
 
 #: Every handler the add-on knows (docs/guides/safety.md, "Download handlers"), by import path.
 HANDLER_FAMILIES: dict[str, _Family] = {
-    "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER),
-    "scrapy.core.downloader.handlers.http.HTTPDownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER),
-    PINNED_HTTP11_HANDLER: _Family(PINNED, "http11", PINNED_HTTP11_HANDLER),
+    "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER,
+                                                                          honours_proxy=True),
+    "scrapy.core.downloader.handlers.http.HTTPDownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER,
+                                                                      honours_proxy=True),
+    PINNED_HTTP11_HANDLER: _Family(PINNED, "http11", PINNED_HTTP11_HANDLER, honours_proxy=True),
     "scrapy.core.downloader.handlers.http2.H2DownloadHandler": _Family(PINNED, "http2", PINNED_H2_HANDLER),
     PINNED_H2_HANDLER: _Family(PINNED, "http2", PINNED_H2_HANDLER),
-    "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler": _Family(CHECKED, "httpx"),
-    "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler": _Family(CHECKED, "aiohttp"),
+    "scrapy.core.downloader.handlers._httpx.HttpxDownloadHandler": _Family(CHECKED, "httpx", honours_proxy=True),
+    "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler": _Family(CHECKED, "aiohttp",
+                                                                               honours_proxy=True),
     PLAYWRIGHT_HANDLER: _Family(CHECKED, "playwright"),
 }
 
@@ -112,6 +118,8 @@ class SchemeMode:
         browser: scrapy-playwright's handler through the crawl's proxy (pinned): the browser follows
             redirects itself, and its contexts must use the proxy.
         proxy: then, the crawl's proxy options once the add-on installed them (``PLAYWRIGHT_LAUNCH_OPTIONS['proxy']``).
+        honours_proxy: the handler sends a request with ``meta['proxy']`` to that proxy (a handler the add-on knows:
+            Scrapy's HTTP/1.1, httpx, aiohttp), so the proxy, not the handler, resolves the request's host.
     """
 
     scheme: str
@@ -121,6 +129,7 @@ class SchemeMode:
     component: Any = None
     browser: bool = False
     proxy: Any = field(default=None, compare=False)
+    honours_proxy: bool = False
 
     def __post_init__(self) -> None:
         if self.component is None:
@@ -181,7 +190,7 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
                                        proxy=proxy if isinstance(proxy, ProxyOptions) else None)
         elif family is not None:
             modes[scheme] = SchemeMode(scheme, family.mode, family.replacement or path, family.label,
-                                       family.replacement or configured or path)
+                                       family.replacement or configured or path, honours_proxy=family.honours_proxy)
         elif path in accepted or settings.getbool("POLITE_ALLOW_PRIVATE"):
             modes[scheme] = SchemeMode(scheme, CHECKED, path, path.rsplit(".", 1)[-1].lower(), configured)
         else:
@@ -248,6 +257,8 @@ class UnpinnedRequests:
         #: scrapy-playwright through the crawl's proxy: the proxy options, by scheme (a request's own persistent
         #: browser context gets them too).
         self._proxied = {scheme: mode.proxy for scheme, mode in modes.items() if mode.browser}
+        #: The schemes whose handler sends a request with ``meta['proxy']`` to that proxy (:meth:`through_proxy`).
+        self._proxy_schemes = frozenset(scheme for scheme, mode in modes.items() if mode.honours_proxy)
         self._address_filter = address_filter
         self._inc = inc
         # The verdict on each response (weakly held): asked before it is recorded (the extension) and
@@ -260,6 +271,16 @@ class UnpinnedRequests:
             return None
         scheme = url.split(":", 1)[0].lower()
         return self._checked.get(scheme)
+
+    def through_proxy(self, request: Request) -> bool:
+        """Whether ``request`` goes to its ``meta['proxy']``, which then resolves its host: its scheme's handler
+        honours the proxy (:attr:`SchemeMode.honours_proxy`; an ``s3`` URL is downloaded by the ``https`` handler).
+        Scrapy's FTP handler, scrapy-playwright and handlers the add-on does not know connect to the host
+        themselves whatever ``meta['proxy']`` says: their requests are resolved and checked (docs/spec.md §4)."""
+        if not request.meta.get("proxy"):
+            return False
+        scheme = request.url.split(":", 1)[0].lower()
+        return ("https" if scheme == "s3" else scheme) in self._proxy_schemes
 
     def resolves_itself(self, request: Request) -> bool:
         """Whether ``request``'s handler resolves its host itself (checked): then every address of the
