@@ -147,6 +147,18 @@ async def test_retry_after_seconds_holds_host(arrival_server, tmp_path):
 
 
 @pytest_twisted.ensureDeferred
+async def test_retry_after_on_two_lines_holds_for_the_longer(arrival_server, tmp_path):
+    """A gateway's ``Retry-After: 3`` and the origin's ``1`` on two field lines (review: Scrapy's ``Headers.get`` reads
+    the last line only, and the host was held 1 s): the longer wait is honoured."""
+    srv = arrival_server("127.0.1.11")
+    srv.route("/*", scripted(Reply(429, {"Retry-After": ["3", "1"]}, "slow down")))
+    await run_crawl(ListSpider, settings(tmp_path), urls=[srv.url("/p/0")], timeout=40)
+    hits = timeline(srv)
+    assert [a.status for a in hits] == [429, 200], describe(hits)
+    assert hits[1].start - hits[0].end >= 3.0 - TOL, describe(hits)
+
+
+@pytest_twisted.ensureDeferred
 async def test_retry_after_http_date_relative_to_date_header(arrival_server, tmp_path):
     """Retry-After = Date + 3 s. The server's clock is 100 s *behind* ours, so only a parser that takes the
     date relative to the response's Date header (RFC 9110 §10.2.3) gets 3 s; one that used the local clock

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from scrapy_polite.policy import InvalidRetryAfter, PacingPolicy, parse_retry_after
+from scrapy_polite.policy.retry_after import longest_retry_after
 
 #: 1994-11-06 08:49:37 UTC, the instant of RFC 9110's three HTTP-date examples.
 RFC_INSTANT = float(calendar.timegm((1994, 11, 6, 8, 49, 37)))
@@ -85,6 +86,16 @@ def test_field_lines_joined_by_an_intermediary_give_the_longest(value, want):
     """RFC 9110 §5.3: two ``Retry-After`` lines (a gateway's and the origin's) arrive joined by a comma; the longest
     wait is kept. (``1,5`` as a decimal comma would be shorter.)"""
     assert parse_retry_after(value, now=NOW) == want
+
+
+def test_several_field_lines_give_the_longest_valid_wait():
+    """Each line read alone (a date has a comma of its own); the invalid ones are returned, not fatal."""
+    date = "Thu, 01 Jan 2026 00:02:00 GMT"  # 120 s after NOW's Date below
+    waits, errors = longest_retry_after([b"30", date.encode(), b"soon"], now=0.0, date="Thu, 01 Jan 2026 00:00:00 GMT")
+    assert waits == 120.0 and len(errors) == 1 and "soon" in str(errors[0])
+    waits, errors = longest_retry_after([b"bad"], now=NOW)
+    assert waits is None and len(errors) == 1
+    assert longest_retry_after([], now=NOW) == (None, [])
 
 
 def test_a_leap_second_is_a_date():

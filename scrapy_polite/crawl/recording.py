@@ -26,15 +26,14 @@ from ..clock import ClockSync
 from ..policy import (
     Decision,
     HostState,
-    InvalidRetryAfter,
     PacingPolicy,
     RateLimitDecision,
     ip_key,
     origin_key,
     origin_of,
-    parse_retry_after,
 )
 from ..policy.ratelimit import RATELIMIT_FIELDS, RateLimits, parse_rate_limits
+from ..policy.retry_after import longest_retry_after
 from ..policy.robots import entry_name
 from ..reports.counters import Report
 from ..settings import PoliteConfig
@@ -161,11 +160,10 @@ class Recorder:
             self.throttle_marks[host] = self.clock.store_now()
         headers = response.headers
         retry_after = None
-        raw = headers.get(b"Retry-After")
-        if raw is not None:
-            try:
-                retry_after = parse_retry_after(raw, now=self.clock.clock(), date=headers.get(b"Date"))
-            except InvalidRetryAfter as exc:
+        lines = headers.getlist(b"Retry-After")
+        if lines:  # every line: a gateway's and the origin's ask the longer wait
+            retry_after, errors = longest_retry_after(lines, now=self.clock.clock(), date=headers.get(b"Date"))
+            for exc in errors:
                 self.report.inc("retry_after/invalid")
                 logger.info("Ignoring invalid Retry-After from %s: %s", response.url, exc)
         # Most responses announce no quota: one set test spares them :meth:`_ratelimits`.

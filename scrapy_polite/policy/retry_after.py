@@ -1,5 +1,6 @@
 """The ``Retry-After`` header (RFC 9110 §10.2.3, docs/spec.md §2 "Retry-After"): :func:`parse_retry_after` reads
-it into seconds, :class:`InvalidRetryAfter` is a value it refuses."""
+it into seconds, :class:`InvalidRetryAfter` is a value it refuses; :func:`longest_retry_after` reads one sent on
+several field lines."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import datetime
 import email.utils
 import math
 import re
+from collections.abc import Sequence
 
-__all__ = ["parse_retry_after", "InvalidRetryAfter"]
+__all__ = ["parse_retry_after", "longest_retry_after", "InvalidRetryAfter"]
 
 
 class InvalidRetryAfter(ValueError):
@@ -73,6 +75,28 @@ def parse_retry_after(value: str | bytes | None, *, now: float, date: str | byte
         if parsed_date is not None:
             reference = parsed_date
     return max(0.0, target - reference)
+
+
+def longest_retry_after(lines: Sequence[str | bytes], *, now: float, date: str | bytes | None = None,
+                        ) -> tuple[float | None, list[InvalidRetryAfter]]:
+    """A ``Retry-After`` sent on several field lines (a gateway's and the origin's; Scrapy's ``Headers.get`` keeps
+    only the last): the longest wait the valid ones ask (:func:`parse_retry_after`, RFC 9110 §5.3), and the errors of
+    the invalid ones.
+
+    Returns:
+        ``(seconds, errors)``: seconds is None when no line is valid (or there is none).
+    """
+    waits: list[float] = []
+    errors: list[InvalidRetryAfter] = []
+    for line in lines:
+        try:
+            wait = parse_retry_after(line, now=now, date=date)
+        except InvalidRetryAfter as exc:
+            errors.append(exc)
+        else:
+            if wait is not None:
+                waits.append(wait)
+    return (max(waits) if waits else None), errors
 
 
 def parse_http_date(text: str) -> float | None:

@@ -333,7 +333,8 @@ class _RequestHandler(http.server.BaseHTTPRequestHandler):
         sent = {k.lower() for k in reply.headers}
         for k, v in reply.headers.items():
             if k.lower() != "content-length":
-                self.send_header(k, v)
+                for line in v if isinstance(v, list) else [v]:  # a list: the field on several lines
+                    self.send_header(k, line)
         if "content-type" not in sent and payload:
             self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(payload)))
