@@ -8,9 +8,17 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..network.addresses import AddressFilter
+from ..network.addresses import AddressFilter, one_family
 from ..reports.counters import Report
-from ..resolver import BlockedHost, DNSServerFailure, DNSTimeout, HostNotFound, MixedAnswer, PublicHostnameResolver
+from ..resolver import (
+    BlockedHost,
+    DNSServerFailure,
+    DNSTimeout,
+    HostNotFound,
+    MixedAnswer,
+    PublicHostnameResolver,
+    reachable_family,
+)
 from ..vocabulary import IP_META, PINNED_META, PROXY_COUNTED_META
 from .reactor import await_deferred, installed_reactor
 from .seams import ResolverNotInstalled
@@ -55,6 +63,8 @@ class Resolution:
         #: Whether a request goes to its ``meta['proxy']``, which resolves its host (its handler honours the proxy):
         #: then nothing is resolved, checked or pinned here. Set by the pacer from the handler modes.
         self.through_proxy: Callable[[Request], bool] | None = None  # None: no request does
+        #: The address family a host is booked on when it has both (:func:`~scrapy_polite.resolver.reachable_family`).
+        self.family = reachable_family()
 
     def resolver(self) -> PublicHostnameResolver:
         """The process's :class:`~scrapy_polite.resolver.PublicHostnameResolver` (``TWISTED_DNS_RESOLVER``).
@@ -121,7 +131,8 @@ class Resolution:
             if split is None:
                 if len(self._splits) >= _SPLITS_MAX:
                     self._splits.clear()
-                split = self._splits[answer] = self.address_filter.split(answer)
+                kept, dropped = self.address_filter.split(answer)
+                split = self._splits[answer] = (one_family(kept, self.family), dropped)
             kept, dropped = split
             if not kept:
                 raise BlockedHost(host, dropped)

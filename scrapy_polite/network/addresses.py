@@ -6,7 +6,8 @@
   spellings of the URL Standard, ``2130706433``, ``0x7f.1``, ``127.1``, are read by
   :mod:`scrapy_polite.network.hosts`, which turns them into addresses before they reach these rules);
 * :class:`AddressFilter` — the rule plus the operator's exceptions (``POLITE_ALLOW_PRIVATE``,
-  ``POLITE_ALLOWED_NETWORKS``), applied to a resolver's answer.
+  ``POLITE_ALLOWED_NETWORKS``), applied to a resolver's answer;
+* :func:`one_family` — the addresses of one family a host is booked on.
 
 The ranges are written once, as :mod:`ipaddress` networks, in :data:`IPV4_NOT_PUBLIC` and
 :data:`IPV6_RULES`. They follow docs/spec.md §4, which takes them from the IANA IPv4 and IPv6
@@ -31,6 +32,7 @@ __all__ = [
     "AddressFilter",
     "embedded_ipv4",
     "is_public",
+    "one_family",
     "parse_ip_literal",
 ]
 
@@ -317,3 +319,21 @@ class AddressFilter:
                 text, allowed = str(addr), self.allows(addr)
             (kept if allowed else dropped).append(text)
         return kept, dropped
+
+
+def one_family(addresses: Iterable[str], prefer: int = 4) -> list[str]:
+    """The addresses a host is booked and connected on (docs/spec.md §3): those of the ``prefer`` family (4 or 6)
+    when it has any, else the others.
+
+    A dual-stack host's IPv4 and IPv6 addresses are, as a rule, one server: booking on both would pace it at twice
+    the per-address interval, and a machine without IPv6 (or IPv4) connectivity cannot reach half of them (Twisted's
+    ``HostnameEndpoint`` falls back to the other family; a connection pinned to the booked address cannot).
+
+    >>> one_family(["192.0.2.1", "2001:db8::1"]), one_family(["192.0.2.1", "2001:db8::1"], prefer=6)
+    (['192.0.2.1'], ['2001:db8::1'])
+    >>> one_family(["2001:db8::1"])
+    ['2001:db8::1']
+    """
+    listed = list(addresses)
+    preferred = [a for a in listed if (":" in a) == (prefer == 6)]
+    return preferred or listed
