@@ -24,16 +24,21 @@ Responses are recorded as they leave the download handler (:meth:`Recorder.downl
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider, NotConfigured
 from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.reactor import is_reactor_installed
 from twisted.internet import task
+from twisted.python import threadable
 
 from ._compat import crawler_engine, fail_crawl_process
 from .addon import MIDDLEWARE, MIDDLEWARE_PRIORITY, check_resolver
@@ -59,6 +64,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two reconciles of the lifecycle with the downloader (docs/spec.md §5).
 RECONCILE_EVERY = 1.0
+
+#: The longest (s) a process exiting with its crawl open waits for its pace table to close (:func:`_close_at_exit`).
+EXIT_WAIT = 10.0
 
 __all__ = ["PoliteExtension"]
 
@@ -101,6 +109,8 @@ class PoliteExtension:
         #: The backstop for a request that left the downloader by a path no middleware of ours saw: its lines and
         #: claim are freed within a second (:meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`).
         self._reconciling = task.LoopingCall(pacer.reconcile)
+        #: Registered with :mod:`atexit` while the spider is open (:func:`_close_at_exit`).
+        self._at_exit: Callable[[], None] | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -217,6 +227,8 @@ class PoliteExtension:
         return idle if idle > 0 else self.config.max_idle_wait
 
     async def spider_opened(self, spider: Spider) -> None:
+        self._at_exit = functools.partial(_close_at_exit, self.pacer)
+        atexit.register(self._at_exit)
         self._warn_wider_address_rules()
         self._spider_delay(spider)
         await self._list_start_backoffs(spider)
@@ -323,6 +335,9 @@ class PoliteExtension:
         await await_deferred(self.pacer.recorder.set_crawl_delay(host, delay, origin))
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
         for timer in (self._progress, self._reconciling):
             if timer is not None and timer.running:
                 timer.stop()
@@ -332,3 +347,22 @@ class PoliteExtension:
         if self.pacer.failed is not None:  # stopped by the add-on: not a finished crawl (exit status 1)
             fail_crawl_process(self.crawler)
         await self.pacer.close_async()
+
+
+def _close_at_exit(pacer: Pacer) -> None:
+    """The process exits with its spider still open: ``scrapy shell`` never closes it (its reactor runs in a daemon
+    thread). The pace table is closed on the reactor's thread as a crawl's close does (the event log ends with its
+    ``closed`` event, the table's mark of an unclean stop is cleared), waiting at most :data:`EXIT_WAIT` seconds.
+    Nothing is done when the reactor is not running or this is its thread (it can no longer close anything)."""
+    reactor = installed_reactor()
+    if not getattr(reactor, "running", False) or threadable.isInIOThread():  # type: ignore[no-untyped-call]
+        return
+    done = threading.Event()
+
+    def close() -> None:
+        deferred_from_coro(pacer.close_async()).addBoth(lambda _: done.set())
+
+    reactor.callFromThread(close)
+    if not done.wait(EXIT_WAIT):
+        logger.warning("scrapy-polite: the pace table %s was not closed within %g s of the process's exit",
+                       pacer.store.uri, EXIT_WAIT)

@@ -182,6 +182,25 @@ def test_the_same_project_with_the_addon_in_settings_crawls_and_exits_0(tmp_path
     assert (project / ".scrapy" / "polite.sqlite3").exists()
 
 
+def test_scrapy_shell_closes_its_pace_table_and_event_log(tmp_path, arrival_server):
+    """``scrapy shell URL -c ...`` never closes its spider (its reactor runs in a daemon thread): the pace table and
+    the event log are closed at the process's exit (trial: every shell left its log open, so ``scrapy polite audit``
+    said NOT VOUCHED FOR, and the next command warned of an unclean stop). Negative control: the shell's own
+    booking is in the log (the audit judged something)."""
+    srv = arrival_server("127.0.0.41")
+    project = startproject(tmp_path, srv.url("/"), settings=RUNS)
+    shell = subprocess.run([sys.executable, "-m", "scrapy", "shell", srv.url("/one"), "-c", "response.status",
+                            "-s", "LOG_LEVEL=INFO"], cwd=project, env=env(), capture_output=True, text=True,
+                           timeout=CRAWL_TIMEOUT)
+    assert shell.returncode == 0 and shell.stdout.strip() == "200", output(shell)[-4000:]
+    assert len(srv.arrivals()) == 1
+    audit = subprocess.run([sys.executable, "-m", "scrapy", "polite", "audit"], cwd=project, env=env(),
+                           capture_output=True, text=True, timeout=CRAWL_TIMEOUT)
+    assert audit.returncode == 0 and "OK" in audit.stdout and "1 request" in audit.stdout, output(audit)[-4000:]
+    proc = scrapy_crawl(project, "pages", timeout=CRAWL_TIMEOUT)
+    assert proc.returncode == 0 and "was not closed" not in output(proc), output(proc)[-4000:]
+
+
 # --------------------------------------------------------------------------------------------------
 # Stopped mid-crawl by the add-on
 
