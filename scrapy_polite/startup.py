@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 from typing import Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
@@ -103,7 +104,8 @@ def refuse_to_start(exc: BaseException, settings: Any = None) -> BaseException:
 
     The line is ``scrapy-polite cannot start the crawl: <the error>``; for an error naming a ``POLITE_*``
     setting, followed by where that setting was set (``settings``: the crawler's settings). An error
-    reported once is not reported again.
+    reported once is not reported again. With ``LOG_ENABLED = False`` (``scrapy check``'s default) the line is
+    written to standard error instead of the log.
 
     Args:
         exc: the error (its message names the problem and the fix).
@@ -118,6 +120,8 @@ def refuse_to_start(exc: BaseException, settings: Any = None) -> BaseException:
     if match is not None and "Fix:" not in message:
         suffix += _fix_of_setting(match.group(0))
     logger.error("scrapy-polite cannot start the crawl: %s%s", message, suffix)
+    if settings is not None and not settings.getbool("LOG_ENABLED", True):  # scrapy check: the line on stderr
+        sys.stderr.write(f"ERROR: scrapy-polite cannot start the crawl: {message}{suffix}\n")
     logger.debug("scrapy-polite: the crawl was refused here", exc_info=exc)
     try:
         exc._polite_reported = True  # type: ignore[attr-defined]

@@ -166,6 +166,19 @@ def test_the_contracts_are_listed_as_soon_as_the_addon_is_enabled(project):
         assert name in proc.stdout
 
 
+def test_a_misconfiguration_is_one_error_line_under_scrapy_check(project):
+    """``scrapy check`` turns logging off: the refusal's one line goes to standard error (trial: it printed only
+    "Ran 0 contracts ... OK" and exited 1). Negative control: the same check with a valid interval passes."""
+    cwd, servers, _ = project
+    code, out = check(cwd, "good", "-s", "POLITE_HOST_INTERVAL=-1")
+    assert code == 1, out
+    lines = [line for line in out.splitlines() if "scrapy-polite cannot start the crawl" in line]
+    assert len(lines) == 1 and lines[0].startswith("ERROR: ") and "POLITE_HOST_INTERVAL" in lines[0], out
+    assert servers["a"].arrivals() == []
+    code, out = check(cwd, "good", "-s", "POLITE_HOST_INTERVAL=1")
+    assert code == 0 and "cannot start" not in out, out
+
+
 def test_good_callback_passes_every_contract(project):
     cwd, servers, _ = project
     code, out = check(cwd, "good")
