@@ -247,6 +247,20 @@ def test_progress_names_another_process_s_request_in_flight_and_the_hold_s_bound
     assert later is not None and "another process" not in later
 
 
+def test_progress_names_the_reason_the_host_was_deferred_for():
+    """A host deferred for an operator's delay this process has no row of (trial: ``scrapy polite crawl-delay a.test
+    120``, then ``scrapy fetch`` said "its turn" while its event said "deferred (Crawl-delay)"). The control: a host
+    deferred only for its line is waiting its turn."""
+    rep, clock = report()
+    held = [HeldHost("slow.example", 1, clock.t + 119)]
+    rep.deferred("slow.example", "line")
+    line = format_progress(rep, held, now=clock.t, idle=True)
+    assert line is not None and "slow.example (its turn, 1 held)" in line, line
+    rep.deferred("slow.example", "crawl_delay", due=clock.t + 119)
+    line = format_progress(rep, held, now=clock.t, idle=True)
+    assert line is not None and "slow.example (Crawl-delay, 1 held)" in line, line
+
+
 # --------------------------------------------------------------------------------------------------
 # On real crawls
 

@@ -124,6 +124,7 @@ class HostCounters:
         held_elsewhere_until: this process's epoch s at which, at the latest, the in-flight hold of another
             process's request on the host (or its address) ends, as the last booking kept out by it found (docs/spec.md
             §3, "In flight"; a dead process's hold lasts until then); None: none found.
+        deferred_for: the reason of the host's last deferral (None: none yet).
     """
 
     requests: int = 0
@@ -149,6 +150,7 @@ class HostCounters:
     robots_unreachable_since: float | None = None
     robots_cause: str | None = None
     held_elsewhere_until: float | None = None
+    deferred_for: DeferralReason | None = None
 
     @property
     def turn_waits(self) -> int:
@@ -340,6 +342,7 @@ class Report:
         counters = self.counters(host)
         counters.deferrals += 1
         counters.deferral_reasons[reason] += 1
+        counters.deferred_for = reason
         self.inc("deferrals")
         self.inc(f"deferrals/{reason}")
 

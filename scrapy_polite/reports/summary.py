@@ -120,6 +120,8 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
                 why = f"Crawl-delay {c.state.crawl_delay:g} s"
             elif c is not None and (c.held_elsewhere_until or 0.0) > now:
                 why = _elsewhere_words(c, now)
+            elif c is not None and c.deferred_for in ("crawl_delay", "ratelimit"):  # an operator's delay, a quota
+                why = DEFERRAL_WORDS[c.deferred_for]
             else:
                 why = "its turn"
             parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(due_of(h), now)}")
