@@ -253,6 +253,8 @@ class _ClientSide(protocol.Protocol):
         self.head_done = False
         self.closed = False
         self.timeout: Any = None
+        #: The request body's bytes still to relay (``Content-Length``); None: a tunnel, where every byte is relayed.
+        self.body_left: int | None = None
 
     @property
     def proxy(self) -> BrowserProxy:
@@ -281,7 +283,7 @@ class _ClientSide(protocol.Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         if self.upstream is not None:
-            self.upstream.transport.write(data)  # type: ignore[union-attr]
+            self._relay(data)
             return
         self.buffer += data
         if self.head_done:  # waiting for the rule or the connection: keep what comes (a request body)
@@ -297,6 +299,22 @@ class _ClientSide(protocol.Protocol):
         self._cancel_timeout()  # from here the resolver's and the connection's own timeouts apply
         head, self.buffer = self.buffer[:end], self.buffer[end + 4:]
         self._request(head)
+
+    def _relay(self, data: bytes) -> None:
+        """Relay the browser's bytes to the checked address: a tunnel's all; an ``http://`` request's body only. A
+        byte past it is another request on this connection (a browser keeps it alive): it is not relayed, and both
+        connections are closed, so that each request meets the rule on a connection of its own (review: a second
+        request, another host's, went unchecked to the first origin with the proxy's credentials)."""
+        if self.body_left is None:
+            self.upstream.transport.write(data)  # type: ignore[union-attr]
+            return
+        body, extra = data[:self.body_left], data[self.body_left:]
+        self.body_left -= len(body)
+        if body:
+            self.upstream.transport.write(body)  # type: ignore[union-attr]
+        if extra:
+            self.transport.loseConnection()  # type: ignore[union-attr]
+            self.upstream.transport.loseConnection()  # type: ignore[union-attr]
 
     def _request(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -323,6 +341,15 @@ class _ClientSide(protocol.Protocol):
         if not tunnel and not target.lower().startswith("http://"):
             self._reply("400 Bad Request", "scrapy-polite's browser proxy: only CONNECT and http:// requests")
             return
+        if not tunnel:
+            if any(name == b"transfer-encoding" for name, _ in headers):
+                self._reply("411 Length Required", "scrapy-polite's browser proxy: a body needs a Content-Length")
+                return
+            length = next((value for name, value in headers if name == b"content-length"), b"0")
+            if not length.isdigit():
+                self._reply("400 Bad Request", "scrapy-polite's browser proxy: a request body needs a Content-Length")
+                return
+            self.body_left = int(length)
         try:
             host = url_host(url)
             port = _port(url, tunnel)
@@ -359,7 +386,7 @@ class _ClientSide(protocol.Protocol):
                 self.upstream.transport.write(_origin_head(method, url, headers))  # type: ignore[union-attr]
             rest, self.buffer = self.buffer, b""
             if rest:
-                self.upstream.transport.write(rest)  # type: ignore[union-attr]
+                self._relay(rest)
 
         return attempt(0).addCallback(made)
 

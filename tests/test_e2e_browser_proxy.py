@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import logging
 import socket
+import threading
 
 import pytest
 import pytest_twisted
@@ -288,6 +289,83 @@ async def test_the_proxy_connects_to_the_pinned_address_and_tunnels(same_port_se
         assert counted == ["browser/proxied"] * 3
         assert proxy.per_host == {"pinned.test": 3}
     finally:
+        await proxy.stop()
+
+
+class KeepAliveOrigin:
+    """An origin on 127.0.21.3 that ignores ``Connection: close``: it answers every request head it reads on a
+    connection, keeping it open; ``heads`` is every head (and body) it received."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.21.3", 0))
+        self.port = self.sock.getsockname()[1]
+        self.heads: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        buffer = b""
+        with conn:
+            while chunk := conn.recv(65536):
+                buffer += chunk
+                while b"\r\n\r\n" in buffer:
+                    head, buffer = buffer.split(b"\r\n\r\n", 1)
+                    self.heads.append(head + (b" BODY=" + buffer if buffer else b""))
+                    buffer = b""
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
+
+
+def two_on_one_connection(port: int, first: bytes, second: bytes) -> tuple[bytes, bytes]:
+    """``first`` then, once its answer came, ``second`` on one connection to the proxy: both answers."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(first)
+        answer = sock.recv(65536)
+        sock.sendall(second)
+        rest = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            rest += chunk
+        return answer, rest
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_second_request_on_a_kept_alive_connection_is_not_relayed():
+    """A browser keeps its proxy connection alive; an origin that ignores ``Connection: close`` keeps its own. The
+    second request (another host's, with its cookie and the proxy's credential) must not be relayed to the first
+    origin unchecked (review): the proxy closes both connections instead. A request's body is relayed whole; the
+    negative control: the same second request on a connection of its own is relayed."""
+    from twisted.internet import threads
+
+    origin = KeepAliveOrigin()
+    proxy, _resolver, counted = started_proxy("127.0.21.3/32", overrides={"site.test": ["127.0.21.3"],
+                                                                          "intranet.test": [CANARY]})
+    try:
+        first = (f"POST http://site.test:{origin.port}/form HTTP/1.1\r\nHost: site.test\r\nContent-Length: 5\r\n"
+                 .encode() + auth(proxy) + b"\r\nhello")
+        second = (f"GET http://intranet.test:{origin.port}/secret HTTP/1.1\r\nHost: intranet.test\r\n"
+                  "Cookie: session=SECRET\r\n".encode() + auth(proxy) + b"\r\n")
+        answer, rest = await threads.deferToThread(two_on_one_connection, port_of(proxy), first, second)
+        assert answer.startswith(b"HTTP/1.1 200") and rest == b"", (answer, rest)
+        assert len(origin.heads) == 1 and origin.heads[0].endswith(b" BODY=hello"), origin.heads
+        assert b"Proxy-Authorization" not in origin.heads[0]
+        again = second.replace(b"intranet.test", b"site.test")
+        answer = await threads.deferToThread(exchange, port_of(proxy), again, wait_close=False)
+        assert answer.startswith(b"HTTP/1.1 200") and len(origin.heads) == 2, answer
+        assert counted == ["browser/proxied"] * 2
+    finally:
+        origin.sock.close()
         await proxy.stop()
 
 
