@@ -35,6 +35,7 @@ from tests.support.dns_server import dns_server  # noqa: F401  (a fixture)
 from tests.support.server import Reply
 from tests.test_e2e_addresses import same_port_servers  # noqa: F401  (a fixture)
 from tests.test_e2e_handlers import PLAYWRIGHT, need, need_chromium
+from tests.test_e2e_regressions import SilentServer
 
 SITE = "127.0.21.2"
 CANARY = "127.0.21.99"
@@ -292,17 +293,15 @@ async def test_the_proxy_connects_to_the_pinned_address_and_tunnels(same_port_se
         await proxy.stop()
 
 
-class KeepAliveOrigin:
+class KeepAliveOrigin(SilentServer):
     """An origin on 127.0.21.3 that ignores ``Connection: close``: it answers every request head it reads on a
     connection, keeping it open; ``heads`` is every head (and body) it received."""
 
     def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.21.3", 0))
-        self.port = self.sock.getsockname()[1]
         self.heads: list[bytes] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__("127.0.21.3")
 
-    def _serve(self) -> None:
+    def _loop(self) -> None:
         while True:
             try:
                 conn, _ = self.sock.accept()
@@ -365,7 +364,7 @@ async def test_a_second_request_on_a_kept_alive_connection_is_not_relayed():
         assert answer.startswith(b"HTTP/1.1 200") and len(origin.heads) == 2, answer
         assert counted == ["browser/proxied"] * 2
     finally:
-        origin.sock.close()
+        origin.close()
         await proxy.stop()
 
 
