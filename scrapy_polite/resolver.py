@@ -31,7 +31,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import dns.exception
@@ -63,7 +63,7 @@ __all__ = [
     "DNSTimeout",
     "InvalidHostName",
     "parse_nameserver",
-    "reachable_family",
+    "routed",
 ]
 
 
@@ -149,24 +149,20 @@ class _Resolution:
 
 
 @lru_cache(maxsize=4096)
-@cache
-def reachable_family() -> int:
-    """The address family hosts are booked on (:func:`~scrapy_polite.network.addresses.one_family`): 4, unless this
-    machine has no route to the IPv4 internet and one to the IPv6 internet (an IPv6-only network), then 6. Asked
-    of the routing table by a UDP socket's ``connect``, which sends nothing; once per process."""
-    def routed(family: socket.AddressFamily, address: str) -> bool:
-        try:
-            with socket.socket(family, socket.SOCK_DGRAM) as probe:
-                probe.connect((address, 53))
-        except OSError:
-            return False
-        return True
-
-    if routed(socket.AF_INET, "8.8.8.8") or not routed(socket.AF_INET6, "2001:4860:4860::8888"):
-        return 4
-    return 6
+def routed(address: str) -> bool:
+    """Whether this machine has a route to ``address`` (an IP literal): asked of the routing table by a UDP socket's
+    ``connect``, which sends nothing (no lookup, no packet: it does not block); cached. Decides the family a
+    dual-stack host is booked on (:func:`~scrapy_polite.network.addresses.one_family`)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 53))
+    except OSError:
+        return False
+    return True
 
 
+@lru_cache(maxsize=4096)
 def _sort_key(address: str) -> tuple[int, Any]:
     """IPv4 first, then by address (cached: a pinned host is sorted on every connection)."""
     ip = ipaddress.ip_address(address)

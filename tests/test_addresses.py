@@ -14,6 +14,7 @@ from scrapy_polite.network.addresses import (
     AddressFilter,
     embedded_ipv4,
     is_public,
+    one_family,
     parse_ip_literal,
 )
 
@@ -406,3 +407,14 @@ def test_a_cached_verdict_is_the_verdict_computed_fresh():
         rules.allows(f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}")
     assert len(rules._verdicts) <= addresses_module._VERDICTS_MAX
     assert rules.allows("10.0.0.1") is False and rules.allows("127.0.0.5") is True
+
+
+def test_a_dual_stack_host_is_booked_on_the_family_this_machine_routes():
+    """IPv4 when one of its IPv4 addresses is routed, else IPv6 when one of those is, else all (docs/spec.md §3):
+    a machine routed only over IPv6 books the IPv6 addresses (review), one with no route at all lets both fail."""
+    both = ["192.0.2.1", "192.0.2.2", "2001:db8::1"]
+    assert one_family(both, lambda a: True) == ["192.0.2.1", "192.0.2.2"]
+    assert one_family(both, lambda a: ":" in a) == ["2001:db8::1"]
+    assert one_family(both, lambda a: a == "192.0.2.2") == ["192.0.2.1", "192.0.2.2"]
+    assert one_family(both, lambda a: False) == both
+    assert one_family(["2001:db8::1"], lambda a: False) == ["2001:db8::1"]  # one family: nothing to choose

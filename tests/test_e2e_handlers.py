@@ -26,6 +26,7 @@ import scrapy
 from pydispatch import dispatcher
 from scrapy import signals
 from scrapy.core.downloader.handlers.base import BaseDownloadHandler
+from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
 from scrapy.http import Response
 from scrapy.settings import Settings
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -467,21 +468,33 @@ def test_only_a_handler_that_sends_to_meta_proxy_leaves_the_address_to_the_proxy
     (Scrapy's HTTP/1.1 handler, httpx; ``s3`` through ``https``). Scrapy's FTP handler, scrapy-playwright and a
     handler the add-on does not know connect themselves (review: ``ftp://`` with ``ftp_proxy`` reached a private
     address unchecked). Negative control: without ``meta['proxy']`` no request is sent to a proxy."""
-    def through(handlers, url, proxy="http://proxy.test:3128"):
+    local, subclass = "tests.test_e2e_handlers.LocalFTPHandler", "tests.test_e2e_handlers.ProxyingHTTP11"
+
+    def through(handlers, url, proxy="http://proxy.test:3128", extra=None, **meta):
         settings = Settings({"DOWNLOAD_HANDLERS": handlers, "ADDONS": {Addon: 0},
-                             "POLITE_CHECKED_HANDLERS": ["tests.test_e2e_handlers.LocalFTPHandler"]})
+                             "POLITE_CHECKED_HANDLERS": [local, subclass], **(extra or {})})
         Addon().update_settings(settings)
         unpinned = UnpinnedRequests(handler_modes(settings), AddressFilter(), lambda _key: None)
-        return unpinned.through_proxy(scrapy.Request(url, meta={"proxy": proxy} if proxy else {}))
+        return unpinned.through_proxy(scrapy.Request(url, meta={"proxy": proxy, **meta} if proxy else meta))
 
     assert through({}, "http://a.test/") is True
     assert through({}, "s3://bucket/key") is True
     assert through({"http": HTTPX, "https": HTTPX}, "https://a.test/") is True
+    assert through({"http": subclass, "https": subclass}, "https://a.test/") is True
     assert through({}, "ftp://a.test/f") is False
-    assert through({"http": PLAYWRIGHT, "https": PLAYWRIGHT}, "https://a.test/") is False
-    local = "tests.test_e2e_handlers.LocalFTPHandler"
     assert through({"http": local, "https": local}, "http://a.test/") is False
     assert through({}, "http://a.test/", proxy=None) is False
+    handlers = {"http": PLAYWRIGHT, "https": PLAYWRIGHT}
+    for browser, mode in (("chromium", PINNED), ("firefox", CHECKED)):  # the crawl's proxy, or checked
+        extra = {"PLAYWRIGHT_BROWSER_TYPE": browser}
+        assert handler_modes(Settings(extra | {"DOWNLOAD_HANDLERS": handlers}))["https"].mode == mode
+        # scrapy-playwright's browser ignores meta['proxy']; its other requests go to Scrapy's HTTP/1.1 handler
+        assert through(handlers, "https://a.test/", extra=extra, playwright=True) is False
+        assert through(handlers, "https://a.test/", extra=extra) is True
+
+
+class ProxyingHTTP11(HTTP11DownloadHandler):
+    """A user's handler built on Scrapy's HTTP/1.1 handler: it sends ``meta['proxy']`` requests to the proxy."""
 
 
 @pytest_twisted.ensureDeferred

@@ -17,7 +17,7 @@ from ..resolver import (
     HostNotFound,
     MixedAnswer,
     PublicHostnameResolver,
-    reachable_family,
+    routed,
 )
 from ..vocabulary import IP_META, PINNED_META, PROXY_COUNTED_META
 from .reactor import await_deferred, installed_reactor
@@ -63,8 +63,6 @@ class Resolution:
         #: Whether a request goes to its ``meta['proxy']``, which resolves its host (its handler honours the proxy):
         #: then nothing is resolved, checked or pinned here. Set by the pacer from the handler modes.
         self.through_proxy: Callable[[Request], bool] | None = None  # None: no request does
-        #: The address family a host is booked on when it has both (:func:`~scrapy_polite.resolver.reachable_family`).
-        self.family = reachable_family()
 
     def resolver(self) -> PublicHostnameResolver:
         """The process's :class:`~scrapy_polite.resolver.PublicHostnameResolver` (``TWISTED_DNS_RESOLVER``).
@@ -132,7 +130,7 @@ class Resolution:
                 if len(self._splits) >= _SPLITS_MAX:
                     self._splits.clear()
                 kept, dropped = self.address_filter.split(answer)
-                split = self._splits[answer] = (one_family(kept, self.family), dropped)
+                split = self._splits[answer] = (one_family(kept, routed), dropped)
             kept, dropped = split
             if not kept:
                 raise BlockedHost(host, dropped)

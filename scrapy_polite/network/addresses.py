@@ -23,7 +23,7 @@ Nothing here reads the network, a file or a clock.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = [
     "IPAddress",
@@ -321,19 +321,27 @@ class AddressFilter:
         return kept, dropped
 
 
-def one_family(addresses: Iterable[str], prefer: int = 4) -> list[str]:
-    """The addresses a host is booked and connected on (docs/spec.md §3): those of the ``prefer`` family (4 or 6)
-    when it has any, else the others.
+def one_family(addresses: Iterable[str], routed: Callable[[str], bool] = lambda _address: True) -> list[str]:
+    """The addresses a host is booked and connected on (docs/spec.md §3): its IPv4 ones when this machine has a route
+    to one of them (``routed``), else its IPv6 ones when it has a route to one of those, else all of them.
 
     A dual-stack host's IPv4 and IPv6 addresses are, as a rule, one server: booking on both would pace it at twice
     the per-address interval, and a machine without IPv6 (or IPv4) connectivity cannot reach half of them (Twisted's
     ``HostnameEndpoint`` falls back to the other family; a connection pinned to the booked address cannot).
 
-    >>> one_family(["192.0.2.1", "2001:db8::1"]), one_family(["192.0.2.1", "2001:db8::1"], prefer=6)
-    (['192.0.2.1'], ['2001:db8::1'])
+    >>> one_family(["192.0.2.1", "2001:db8::1"])
+    ['192.0.2.1']
+    >>> one_family(["192.0.2.1", "2001:db8::1"], routed=lambda address: ":" in address)
+    ['2001:db8::1']
     >>> one_family(["2001:db8::1"])
     ['2001:db8::1']
     """
     listed = list(addresses)
-    preferred = [a for a in listed if (":" in a) == (prefer == 6)]
-    return preferred or listed
+    v4 = [a for a in listed if ":" not in a]
+    v6 = [a for a in listed if ":" in a]
+    if not v4 or not v6:
+        return listed
+    for family in (v4, v6):
+        if any(routed(a) for a in family):
+            return family
+    return listed

@@ -67,6 +67,8 @@ CHECKED = "checked"
 PINNED_HTTP11_HANDLER = "scrapy_polite.handler.PinnedHTTP11DownloadHandler"
 PINNED_H2_HANDLER = "scrapy_polite.handler.PinnedH2DownloadHandler"
 PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+#: Scrapy's HTTP/1.1 handler: it and its subclasses send a request with ``meta['proxy']`` to that proxy.
+_HTTP11 = "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler"
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,7 @@ class _Family:
 
 #: Every handler the add-on knows (docs/guides/safety.md, "Download handlers"), by import path.
 HANDLER_FAMILIES: dict[str, _Family] = {
-    "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER,
-                                                                          honours_proxy=True),
+    _HTTP11: _Family(PINNED, "http11", PINNED_HTTP11_HANDLER, honours_proxy=True),
     "scrapy.core.downloader.handlers.http.HTTPDownloadHandler": _Family(PINNED, "http11", PINNED_HTTP11_HANDLER,
                                                                       honours_proxy=True),
     PINNED_HTTP11_HANDLER: _Family(PINNED, "http11", PINNED_HTTP11_HANDLER, honours_proxy=True),
@@ -147,10 +148,14 @@ def is_playwright_handler(handler: object) -> bool:
     """Whether ``handler`` (an import path or a class) is scrapy-playwright's handler or a subclass of it, so
     that the browser's own requests need the guard (docs/spec.md §4.1). False when scrapy-playwright is not
     installed or ``handler`` cannot be loaded (Scrapy then reports it)."""
-    if component_path(handler) == PLAYWRIGHT_HANDLER:
-        return True
+    return component_path(handler) == PLAYWRIGHT_HANDLER or _is_subclass(handler, PLAYWRIGHT_HANDLER)
+
+
+def _is_subclass(handler: object, base_path: str) -> bool:
+    """Whether ``handler`` (an import path or a class) is the class ``base_path`` names or a subclass of it; False
+    when either cannot be loaded."""
     try:
-        base = load_object(PLAYWRIGHT_HANDLER)
+        base = load_object(base_path)
         cls = load_object(handler) if isinstance(handler, str) else handler
     except (ImportError, NameError, AttributeError, ValueError):
         return False
@@ -192,7 +197,8 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
             modes[scheme] = SchemeMode(scheme, family.mode, family.replacement or path, family.label,
                                        family.replacement or configured or path, honours_proxy=family.honours_proxy)
         elif path in accepted or settings.getbool("POLITE_ALLOW_PRIVATE"):
-            modes[scheme] = SchemeMode(scheme, CHECKED, path, path.rsplit(".", 1)[-1].lower(), configured)
+            modes[scheme] = SchemeMode(scheme, CHECKED, path, path.rsplit(".", 1)[-1].lower(), configured,
+                                       honours_proxy=_is_subclass(configured or path, _HTTP11))
         else:
             raise UnsafeHandlerError(
                 f"scrapy-polite does not know DOWNLOAD_HANDLERS[{scheme!r}] = {path!r}: that handler may resolve "
@@ -259,6 +265,9 @@ class UnpinnedRequests:
         self._proxied = {scheme: mode.proxy for scheme, mode in modes.items() if mode.browser}
         #: The schemes whose handler sends a request with ``meta['proxy']`` to that proxy (:meth:`through_proxy`).
         self._proxy_schemes = frozenset(scheme for scheme, mode in modes.items() if mode.honours_proxy)
+        #: The schemes scrapy-playwright downloads: its browser only for ``meta['playwright']``, Scrapy's HTTP/1.1
+        #: handler for any other request (which honours ``meta['proxy']``).
+        self._playwright_schemes = frozenset(scheme for scheme, mode in modes.items() if mode.label == "playwright")
         self._address_filter = address_filter
         self._inc = inc
         # The verdict on each response (weakly held): asked before it is recorded (the extension) and
@@ -275,11 +284,16 @@ class UnpinnedRequests:
     def through_proxy(self, request: Request) -> bool:
         """Whether ``request`` goes to its ``meta['proxy']``, which then resolves its host: its scheme's handler
         honours the proxy (:attr:`SchemeMode.honours_proxy`; an ``s3`` URL is downloaded by the ``https`` handler).
-        Scrapy's FTP handler, scrapy-playwright and handlers the add-on does not know connect to the host
-        themselves whatever ``meta['proxy']`` says: their requests are resolved and checked (docs/spec.md §4)."""
-        if not request.meta.get("proxy"):
+        Scrapy's FTP handler, scrapy-playwright's browser (``meta['playwright']``; scrapy-playwright downloads any
+        other request with Scrapy's HTTP/1.1 handler, which honours the proxy) and handlers the add-on does not know
+        connect to the host themselves whatever ``meta['proxy']`` says: their requests are resolved and checked
+        (docs/spec.md §4)."""
+        meta = request.meta
+        if not meta.get("proxy"):
             return False
         scheme = request.url.split(":", 1)[0].lower()
+        if scheme in self._playwright_schemes:
+            return not meta.get("playwright")
         return ("https" if scheme == "s3" else scheme) in self._proxy_schemes
 
     def resolves_itself(self, request: Request) -> bool:
