@@ -164,7 +164,8 @@ class Pacer:
         if not has_ability(self._backend, ProcessLocal):  # a shared table may come back empty (docs/spec.md §6)
             # A sharded Redis table keeps its identity in another slot than most rows: checked once a second.
             self.table = TableWatch(self.table, report=self.report, restored=self.events.restored, clock=clock,
-                                    check_every=1.0 if getattr(self._backend, "sharded", False) else 0.0)
+                                    check_every=1.0 if getattr(self._backend, "sharded", False) else 0.0,
+                                    own_holds=self.lifecycle.hold_tokens)
         self.booker = Booker(config, self.table, self.lifecycle, self.resolution, self.report, self.sync,
                              sleep or reactor_sleep, self._store_failed,
                              download_timeout=crawler.settings.getfloat("DOWNLOAD_TIMEOUT", DEFAULT_TIMEOUT))

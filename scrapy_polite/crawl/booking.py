@@ -313,18 +313,19 @@ class Booker:
                   ip_paced: bool, token: int) -> Go:
         """The booked request leaves for ``address``, once its address's line is its own when ``ip_paced``."""
         lifecycle = self.lifecycle
+        hold = _hold_of(booking, host, token, self.config.ip_interval)
         if ip_paced and address is not None:
             # The transaction was awaited: another request of ours may have taken the address's
             # line meanwhile. The booking stands (the table spaced it after every earlier one);
             # the request waits until the line is its own (docs/spec.md §5).
             key = ip_key(address)
-            lifecycle.booked(request)
+            lifecycle.booked(request, hold)
             if not lifecycle.take(key, request):
                 self.report.inc("ip_line/retaken")
                 while not lifecycle.take(key, request):
                     await await_deferred(lifecycle.wait_for([key]))
                 now = await self._address_free(host, key, request)
-        lifecycle.sent(request, _hold_of(booking, host, token, self.config.ip_interval))
+        lifecycle.sent(request, hold)
         self.report.booked(host)
         self.report.events.booking(host, request.url, at=now, address=address,
                                    due=booking.host.next_allowed if booking.host is not None else None,

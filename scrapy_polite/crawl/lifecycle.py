@@ -261,9 +261,12 @@ class Lifecycle:
             return True
         return line.holder is request
 
-    def booked(self, request: Any) -> None:
-        """``request`` is booked in the table; it may still wait for its address's line (docs/spec.md §5)."""
+    def booked(self, request: Any, hold: Hold | None = None) -> None:
+        """``request`` is booked in the table, holding ``hold`` (None: none); it may still wait for its address's line
+        (docs/spec.md §5)."""
         self._move(request, Stage.BOOKED)
+        if hold is not None:
+            self._holds[request] = hold
 
     def sent(self, request: Any, hold: Hold | None = None) -> None:
         """``request`` goes to the download handler (``in flight``), holding ``hold`` in the table (None: its
@@ -276,6 +279,11 @@ class Lifecycle:
         """The in-flight hold of ``request``, now the caller's to release (its record, or the release of an end
         without one); None when it holds none, or it was taken already."""
         return self._holds.pop(request, None)
+
+    def hold_tokens(self) -> set[int]:
+        """The tokens of the in-flight holds this process's requests took and have not released (a restored table
+        gets back only these: docs/spec.md §6, "A table that comes back empty")."""
+        return {hold.token for hold in self._holds.values()}
 
     def take_holds(self) -> list[Hold]:
         """Every hold still taken (the crawl's close releases them: nothing this process started outlives it)."""

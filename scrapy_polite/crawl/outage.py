@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol, TypeVar
 
 from scrapy.utils.defer import deferred_from_coro
@@ -26,6 +26,7 @@ from twisted.internet.defer import Deferred, fail
 from twisted.python.failure import Failure
 
 from ..policy import HostState, PacingPolicy
+from ..policy.state import replace
 from ..reports.counters import Report
 from ..stores import (
     TABLE_KEY,
@@ -234,12 +235,17 @@ class TableWatch:
             written back; ``since``: the table's time this process last found it whole).
         check_every: seconds between two checks of the identity (0: with every call).
         clock: this process's clock (seconds), for ``check_every``.
+        own_holds: the tokens of the in-flight holds of this process's requests still in flight; a restore writes
+            back these holds only (another process's, seen before the loss, may have been released since: written
+            back, it would hold its host for a request's whole timeout). None: every hold known.
     """
 
     def __init__(self, store: DeferredStore, *, report: Report,
                  restored: Callable[[dict[str, HostState], float], None] | None = None, check_every: float = 0.0,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, own_holds: Callable[[], Collection[int]] | None = None,
+                 ) -> None:
         self.store = store
+        self.own_holds = own_holds
         self.report = report
         self.restored = restored
         self.check_every = check_every
@@ -402,7 +408,9 @@ class TableWatch:
             return {TABLE_KEY: HostState(held_by=identity, updated=math.inf)}, identity
 
         self.identity = await await_deferred(self.store.update_many([TABLE_KEY], claim))
-        known = dict(self.known)
+        own = None if self.own_holds is None else self.own_holds()
+        known = {key: state if own is None or not state.held_by or state.held_by in own
+                 else replace(state, held_until=0.0, held_by=0) for key, state in self.known.items()}
         written: dict[str, HostState] = {}
         keys = sorted(known)
         for start in range(0, len(keys), RESTORE_BATCH):
