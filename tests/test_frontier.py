@@ -6,6 +6,7 @@ due, skip blocked hosts, return a dead worker's leases, end leases, give back at
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import time
@@ -313,3 +314,36 @@ def test_an_idle_worker_stays_for_the_leases_of_a_worker_that_stopped_renewing_w
         assert taken == ["http://a.test/0", "http://a.test/1"]
     finally:
         survivor.stop()
+
+
+class FlakyFrontier:
+    """A frontier whose renewals fail while ``down`` (a Redis outage), each a failed Deferred at once."""
+
+    lease_time = 30.0
+
+    def __init__(self) -> None:
+        self.down = True
+
+    def renew_soon(self) -> defer.Deferred[Any]:
+        return defer.fail(ConnectionError("Connection refused")) if self.down else defer.succeed(None)
+
+
+def test_a_lease_renewal_outage_is_one_warning_until_a_renewal_succeeds(caplog):
+    """The beat comes every second: an outage is one WARNING, the next failures DEBUG, an INFO when the leases are
+    renewed again, and the next outage warns again (fleet trial: one WARNING per second per worker)."""
+    crawler = SimpleNamespace(settings=Settings({"CONCURRENT_REQUESTS": 16}), stats=None, engine=None)
+    frontier = FlakyFrontier()
+    worker = SharedWorker(crawler, SchedulerPacer(), frontier, inner=None)  # type: ignore[arg-type]
+
+    def levels() -> list[int]:
+        return [r.levelno for r in caplog.records if "leases in the shared frontier" in r.getMessage()]
+
+    with caplog.at_level(logging.DEBUG, logger="scrapy_polite.frontier.worker"):
+        for _ in range(3):
+            worker._heartbeat()
+        assert levels() == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+        frontier.down = False
+        worker._heartbeat()
+        frontier.down = True
+        worker._heartbeat()
+    assert levels() == [logging.WARNING, logging.DEBUG, logging.DEBUG, logging.INFO, logging.WARNING]

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import logging
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import pytest_twisted
+from scrapy.settings import Settings
 
 from scrapy_polite.clock import process_clock
+from scrapy_polite.extension import PoliteExtension
 from scrapy_polite.policy import Decision, HostState
 from scrapy_polite.reports.counters import Report, Span
 from scrapy_polite.reports.summary import HeldHost, format_progress, format_summary
@@ -259,6 +262,33 @@ def test_progress_names_the_reason_the_host_was_deferred_for():
     rep.deferred("slow.example", "crawl_delay", due=clock.t + 119)
     line = format_progress(rep, held, now=clock.t, idle=True)
     assert line is not None and "slow.example (Crawl-delay, 1 held)" in line, line
+
+
+class OutageScheduler:
+    """A scheduler whose frontier cannot be asked (scrapy-redis's queue during a Redis outage)."""
+
+    def has_pending_requests(self) -> bool:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    def held_hosts(self) -> list[tuple[str, int, float]]:
+        return []
+
+
+def test_the_progress_line_goes_on_when_the_frontier_cannot_be_asked(caplog):
+    """Fleet trial: ``has_pending_requests`` raised through scrapy-redis during a Redis outage, the progress line
+    logged an ERROR with a traceback, and its timer stopped for the rest of the crawl. The line is logged (it cannot
+    say the crawl is idle), no ERROR."""
+    rep, clock = report()
+    throttle(rep, "busy.example", at=clock.t, due=clock.t + 30, steps=1)
+    ext = PoliteExtension.__new__(PoliteExtension)
+    ext.crawler = SimpleNamespace(engine=None, settings=Settings())
+    ext.report = rep
+    ext.pacer = SimpleNamespace(booker=SimpleNamespace(scheduler=OutageScheduler()), clock=clock)
+    with caplog.at_level(logging.DEBUG, logger="scrapy_polite.extension"):
+        ext.log_progress()
+    lines = [r for r in caplog.records if r.name == "scrapy_polite.extension"]
+    assert [r.levelno for r in lines if r.levelno >= logging.INFO] == [logging.INFO], lines
+    assert "1 host in backoff" in lines[-1].getMessage()
 
 
 # --------------------------------------------------------------------------------------------------

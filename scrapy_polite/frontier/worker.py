@@ -71,6 +71,7 @@ class SharedWorker:
         self._beat = task.LoopingCall(self._heartbeat)
         self._beat.clock = installed_reactor()
         self._beating = False
+        self._renew_failing = False  # a renewal failed and none succeeded since: the next failures at DEBUG
         self._closing = False
         #: The Redis server's moment at which this worker, idle, found nothing but other workers' leases to
         #: stay open for (None: not deciding; it took something since): see :meth:`wait`.
@@ -192,13 +193,18 @@ class SharedWorker:
 
         def done(result: Any) -> None:
             self._beating = False
+            if self._renew_failing:
+                self._renew_failing = False
+                logger.info("scrapy-polite: this worker's leases in the shared frontier are renewed again")
             if isinstance(result, FrontierState):
                 self._wake_if_due(result)
 
         def failed(failure: Any) -> None:
             self._beating = False
-            logger.warning("scrapy-polite: could not renew this worker's leases in the shared frontier: %s",
-                           failure.value)
+            # Once per outage (the beat comes every second): the next failures at DEBUG until a renewal succeeds.
+            log = logger.debug if self._renew_failing else logger.warning
+            self._renew_failing = True
+            log("scrapy-polite: could not renew this worker's leases in the shared frontier: %s", failure.value)
 
         d.addCallbacks(done, failed)
 
