@@ -318,9 +318,8 @@ class Booker:
             # The transaction was awaited: another request of ours may have taken the address's
             # line meanwhile. The booking stands (the table spaced it after every earlier one);
             # the request waits until the line is its own (docs/spec.md §5).
-            key = ip_key(address)
             lifecycle.booked(request, hold)
-            if not lifecycle.take(key, request):
+            if not lifecycle.take(key := ip_key(address), request):
                 self.report.inc("ip_line/retaken")
                 while not lifecycle.take(key, request):
                     await await_deferred(lifecycle.wait_for([key]))

@@ -107,14 +107,7 @@ class Resolution:
             DNSLookupError: the host cannot be resolved (NXDOMAIN, SERVFAIL, timeout).
             ResolverNotInstalled: see :meth:`resolver`.
         """
-        if request.meta.get("proxy") and self.through_proxy is not None and self.through_proxy(request):
-            if not self._warned_proxy:
-                self._warned_proxy = True
-                logger.warning("scrapy-polite: requests through an HTTP proxy are resolved by the proxy, so "
-                               "their addresses cannot be checked or pinned (pacing by host still applies)")
-            if not request.meta.get(PROXY_COUNTED_META):
-                request.meta[PROXY_COUNTED_META] = True
-                self.report.inc("proxy_unpinned")
+        if request.meta.get("proxy") and self._proxied(request):
             return None
         resolver = self._resolver if self._resolver is not None else self.resolver()
         whole = self.resolves_itself is not None and self.resolves_itself(request)
@@ -154,6 +147,20 @@ class Resolution:
         except DNSTimeout:
             self.report.inc("dns/timeout")
             raise
+
+    def _proxied(self, request: Request) -> bool:
+        """Whether ``request`` goes to its ``meta['proxy']`` (:attr:`through_proxy`): counted once per request
+        (``polite/proxy_unpinned``), logged once per crawl."""
+        if self.through_proxy is None or not self.through_proxy(request):
+            return False
+        if not self._warned_proxy:
+            self._warned_proxy = True
+            logger.warning("scrapy-polite: requests through an HTTP proxy are resolved by the proxy, so "
+                           "their addresses cannot be checked or pinned (pacing by host still applies)")
+        if not request.meta.get(PROXY_COUNTED_META):
+            request.meta[PROXY_COUNTED_META] = True
+            self.report.inc("proxy_unpinned")
+        return True
 
     def pin(self, request: Request, host: str, address: str) -> None:
         """Connect ``request`` to ``address`` (``meta['polite_ip']``) and pin the resolver's answer for
