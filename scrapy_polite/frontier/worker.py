@@ -23,6 +23,7 @@ from twisted.internet import task
 
 from .._compat import wake_engine
 from ..crawl.reactor import call_later, installed_reactor
+from ..stores.redis.client import transient
 from .leases import RedisFrontier
 from .report import FrontierState, WorkerLeases, beat_period
 
@@ -71,7 +72,8 @@ class SharedWorker:
         self._beat = task.LoopingCall(self._heartbeat)
         self._beat.clock = installed_reactor()
         self._beating = False
-        self._renew_failing = False  # a renewal failed and none succeeded since: the next failures at DEBUG
+        #: A call to the frontier failed and no renewal succeeded since (an outage): the next failures at DEBUG.
+        self._unreachable = False
         self._closing = False
         #: The Redis server's moment at which this worker, idle, found nothing but other workers' leases to
         #: stay open for (None: not deciding; it took something since): see :meth:`wait`.
@@ -112,20 +114,34 @@ class SharedWorker:
         if 0 < self._cap <= self.in_hand(held):
             self.report.inc("frontier/full")
             return None
-        found = frontier.take(self.lifecycle.blocked_hosts() | held_hosts, queue=frontier.mode != "none")
-        if found is None:
-            if frontier.mode != "none":
-                return None
-            request: Request | None = self.inner.next_request()  # a queue class of its own: pop, then lease
-            if request is not None:
-                frontier.lease(request)
-            return request
+        try:
+            found = frontier.take(self.lifecycle.blocked_hosts() | held_hosts, queue=frontier.mode != "none")
+            if found is None:
+                if frontier.mode != "none":
+                    return None
+                request: Request | None = self.inner.next_request()  # a queue class of its own: pop, then lease
+                if request is not None:
+                    frontier.lease(request)
+                return request
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            # Redis unreachable: nothing is taken until it answers (the engine asks again, the beat pokes it).
+            self._outage_log()("scrapy-polite: could not take a request from the shared frontier: %s", exc)
+            return None
         request, host = found
         if host is not None:
             self.lifecycle.release(request, host)  # it claims its host until it is booked or leaves
         elif self.crawler.stats is not None:  # as scrapy-redis's next_request counts it
             self.crawler.stats.inc_value("scheduler/dequeued/redis")
         return request
+
+    def _outage_log(self) -> Any:
+        """The logger method for a failed call to the frontier: WARNING for the first of an outage (the beat comes
+        every second, the engine asks for requests more often), DEBUG until a renewal succeeds."""
+        log = logger.debug if self._unreachable else logger.warning
+        self._unreachable = True
+        return log
 
     def busy(self) -> None:
         """The scheduler handed a request out: a later idle check starts its decision to close again."""
@@ -193,18 +209,16 @@ class SharedWorker:
 
         def done(result: Any) -> None:
             self._beating = False
-            if self._renew_failing:
-                self._renew_failing = False
+            if self._unreachable:
+                self._unreachable = False
                 logger.info("scrapy-polite: this worker's leases in the shared frontier are renewed again")
             if isinstance(result, FrontierState):
                 self._wake_if_due(result)
 
         def failed(failure: Any) -> None:
             self._beating = False
-            # Once per outage (the beat comes every second): the next failures at DEBUG until a renewal succeeds.
-            log = logger.debug if self._renew_failing else logger.warning
-            self._renew_failing = True
-            log("scrapy-polite: could not renew this worker's leases in the shared frontier: %s", failure.value)
+            self._outage_log()("scrapy-polite: could not renew this worker's leases in the shared frontier: %s",
+                               failure.value)
 
         d.addCallbacks(done, failed)
 
