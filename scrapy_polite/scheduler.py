@@ -171,10 +171,11 @@ class PoliteScheduler:
         return self.inner.close(reason) if hasattr(self.inner, "close") else None
 
     def has_pending_requests(self) -> bool:
-        """The wrapped scheduler's pending requests only: while requests are merely held, the engine sees
-        the spider idle and sends ``spider_idle``, which the extension answers (``DontCloseSpider`` until
-        everything held is due beyond ``POLITE_MAX_IDLE_WAIT``), so other ``spider_idle`` handlers still run."""
-        return bool(self.inner.has_pending_requests())
+        """The wrapped scheduler's pending requests only (a shared frontier's: :meth:`SharedWorker.pending`): while
+        requests are merely held, the engine sees the spider idle and sends ``spider_idle``, which the extension
+        answers (``DontCloseSpider`` until everything held is due beyond ``POLITE_MAX_IDLE_WAIT``)."""
+        shared = self.shared
+        return shared.pending(self.inner) if shared is not None else bool(self.inner.has_pending_requests())
 
     def held_count(self) -> int:
         """How many requests are held."""

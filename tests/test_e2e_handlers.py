@@ -468,11 +468,13 @@ def test_only_a_handler_that_sends_to_meta_proxy_leaves_the_address_to_the_proxy
     (Scrapy's HTTP/1.1 handler, httpx; ``s3`` through ``https``). Scrapy's FTP handler, scrapy-playwright and a
     handler the add-on does not know connect themselves (review: ``ftp://`` with ``ftp_proxy`` reached a private
     address unchecked). Negative control: without ``meta['proxy']`` no request is sent to a proxy."""
+    need("scrapy_playwright")
     local, subclass = "tests.test_e2e_handlers.LocalFTPHandler", "tests.test_e2e_handlers.ProxyingHTTP11"
 
     def through(handlers, url, proxy="http://proxy.test:3128", extra=None, **meta):
         settings = Settings({"DOWNLOAD_HANDLERS": handlers, "ADDONS": {Addon: 0},
-                             "POLITE_CHECKED_HANDLERS": [local, subclass], **(extra or {})})
+                             "POLITE_CHECKED_HANDLERS": [local, subclass, "tests.test_e2e_handlers.MyPlaywrightHandler"],
+                             **(extra or {})})
         Addon().update_settings(settings)
         unpinned = UnpinnedRequests(handler_modes(settings), AddressFilter(), lambda _key: None)
         return unpinned.through_proxy(scrapy.Request(url, meta={"proxy": proxy, **meta} if proxy else meta))
@@ -484,6 +486,9 @@ def test_only_a_handler_that_sends_to_meta_proxy_leaves_the_address_to_the_proxy
     assert through({}, "ftp://a.test/f") is False
     assert through({"http": local, "https": local}, "http://a.test/") is False
     assert through({}, "http://a.test/", proxy=None) is False
+    mine = "tests.test_e2e_handlers.MyPlaywrightHandler"  # a subclass of scrapy-playwright's (review): the same
+    assert through({"http": mine, "https": mine}, "https://a.test/", playwright=True) is False
+    assert through({"http": mine, "https": mine}, "https://a.test/") is True
     handlers = {"http": PLAYWRIGHT, "https": PLAYWRIGHT}
     for browser, mode in (("chromium", PINNED), ("firefox", CHECKED)):  # the crawl's proxy, or checked
         extra = {"PLAYWRIGHT_BROWSER_TYPE": browser}
@@ -495,6 +500,13 @@ def test_only_a_handler_that_sends_to_meta_proxy_leaves_the_address_to_the_proxy
 
 class ProxyingHTTP11(HTTP11DownloadHandler):
     """A user's handler built on Scrapy's HTTP/1.1 handler: it sends ``meta['proxy']`` requests to the proxy."""
+
+
+if importlib.util.find_spec("scrapy_playwright") is not None:
+    from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
+
+    class MyPlaywrightHandler(ScrapyPlaywrightDownloadHandler):
+        """A user's subclass of scrapy-playwright's handler (a subclass of Scrapy's HTTP/1.1 handler too)."""
 
 
 @pytest_twisted.ensureDeferred

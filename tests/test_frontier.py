@@ -23,6 +23,7 @@ from twisted.internet import defer
 from scrapy_polite.commands import run_command
 from scrapy_polite.frontier.leases import LEASE_META, RedisFrontier, is_shared_scheduler, queue_mode
 from scrapy_polite.frontier.worker import SharedWorker
+from scrapy_polite.scheduler import PoliteScheduler
 from tests.support.redis_server import redis_url, unique_prefix  # noqa: F401
 from tests.support.scheduler_pacer import SchedulerPacer
 
@@ -343,7 +344,7 @@ def test_a_frontier_outage_is_one_warning_until_a_renewal_succeeds(caplog):
     worker = SharedWorker(crawler, SchedulerPacer(), frontier, inner=None)  # type: ignore[arg-type]
 
     def levels() -> list[int]:
-        return [r.levelno for r in caplog.records if "leases in the shared frontier" in r.getMessage()]
+        return [r.levelno for r in caplog.records if "leases" in r.getMessage()]
 
     with caplog.at_level(logging.DEBUG, logger="scrapy_polite.frontier.worker"):
         for _ in range(3):
@@ -357,5 +358,57 @@ def test_a_frontier_outage_is_one_warning_until_a_renewal_succeeds(caplog):
         # nothing taken, logged at DEBUG within the outage already warned of.
         assert worker.take(set(), 0) is None
     assert levels() == [logging.WARNING, logging.DEBUG, logging.DEBUG, logging.INFO, logging.WARNING]
-    takes = [r.levelno for r in caplog.records if "take a request" in r.getMessage()]
+    takes = [r.levelno for r in caplog.records if "taking a request" in r.getMessage()]
     assert takes == [logging.DEBUG]
+
+
+class DownQueue:
+    """scrapy-redis's scheduler during a Redis outage: its queue cannot be counted."""
+
+    def has_pending_requests(self) -> bool:
+        raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6461. Connection refused.")
+
+
+def test_a_frontier_that_cannot_be_counted_has_requests_pending(caplog):
+    """Review: during an outage Scrapy's engine asked ``has_pending_requests`` on every heartbeat and got scrapy-redis's
+    ``ConnectionError`` (an ERROR with a traceback each time). With a shared frontier the answer is "pending" (the
+    spider does not close as idle while the frontier cannot say), logged once per outage; the control: without a
+    shared frontier the error is the wrapped scheduler's own, raised."""
+    crawler = SimpleNamespace(settings=Settings({"CONCURRENT_REQUESTS": 16}), stats=None, engine=None)
+    pacer = SchedulerPacer()
+    scheduler = PoliteScheduler(crawler, DownQueue(), pacer)  # type: ignore[arg-type]
+    with pytest.raises(redis.exceptions.ConnectionError):
+        scheduler.has_pending_requests()
+    scheduler.shared = SharedWorker(crawler, pacer, FlakyFrontier(), inner=None)  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, logger="scrapy_polite.frontier.worker"):
+        assert scheduler.has_pending_requests() is True
+        assert scheduler.has_pending_requests() is True
+    levels = [r.levelno for r in caplog.records if "counting the requests pending" in r.getMessage()]
+    assert levels == [logging.WARNING, logging.DEBUG]
+
+
+def test_a_request_popped_from_the_queue_is_kept_when_its_lease_fails():
+    """A queue class of its own (mode "none"): scrapy-redis pops, then the add-on leases. A lease that fails (Redis
+    gone between the two) must not lose the popped request (review): it goes unleased. The control: a popped request
+    is leased when Redis answers."""
+    popped = Request("http://a.test/1")
+    leased: list[Request] = []
+
+    class OwnQueueFrontier(FlakyFrontier):
+        mode = "none"
+
+        def take(self, blocked: set[str], queue: bool) -> None:
+            return None
+
+        def lease(self, request: Request) -> None:
+            if self.down:
+                raise redis.exceptions.ConnectionError("Connection refused")
+            leased.append(request)
+
+    crawler = SimpleNamespace(settings=Settings({"CONCURRENT_REQUESTS": 16}), stats=None, engine=None)
+    frontier = OwnQueueFrontier()
+    worker = SharedWorker(crawler, SchedulerPacer(), frontier,  # type: ignore[arg-type]
+                          inner=SimpleNamespace(next_request=lambda: popped))
+    assert worker.take(set(), 0) is popped and leased == []
+    frontier.down = False
+    assert worker.take(set(), 0) is popped and leased == [popped]

@@ -121,13 +121,14 @@ class SharedWorker:
                     return None
                 request: Request | None = self.inner.next_request()  # a queue class of its own: pop, then lease
                 if request is not None:
-                    frontier.lease(request)
+                    try:
+                        frontier.lease(request)
+                    except Exception as exc:  # popped already: it goes unleased rather than lost
+                        self.unreachable("leasing a request taken", exc)
                 return request
         except Exception as exc:
-            if not transient(exc):
-                raise
             # Redis unreachable: nothing is taken until it answers (the engine asks again, the beat pokes it).
-            self._outage_log()("scrapy-polite: could not take a request from the shared frontier: %s", exc)
+            self.unreachable("taking a request", exc)
             return None
         request, host = found
         if host is not None:
@@ -136,12 +137,28 @@ class SharedWorker:
             self.crawler.stats.inc_value("scheduler/dequeued/redis")
         return request
 
-    def _outage_log(self) -> Any:
-        """The logger method for a failed call to the frontier: WARNING for the first of an outage (the beat comes
-        every second, the engine asks for requests more often), DEBUG until a renewal succeeds."""
+    def unreachable(self, doing: str, exc: BaseException) -> None:
+        """A call to the frontier failed while ``doing`` something: logged at WARNING for the first of an outage (the
+        beat comes every second, the engine asks for requests more often), at DEBUG until a renewal succeeds.
+
+        Raises:
+            exc: itself, when it does not say Redis is unreachable right now (:func:`transient`).
+        """
+        if not transient(exc):
+            raise exc
         log = logger.debug if self._unreachable else logger.warning
         self._unreachable = True
-        return log
+        log("scrapy-polite: the shared frontier cannot be reached (%s): %s", doing, exc)
+
+    def pending(self, inner: Any) -> bool:
+        """Whether scrapy-redis's scheduler ``inner`` has requests pending; True while the frontier cannot be reached
+        (a Redis outage: the spider must not close as idle, and Scrapy's engine, which asks on every heartbeat, gets
+        no error), logged once per outage (:meth:`unreachable`)."""
+        try:
+            return bool(inner.has_pending_requests())
+        except Exception as exc:
+            self.unreachable("counting the requests pending", exc)
+            return True
 
     def busy(self) -> None:
         """The scheduler handed a request out: a later idle check starts its decision to close again."""
@@ -217,8 +234,7 @@ class SharedWorker:
 
         def failed(failure: Any) -> None:
             self._beating = False
-            self._outage_log()("scrapy-polite: could not renew this worker's leases in the shared frontier: %s",
-                               failure.value)
+            self.unreachable("renewing this worker's leases", failure.value)
 
         d.addCallbacks(done, failed)
 

@@ -198,7 +198,8 @@ def handler_modes(settings: Any) -> dict[str, SchemeMode]:
                                        family.replacement or configured or path, honours_proxy=family.honours_proxy)
         elif path in accepted or settings.getbool("POLITE_ALLOW_PRIVATE"):
             modes[scheme] = SchemeMode(scheme, CHECKED, path, path.rsplit(".", 1)[-1].lower(), configured,
-                                       honours_proxy=_is_subclass(configured or path, _HTTP11))
+                                       honours_proxy=_is_subclass(configured or path, _HTTP11)
+                                       and not is_playwright_handler(configured or path))
         else:
             raise UnsafeHandlerError(
                 f"scrapy-polite does not know DOWNLOAD_HANDLERS[{scheme!r}] = {path!r}: that handler may resolve "
@@ -267,7 +268,8 @@ class UnpinnedRequests:
         self._proxy_schemes = frozenset(scheme for scheme, mode in modes.items() if mode.honours_proxy)
         #: The schemes scrapy-playwright downloads: its browser only for ``meta['playwright']``, Scrapy's HTTP/1.1
         #: handler for any other request (which honours ``meta['proxy']``).
-        self._playwright_schemes = frozenset(scheme for scheme, mode in modes.items() if mode.label == "playwright")
+        self._playwright_schemes = frozenset(scheme for scheme, mode in modes.items()
+                                             if is_playwright_handler(mode.component))
         self._address_filter = address_filter
         self._inc = inc
         # The verdict on each response (weakly held): asked before it is recorded (the extension) and
