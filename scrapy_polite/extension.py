@@ -297,12 +297,9 @@ class PoliteExtension:
         held or hosts back off."""
         scheduler = self.pacer.booker.scheduler
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
-        try:
-            idle = (scheduler is not None and not scheduler.has_pending_requests()
-                    and not getattr(downloader, "active", None))
-        except Exception as exc:  # a frontier that cannot be asked (scrapy-redis's queue during a Redis outage)
-            logger.debug("scrapy-polite: the progress line cannot tell whether requests are pending: %s", exc)
-            idle = False
+        # (a shared frontier that cannot be reached answers "pending": SharedWorker.pending)
+        idle = (scheduler is not None and not scheduler.has_pending_requests()
+                and not getattr(downloader, "active", None))
         line = format_progress(self.report, self.held_hosts(), now=self.pacer.clock(), idle=idle,
                                store_option=self._store_option())
         if line is not None:

@@ -301,13 +301,8 @@ class KeepAliveOrigin(SilentServer):
         self.heads: list[bytes] = []
         super().__init__("127.0.21.3")
 
-    def _loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+    def _accepted(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
         buffer = b""

@@ -112,7 +112,11 @@ class SilentServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            self.conns.append(conn)
+            self._accepted(conn)
+
+    def _accepted(self, conn: socket.socket) -> None:
+        """Keep the connection open, never answering (a subclass may answer)."""
+        self.conns.append(conn)
 
     def close(self) -> None:
         for c in self.conns:

@@ -19,13 +19,17 @@ from scrapy.settings import Settings
 
 from scrapy_polite.clock import process_clock
 from scrapy_polite.extension import PoliteExtension
+from scrapy_polite.frontier.worker import SharedWorker
 from scrapy_polite.policy import Decision, HostState
 from scrapy_polite.reports.counters import Report, Span
 from scrapy_polite.reports.summary import HeldHost, format_progress, format_summary
 from scrapy_polite.reports.words import format_duration
+from scrapy_polite.scheduler import PoliteScheduler
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.scheduler_pacer import SchedulerPacer
 from tests.support.server import Reply, scripted
+from tests.test_frontier import DownQueue, FlakyFrontier
 
 T0 = 1_800_000_000.0
 
@@ -264,16 +268,6 @@ def test_progress_names_the_reason_the_host_was_deferred_for():
     assert line is not None and "slow.example (Crawl-delay, 1 held)" in line, line
 
 
-class OutageScheduler:
-    """A scheduler whose frontier cannot be asked (scrapy-redis's queue during a Redis outage)."""
-
-    def has_pending_requests(self) -> bool:
-        raise ConnectionRefusedError(111, "Connection refused")
-
-    def held_hosts(self) -> list[tuple[str, int, float]]:
-        return []
-
-
 def test_the_progress_line_goes_on_when_the_frontier_cannot_be_asked(caplog):
     """Fleet trial: ``has_pending_requests`` raised through scrapy-redis during a Redis outage, the progress line
     logged an ERROR with a traceback, and its timer stopped for the rest of the crawl. The line is logged (it cannot
@@ -283,7 +277,11 @@ def test_the_progress_line_goes_on_when_the_frontier_cannot_be_asked(caplog):
     ext = PoliteExtension.__new__(PoliteExtension)
     ext.crawler = SimpleNamespace(engine=None, settings=Settings())
     ext.report = rep
-    ext.pacer = SimpleNamespace(booker=SimpleNamespace(scheduler=OutageScheduler()), clock=clock)
+    pacer = SchedulerPacer()
+    crawler = SimpleNamespace(settings=Settings({"CONCURRENT_REQUESTS": 16}), stats=None, engine=None)
+    scheduler = PoliteScheduler(crawler, DownQueue(), pacer)  # type: ignore[arg-type]
+    scheduler.shared = SharedWorker(crawler, pacer, FlakyFrontier(), inner=None)  # type: ignore[arg-type]
+    ext.pacer = SimpleNamespace(booker=SimpleNamespace(scheduler=scheduler), clock=clock)
     with caplog.at_level(logging.DEBUG, logger="scrapy_polite.extension"):
         ext.log_progress()
     lines = [r for r in caplog.records if r.name == "scrapy_polite.extension"]
