@@ -699,8 +699,8 @@ def test_sqlite_an_unclean_stop_is_found_and_its_last_rows_are_treated_as_just_b
         check.close()
         proc.communicate(b"", timeout=30)
         assert proc.returncode == 0
-    now = time.time()
     store = SQLiteStore(path)
+    now = store.now()  # the table's clock (one anchor per boot: a step of the wall clock since does not move it)
     old = HostState(next_allowed=now - 50, updated=now - 60)
     recent = HostState(next_allowed=now - 0.5, updated=now - 1.0)  # its interval, as the row knows it: 0.5 s
     address = HostState(next_allowed=now + 1.0, updated=now - 2.0)  # 3 s
