@@ -362,6 +362,45 @@ def test_a_frontier_outage_is_one_warning_until_a_renewal_succeeds(caplog):
     assert takes == [logging.DEBUG]
 
 
+def test_a_lease_end_that_cannot_be_written_in_an_outage_is_logged_once_per_outage(caplog):
+    """Fleet trial: during a Redis outage every lease end (one per page) logged its own ERROR. With the worker attached,
+    a write that failed because Redis cannot be reached goes to the outage's one WARNING (DEBUG after); the controls: a
+    frontier without a worker logs each at ERROR, and an error that is not an outage (a wrong key type) is an ERROR."""
+    errors: list[BaseException] = [redis.exceptions.ConnectionError("Error 111 connecting. Connection refused.")]
+
+    def failing(fn: Any, *args: Any, **kwargs: Any) -> defer.Deferred[Any]:
+        return defer.fail(errors[0])
+
+    client = redis.Redis(host="127.0.0.1", port=9)  # register_script does not connect
+    spider = SimpleNamespace(name="outage")
+    queue = scrapy_redis_queue.FifoQueue(server=client, spider=spider, key="%(spider)s:requests")
+    frontier = RedisFrontier(client, queue, spider, "outage:polite", 30.0, lambda key, count: None, in_thread=failing)
+
+    def end_leases(*ids: str) -> None:
+        for lease_id in ids:
+            frontier.leased[lease_id] = "a.test"
+            frontier.end(Request("http://a.test/", meta={LEASE_META: lease_id}))
+        frontier.settle()  # the ends are written now, not on the next reactor turn
+
+    def levels(text: str) -> list[int]:
+        return [r.levelno for r in caplog.records if text in r.getMessage()]
+
+    with caplog.at_level(logging.DEBUG, logger="scrapy_polite.frontier"):
+        end_leases("1")
+        assert levels("a write to the shared frontier") == [logging.ERROR]  # no worker: each an ERROR
+        caplog.clear()
+        crawler = SimpleNamespace(settings=Settings({"CONCURRENT_REQUESTS": 16}), stats=None, engine=None)
+        SharedWorker(crawler, SchedulerPacer(), frontier, inner=None)  # type: ignore[arg-type]
+        end_leases("2")
+        end_leases("3")
+        end_leases("4")
+        assert levels("cannot be reached (writing to it)") == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+        assert levels("a write to the shared frontier") == []
+        errors[0] = redis.exceptions.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+        end_leases("5")
+        assert levels("a write to the shared frontier") == [logging.ERROR]
+
+
 class DownQueue:
     """scrapy-redis's scheduler during a Redis outage: its queue cannot be counted."""
 

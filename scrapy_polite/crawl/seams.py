@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..vocabulary import DeferralReason
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request
     from twisted.internet.defer import Deferred
 
@@ -119,6 +121,9 @@ class SharedFrontier(Protocol):
     mode: str
     worker: str  # this worker's id (``<hostname>-<pid>-<random>``), logged at start
     state: FrontierState  # what it held at the last read
+    #: ``outage(doing, exc)``, told of a background write that failed because the server cannot be reached (None:
+    #: each is an ERROR); the worker sets it to its once-per-outage log.
+    outage: Callable[[str, BaseException], None] | None
 
     def take(self, skip: set[str], *, queue: bool = True) -> tuple[Request, str | None] | None:
         """One request, leased to this worker: returned first, then of a due held host not in ``skip``,

@@ -50,6 +50,7 @@ from twisted.internet import threads
 from twisted.internet.defer import Deferred, DeferredList
 
 from ..crawl.reactor import call_later
+from ..stores.redis.client import transient
 from ..vocabulary import LEASE_META, THROTTLE_RETRIES_META
 from .report import LEASERS_LUA, NOW_LUA, FrontierState, describe_leases, leasers, read_hosts
 
@@ -229,6 +230,9 @@ class RedisFrontier:
         self._flush_call: Any = None
         self._pending: set[Deferred[Any]] = set()
         self.state = FrontierState()
+        #: ``outage(doing, exc)``: told of a write that failed because Redis cannot be reached (the worker logs it
+        #: once per outage: :meth:`~scrapy_polite.frontier.worker.SharedWorker.unreachable`); None: each an ERROR.
+        self.outage: Callable[[str, BaseException], None] | None = None
 
     # -- taking -----------------------------------------------------------------------------------------
 
@@ -405,9 +409,14 @@ class RedisFrontier:
             self._pending.discard(d)
             return result
 
+        def failed(failure: Any) -> None:
+            if self.outage is not None and transient(failure.value):
+                self.outage("writing to it", failure.value)  # a Redis outage: once per outage, not per write
+            else:
+                logger.error("scrapy-polite: a write to the shared frontier %s failed: %s", self.key, failure.value)
+
         d.addBoth(done)
-        d.addErrback(lambda failure: logger.error("scrapy-polite: a write to the shared frontier %s failed: %s",
-                                                  self.key, failure.value))
+        d.addErrback(failed)
 
     def settle(self) -> Deferred[Any]:
         """A Deferred fired when every write started so far is done (pending lease ends are started now)."""

@@ -66,6 +66,7 @@ class SharedWorker:
         self.report = pacer.report
         self.lifecycle = pacer.lifecycle
         self.frontier = frontier
+        frontier.outage = self.unreachable  # its background writes' failures too: one WARNING per outage
         self.inner = inner
         self._cap = crawler.settings.getint("CONCURRENT_REQUESTS")
         self._period = beat_period(frontier.lease_time)
