@@ -134,6 +134,9 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
                              "interval later",
     "polite/lease/expired": "requests leased by a worker that stopped renewing its lease (killed, or stalled longer "
                             "than `POLITE_LEASE_TIME`), returned to the shared frontier by this worker",
+    "polite/frontier/emptied": "times this worker found the shared frontier emptied under the crawl (Redis restarted "
+                               "without persistence, or its keys deleted): what was deferred, leased or queued there "
+                               "is gone",
     "polite/frontier/taken/queue": "requests this worker took from scrapy-redis's queue",
     "polite/frontier/taken/held": "requests this worker took from a host held in the shared frontier, once due",
     "polite/frontier/taken/returned": "requests this worker took that a stopped or dead worker had given back",

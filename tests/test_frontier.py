@@ -318,6 +318,31 @@ def test_an_idle_worker_stays_for_the_leases_of_a_worker_that_stopped_renewing_w
         survivor.stop()
 
 
+def test_a_frontier_emptied_under_the_crawl_is_one_warning(redis_url, caplog):
+    """A Redis restarted without persistence forgets the frontier (queue, dupefilter, held and leased requests): each
+    worker says so once, at its next renewal, and counts it (it was silent). The controls: renewals of a frontier that
+    kept its keys, and a worker joining late, say nothing."""
+    farm = Farm(redis_url, lease_time=30.0)
+    farm.queue.push(Request("http://a.test/1"))
+    first, second = farm.worker(), farm.worker()
+
+    def warnings() -> int:
+        return sum("was emptied under the crawl" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.WARNING, logger="scrapy_polite.frontier"):
+        first.renew()
+        first.take(set())
+        first.renew()
+        second.renew()  # joins a frontier that is already there
+        assert warnings() == 0 and "frontier/emptied" not in farm.stats
+        farm.client.delete(*farm.client.keys(f"{farm.spider.name}:*"))  # what a restart without persistence leaves
+        first.renew()
+        second.renew()
+        first.renew()
+        second.renew()
+    assert warnings() == 2 and farm.stats["frontier/emptied"] == 2  # once per worker, not per renewal
+
+
 class FlakyFrontier:
     """A frontier whose renewals fail while ``down`` (a Redis outage), each a failed Deferred at once."""
 

@@ -17,7 +17,9 @@ With scrapy-redis's scheduler (``scrapy_redis.scheduler.Scheduler``, wrapped by
   script). A live worker renews its deadline every second (every ``POLITE_LEASE_TIME / 3`` if shorter);
   any worker that finds a deadline passed (a dead worker) moves that worker's leased requests to
   ``<key>:returned`` (counted in ``polite/lease/expired``), which every worker takes from first;
-* ``<key>:count``: how many requests the held lists hold.
+* ``<key>:count``: how many requests the held lists hold;
+* ``<key>:epoch``: a random id, written by the first renewal; a worker that finds it changed or gone says the
+  frontier was emptied under the crawl (``polite/frontier/emptied``).
 
 A worker's id is ``<hostname>-<pid>-<random>``: the scheduler logs it at start, and the leases in Redis (and
 ``scrapy polite hosts``) name it, so a lease can be tied to its process. What is held and leased is read for
@@ -126,11 +128,13 @@ return 1
 """
 
 #: Renew this worker's deadline, return the leases of dead workers, report: KEYS = workers, returned, due,
-#: count, renewed; ARGV = worker to renew ('': none), lease seconds, lease key prefix, this worker (its own
-#: leases are not listed). Returns {expired, returned, held, first due host, its delay from now (s, as a
-#: string), now (s, as a string), then four fields per other worker that leases requests
-#: (:data:`~scrapy_polite.frontier.report.LEASERS_LUA`)}.
+#: count, renewed, epoch; ARGV = worker to renew ('': none), lease seconds, lease key prefix, this worker (its
+#: own leases are not listed), a new epoch (set when the frontier has none). Returns {expired, returned, held,
+#: first due host, its delay from now (s, as a string), now (s, as a string), the frontier's epoch, then four
+#: fields per other worker that leases requests (:data:`~scrapy_polite.frontier.report.LEASERS_LUA`)}.
 _RENEW = _NOW + LEASERS_LUA + """
+local epoch = redis.call('GET', KEYS[6])
+if not epoch then epoch = ARGV[5]; redis.call('SET', KEYS[6], epoch) end
 if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   redis.call('ZADD', KEYS[5], now, ARGV[1])
@@ -149,7 +153,7 @@ local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 local host, delay = '', ''
 if first[1] then host = first[1]; delay = tostring(tonumber(first[2]) - now) end
 local out = {expired, redis.call('LLEN', KEYS[2]), tonumber(redis.call('GET', KEYS[4]) or '0'), host, delay,
-             tostring(now)}
+             tostring(now), epoch}
 for _, v in ipairs(leasers(KEYS[1], KEYS[5], ARGV[3], ARGV[4])) do out[#out + 1] = v end
 return out
 """
@@ -218,6 +222,10 @@ class RedisFrontier:
         self._due_key, self._count_key = f"{key}:due", f"{key}:count"
         self._returned_key, self._workers_key = f"{key}:returned", f"{key}:workers"
         self._renewed_key = f"{key}:renewed"
+        #: A random id the first worker writes (``<key>:epoch``): one that changes or goes says the frontier was
+        #: emptied under the crawl (a Redis restarted without persistence, a flush).
+        self._epoch_key = f"{key}:epoch"
+        self._epoch: str | None = None
         self._take = server.register_script(_TAKE)
         self._lease = server.register_script(_LEASE)
         self._hold = server.register_script(_HOLD)
@@ -365,17 +373,24 @@ class RedisFrontier:
         """Renew this worker's deadline (unless not ``alive``), return dead workers' leases, and read what
         waits (blocking: run it on a thread, or at an idle check). Counts ``polite/lease/expired``."""
         row = self._renew(keys=[self._workers_key, self._returned_key, self._due_key, self._count_key,
-                                self._renewed_key],
-                          args=[self.worker if alive else "", self.lease_time, f"{self.key}:lease:", self.worker])
+                                self._renewed_key, self._epoch_key],
+                          args=[self.worker if alive else "", self.lease_time, f"{self.key}:lease:", self.worker,
+                                uuid.uuid4().hex])
         expired, returned, held = int(row[0]), int(row[1]), int(row[2])
-        delay, now = _text(row[4]), float(_text(row[5]))
+        delay, now, epoch = _text(row[4]), float(_text(row[5])), _text(row[6])
         state = FrontierState(returned=returned, held=held, first_host=_text(row[3]),
-                              first_due=float(delay) if delay else None, elsewhere=leasers(list(row[6:]), now),
+                              first_due=float(delay) if delay else None, elsewhere=leasers(list(row[7:]), now),
                               expired=expired, now=now)
         if expired:
             logger.warning("scrapy-polite: %d requests leased by a worker that stopped renewing its lease were "
                            "returned to the shared frontier %s", expired, self.key)
             self._inc("lease/expired", expired)
+        if self._epoch is not None and epoch != self._epoch:
+            logger.warning("scrapy-polite: the shared frontier %s was emptied under the crawl (Redis restarted without "
+                           "persistence, or its keys were deleted): the requests deferred and leased there, "
+                           "scrapy-redis's queue and its dupefilter are gone", self.key)
+            self._inc("frontier/emptied", 1)
+        self._epoch = epoch
         self.state = state
         return state
 
@@ -436,7 +451,8 @@ class RedisFrontier:
 
     def clear(self) -> None:
         """Delete the frontier's keys (``SCHEDULER_PERSIST = False``: scrapy-redis flushes its queue too)."""
-        keys = [self._due_key, self._count_key, self._returned_key, self._workers_key, self._renewed_key]
+        keys = [self._due_key, self._count_key, self._returned_key, self._workers_key, self._renewed_key,
+                self._epoch_key]
         keys += [f"{self._held_prefix}{host}" for host, _, _ in self.hosts()]
         self.server.delete(*keys)
 
