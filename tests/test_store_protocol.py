@@ -1217,3 +1217,39 @@ def test_a_step_that_asks_again_after_the_close_fails_at_once_and_leaves_no_time
     stopped.addErrback(failures.append)
     assert clock.getDelayedCalls() == [] and len(failures) == 2
     assert all(f.check(StoreClosed) for f in failures)
+
+
+_SHUTDOWN_SCRIPT = """
+import sys, time
+from twisted.internet import asyncioreactor
+asyncioreactor.install()
+from twisted.internet import reactor
+from scrapy_polite.stores.threads import CallPool
+if sys.argv[1] == "control":
+    CallPool._at_shutdown = lambda self: None  # the pool left running, as before
+pool = CallPool(reactor, name="scrapy-polite-store")
+reactor.callWhenRunning(lambda: pool.run_aside(time.sleep, 0).addCallback(lambda _: reactor.stop()))
+reactor.run()
+print("reactor stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["fixed", "control"])
+def test_a_table_left_open_does_not_keep_the_process_from_exiting(case):
+    """Trial: a second Ctrl-C (Scrapy's forced shutdown) stops the reactor without closing the spider, so the table's
+    thread pools were never stopped and the process waited for them forever (only SIGKILL ended it). The reactor's
+    shutdown now stops a pool the table did not; the control, a pool left running, still keeps the process."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _SHUTDOWN_SCRIPT, case], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        code = proc.wait(timeout=30 if case == "fixed" else 5)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        proc.kill()
+        out = proc.communicate()[0]
+    assert "reactor stopped" in out  # the reactor stopped in both: only the pool's threads differ
+    assert (code == 0) if case == "fixed" else (code is None)

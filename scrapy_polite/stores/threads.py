@@ -28,7 +28,9 @@ T = TypeVar("T")
 
 class CallPool:
     """A table's thread pool of ``threads`` threads, started when first needed (a crawl refused at its start
-    never starts one) and stopped by the table's close (:meth:`detach`, then ``ThreadPool.stop``).
+    never starts one) and stopped by the table's close (:meth:`detach`, then ``ThreadPool.stop``), or by the
+    reactor's shutdown when the table was not closed first (Scrapy's forced shutdown, a second Ctrl-C: a
+    thread left running would keep the process from exiting).
 
     Args:
         reactor: the Twisted reactor the results are delivered on.
@@ -49,6 +51,7 @@ class CallPool:
         self._idle = idle
         self._pool: ThreadPool | None = None
         self._detached = False
+        self._shutdown_trigger: Any = None
         self.queued = 0
 
     def run(self, fn: Callable[..., T], *args: Any) -> defer.Deferred[T]:
@@ -86,6 +89,7 @@ class CallPool:
         if self._pool is None:
             self._pool = ThreadPool(minthreads=1, maxthreads=self._threads, name=self._name)
             self._pool.start()
+            self._shutdown_trigger = self._reactor.addSystemEventTrigger("during", "shutdown", self._at_shutdown)
         return self._pool
 
     def detach(self) -> ThreadPool | None:
@@ -93,7 +97,18 @@ class CallPool:
         fails) and hand it over for ``stop()`` (None: it never started)."""
         self._detached = True
         pool, self._pool = self._pool, None
+        trigger, self._shutdown_trigger = self._shutdown_trigger, None
+        if trigger is not None:
+            self._reactor.removeSystemEventTrigger(trigger)
         return pool
+
+    def _at_shutdown(self) -> None:
+        """The reactor shuts down with the table still open: stop the pool (its calls under way end first)."""
+        self._shutdown_trigger = None
+        self._detached = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
 
 
 class Stepper:
