@@ -9,6 +9,7 @@ exit status: 0 done, 1 no such host, 2 usage, 3 store unusable.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -246,6 +247,23 @@ def test_show_a_host_its_address_rows_and_its_recent_events(table):
     assert "backoff step 3 (429): 250.0 s (Retry-After)" in events
     assert "deferred (throttled) for 259.0 s" in events and "booked on 192.0.2.7" in events
     assert "robots.txt" not in events  # negative control: another host's event
+
+
+def test_a_host_with_a_request_in_flight_is_not_allowed_now(table):
+    """Trial: after a crawl was killed mid-download, ``hosts`` and ``show`` said ``now`` for a host its hold kept from
+    every crawl for 20 s more. The cell says it waits for the answer, and until when at the latest. The control: the
+    same row once the hold has ended is "now"."""
+    now = table.now
+    held = HostState(next_allowed=now - 1, ok_seen=True, updated=now - 2, held_until=now + 20, held_by=7)
+    table.store.update("held.example", lambda old, now_: (held, None))
+    text = table.run("show", "held.example").out
+    assert re.search(r"^  next allowed\s{2,}after the answer in flight \(at the latest in (20\.0|19\.\d) s", text,
+                     re.M), text
+    listed = [line for line in table.run("hosts").out.splitlines() if line.startswith("held.example")]
+    assert len(listed) == 1 and "after the answer in flight" in listed[0], listed
+    ended = dataclasses.replace(held, held_until=now - 0.5)
+    table.store.update("held.example", lambda old, now_: (ended, None))
+    assert re.search(r"^  next allowed\s{2,}now$", table.run("show", "held.example").out, re.M)
 
 
 def test_show_takes_a_url_or_an_address_row_and_limits_the_events(table):

@@ -27,6 +27,7 @@ __all__ = [
     "field_words",
     "hold_cells",
     "host_cells",
+    "next_words",
     "host_json",
     "last_throttle",
     "last_throttles",
@@ -129,7 +130,7 @@ def host_cells(key: str, state: HostState, now: float, throttle: Event | None,
                policy: PacingPolicy) -> tuple[str, ...]:
     """The host's cells under :data:`HOST_COLUMNS` (``now``: the store's clock, epoch s; ``throttle``: the event of
     its last throttle, :func:`last_throttle`)."""
-    return (key, format_due(state.next_allowed, now), _steps_words(state, policy),
+    return (key, next_words(state, now), _steps_words(state, policy),
             f"{state.crawl_delay:g} s" if state.crawl_delay else "-", "yes" if state.ok_seen else "no",
             format_relative(state.updated, now), _throttle_words(throttle, state, now))
 
@@ -180,6 +181,14 @@ def quota_cells(state: HostState, now: float) -> list[tuple[str, str]]:
             booked += f" ({counted})"
         cells.append(("booked", booked))
     return cells
+
+
+def next_words(state: HostState, now: float) -> str:
+    """The ``next allowed`` cell: when the next request may start; while a request is on its way (its in-flight
+    hold, docs/spec.md §3), after its answer (trial: "now" for a host no crawl would book for another 20 s)."""
+    if state.held_until > now and state.next_allowed < state.held_until:
+        return f"after the answer in flight (at the latest {format_due(state.held_until, now)})"
+    return format_due(state.next_allowed, now)
 
 
 def hold_cells(state: HostState, now: float) -> list[tuple[str, str]]:

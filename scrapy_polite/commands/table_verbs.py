@@ -32,6 +32,7 @@ from .rows import (
     host_json,
     last_throttle,
     last_throttles,
+    next_words,
     quota_cells,
     recorded,
     robots_cells,
@@ -109,7 +110,7 @@ def show(op: Operator) -> int:
         _print_row(op, key, state, throttle)
     if not on_address:
         op.print("\naddress rows (the addresses it was booked on):")
-        lines = [(k, format_due(s.next_allowed, op.now), format_relative(s.updated, op.now)) for k, s in address_rows]
+        lines = [(k, next_words(s, op.now), format_relative(s.updated, op.now)) for k, s in address_rows]
         op.print(format_table([ADDRESS_COLUMNS, *lines], indent="  ") if lines else "  none")
     _print_events(op, events, limit, on_address=on_address)
     return EXIT_OK
