@@ -236,6 +236,8 @@ INVALID = [
     ("POLITE_HOST_DELAYS", ["api.example.com"]),
     ("POLITE_HOST_DELAYS", {"api.example.com": -1}, "got -1"),
     ("POLITE_HOST_DELAYS", {"api.example.com": "soon"}, "'soon'"),
+    ("POLITE_HOST_DELAYS", {"*.example.com": 5}, "no wildcard"),  # trial: accepted, and never matched
+    ("POLITE_THROTTLE_STATUSES", "429,slow", "[429, 503]"),  # the example in the error is the default's form
     ("POLITE_ALLOWED_NETWORKS", "10.0.0.1/8"),
     ("POLITE_ALLOWED_NETWORKS", "127.0.0.0/8,localnet"),
     ("POLITE_ALLOWED_NETWORKS", "[127.0.0.0/8]"),  # JSON without quotes

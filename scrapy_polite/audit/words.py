@@ -117,8 +117,9 @@ def _verdict(report: AuditReport) -> str:
     requests = plural(sum(h.requests for h in report.hosts), "request")
     if (report.losses or report.unclosed) and not report.violations:
         why = [*(["the table came back empty: the record before that is lost"] if report.losses else []),
-               *([("a process" if len(report.unclosed) == 1 else f"{len(report.unclosed)} processes")
-                  + " did not close its event log: its last events may be missing"] if report.unclosed else [])]
+               *([("a process did not close its event log: its last events" if len(report.unclosed) == 1
+                   else f"{len(report.unclosed)} processes did not close their event logs: their last events")
+                  + " may be missing"] if report.unclosed else [])]
         return f"NOT VOUCHED FOR: no violation in the {requests} recorded, but " + "; and ".join(why)
     if report.ok:
         return f"OK: no violation in {requests} to {plural(sum(1 for h in report.hosts if h.requests), 'host')}"

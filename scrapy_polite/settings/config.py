@@ -42,14 +42,14 @@ def _status(value: Any) -> int:
 
 def _throttle_statuses(settings: BaseSettings) -> frozenset[int]:
     raw = _raw(settings, "POLITE_THROTTLE_STATUSES")
-    items = _list(settings, "POLITE_THROTTLE_STATUSES", what="a list of HTTP status codes", example=["429", "503"])
+    items = _list(settings, "POLITE_THROTTLE_STATUSES", what="a list of HTTP status codes", example=[429, 503])
     # A plain string may also separate the codes with spaces ("429 503"), as it always could.
     items = [part for item in items for part in (item.split() if isinstance(item, str) else [item])]
     try:
         statuses = frozenset(_status(s) for s in items)
     except (TypeError, ValueError):
         raise SettingsError(f"POLITE_THROTTLE_STATUSES must be "
-                            f"{_list_form('a list of HTTP status codes', ['429', '503'])}, got {raw!r}") from None
+                            f"{_list_form('a list of HTTP status codes', [429, 503])}, got {raw!r}") from None
     if not statuses:
         raise SettingsError("POLITE_THROTTLE_STATUSES is empty: a throttling host would never be backed off. "
                             "Fix: keep the default [429, 503] or list the statuses that mean 'slow down'")
@@ -64,9 +64,10 @@ def _host_delays(settings: BaseSettings) -> dict[str, float]:
     for host, raw in raw_delays.items():
         key = host_key(f"http://{host}/") if "://" not in str(host) else host_key(str(host))
         value = parse_seconds(raw)
-        if key is None or value is None:
+        if key is None or value is None or "*" in key:  # "*" is a valid host character, but never a real host's
             raise SettingsError(
-                f"POLITE_HOST_DELAYS[{host!r}] must map a host name to seconds >= 0, got {raw!r}")
+                f"POLITE_HOST_DELAYS[{host!r}] must map a host name (no wildcard: each host is its own key) to "
+                f"seconds >= 0, got {raw!r}")
         host_delays[key] = value
     return host_delays
 

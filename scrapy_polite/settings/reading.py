@@ -107,13 +107,13 @@ def _count(settings: BaseSettings, name: str, *, what: str, minimum: int = 0, fi
     return value
 
 
-def _list_form(what: str, example: Sequence[str]) -> str:
-    csv = ",".join(example)
+def _list_form(what: str, example: Sequence[Any]) -> str:
+    csv = ",".join(map(str, example))
     return (f"{what}: a list such as {list(example)!r}, a comma-separated string such as {csv!r} "
             f"or a JSON list such as {json.dumps(list(example))!r}")
 
 
-def _list(settings: BaseSettings, name: str, *, what: str, example: Sequence[str]) -> list[Any]:
+def _list(settings: BaseSettings, name: str, *, what: str, example: Sequence[Any]) -> list[Any]:
     """A list setting, read by Scrapy's ``getlist`` (see :func:`parse_list_setting` for the forms)."""
     raw = _raw(settings, name)
     form = _list_form(what, example)
