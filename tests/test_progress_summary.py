@@ -254,6 +254,21 @@ def test_progress_names_another_process_s_request_in_flight_and_the_hold_s_bound
     assert later is not None and "another process" not in later
 
 
+def test_progress_names_a_wait_for_another_process_with_nothing_held():
+    """Trial: a crawl restarted after a process was killed mid-download; its robots.txt (which cannot leave the
+    downloader) waited for the dead process's hold, nothing held, no backoff: no line for a whole download timeout.
+    Now the line names the host and the hold's bound. The controls: once the host is booked, and once the bound has
+    passed, nothing is said."""
+    rep, clock = report()
+    rep.counters("slow.example").held_elsewhere_until = clock.t + 19
+    line = format_progress(rep, [], now=clock.t, idle=False)
+    assert line == ("scrapy-polite: waiting for slow.example (a request of another process in flight: held until its "
+                    "answer, at the latest in 19.0 s (at 08:00:19))"), line
+    assert format_progress(rep, [], now=clock.t + 20, idle=False) is None
+    rep.booked("slow.example")
+    assert format_progress(rep, [], now=clock.t, idle=False) is None
+
+
 def test_progress_names_the_reason_the_host_was_deferred_for():
     """A host deferred for an operator's delay this process has no row of (trial: ``scrapy polite crawl-delay a.test
     120``, then ``scrapy fetch`` said "its turn" while its event said "deferred (Crawl-delay)"). The control: a host

@@ -231,10 +231,12 @@ class Report:
             self._inc_value(f"polite/{key}", count)
 
     def booked(self, host: str) -> None:
-        """A paced request was booked on ``host``."""
+        """A paced request was booked on ``host`` (no other process's request holds it back any more)."""
         if self.unannounced:  # most crawls name no host late: no call to _touch
             self._touch(host)
-        self.hosts[host].requests += 1
+        counters = self.hosts[host]
+        counters.requests += 1
+        counters.held_elsewhere_until = None
         self.inc("requests")
 
     def waited(self, host: str, seconds: float) -> None:

@@ -100,7 +100,11 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
     backing = {host: c for host, c in report.hosts.items() if c.in_backoff(now)}
     total = sum(h.count for h in held)
     if not total and not backing:
-        return None
+        # A request that cannot leave the downloader (robots.txt) waiting for another process's (trial: silent for
+        # a whole download timeout after a process was killed).
+        elsewhere = sorted(host for host, c in report.hosts.items() if (c.held_elsewhere_until or 0.0) > now)
+        return ("scrapy-polite: waiting for " + "; ".join(f"{host} ({_elsewhere_words(report.hosts[host], now)})"
+                                                         for host in elsewhere[:5])) if elsewhere else None
 
     def due_of(h: HeldHost) -> float:
         c = backing.get(h.host)
