@@ -46,7 +46,6 @@ from typing import TYPE_CHECKING, Any
 from weakref import ref
 
 from scrapy.utils.misc import build_from_crawler, load_object
-from scrapy.utils.request import request_from_dict
 from twisted.internet import threads
 
 from ._compat import wake_engine
@@ -72,9 +71,6 @@ __all__ = ["PoliteScheduler"]
 #: Seconds between two pokes of the engine while a held request is due but not taken (its host's line busy, the
 #: downloader full): the engine also asks whenever a download ends.
 REPOLL = 1.0
-
-#: The file in which versions before :mod:`scrapy_polite.crawl.held` saved held requests; read once on resume.
-DEFERRED_FILE = "polite_deferred.pickle"
 
 
 class PoliteScheduler:
@@ -176,6 +172,16 @@ class PoliteScheduler:
         answers (``DontCloseSpider`` until everything held is due beyond ``POLITE_MAX_IDLE_WAIT``)."""
         shared = self.shared
         return shared.pending(self.inner) if shared is not None else bool(self.inner.has_pending_requests())
+
+    def crowded(self) -> bool:
+        """The downloader has no free slot (Scrapy's ``Downloader.needs_backout``: ``CONCURRENT_REQUESTS`` requests
+        in it, waits in line included) and other requests wait to enter it: the wrapped scheduler's pending ones
+        (:meth:`has_pending_requests`), or a held host already due. A request that would wait in line then leaves
+        the downloader until its turn (docs/spec.md §5, "A full downloader")."""
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        if downloader is None or not downloader.needs_backout():
+            return False
+        return self.has_pending_requests() or bool(self._heap and self._heap[0][0] <= self.clock())
 
     def held_count(self) -> int:
         """How many requests are held."""
@@ -356,9 +362,6 @@ class PoliteScheduler:
 
     # -- persistence ------------------------------------------------------------------------------------
 
-    def _path(self) -> str | None:
-        return os.path.join(self._jobdir, DEFERRED_FILE) if self._jobdir else None
-
     def _save_or_report(self) -> None:
         """Close the held requests: under ``JOBDIR`` they stay on disk for resume (those that could not be
         written are logged and counted), without it they are reported and counted as not crawled."""
@@ -402,21 +405,8 @@ class PoliteScheduler:
         recorded; a ``polite_deferred.pickle`` of an older version is moved into the held requests."""
         to_local = self.sync.to_local  # due times are persisted in the store's clock (docs/spec.md §5)
         dues = {host: 0.0 if due is None else to_local(due) for host, due in self._held.load().items()}
-        path = self._path()
-        if path and os.path.exists(path):
-            try:
-                with open(path, "rb") as f:
-                    data = pickle.load(f)
-                spider = self.crawler.spider
-                for row in data.get("requests", []):
-                    request = request_from_dict(row["request"], spider=spider)
-                    self._held.push(row["host"], request, row["due"])
-                    due = 0.0 if row["due"] is None else to_local(row["due"])
-                    dues[row["host"]] = max(dues.get(row["host"], 0.0), due)
-            except Exception:
-                logger.exception("scrapy-polite: cannot read the deferred requests saved in %s", path)
-            else:
-                os.remove(path)  # its requests are held (on disk) now
+        for host, due in self._held.load_legacy(self._jobdir).items():
+            dues[host] = max(dues.get(host, 0.0), to_local(due) if due else 0.0)
         for host, due in dues.items():
             self._due[host] = due
             self._push(due, host)

@@ -126,6 +126,7 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
                                  "`ratelimit` (its announced quota is spent, or slower than `POLITE_MAX_WAIT`), "
                                  "`crawl_delay` (a published delay longer than `POLITE_MAX_WAIT`), `line` (another "
                                  "request of the host is in flight), `ip_line` (every address of the host is busy), "
+                                 "`turn` (its turn comes later and the downloader is full: it waits out of it), "
                                  "`robots_unreachable` (its robots.txt answered 5xx or 429, or could not be reached: "
                                  "everything is disallowed until it answers)",
     "polite/deferred/max_held": "the most requests held at once",
@@ -244,13 +245,14 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
 #: Why a request left the downloader (``polite/deferrals/<reason>``; docs/spec.md §2 and §5): ``throttled`` (the
 #: host is backing us off), ``ratelimit`` (its announced quota is spent or too slow), ``crawl_delay`` (a published
 #: delay longer than ``POLITE_MAX_WAIT``), ``line`` / ``ip_line`` (another request of the host / of its address
-#: is in flight), ``robots_unreachable`` (its robots.txt is unreachable: everything is disallowed until it answers,
-#: RFC 9309 §2.3.1.4; docs/spec.md §5, "The robots.txt lifecycle").
-DeferralReason = Literal["throttled", "ratelimit", "crawl_delay", "line", "ip_line", "robots_unreachable"]
+#: is in flight), ``turn`` (its turn comes later and the downloader is full), ``robots_unreachable`` (its
+#: robots.txt is unreachable: everything is disallowed until it answers, RFC 9309 §2.3.1.4; docs/spec.md §5, "The
+#: robots.txt lifecycle").
+DeferralReason = Literal["throttled", "ratelimit", "crawl_delay", "line", "ip_line", "turn", "robots_unreachable"]
 #: Every deferral reason, in order.
 DEFERRAL_REASONS: Final[tuple[DeferralReason, ...]] = get_args(DeferralReason)
 #: The deferral reasons that only mean "wait for the host's turn"; the others are the host slowing us down.
-TURN_REASONS: Final[frozenset[DeferralReason]] = frozenset({"line", "ip_line"})
+TURN_REASONS: Final[frozenset[DeferralReason]] = frozenset({"line", "ip_line", "turn"})
 
 #: Why a request was refused (``polite/refused/<reason>``, ``polite/blocked/private_address`` for ``non_public``;
 #: docs/spec.md §4): ``non_public`` (only non-public addresses), ``no_host`` (a URL without a host; the closing

@@ -31,7 +31,7 @@ from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
 from scrapy_polite.clock import ClockSync
-from scrapy_polite.crawl.booking import Booker
+from scrapy_polite.crawl.booking import CROWDED_WAIT, Booker
 from scrapy_polite.crawl.lifecycle import Lifecycle, Stage
 from scrapy_polite.crawl.recording import Recorder
 from scrapy_polite.crawl.seams import Defer, Go
@@ -108,6 +108,10 @@ class FakeScheduler:
         self.owned = owns
         self.holds: list[tuple[Any, str, float | None]] = []
         self.wakes: list[str] = []
+        self.full = False  # crowded(): the downloader full, others waiting to enter it
+
+    def crowded(self) -> bool:
+        return self.full
 
     def owns(self, request: Any) -> bool:
         return self.owned
@@ -520,6 +524,23 @@ def test_a_polite_host_with_the_same_wait_waits_in_line():
     g.store.update("a.example", lambda s, now: (HostState(next_allowed=T0 + 30), None))
     assert book(g, request("http://a.example/")) == Go(sent_at=T0 + 30, address=None)
     assert g.sleep.calls == [30.0] and g.stat("deferrals") is None
+
+
+def test_a_wait_in_line_leaves_a_full_downloader_until_its_turn():
+    """The downloader full and others waiting to enter it: a request whose turn is 30 s away is deferred until then
+    (reason ``turn``), not waited in a slot (docs/spec.md §5, "A full downloader"). The controls: a wait shorter than
+    CROWDED_WAIT is waited, and so is one that cannot be deferred."""
+    g = glue()
+    g.scheduler.full = True
+    g.store.update("a.example", lambda s, now: (HostState(next_allowed=T0 + 30), None))
+    assert book(g, request("http://a.example/")) == Defer(due=T0 + 30, reason="turn")
+    assert g.sleep.calls == [] and g.stat("deferrals/turn") == 1
+    g.store.update("b.example", lambda s, now: (HostState(next_allowed=T0 + CROWDED_WAIT / 2), None))
+    assert book(g, request("http://b.example/")) == Go(sent_at=T0 + CROWDED_WAIT / 2, address=None)
+    g.scheduler.owned = False
+    g.store.update("c.example", lambda s, now: (HostState(next_allowed=T0 + 30), None))
+    assert book(g, request("http://c.example/")).sent_at == T0 + 30
+    assert g.stat("deferrals/turn") == 1
 
 
 def test_a_throttled_host_waits_when_the_request_cannot_be_deferred():
@@ -1077,10 +1098,27 @@ async def test_an_address_booked_during_an_awaited_booking_is_held_never_shared(
     g.astore.gated = False
     call().chainDeferred(d)
     await settle()
-    # Deferred until one interval of the address later, when it asks the table again.
-    assert await booking_b == Defer(due=T0 + 2.5 + 2.0, reason="line")
-    assert g.stat("held_in_flight") == 1 and g.stat("ip_line/retaken") is None
+    # Deferred until one interval of the address later, when it asks the table again: for the address's line, since
+    # the hold is a's, a request of this process (trial: counted and shown as "a request of another process in
+    # flight" in a crawl alone on its table).
+    assert await booking_b == Defer(due=T0 + 2.5 + 2.0, reason="ip_line")
+    assert g.stat("held_in_flight") is None and g.stat("ip_line/retaken") is None
     assert not g.lines.holds("ip:192.0.2.1", rb) and g.lines.holds("ip:192.0.2.1", ra)
+
+
+def test_an_address_held_by_another_process_s_request_is_counted_as_held_elsewhere():
+    """The control of the test above: the same address held by a request of *another* process (a glue on the same
+    table) is a hold elsewhere — deferred for the host's line, counted in ``polite/held_in_flight``, and named by the
+    progress line — since no line of this process is busy."""
+    first = glue(addresses={"a.example": [A1]})
+    second = glue(addresses={"b.example": [A1]}, store=first.store)
+    assert book(first, request("http://a.example/1")) == Go(sent_at=T0, address=A1)  # in flight, A1 held
+    first.clock.advance(2.5)
+    second.clock.advance(2.5)
+    booking = book(second, request("http://b.example/1"))
+    assert isinstance(booking, Defer) and booking.reason == "line"
+    assert second.stat("held_in_flight") == 1
+    assert second.report.counters("b.example").held_elsewhere_until is not None
 
 
 @pytest_twisted.ensureDeferred

@@ -26,8 +26,8 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.crawl import held as held_module
-from scrapy_polite.crawl.held import HELD_DIR, HeldRequests, read_held
-from scrapy_polite.scheduler import DEFERRED_FILE, PoliteScheduler
+from scrapy_polite.crawl.held import DEFERRED_FILE, HELD_DIR, HeldRequests, read_held
+from scrapy_polite.scheduler import PoliteScheduler
 from tests.support.crawl import assert_no_illegal_moves
 from tests.support.scheduler_pacer import SchedulerPacer, no_timers
 

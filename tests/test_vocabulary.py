@@ -161,7 +161,7 @@ def test_every_reason_has_words_and_no_words_lack_a_reason():
 
 
 def test_turn_reasons_are_deferral_reasons():
-    assert TURN_REASONS == {"line", "ip_line"} and TURN_REASONS < set(DEFERRAL_REASONS)
+    assert TURN_REASONS == {"line", "ip_line", "turn"} and TURN_REASONS < set(DEFERRAL_REASONS)
     assert counters.TURN_REASONS is TURN_REASONS
 
 

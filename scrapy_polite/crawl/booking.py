@@ -37,6 +37,9 @@ __all__ = ["Booker", "booking_update"]
 
 #: ``DOWNLOAD_TIMEOUT``'s default in Scrapy (seconds): the hold's bound when no valid timeout is known.
 DEFAULT_TIMEOUT = 180.0
+#: Seconds: a request that would wait in line at least this long while the downloader is full and others wait to
+#: enter it is deferred until its turn instead (docs/spec.md §5, "A full downloader"); a shorter wait is waited.
+CROWDED_WAIT = 0.1
 
 
 def _timeout(value: Any) -> float | None:
@@ -180,6 +183,11 @@ class Booker:
         self.report.deferred(host, reason, request.url if request is not None else None, due)
         return Defer(due=due, reason=reason)
 
+    def _leave(self, request: Request, host: str, due: float | None, reason: DeferralReason) -> Defer:
+        """:meth:`release` ``request`` and :meth:`defer` it until ``due`` (the table's clock; None: its line frees)."""
+        self.release(request, host)
+        return self.defer(host, None if due is None else self.clock.to_local(due), reason, request)
+
     async def _read(self, host: str) -> Snapshot:
         try:
             snapshot = await await_deferred(self.store.read([host]))
@@ -214,8 +222,7 @@ class Booker:
             if deferrable:
                 known = self.policy.defer_verdict(self.report.known(host), self.clock.store_now(), override=override)
                 if known is not None:
-                    self.release(request, host)
-                    return self.defer(host, self.clock.to_local(known.due), known.reason, request)
+                    return self._leave(request, host, known.due, known.reason)
             if burst:
                 return await self._burst(request, host, override, deferrable)
             while not (taken or self.lifecycle.take(host, request)):  # never assigned: re-checked after each wait
@@ -254,9 +261,8 @@ class Booker:
         floor = self.policy.effective_interval(None, override)
         ip_interval = self.config.ip_interval
         while True:
-            # Resolved here, next in line for its host and before each booking transaction, so every booking
-            # uses an answer no older than its TTL, and a deferred request resolves only when it comes back
-            # (docs/spec.md §3).
+            # Resolved here, next in line for its host and before each booking transaction: every booking uses an
+            # answer no older than its TTL, and a deferred request resolves only when it comes back (docs/spec.md §3).
             addresses = await self.resolution.addresses(request, host)
             ip_paced = bool(addresses) and ip_interval > 0
             all_addresses = addresses or []
@@ -272,9 +278,8 @@ class Booker:
                     await await_deferred(lifecycle.wait_for(keys))
                     continue
             timeout = request.meta.get("download_timeout")  # a float > 0 as a rule (DownloadTimeoutMiddleware's)
-            if type(timeout) is not float or not 0.0 < timeout < math.inf:
-                timeout = _timeout(timeout) or self.download_timeout
-            hold = (next(self._tokens), timeout)
+            hold = (next(self._tokens), timeout if type(timeout) is float and 0.0 < timeout < math.inf
+                    else _timeout(timeout) or self.download_timeout)
             booking, now = await self._transact(host, free, floor, ip_interval, hold)
             if booking.booked:
                 address = booking.address or (all_addresses[0] if all_addresses else None)
@@ -282,25 +287,28 @@ class Booker:
             verdict = self.policy.defer_verdict(booking.host, now, override=override)
             if verdict is not None and deferrable:
                 self.report.know(host, booking.host)
-                self.release(request, host)
-                return self.defer(host, self.clock.to_local(verdict.due), verdict.reason, request)
+                return self._leave(request, host, verdict.due, verdict.reason)
             if booking.held:
-                # Another process's request is in flight (docs/spec.md §3, "In flight"), held at the latest until
-                # booking.start: ask again one interval later, out of the downloader when the request can leave it.
-                self.report.inc("held_in_flight")
-                self.report.counters(host).held_elsewhere_until = self.clock.to_local(booking.start)
+                # Another process's request in flight (§3 "In flight"), or one of ours that took the address's line
+                # while this transaction waited: ask again one interval later, out of the downloader if it can leave.
+                ours = ip_paced and any(lifecycle.busy(ip_key(a)) for a in free)
+                if not ours:
+                    self.report.inc("held_in_flight")
+                    self.report.counters(host).held_elsewhere_until = self.clock.to_local(booking.start)
                 if deferrable:
-                    self.release(request, host)
-                    return self.defer(host, self.clock.to_local(now + booking.poll), "line", request)
+                    return self._leave(request, host, now + booking.poll, "ip_line" if ours else "line")
                 await self._wait(host, booking.poll, request)
                 continue
+            if deferrable and booking.start - now >= CROWDED_WAIT and self.scheduler is not None \
+                    and self.scheduler.crowded():
+                # A full downloader with others waiting to enter: its turn is waited out of it (docs/spec.md §5).
+                return self._leave(request, host, booking.start, "turn")
             # Waiting for an address's budget (not the host's): one request per address waits in line,
             # the next defers until that moment (docs/spec.md §5).
             waiting_key = ip_key(booking.address) if booking.address is not None else None
             if waiting_key is not None and booking.start > booking.host_free:
                 if not lifecycle.wait_for_budget(waiting_key, request) and deferrable:
-                    self.release(request, host)
-                    return self.defer(host, self.clock.to_local(booking.start), "ip_line", request)
+                    return self._leave(request, host, booking.start, "ip_line")
             else:
                 waiting_key = None
             try:
@@ -384,20 +392,14 @@ class Booker:
                                                   "at their bound): %s", sorted(tokens), failure.value))
         if not d.called:
             self._releasing.add(d)
-
-            def written(result: Any) -> Any:
-                self._releasing.discard(d)
-                return result
-
-            d.addBoth(written)
+            d.addBoth(_discard, self._releasing, d)
         return d
 
     def release(self, request: Request, host: str | None = None) -> None:
         """Free the host's line, the line of the address it was booked on and its claim, if ``request``
         holds them (idempotent); release its in-flight hold in the table if it still has one; unpin it; the
         lifecycle wakes what waited on them (docs/spec.md §5)."""
-        if host is None:
-            host = request.meta.get(HOST_META) or self.lifecycle.host_of(request)
+        host = host or request.meta.get(HOST_META) or self.lifecycle.host_of(request)
         if host is not None:
             self.lifecycle.free(request, host, self._let_go(request, host))
 
@@ -422,8 +424,7 @@ class Booker:
     def end(self, request: Request, host: str | None = None, *, dropped: bool = False) -> None:
         """``request`` leaves the process's pacing: :meth:`release`, then its stage is ``finished`` (or
         ``dropped``: it left without a download), in one move of the lifecycle."""
-        if host is None:
-            host = request.meta.get(HOST_META) or self.lifecycle.host_of(request)
+        host = host or request.meta.get(HOST_META) or self.lifecycle.host_of(request)
         self.lifecycle.end(request, host, self._let_go(request, host) if host is not None else None, dropped=dropped)
 
     async def early_due(self, request: Request, host: str) -> float | None:
@@ -444,3 +445,8 @@ class Booker:
         state = snapshot.states[host]
         return self.clock.to_local(max(snapshot.now, state.next_allowed if state is not None else 0.0))
 
+
+def _discard(result: Any, pending: set[Deferred[Any]], d: Deferred[Any]) -> Any:
+    """``d`` fired: it is no longer pending (passes ``result`` on)."""
+    pending.discard(d)
+    return result

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.squeues import PickleFifoDiskQueue
 from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.request import request_from_dict
 
 from .._compat import commit_without_fsync, pickle_fifo_sqlite_queue
 
@@ -60,6 +61,9 @@ __all__ = ["HELD_DIR", "OPEN_QUEUES", "HeldRequests", "read_held"]
 
 #: The directory under ``JOBDIR`` that keeps held requests across runs.
 HELD_DIR = "polite_held"
+#: The file in which versions before this module saved held requests; read once on resume
+#: (:meth:`HeldRequests.load_legacy`).
+DEFERRED_FILE = "polite_deferred.pickle"
 #: How many per-host disk queues may be open at once.
 OPEN_QUEUES = 64
 
@@ -405,6 +409,26 @@ class HeldRequests:
             self._queues[host] = queue
             while len(self._queues) > OPEN_QUEUES:
                 self._close_queue(*self._queues.popitem(last=False))
+        return found
+
+    def load_legacy(self, jobdir: str | None) -> dict[str, float]:
+        """Hold the requests an older version saved in ``JOBDIR/polite_deferred.pickle``, then remove the file (one
+        that cannot be read is logged and left). Returns host → its latest recorded due time (epoch s of the store's
+        clock; 0.0 for "when its line frees")."""
+        found: dict[str, float] = {}
+        path = os.path.join(jobdir, DEFERRED_FILE) if jobdir else None
+        if not path or not os.path.exists(path):
+            return found
+        try:
+            with open(path, "rb") as f:
+                data = pickle.load(f)
+            for row in data.get("requests", []):
+                self.push(row["host"], request_from_dict(row["request"], spider=self.crawler.spider), row["due"])
+                found[row["host"]] = max(found.get(row["host"], 0.0), row["due"] or 0.0)
+        except Exception:
+            logger.exception("scrapy-polite: cannot read the deferred requests saved in %s", path)
+        else:
+            os.remove(path)  # its requests are held (on disk) now
         return found
 
     def close(self) -> list[Request]:

@@ -75,6 +75,10 @@ class HoldingScheduler(Protocol):
         """The host's line was freed: its held requests may go as soon as the host is due."""
         ...
 
+    def crowded(self) -> bool:
+        """The downloader has no free slot and other requests wait to enter it."""
+        ...
+
     def ended(self, request: Request) -> None:
         """``request`` left the process's pacing (finished or dropped): its home forgets it (a lease in the
         shared frontier ends)."""

@@ -304,7 +304,8 @@ def _cancel(timer: Any) -> None:
 
 #: The user's words for a deferral reason and a refusal reason (the closing summary's, docs/getting-started.md).
 DEFERRAL_WORDS = {"throttled": "throttled", "ratelimit": "rate limit", "crawl_delay": "Crawl-delay",
-                  "line": "line busy", "ip_line": "address busy", "robots_unreachable": "robots.txt unreachable"}
+                  "line": "line busy", "ip_line": "address busy", "turn": "its turn",
+                  "robots_unreachable": "robots.txt unreachable"}
 REFUSAL_WORDS = {"non_public": "non-public", "no_host": "no host", "invalid_host": "invalid host"}
 
 
