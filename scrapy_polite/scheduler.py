@@ -48,7 +48,7 @@ from weakref import ref
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet import threads
 
-from ._compat import wake_engine
+from ._compat import crawler_engine, wake_engine
 from .contracts import fail_held_contract_requests
 from .crawl.held import HELD_DIR, HeldRequests
 from .crawl.lifecycle import IN_DOWNLOADER
@@ -178,7 +178,7 @@ class PoliteScheduler:
         in it, waits in line included) and other requests wait to enter it: the wrapped scheduler's pending ones
         (:meth:`has_pending_requests`), or a held host already due. A request that would wait in line then leaves
         the downloader until its turn (docs/spec.md §5, "A full downloader")."""
-        downloader = getattr(self.crawler.engine, "downloader", None)
+        downloader = getattr(crawler_engine(self.crawler), "downloader", None)
         if downloader is None or not downloader.needs_backout():
             return False
         return self.has_pending_requests() or bool(self._heap and self._heap[0][0] <= self.clock())
