@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,10 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two reconciles of the lifecycle with the downloader (docs/spec.md §5).
 RECONCILE_EVERY = 1.0
+#: Seconds: a host held longer than this has its row read again at each progress line (:meth:`_reread_held`).
+REREAD_AHEAD = 10.0
+#: The most rows read again at a progress line.
+REREAD_MAX = 1000
 
 #: The longest (s) a process exiting with its crawl open waits for its pace table to close (:func:`_close_at_exit`).
 EXIT_WAIT = 10.0
@@ -237,7 +242,7 @@ class PoliteExtension:
             lambda failure: logger.error("scrapy-polite: the reconcile failed", exc_info=failure.value))
         interval = self.crawler.settings.getfloat("LOGSTATS_INTERVAL")
         if interval > 0:
-            self._progress = task.LoopingCall(self.log_progress)
+            self._progress = task.LoopingCall(lambda: deferred_from_coro(self.progress()))
             self._progress.clock = installed_reactor()
             self._progress.start(interval, now=False).addErrback(
                 lambda failure: logger.error("scrapy-polite: the progress line failed", exc_info=failure.value))
@@ -292,6 +297,12 @@ class PoliteExtension:
             return []
         return [HeldHost(host, count, due) for host, count, due in scheduler.held_hosts()]
 
+    async def progress(self) -> None:
+        """The progress timer: the rows of the hosts held for longer read again (:meth:`_reread_held`), then the
+        progress line (:meth:`log_progress`)."""
+        await self._reread_held()
+        self.log_progress()
+
     def log_progress(self) -> None:
         """Log the progress line at INFO (:func:`~scrapy_polite.reports.summary.format_progress`), when requests are
         held or hosts back off."""
@@ -304,6 +315,27 @@ class PoliteExtension:
                                store_option=self._store_option())
         if line is not None:
             logger.info("%s", line)
+
+    async def _reread_held(self) -> None:
+        """Read again the rows of the hosts held until later than :data:`REREAD_AHEAD` (at most :data:`REREAD_MAX`,
+        one read): a host the table now lets go earlier (``scrapy polite reset``, or another process that moved its
+        row back) is woken then, and its backoff is no longer reported (trial: a reset had no effect on a running
+        crawl, whose progress line told to run it). A read that fails is left to the crawl's own calls."""
+        booker, now = self.pacer.booker, self.pacer.clock()
+        hosts = sorted((h for h in self.held_hosts() if REREAD_AHEAD < h.due - now < math.inf), key=lambda h: h.due)
+        keys = [h.host for h in hosts[-REREAD_MAX:]]  # the latest due, whose wait a reset shortens most
+        if booker.scheduler is None or not keys:
+            return
+        try:
+            snapshot = await await_deferred(booker.store.read(keys))
+        except StoreError:
+            return
+        sync = self.pacer.sync
+        for host in keys:
+            state = snapshot.states[host]
+            self.report.reread(host, state, sync.offset)
+            verdict = booker.policy.defer_verdict(state, snapshot.now, override=booker.override(host))
+            booker.scheduler.wake(host, sync.to_local(verdict.due if verdict is not None else snapshot.now))
 
     def _spider_delay(self, spider: Spider) -> None:
         raw = getattr(spider, "crawl_delay", None)

@@ -273,14 +273,14 @@ class PoliteScheduler:
             stats.max_value("polite/deferred/max_held", self.held_count())
         self.booker.held(request, host)  # gives up its claim and lines: may wake the host (self.wake)
 
-    def wake(self, host: str) -> None:
+    def wake(self, host: str, at: float | None = None) -> None:
         """What held the host back (its line, its claim, an address line) is gone: its held requests may go
-        as soon as the host is due (called by :class:`~scrapy_polite.crawl.lifecycle.Lifecycle`)."""
+        as soon as the host is due (called by :class:`~scrapy_polite.crawl.lifecycle.Lifecycle`); ``at``: its row,
+        read again, lets it go then (this process's clock), earlier than it was held for (``scrapy polite reset``)."""
         if host in self._held.hosts:
             due = self._due.get(host, 0.0)
-            if due == math.inf:
-                due = 0.0
-                self._due[host] = due
+            if due == math.inf or (at is not None and at < due):
+                due = self._due[host] = at if at is not None else 0.0
             self._push(due, host)
 
     def _push(self, due: float, host: str) -> None:

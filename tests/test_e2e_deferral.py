@@ -21,7 +21,7 @@ from scrapy import signals
 
 from scrapy_polite.clock import process_clock
 from scrapy_polite.crawl.held import HELD_DIR, read_held
-from tests.support.crawl import ListSpider, polite_settings, run_crawl
+from tests.support.crawl import CrawlTimeout, ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, Reply, gaps, page, scripted
 
 #: Lower-bound tolerance (seconds): clock granularity only.
@@ -630,3 +630,40 @@ async def test_a_full_downloader_sends_a_waiting_request_out_until_its_turn(arri
     assert stat(crawler, "deferrals/turn") >= 10
     roomy, _ = await _fresh_hosts_crawl(arrival_server, concurrency=64)
     assert stat(roomy, "deferrals/turn") is None
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("reset", [True, False])
+async def test_a_reset_reaches_a_running_crawl_at_its_next_progress_line(arrival_server, tmp_path, reset):
+    """Trial: ``scrapy polite reset HOST`` (which the progress line tells to run) had no effect on the running crawl:
+    its request stayed held until the Retry-After's end, and the line went on saying "backing off". At each progress
+    line the rows of hosts held for longer are read again; a host the table lets go earlier is woken then. The
+    control: without the reset, nothing more is sent (the crawl is stopped after 12 s)."""
+    from twisted.internet import threads
+
+    from scrapy_polite.commands import run_command
+
+    srv = arrival_server("127.0.2.120")
+    srv.route("/*", scripted(Reply.throttle(429, "120")))
+    (tmp_path / "t").mkdir()
+    s = settings(tmp_path / "t", LOGSTATS_INTERVAL=1.0, POLITE_MAX_IDLE_WAIT=300.0, RETRY_TIMES=2)
+    uri = s["POLITE_STORE"]
+
+    def forgive() -> None:
+        import io
+        if reset and srv.arrivals():
+            assert run_command(["reset", "127.0.2.120", "--store", uri], out=io.StringIO()) == 0
+
+    from twisted.internet import reactor
+    reactor.callLater(2.0, lambda: threads.deferToThread(forgive))
+    try:
+        await run_crawl(ListSpider, s, urls=[srv.url("/page")], timeout=60 if reset else 12)
+    except CrawlTimeout:
+        assert not reset, "the reset did not reach the crawl"
+    hits = timeline(srv)
+    assert hits[0].status == 429
+    if reset:
+        assert len(hits) == 2 and hits[1].status == 200, describe(hits)
+        assert hits[1].start - hits[0].end < 10, describe(hits)  # two progress lines after the reset; not 120 s
+    else:
+        assert len(hits) == 1, describe(hits)

@@ -71,8 +71,9 @@ class HoldingScheduler(Protocol):
         """Keep ``request`` out of the downloader until ``due`` (epoch s; None: until its line frees)."""
         ...
 
-    def wake(self, host: str) -> None:
-        """The host's line was freed: its held requests may go as soon as the host is due."""
+    def wake(self, host: str, at: float | None = None) -> None:
+        """The host's line was freed: its held requests may go as soon as the host is due (``at``: its row, read
+        again, lets it go then, earlier than it was held for)."""
         ...
 
     def crowded(self) -> bool:

@@ -225,6 +225,14 @@ class Report:
         found in the table (docs/spec.md §5, "The early deferral")."""
         self.counters(host).state = state
 
+    def reread(self, host: str, state: HostState | None, offset: float) -> None:
+        """The host's row read again (``offset``: this process's clock less the table's): known (:meth:`know`), and its
+        backoff ends where the row says — at once when the row no longer backs off (``scrapy polite reset``)."""
+        counters = self.counters(host)
+        counters.state = state
+        in_backoff = state is not None and state.consec > 0
+        counters.backoff_due = state.next_allowed + offset if in_backoff and state is not None else None
+
     def inc(self, key: str, count: float = 1) -> None:
         """Add ``count`` to the stat ``polite/<key>``."""
         if self._inc_value is not None:
