@@ -40,7 +40,6 @@ import itertools
 import logging
 import math
 import os
-import pickle
 import weakref
 from typing import TYPE_CHECKING, Any
 from weakref import ref
@@ -57,7 +56,9 @@ from .crawl.seams import SharedFrontier
 from .frontier.leases import is_shared_scheduler
 from .frontier.worker import SharedWorker
 from .pacer import Pacer, get_pacer
+from .policy import host_key
 from .settings import SettingsError
+from .vocabulary import DONT_PACE_META
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -98,6 +99,7 @@ class PoliteScheduler:
         self._seq = itertools.count()
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
+        self._from_held: weakref.WeakSet[Request] = weakref.WeakSet()  # handed out from the held ones (crowded)
         self._owned_refs: set[weakref.ref[Request]] = vars(self._owned)["data"]  # CPython's WeakSet.data: see owns
         self._timer: Any = None
         self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
@@ -173,15 +175,16 @@ class PoliteScheduler:
         shared = self.shared
         return shared.pending(self.inner) if shared is not None else bool(self.inner.has_pending_requests())
 
-    def crowded(self) -> bool:
+    def crowded(self, request: Request) -> bool:
         """The downloader has no free slot (Scrapy's ``Downloader.needs_backout``: ``CONCURRENT_REQUESTS`` requests
         in it, waits in line included) and other requests wait to enter it: the wrapped scheduler's pending ones
-        (:meth:`has_pending_requests`), or a held host already due. A request that would wait in line then leaves
-        the downloader until its turn (docs/spec.md §5, "A full downloader")."""
+        (:meth:`has_pending_requests`), or a held host already due. ``request``, unless handed out from the held
+        requests (its turn comes once), then leaves the downloader until its turn (docs/spec.md §5, "A full
+        downloader")."""
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
-        if downloader is None or not downloader.needs_backout():
+        if downloader is None or request in self._from_held or not downloader.needs_backout():
             return False
-        return self.has_pending_requests() or bool(self._heap and self._heap[0][0] <= self.clock())
+        return bool(self._heap and self._heap[0][0] <= self.clock()) or self.has_pending_requests()  # local first
 
     def held_count(self) -> int:
         """How many requests are held."""
@@ -217,12 +220,26 @@ class PoliteScheduler:
                 request = self.shared.take({host for host, _ in self._held.items()}, len(self._held))
             else:
                 request = self.inner.next_request()
+                while request is not None and self._held.hosts and self._behind(request):
+                    request = self.inner.next_request()
             if request is None:
                 return None
         self._owned.add(request)
         if self.shared is not None:
             self.shared.busy()
         return request
+
+    def _behind(self, request: Request) -> bool:
+        """A new request of a host with requests held goes behind them, without a pass through the downloader (its
+        host's order kept: a request deferred for its turn no longer holds the host's line, docs/spec.md §5). True
+        when it was held."""
+        host = None if request.meta.get(DONT_PACE_META) else host_key(request.url)
+        if host is None or host not in self._held.hosts:
+            return False
+        self._held.push(host, request, None)
+        if self.crawler.stats is not None:
+            self.crawler.stats.max_value("polite/deferred/max_held", self.held_count())
+        return True
 
     def ended(self, request: Request) -> None:
         """``request`` left the process's pacing: its lease in the shared frontier ends (called by
@@ -280,7 +297,10 @@ class PoliteScheduler:
         if host in self._held.hosts:
             due = self._due.get(host, 0.0)
             if due == math.inf or (at is not None and at < due):
-                due = self._due[host] = at if at is not None else 0.0
+                if at is None:  # its line freed: due when its row (recorded by now) allows, not sooner (§5)
+                    known = self.pacer.report.known(host)
+                    at = self.sync.to_local(known.next_allowed) if known is not None else 0.0
+                due = self._due[host] = at
             self._push(due, host)
 
     def _push(self, due: float, host: str) -> None:
@@ -340,7 +360,10 @@ class PoliteScheduler:
                 self._due[host] = math.inf
             if found is not None:
                 self.lifecycle.release(found, host)  # it claims its host until it is booked or leaves
+                self._from_held.add(found)
                 break
+        if found is None and self._heap:
+            self._arm(wake=False)  # the engine asks again when the next is due, not at the next re-poll only
         return found
 
     def describe(self) -> str:
@@ -365,40 +388,12 @@ class PoliteScheduler:
     def _save_or_report(self) -> None:
         """Close the held requests: under ``JOBDIR`` they stay on disk for resume (those that could not be
         written are logged and counted), without it they are reported and counted as not crawled."""
-        stats = self.crawler.stats
         count = len(self._held)
         summary = self.describe() if count else ""
         left = self._held.close()  # the requests held in memory, which are not kept
         # In `scrapy check`, a contract request still held fails the check instead of passing silently.
         fail_held_contract_requests(left, self._due.get, self.pacer)
-        if stats is not None:
-            if self._held.written:
-                stats.set_value("polite/deferred/spilled", self._held.written)
-            if self._held.unreadable:
-                stats.set_value("polite/deferred/unreadable", self._held.unreadable)
-        if not count:
-            return
-        if not self._jobdir:
-            if stats is not None:
-                stats.set_value("polite/deferred/not_crawled", count)
-            logger.warning("scrapy-polite: %d deferred %s not crawled (set JOBDIR to resume them). %s",
-                           count, "request was" if count == 1 else "requests were", summary)
-            return
-        spider = self.crawler.spider
-        for request in left:
-            try:
-                pickle.dumps(request.to_dict(spider=spider), protocol=4)
-                reason = "it could not be written to disk"
-            except Exception as exc:  # a callback that is not a spider method, unpicklable meta
-                reason = str(exc)
-            logger.error("scrapy-polite: cannot save deferred %s for resume: %s", request, reason)
-        if left and stats is not None:
-            stats.set_value("polite/deferred/not_saved", len(left))
-        saved = count - len(left)
-        if stats is not None:
-            stats.set_value("polite/deferred/saved", saved)
-        logger.info("scrapy-polite: %d deferred requests are kept in %s for resume. %s", saved,
-                    os.path.join(self._jobdir, HELD_DIR), summary)
+        self._held.report_close(count, left, summary)
 
     def _load(self) -> None:
         """Hold again what a previous run left under ``JOBDIR`` (stopped or killed), at the due times it

@@ -257,10 +257,10 @@ def test_a_host_with_a_request_in_flight_is_not_allowed_now(table):
     held = HostState(next_allowed=now - 1, ok_seen=True, updated=now - 2, held_until=now + 20, held_by=7)
     table.store.update("held.example", lambda old, now_: (held, None))
     text = table.run("show", "held.example").out
-    assert re.search(r"^  next allowed\s{2,}after the answer in flight \(at the latest in (20\.0|19\.\d) s", text,
+    assert re.search(r"^  next allowed\s{2,}one interval after the answer in flight \(at the latest in (20\.0|19\.\d) s", text,
                      re.M), text
     listed = [line for line in table.run("hosts").out.splitlines() if line.startswith("held.example")]
-    assert len(listed) == 1 and "after the answer in flight" in listed[0], listed
+    assert len(listed) == 1 and "one interval after the answer in flight" in listed[0], listed
     ended = dataclasses.replace(held, held_until=now - 0.5)
     table.store.update("held.example", lambda old, now_: (ended, None))
     assert re.search(r"^  next allowed\s{2,}now$", table.run("show", "held.example").out, re.M)

@@ -633,6 +633,25 @@ async def test_a_full_downloader_sends_a_waiting_request_out_until_its_turn(arri
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_turn_deferral_keeps_each_host_s_order_and_books_each_request_once(arrival_server, tmp_path):
+    """Review: two hosts, two slots, every page listed at start. A request deferred for its turn no longer holds its
+    host's line, so the engine pulled the next ones, which booked (a transaction each), were deferred for their turn
+    too, and came back out of order (p0, p39, p2, …): the whole queue went through the downloader. A new request of a
+    host with requests held now goes behind them in the scheduler, and a request is deferred for its turn at most
+    once: each host's pages arrive in order, and the turn deferrals are a few, not one per page."""
+    servers = [arrival_server(address) for address in ("127.0.2.150", "127.0.2.151")]
+    (tmp_path / "o").mkdir()
+    s = settings(tmp_path / "o", POLITE_HOST_INTERVAL=0.3, CONCURRENT_REQUESTS=2)
+    urls = [srv.url(f"/p/{i}") for i in range(15) for srv in servers]
+    crawler = await run_crawl(ListSpider, s, urls=urls, timeout=90)
+    for srv in servers:
+        hits = timeline(srv)
+        assert [a.path for a in hits] == [f"/p/{i}" for i in range(15)], describe(hits)
+        assert min(b.start - a.end for a, b in zip(hits, hits[1:])) >= 0.3 - TOL, describe(hits)
+    assert (stat(crawler, "deferrals/turn") or 0) <= 4, stat(crawler, "deferrals/turn")
+
+
+@pytest_twisted.ensureDeferred
 @pytest.mark.parametrize("reset", [True, False])
 async def test_a_reset_reaches_a_running_crawl_at_its_next_progress_line(arrival_server, tmp_path, reset):
     """Trial: ``scrapy polite reset HOST`` (which the progress line tells to run) had no effect on the running crawl:

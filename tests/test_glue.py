@@ -110,7 +110,7 @@ class FakeScheduler:
         self.wakes: list[str] = []
         self.full = False  # crowded(): the downloader full, others waiting to enter it
 
-    def crowded(self) -> bool:
+    def crowded(self, request: Any) -> bool:
         return self.full
 
     def owns(self, request: Any) -> bool:

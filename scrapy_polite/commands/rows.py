@@ -187,7 +187,7 @@ def next_words(state: HostState, now: float) -> str:
     """The ``next allowed`` cell: when the next request may start; while a request is on its way (its in-flight
     hold, docs/spec.md §3), after its answer (trial: "now" for a host no crawl would book for another 20 s)."""
     if state.held_until > now and state.next_allowed < state.held_until:
-        return f"after the answer in flight (at the latest {format_due(state.held_until, now)})"
+        return f"one interval after the answer in flight (at the latest {format_due(state.held_until, now)})"
     return format_due(state.next_allowed, now)
 
 

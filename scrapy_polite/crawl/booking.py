@@ -300,8 +300,8 @@ class Booker:
                 await self._wait(host, booking.poll, request)
                 continue
             if deferrable and booking.start - now >= CROWDED_WAIT and self.scheduler is not None \
-                    and self.scheduler.crowded():
-                # A full downloader with others waiting to enter: its turn is waited out of it (docs/spec.md §5).
+                    and self.scheduler.crowded(request):
+                # A full downloader with others waiting to enter: its turn is waited out of it, once (§5).
                 return self._leave(request, host, booking.start, "turn")
             # Waiting for an address's budget (not the host's): one request per address waits in line,
             # the next defers until that moment (docs/spec.md §5).

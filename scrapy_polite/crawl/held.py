@@ -431,6 +431,38 @@ class HeldRequests:
             os.remove(path)  # its requests are held (on disk) now
         return found
 
+    def report_close(self, count: int, left: list[Request], summary: str) -> None:
+        """Count and log the close (:meth:`close`) of ``count`` held requests, ``left`` of them in memory (not kept):
+        under ``JOBDIR`` those on disk are kept for resume and those left are logged and counted as not saved; without
+        it every one is counted as not crawled (``summary``: what was held, for the log)."""
+        stats = self.crawler.stats
+        if stats is not None:
+            if self.written:
+                stats.set_value("polite/deferred/spilled", self.written)
+            if self.unreadable:
+                stats.set_value("polite/deferred/unreadable", self.unreadable)
+        if not count:
+            return
+        if self._root is None:
+            if stats is not None:
+                stats.set_value("polite/deferred/not_crawled", count)
+            logger.warning("scrapy-polite: %d deferred %s not crawled (set JOBDIR to resume them). %s",
+                           count, "request was" if count == 1 else "requests were", summary)
+            return
+        for request in left:
+            try:
+                pickle.dumps(request.to_dict(spider=self.crawler.spider), protocol=4)
+                reason = "it could not be written to disk"
+            except Exception as exc:  # a callback that is not a spider method, unpicklable meta
+                reason = str(exc)
+            logger.error("scrapy-polite: cannot save deferred %s for resume: %s", request, reason)
+        if left and stats is not None:
+            stats.set_value("polite/deferred/not_saved", len(left))
+        if stats is not None:
+            stats.set_value("polite/deferred/saved", count - len(left))
+        logger.info("scrapy-polite: %d deferred requests are kept in %s for resume. %s", count - len(left),
+                    self._root, summary)
+
     def close(self) -> list[Request]:
         """Close the disk queues (under ``JOBDIR`` their requests stay for a resumed crawl; the temporary
         directory is removed) and return the requests still held in memory, which are not kept."""

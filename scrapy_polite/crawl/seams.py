@@ -76,8 +76,9 @@ class HoldingScheduler(Protocol):
         again, lets it go then, earlier than it was held for)."""
         ...
 
-    def crowded(self) -> bool:
-        """The downloader has no free slot and other requests wait to enter it."""
+    def crowded(self, request: Request) -> bool:
+        """The downloader has no free slot, other requests wait to enter it, and ``request`` was not handed out from
+        the held requests (it may wait for its turn out of the downloader once)."""
         ...
 
     def ended(self, request: Request) -> None:

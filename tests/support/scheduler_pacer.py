@@ -42,6 +42,9 @@ class CountingReport:
     def __init__(self) -> None:
         self.counts: dict[str, float] = {}
 
+    def known(self, host: str) -> None:
+        return None  # no row known: a woken host is due now
+
     def inc(self, key: str, count: float = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + count
 
