@@ -182,7 +182,8 @@ class PoliteScheduler:
         requests (its turn comes once), then leaves the downloader until its turn (docs/spec.md §5, "A full
         downloader")."""
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
-        if downloader is None or request in self._from_held or not downloader.needs_backout():
+        if downloader is None or self.shared is not None or request in self._from_held \
+                or not downloader.needs_backout():  # (a shared frontier's deferral is a Redis write: not for a turn)
             return False
         return bool(self._heap and self._heap[0][0] <= self.clock()) or self.has_pending_requests()  # local first
 
