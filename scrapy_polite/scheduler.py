@@ -58,7 +58,7 @@ from .frontier.worker import SharedWorker
 from .pacer import Pacer, get_pacer
 from .policy import host_key
 from .settings import SettingsError
-from .vocabulary import DONT_PACE_META
+from .vocabulary import BURST_META, DONT_PACE_META
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -100,6 +100,7 @@ class PoliteScheduler:
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
         self._from_held: weakref.WeakSet[Request] = weakref.WeakSet()  # handed out from the held ones (crowded)
+        self._burst_hosts: set[str] = set()  # hosts a burst request was held for: woken at once, not at their row's due
         self._owned_refs: set[weakref.ref[Request]] = vars(self._owned)["data"]  # CPython's WeakSet.data: see owns
         self._timer: Any = None
         self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
@@ -234,7 +235,8 @@ class PoliteScheduler:
         """A new request of a host with requests held goes behind them, without a pass through the downloader (its
         host's order kept: a request deferred for its turn no longer holds the host's line, docs/spec.md §5). True
         when it was held."""
-        host = None if request.meta.get(DONT_PACE_META) else host_key(request.url)
+        meta = request.meta  # a burst or unpaced request takes no host's line: it queues behind no one
+        host = None if meta.get(DONT_PACE_META) or meta.get(BURST_META) else host_key(request.url)
         if host is None or host not in self._held.hosts:
             return False
         self._held.push(host, request, None)
@@ -272,6 +274,8 @@ class PoliteScheduler:
         when its host is due); one deferred for a line stays here, leased."""
         self._rehold.add(request)
         self._owned.discard(request)
+        if request.meta.get(BURST_META):
+            self._burst_hosts.add(host)
         frontier = self.frontier
         if (frontier is not None and due is not None and frontier.owns(request)
                 and frontier.hold(request, host, due - self.clock())):
@@ -298,10 +302,10 @@ class PoliteScheduler:
         if host in self._held.hosts:
             due = self._due.get(host, 0.0)
             if due == math.inf or (at is not None and at < due):
-                if at is None:  # its line freed: due when its row (recorded by now) allows, not sooner (§5)
+                if at is None and host not in self._burst_hosts:  # due when its recorded row allows (§5)
                     known = self.pacer.report.known(host)
                     at = self.sync.to_local(known.next_allowed) if known is not None else 0.0
-                due = self._due[host] = at
+                due = self._due[host] = at if at is not None else 0.0
             self._push(due, host)
 
     def _push(self, due: float, host: str) -> None:

@@ -299,9 +299,9 @@ class Booker:
                     return self._leave(request, host, now + booking.poll, "ip_line" if ours else "line")
                 await self._wait(host, booking.poll, request)
                 continue
-            if deferrable and booking.start - now >= CROWDED_WAIT and self.scheduler is not None \
-                    and self.scheduler.crowded(request):
-                # A full downloader with others waiting to enter: its turn is waited out of it, once (§5).
+            if deferrable and booking.start - now >= CROWDED_WAIT and booking.start <= booking.host_free \
+                    and self.scheduler is not None and self.scheduler.crowded(request):
+                # Its host's turn (not an address's budget), waited out of a full downloader, once (§5).
                 return self._leave(request, host, booking.start, "turn")
             # Waiting for an address's budget (not the host's): one request per address waits in line,
             # the next defers until that moment (docs/spec.md §5).
