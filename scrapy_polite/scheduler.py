@@ -100,6 +100,7 @@ class PoliteScheduler:
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
         self._from_held: weakref.WeakSet[Request] = weakref.WeakSet()  # handed out from the held ones (crowded)
+        self._leaving: list[Request] = []  # handed out, kept until their last pass left the downloader (_next_due)
         self._burst_hosts: set[str] = set()  # hosts a burst request was held for: woken at once, not at their row's due
         self._owned_refs: set[weakref.ref[Request]] = vars(self._owned)["data"]  # CPython's WeakSet.data: see owns
         self._timer: Any = None
@@ -177,11 +178,9 @@ class PoliteScheduler:
         return shared.pending(self.inner) if shared is not None else bool(self.inner.has_pending_requests())
 
     def crowded(self, request: Request) -> bool:
-        """The downloader has no free slot (Scrapy's ``Downloader.needs_backout``: ``CONCURRENT_REQUESTS`` requests
-        in it, waits in line included) and other requests wait to enter it: the wrapped scheduler's pending ones
-        (:meth:`has_pending_requests`), or a held host already due. ``request``, unless handed out from the held
-        requests (its turn comes once), then leaves the downloader until its turn (docs/spec.md §5, "A full
-        downloader")."""
+        """The downloader has no free slot (``Downloader.needs_backout``: waits in line count) and others wait to enter
+        it (the wrapped scheduler's pending requests, a held host due): ``request``, unless handed out from the held
+        ones (its turn comes once), leaves it until its turn (docs/spec.md §5, "A full downloader")."""
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
         if downloader is None or self.shared is not None or request in self._from_held \
                 or not downloader.needs_backout():  # (a shared frontier's deferral is a Redis write: not for a turn)
@@ -216,7 +215,7 @@ class PoliteScheduler:
         return bool(self.inner.enqueue_request(request))
 
     def next_request(self) -> Request | None:
-        request = self._next_due() if self._heap else None  # (no call while nothing is held)
+        request = self._next_due() if self._heap or self._leaving else None  # (no call while nothing is held)
         if request is None:
             if self.shared is not None:
                 request = self.shared.take({host for host, _ in self._held.items()}, len(self._held))
@@ -346,10 +345,13 @@ class PoliteScheduler:
         self._arm(wake=False)
 
     def _next_due(self) -> Request | None:
-        if not self._heap:
-            return None
         now = self.clock()
         found: Request | None = None
+        active = getattr(getattr(crawler_engine(self.crawler), "downloader", None), "active", ())
+        for request in self._leaving:
+            if request not in active:
+                self._leaving.remove(request)
+                return request
         while self._heap and self._heap[0][0] <= now:
             entry = heapq.heappop(self._heap)
             host = entry[2]
@@ -366,7 +368,12 @@ class PoliteScheduler:
             if found is not None:
                 self.lifecycle.release(found, host)  # it claims its host until it is booked or leaves
                 self._from_held.add(found)
-                break
+                if found not in active:
+                    break
+                # Its last pass is still leaving the downloader: sent now, it would be in it twice (trial: a KeyError).
+                self._leaving.append(found)
+                found = None
+                call_later(0.01, wake_engine, self.crawler)
         if found is None and self._heap:
             self._arm(wake=False)  # the engine asks again when the next is due, not at the next re-poll only
         return found

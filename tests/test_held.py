@@ -16,6 +16,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -290,6 +291,27 @@ def drain(s: PoliteScheduler) -> list[str]:
     for url in out:
         s.wake(url.split("/")[2])
     return out
+
+
+def test_a_held_request_still_leaving_the_downloader_is_not_handed_out_twice(monkeypatch):
+    """Trial: a request deferred with its host due at once was handed out again while its last pass was still leaving
+    Scrapy's downloader (returned to the engine an asyncio turn earlier): in the downloader twice, Scrapy's
+    ``active.remove`` raised ``KeyError`` and the page was lost. It is kept until its last pass has left; the control:
+    once out of ``Downloader.active`` it is handed out."""
+    import scrapy_polite.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "call_later", lambda *args: None)  # the engine is poked by hand here
+    crawler = make_crawler()
+    s = scheduler(crawler, 100)
+    r = request(crawler, "http://a/0")
+    active = {r}
+    monkeypatch.setattr(scheduler_module, "crawler_engine", lambda c: SimpleNamespace(downloader=SimpleNamespace(
+        active=active, needs_backout=lambda: False)))
+    s.hold(r, "a", T0)  # due now
+    assert s.next_request() is None  # still in the downloader: not handed out
+    active.clear()
+    assert s.next_request() is r
+    s.close("finished")
 
 
 def hold_three_hosts(crawler: Any, s: PoliteScheduler) -> None:
