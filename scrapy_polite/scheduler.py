@@ -58,7 +58,7 @@ from .frontier.worker import SharedWorker
 from .pacer import Pacer, get_pacer
 from .policy import host_key
 from .settings import SettingsError
-from .vocabulary import BURST_META, DONT_PACE_META
+from .vocabulary import BURST_META, DONT_PACE_META, HOST_META
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -101,6 +101,7 @@ class PoliteScheduler:
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
         self._from_held: weakref.WeakSet[Request] = weakref.WeakSet()  # handed out from the held ones (crowded)
         self._leaving: list[Request] = []  # handed out, kept until their last pass left the downloader (_next_due)
+        self._turn_hosts: set[str | None] = set()  # hosts with a request held for its turn (crowded, _behind)
         self._burst_hosts: set[str] = set()  # hosts a burst request was held for: woken at once, not at their row's due
         self._owned_refs: set[weakref.ref[Request]] = vars(self._owned)["data"]  # CPython's WeakSet.data: see owns
         self._timer: Any = None
@@ -185,7 +186,10 @@ class PoliteScheduler:
         if downloader is None or self.shared is not None or request in self._from_held \
                 or not downloader.needs_backout():  # (a shared frontier's deferral is a Redis write: not for a turn)
             return False
-        return bool(self._heap and self._heap[0][0] <= self.clock()) or self.has_pending_requests()  # local first
+        if not (self._heap and self._heap[0][0] <= self.clock()) and not self.has_pending_requests():  # local first
+            return False
+        self._turn_hosts.add(request.meta.get(HOST_META))  # its host's new requests queue behind it (_behind)
+        return True
 
     def held_count(self) -> int:
         """How many requests are held."""
@@ -231,13 +235,11 @@ class PoliteScheduler:
         return request
 
     def _behind(self, request: Request) -> bool:
-        """A new request of a host with requests held goes behind them, without a pass through the downloader (its
-        host's order kept: a request deferred for its turn no longer holds the host's line, docs/spec.md §5). True
-        when it was held."""
+        """True when held behind its host's request held for its turn (the host's order kept: docs/spec.md §5)."""
         meta = request.meta  # a burst or unpaced request takes no host's line: it queues behind no one
         host = None if meta.get(DONT_PACE_META) or meta.get(BURST_META) else host_key(request.url)
-        if host is None or host not in self._held.hosts:
-            return False
+        if host is None or host not in self._turn_hosts or host not in self._held.hosts:
+            return False  # (a host held for its mood: its requests meet the early deferral, the HTTP cache first)
         self._held.push(host, request, None)
         if self.crawler.stats is not None:
             self.crawler.stats.max_value("polite/deferred/max_held", self.held_count())
@@ -295,9 +297,8 @@ class PoliteScheduler:
         self.booker.held(request, host)  # gives up its claim and lines: may wake the host (self.wake)
 
     def wake(self, host: str, at: float | None = None) -> None:
-        """What held the host back (its line, its claim, an address line) is gone: its held requests may go
-        as soon as the host is due (called by :class:`~scrapy_polite.crawl.lifecycle.Lifecycle`); ``at``: its row,
-        read again, lets it go then (this process's clock), earlier than it was held for (``scrapy polite reset``)."""
+        """What held the host back (its line, its claim, an address line) is gone (the lifecycle), or its row read again
+        lets it go ``at`` (this process's clock), earlier than held for: its held requests may go when due."""
         if host in self._held.hosts:
             due = self._due.get(host, 0.0)
             if due == math.inf or (at is not None and at < due):
@@ -363,6 +364,7 @@ class PoliteScheduler:
             found = self._held.pop(host)  # None only when none of the host's records could be read back
             if host not in self._held.hosts:
                 del self._due[host]
+                self._turn_hosts.discard(host)
             else:
                 self._due[host] = math.inf
             if found is not None:
@@ -370,8 +372,7 @@ class PoliteScheduler:
                 self._from_held.add(found)
                 if found not in active:
                     break
-                # Its last pass is still leaving the downloader: sent now, it would be in it twice (trial: a KeyError).
-                self._leaving.append(found)
+                self._leaving.append(found)  # its last pass still leaving the downloader: not in it twice (§5)
                 found = None
                 call_later(0.01, wake_engine, self.crawler)
         if found is None and self._heap:
@@ -390,8 +391,7 @@ class PoliteScheduler:
         return "Deferred: " + "; ".join(parts)
 
     def held_hosts(self) -> list[tuple[str, int, float]]:
-        """``(host, requests held, due)`` per host holding requests, soonest due first (``due``: epoch s of
-        this process's clock; ``inf``: when its line frees), for the progress line."""
+        """``(host, requests held, due)`` per host, soonest first (due: this process's epoch s; inf: its line frees)."""
         return sorted(((host, count, self._due.get(host, math.inf)) for host, count in self._held.items()),
                       key=lambda row: (row[2], row[0]))
 

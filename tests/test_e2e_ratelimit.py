@@ -152,7 +152,9 @@ async def test_an_announced_and_enforced_quota_is_never_exceeded(arrival_server,
             store.close()
     else:  # no window: the quota is spent, and the host is held until each reset
         assert stat(crawler, "ratelimit/holds") >= PAGES // Q - 1
-        assert stat(crawler, "deferrals/ratelimit") >= 1
+        # Held until the reset (no 429 above, and judge_lateness: none late): a request held for its host's line is
+        # handed out when the recorded row allows, after the reset, so none needs a deferral for the quota any more
+        # (docs/spec.md §5, "A full downloader"); the holds are counted.
 
 
 @pytest_twisted.ensureDeferred
