@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from weakref import ref
 
@@ -58,7 +59,7 @@ from .frontier.worker import SharedWorker
 from .pacer import Pacer, get_pacer
 from .policy import host_key
 from .settings import SettingsError
-from .vocabulary import BURST_META, DONT_PACE_META, HOST_META
+from .vocabulary import BURST_META, DONT_PACE_META
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -73,6 +74,26 @@ __all__ = ["PoliteScheduler"]
 #: downloader full): the engine also asks whenever a download ends.
 REPOLL = 1.0
 
+
+@dataclass(slots=True)
+class HeldHost:
+    """One host with held requests: when they are due and why they are held (forgotten when none is left).
+
+    Attributes:
+        due: when its next held request is due (this process's epoch s; ``inf``: when its line frees).
+        turn: a request of it is held for its turn (its line, an address's line, a full downloader: docs/spec.md
+            §5), not for its mood (a throttle, a Crawl-delay, a quota): its new requests queue behind it
+            (:meth:`PoliteScheduler._behind`).
+        burst: a burst request of it is held: woken at once when its line frees, not when its row allows.
+    """
+
+    due: float
+    turn: bool = False
+    burst: bool = False
+
+
+#: The record read for a host with nothing held (never written).
+NOT_HELD = HeldHost(math.inf)
 
 class PoliteScheduler:
     """A scheduler wrapper that holds deferred requests by host until due.
@@ -94,15 +115,13 @@ class PoliteScheduler:
         self.sync = pacer.sync
         self._jobdir: str | None = crawler.settings.get("JOBDIR") or None
         self._held = HeldRequests(crawler, max_in_memory=pacer.config.max_held_in_memory, jobdir=self._jobdir)
-        self._due: dict[str, float] = {}
+        self._hosts: dict[str, HeldHost] = {}  # the hosts with held requests
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
         self._from_held: weakref.WeakSet[Request] = weakref.WeakSet()  # handed out from the held ones (crowded)
         self._leaving: list[Request] = []  # handed out, kept until their last pass left the downloader (_next_due)
-        self._turn_hosts: set[str | None] = set()  # hosts with a request held for its turn (crowded, _behind)
-        self._burst_hosts: set[str] = set()  # hosts a burst request was held for: woken at once, not at their row's due
         self._owned_refs: set[weakref.ref[Request]] = vars(self._owned)["data"]  # CPython's WeakSet.data: see owns
         self._timer: Any = None
         self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
@@ -158,7 +177,7 @@ class PoliteScheduler:
         shared.close(len(self._held))
         self._held.close()
         self._held = HeldRequests(self.crawler, max_in_memory=0, jobdir=None)
-        self._due.clear()
+        self._hosts.clear()
 
     def _close_local(self, reason: str) -> Any:
         try:
@@ -186,10 +205,7 @@ class PoliteScheduler:
         if downloader is None or self.shared is not None or request in self._from_held \
                 or not downloader.needs_backout():  # (a shared frontier's deferral is a Redis write: not for a turn)
             return False
-        if not (self._heap and self._heap[0][0] <= self.clock()) and not self.has_pending_requests():  # local first
-            return False
-        self._turn_hosts.add(request.meta.get(HOST_META))  # its host's new requests queue behind it (_behind)
-        return True
+        return bool(self._heap and self._heap[0][0] <= self.clock()) or self.has_pending_requests()  # local first
 
     def held_count(self) -> int:
         """How many requests are held."""
@@ -198,14 +214,15 @@ class PoliteScheduler:
     def unpark(self) -> int:
         """Wake every host parked "until its line frees" that nothing holds back any more (the idle check,
         after :meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`); returns how many."""
-        parked = [host for host, due in self._due.items() if due == math.inf and not self.lifecycle.parkable(host)]
+        parked = [host for host, held in self._hosts.items()
+                  if held.due == math.inf and not self.lifecycle.parkable(host)]
         for host in parked:
             self.wake(host)
         return len(parked)
 
     def earliest_due(self) -> float | None:
         """The earliest due time (epoch s) of a held request (``inf``: held only for a busy line; None: none held)."""
-        return min(self._due.values()) if self._due else None
+        return min(held.due for held in self._hosts.values()) if self._hosts else None
 
     def enqueue_request(self, request: Request) -> bool:
         if request in self._rehold:  # a deferred request coming back from the downloader: already held
@@ -238,7 +255,8 @@ class PoliteScheduler:
         """True when held behind its host's request held for its turn (the host's order kept: docs/spec.md §5)."""
         meta = request.meta  # a burst or unpaced request takes no host's line: it queues behind no one
         host = None if meta.get(DONT_PACE_META) or meta.get(BURST_META) else host_key(request.url)
-        if host is None or host not in self._turn_hosts or host not in self._held.hosts:
+        held = self._hosts.get(host) if host is not None else None
+        if held is None or not held.turn or host is None or host not in self._held.hosts:
             return False  # (a host held for its mood: its requests meet the early deferral, the HTTP cache first)
         self._held.push(host, request, None)
         if self.crawler.stats is not None:
@@ -267,16 +285,15 @@ class PoliteScheduler:
         the WeakSet's own set of weak references without a Python-level call: once per page.)"""
         return ref(request) in self._owned_refs
 
-    def hold(self, request: Request, host: str, due: float | None) -> None:
+    def hold(self, request: Request, host: str, due: float | None, *, turn: bool = False) -> None:
         """Keep ``request`` out of the downloader until ``due`` (epoch seconds; None: until its host's
-        line is free). The middleware then returns it to the engine, whose ``enqueue_request`` we skip.
+        line is free; ``turn``: held for its turn, a line or a full downloader, docs/spec.md §5). The middleware
+        then returns it to the engine, whose ``enqueue_request`` we skip.
 
         With the shared frontier, a request deferred until a moment goes back to Redis (any worker takes it
         when its host is due); one deferred for a line stays here, leased."""
         self._rehold.add(request)
         self._owned.discard(request)
-        if request.meta.get(BURST_META):
-            self._burst_hosts.add(host)
         frontier = self.frontier
         if (frontier is not None and due is not None and frontier.owns(request)
                 and frontier.hold(request, host, due - self.clock())):
@@ -286,11 +303,15 @@ class PoliteScheduler:
         if due is None and not self.lifecycle.parkable(host):
             due = self.clock()  # nothing holds the host back any more: it may go now (docs/spec.md §5)
         when = due if due is not None else math.inf
-        current = self._due.get(host)
-        if current is None or (due is not None and when > current) or current == math.inf:
-            self._due[host] = when
+        held = self._hosts.get(host)
+        if held is None or (due is not None and when > held.due) or held.due == math.inf:
+            if held is None:
+                held = self._hosts[host] = HeldHost(when)
+            held.due = when
             if when != math.inf:  # one heap entry per change of the host's due time, not per request
                 self._push(when, host)
+        held.turn = held.turn or turn
+        held.burst = held.burst or bool(request.meta.get(BURST_META))
         stats = self.crawler.stats
         if stats is not None:
             stats.max_value("polite/deferred/max_held", self.held_count())
@@ -299,14 +320,14 @@ class PoliteScheduler:
     def wake(self, host: str, at: float | None = None) -> None:
         """What held the host back (its line, its claim, an address line) is gone (the lifecycle), or its row read again
         lets it go ``at`` (this process's clock), earlier than held for: its held requests may go when due."""
-        if host in self._held.hosts:
-            due = self._due.get(host, 0.0)
-            if due == math.inf or (at is not None and at < due):
-                if at is None and host not in self._burst_hosts:  # due when its recorded row allows (§5)
+        held = self._hosts.get(host)
+        if held is not None and host in self._held.hosts:
+            if held.due == math.inf or (at is not None and at < held.due):
+                if at is None and not held.burst:  # due when its recorded row allows (§5)
                     known = self.pacer.report.known(host)
                     at = self.sync.to_local(known.next_allowed) if known is not None else 0.0
-                due = self._due[host] = at if at is not None else 0.0
-            self._push(due, host)
+                held.due = at if at is not None else 0.0
+            self._push(held.due, host)
 
     def _push(self, due: float, host: str) -> None:
         heapq.heappush(self._heap, (due, next(self._seq), host))
@@ -338,7 +359,7 @@ class PoliteScheduler:
     def _stale(self, entry: tuple[float, int, str]) -> bool:
         """A heap entry whose host has nothing held, or whose due time was moved since it was pushed."""
         due, _, host = entry
-        return host not in self._held.hosts or (self._due.get(host, math.inf) > due)
+        return host not in self._held.hosts or self._hosts.get(host, NOT_HELD).due > due
 
     def _poke(self) -> None:
         self._timer = None
@@ -356,17 +377,17 @@ class PoliteScheduler:
         while self._heap and self._heap[0][0] <= now:
             entry = heapq.heappop(self._heap)
             host = entry[2]
-            if host not in self._held.hosts or self._due.get(host, math.inf) > now:
+            held = self._hosts.get(host)
+            if held is None or host not in self._held.hosts or held.due > now:
                 continue  # a stale heap entry
             if self.lifecycle.blocked(host):
-                self._due[host] = math.inf  # woken again when its line frees or its claim ends (lifecycle)
+                held.due = math.inf  # woken again when its line frees or its claim ends (lifecycle)
                 continue
             found = self._held.pop(host)  # None only when none of the host's records could be read back
             if host not in self._held.hosts:
-                del self._due[host]
-                self._turn_hosts.discard(host)
+                del self._hosts[host]
             else:
-                self._due[host] = math.inf
+                held.due = math.inf
             if found is not None:
                 self.lifecycle.release(found, host)  # it claims its host until it is booked or leaves
                 self._from_held.add(found)
@@ -384,7 +405,7 @@ class PoliteScheduler:
         now = self.clock()
         parts = []
         for host, count in self._held.items():
-            due = self._due.get(host, math.inf)
+            due = self._hosts.get(host, NOT_HELD).due
             when = ("when its line frees" if due == math.inf else "due now" if due - now < 0.5
                     else f"due in {due - now:.0f} s")
             parts.append(f"{host}: {count} request{'' if count == 1 else 's'}, {when}")
@@ -392,7 +413,7 @@ class PoliteScheduler:
 
     def held_hosts(self) -> list[tuple[str, int, float]]:
         """``(host, requests held, due)`` per host, soonest first (due: this process's epoch s; inf: its line frees)."""
-        return sorted(((host, count, self._due.get(host, math.inf)) for host, count in self._held.items()),
+        return sorted(((host, count, self._hosts.get(host, NOT_HELD).due) for host, count in self._held.items()),
                       key=lambda row: (row[2], row[0]))
 
     # -- persistence ------------------------------------------------------------------------------------
@@ -404,7 +425,7 @@ class PoliteScheduler:
         summary = self.describe() if count else ""
         left = self._held.close()  # the requests held in memory, which are not kept
         # In `scrapy check`, a contract request still held fails the check instead of passing silently.
-        fail_held_contract_requests(left, self._due.get, self.pacer)
+        fail_held_contract_requests(left, lambda host: self._hosts.get(host, NOT_HELD).due, self.pacer)
         self._held.report_close(count, left, summary)
 
     def _load(self) -> None:
@@ -415,7 +436,7 @@ class PoliteScheduler:
         for host, due in self._held.load_legacy(self._jobdir).items():
             dues[host] = max(dues.get(host, 0.0), to_local(due) if due else 0.0)
         for host, due in dues.items():
-            self._due[host] = due
+            self._hosts[host] = HeldHost(due)
             self._push(due, host)
         count = len(self._held)
         if not count:

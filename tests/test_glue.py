@@ -116,7 +116,7 @@ class FakeScheduler:
     def owns(self, request: Any) -> bool:
         return self.owned
 
-    def hold(self, request: Any, host: str, due: float | None) -> None:
+    def hold(self, request: Any, host: str, due: float | None, *, turn: bool = False) -> None:
         self.holds.append((request, host, due))
 
     def wake(self, host: str) -> None:

@@ -314,6 +314,43 @@ def test_a_held_request_still_leaving_the_downloader_is_not_handed_out_twice(mon
     s.close("finished")
 
 
+class Queue(Inner):
+    """A wrapped scheduler holding the spider's new requests, first in, first out."""
+
+    def __init__(self) -> None:
+        self.queue: list[Any] = []
+
+    def has_pending_requests(self) -> bool:
+        return bool(self.queue)
+
+    def next_request(self) -> Any:
+        return self.queue.pop(0) if self.queue else None
+
+
+@pytest.mark.parametrize("turn", [True, False], ids=["held-for-its-turn", "control-held-for-a-throttle"])
+def test_a_new_request_of_a_host_held_for_its_turn_queues_behind_it(monkeypatch, turn):
+    """Trial (flaky order test): host ``a``'s first request was held for its line, and a new request of ``a`` pulled
+    before it was due booked first and went ahead of it. A new request of a host held for a turn reason (its line,
+    an address's line, a full downloader) now queues behind the held ones, without a pass through the downloader,
+    and comes out after them. The control: a host held for its mood (a throttle) lets the new request go on to the
+    early deferral and the HTTP cache."""
+    monkeypatch.setattr(scheduler_module, "crawler_engine", lambda c: None)
+    crawler = make_crawler()
+    inner = Queue()
+    s = PoliteScheduler(crawler, inner, SchedulerPacer(T0))  # type: ignore[arg-type]
+    s.open(crawler.spider)
+    first, new = request(crawler, "http://a/0"), request(crawler, "http://a/1")
+    s.hold(first, "a", T0 + 30, turn=turn)
+    inner.queue.append(new)
+    if not turn:
+        assert s.next_request() is new and s.held_count() == 1
+        return
+    assert s.next_request() is None and s.held_count() == 2, "queued behind the held request"
+    s.pacer.now = T0 + 30
+    assert drain(s) == ["http://a/0"] and drain(s) == ["http://a/1"], "in the host's order"
+    s.close("finished")
+
+
 def hold_three_hosts(crawler: Any, s: PoliteScheduler) -> None:
     for host, due, n in (("a", T0 + 3, 3), ("b", T0 + 1, 3), ("c", T0 + 2, 2)):
         for i in range(n):

@@ -465,7 +465,7 @@ class HoldingScheduler:
     def owns(self, request: Request) -> bool:
         return True
 
-    def hold(self, request: Request, host: str, due: float | None) -> None:
+    def hold(self, request: Request, host: str, due: float | None, *, turn: bool = False) -> None:
         self.held.append((request.url, host, due))
 
 

@@ -67,8 +67,9 @@ class HoldingScheduler(Protocol):
         """The request was handed out by this scheduler, so it can be deferred."""
         ...
 
-    def hold(self, request: Request, host: str, due: float | None) -> None:
-        """Keep ``request`` out of the downloader until ``due`` (epoch s; None: until its line frees)."""
+    def hold(self, request: Request, host: str, due: float | None, *, turn: bool = False) -> None:
+        """Keep ``request`` out of the downloader until ``due`` (epoch s; None: until its line frees; ``turn``: it
+        waits for its turn)."""
         ...
 
     def wake(self, host: str, at: float | None = None) -> None:
