@@ -645,19 +645,33 @@ async def test_every_address_busy_defers_with_reason_ip_line():
 
 @pytest_twisted.ensureDeferred
 async def test_a_second_request_waiting_for_an_address_budget_defers_with_reason_ip_line():
-    g = glue(addresses={h: [A1] for h in ("a.example", "b.example", "c.example")}, sleep="hand")
-    ra, rb, rc = request("http://a.example/"), request("http://b.example/"), request("http://c.example/")
+    """One request waits in line for an address's budget; the next are deferred one address interval apart (trial:
+    deferred until the same moment, 25 hosts on one address came back all at once and all but one were deferred
+    again, 23 deferrals per page; 1.5 after). The control: another address's deferral is not put after them."""
+    hosts = ("a.example", "b.example", "c.example", "d.example")
+    g = glue(addresses={h: [A1] for h in hosts} | {h: [A2] for h in ("e.example", "f.example", "g.example")},
+             sleep="hand")
+    ra, rb, rc, rd = (request(f"http://{h}/") for h in hosts)
     assert book(g, ra) == Go(sent_at=T0, address=A1)
     respond(g, ra)  # ends at once: the address is due at T0 + 2
     # b waits in line for the address's budget (a hand-fired sleep of exactly 2 s) ...
     waiting = task(g.booker.before_request(rb, "b.example"))
     await settle()
     assert not waiting.called and g.sleep.calls == [2.0]
-    # ... c is the second to wait for it: deferred until that moment.
+    # ... c is the second to wait for it: deferred until that moment; d, the third, one interval later.
     assert book(g, rc) == Defer(due=T0 + 2, reason="ip_line")
-    assert g.sleep.calls == [2.0]  # c did not sleep
+    assert book(g, rd) == Defer(due=T0 + 4, reason="ip_line")
+    assert g.sleep.calls == [2.0]  # c and d did not sleep
+    re_ = request("http://e.example/")
+    assert book(g, re_) == Go(sent_at=T0, address=A2)
+    respond(g, re_)
+    waiting_f = task(g.booker.before_request(request("http://f.example/"), "f.example"))
+    await settle()
+    assert book(g, request("http://g.example/")) == Defer(due=T0 + 2, reason="ip_line"), "its own address's turn"
     g.sleep.wake()
     assert await waiting == Go(sent_at=T0 + 2, address=A1)
+    g.sleep.wake()
+    assert isinstance(await waiting_f, Go)
     assert g.lines.ip_waiter == {}
 
 

@@ -40,6 +40,8 @@ DEFAULT_TIMEOUT = 180.0
 #: Seconds: a request that would wait in line at least this long while the downloader is full and others wait to
 #: enter it is deferred until its turn instead (docs/spec.md §5, "A full downloader"); a shorter wait is waited.
 CROWDED_WAIT = 0.1
+#: How many addresses' last budget deferrals are kept before those past are swept (:func:`stagger`).
+STAGGER_SWEEP = 1024
 
 
 def _timeout(value: Any) -> float | None:
@@ -96,6 +98,20 @@ def _hold_of(booking: Booking, host: str, token: int, ip_interval: float) -> Hol
     return Hold(token, keys) if keys else None
 
 
+def stagger(slots: dict[str, float], key: str, start: float, interval: float, now: float) -> float:
+    """The due time (the table's clock, s) of a request deferred for the budget of the address ``key``, free at
+    ``start``, ``interval`` s apart: one interval after the last one deferred for it (``slots``: key → its due),
+    so the requests deferred for one address come back one by one, not all at once to be deferred again
+    (docs/spec.md §5)."""
+    last = slots.get(key)
+    due = start if last is None or last + interval <= start else last + interval
+    if len(slots) >= STAGGER_SWEEP and key not in slots:
+        for old in [k for k, at in slots.items() if at < now]:
+            del slots[old]
+    slots[key] = due
+    return due
+
+
 class Booker:
     """Books the requests of one crawler on their hosts and addresses.
 
@@ -132,6 +148,7 @@ class Booker:
         self._releasing: set[Deferred[Any]] = set()
         # Hold tokens: random in their high bits (another process's tokens differ), counted in the low ones.
         self._tokens = itertools.count((int.from_bytes(os.urandom(4), "big") << 30) | 1)
+        self._budget_slots: dict[str, float] = {}  # ip: key → the due of its last budget deferral (stagger)
 
     def attach(self, scheduler: HoldingScheduler | None) -> None:
         """Wire the scheduler that holds deferred requests, at its open (None at its close): the booker hands it
@@ -266,17 +283,15 @@ class Booker:
             addresses = await self.resolution.addresses(request, host)
             ip_paced = bool(addresses) and ip_interval > 0
             all_addresses = addresses or []
-            free: list[str] = []
-            if ip_paced:
-                free = [a for a in all_addresses if not lifecycle.busy(ip_key(a))]
-                if not free:  # every address has a request of ours in flight
-                    keys = [ip_key(a) for a in all_addresses]
-                    if deferrable and lifecycle.has_live_waiters(keys):
-                        self.release(request, host)
-                        lifecycle.wait_on_addresses(host, keys)
-                        return self.defer(host, None, "ip_line", request)
-                    await await_deferred(lifecycle.wait_for(keys))
-                    continue
+            free = [a for a in all_addresses if not lifecycle.busy(ip_key(a))] if ip_paced else []
+            if ip_paced and not free:  # every address has a request of ours in flight
+                keys = [ip_key(a) for a in all_addresses]
+                if deferrable and lifecycle.has_live_waiters(keys):
+                    self.release(request, host)
+                    lifecycle.wait_on_addresses(host, keys)
+                    return self.defer(host, None, "ip_line", request)
+                await await_deferred(lifecycle.wait_for(keys))
+                continue
             timeout = request.meta.get("download_timeout")  # a float > 0 as a rule (DownloadTimeoutMiddleware's)
             hold = (next(self._tokens), timeout if type(timeout) is float and 0.0 < timeout < math.inf
                     else _timeout(timeout) or self.download_timeout)
@@ -308,7 +323,8 @@ class Booker:
             waiting_key = ip_key(booking.address) if booking.address is not None else None
             if waiting_key is not None and booking.start > booking.host_free:
                 if not lifecycle.wait_for_budget(waiting_key, request) and deferrable:
-                    return self._leave(request, host, booking.start, "ip_line")
+                    return self._leave(request, host, stagger(self._budget_slots, waiting_key, booking.start,
+                                                              ip_interval, now), "ip_line")
             else:
                 waiting_key = None
             try:
