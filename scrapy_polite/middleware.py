@@ -42,7 +42,7 @@ from .vocabulary import (
     QUOTA_SERIAL_META,
     RECORDED_META,
     SENT_AT_META,
-    TURN_REASONS,
+    DeferralReason,
 )
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         except (StoreError, ResolverNotInstalled) as exc:
             raise _stopped(request, exc) from exc
         if isinstance(outcome, Defer):
-            hold_request(self.pacer, request, host, outcome.due, turn=outcome.reason in TURN_REASONS)
+            hold_request(self.pacer, request, host, outcome.due, reason=outcome.reason)
             return request  # the engine hands it back to the scheduler, which keeps it until due
         meta[SENT_AT_META] = outcome.sent_at
         if outcome.serial is not None:
@@ -330,9 +330,11 @@ def _log_refusal(logged: set[str], url: str, reason: str) -> None:
         logger.debug("scrapy-polite refuses %s: %s", url, reason)
 
 
-def hold_request(pacer: Pacer, request: Request, host: str, due: float | None, *, turn: bool = False) -> None:
-    """Hand a deferred request to the holding scheduler (only requests it owns are ever deferred)."""
+def hold_request(pacer: Pacer, request: Request, host: str, due: float | None, *,
+                 reason: DeferralReason | None = None) -> None:
+    """Hand a deferred request to the holding scheduler (only requests it owns are ever deferred); ``reason``: why
+    the booking deferred it (None: the host's mood, from a response or the early deferral)."""
     scheduler = pacer.booker.scheduler
     if scheduler is None:  # closed between the decision and now: nothing can hold it any more
         raise IgnoreRequest(f"scrapy-polite: the scheduler closed while {request} was deferred")
-    scheduler.hold(request, host, due, turn=turn)
+    scheduler.hold(request, host, due, reason=reason)

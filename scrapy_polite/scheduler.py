@@ -51,15 +51,14 @@ from twisted.internet import threads
 from ._compat import crawler_engine, wake_engine
 from .contracts import fail_held_contract_requests
 from .crawl.held import HELD_DIR, HeldRequests
-from .crawl.lifecycle import IN_DOWNLOADER
+from .crawl.lifecycle import IN_DOWNLOADER, Stage
 from .crawl.reactor import call_later
 from .crawl.seams import SharedFrontier
 from .frontier.leases import is_shared_scheduler
 from .frontier.worker import SharedWorker
 from .pacer import Pacer, get_pacer
-from .policy import host_key
 from .settings import SettingsError
-from .vocabulary import BURST_META, DONT_PACE_META
+from .vocabulary import BURST_META, TURN_REASONS, DeferralReason
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -81,9 +80,9 @@ class HeldHost:
 
     Attributes:
         due: when its next held request is due (this process's epoch s; ``inf``: when its line frees).
-        turn: a request of it is held for its turn (its line, an address's line, a full downloader: docs/spec.md
-            §5), not for its mood (a throttle, a Crawl-delay, a quota): its new requests queue behind it
-            (:meth:`PoliteScheduler._behind`).
+        turn: its last request held was held for its turn (its line, an address's line, a full downloader:
+            docs/spec.md §5), not for its mood (a throttle, a Crawl-delay, a quota): its new requests go behind
+            the held ones (:meth:`PoliteScheduler.behind`).
         burst: a burst request of it is held: woken at once when its line frees, not when its row allows.
     """
 
@@ -94,6 +93,32 @@ class HeldHost:
 
 #: The record read for a host with nothing held (never written).
 NOT_HELD = HeldHost(math.inf)
+
+HELD = Stage.HELD
+
+
+def downloads(crawler: Crawler) -> Any:
+    """The requests in Scrapy's downloader (``Downloader.active``; empty before the engine opens)."""
+    return getattr(getattr(crawler_engine(crawler), "downloader", None), "active", ())
+
+
+def again(crawler: Crawler, request: Request, stage: Stage | None) -> Request:
+    """``request``, handed out by the wrapped scheduler once more (``stage``: its stage): itself when its first pass
+    has ended, else a copy (a spider yielded the same object twice, ``dont_filter``, and its first pass is still held,
+    or in Scrapy's downloader): each pass is a request of its own, paced and recorded, and the downloader never has one
+    object twice (trial: one lifecycle record for two passes freed the host's line under the first, gaps of 0.1 s for
+    0.2, and the crawl hung with pages lost). Counted in ``polite/lifecycle/copied``; logged at WARNING once, then at
+    DEBUG (docs/spec.md §5)."""
+    if stage is not HELD and request not in downloads(crawler):
+        return request
+    stats = crawler.stats
+    first = stats is None or not stats.get_value("polite/lifecycle/copied")
+    (logger.warning if first else logger.debug)(
+        "scrapy-polite: %s was scheduled again while its first pass is still on (the same Request object yielded "
+        "twice); the second is sent as a copy (further ones are logged at DEBUG)", request)
+    if stats is not None:
+        stats.inc_value("polite/lifecycle/copied")
+    return request.copy()
 
 class PoliteScheduler:
     """A scheduler wrapper that holds deferred requests by host until due.
@@ -228,10 +253,11 @@ class PoliteScheduler:
         if request in self._rehold:  # a deferred request coming back from the downloader: already held
             self._rehold.discard(request)
             return True
-        if self.lifecycle.stage(request) in IN_DOWNLOADER:
-            # The same object sent again (a middleware returned it, a spider yielded it twice) while the lifecycle
-            # still has it in the downloader: it left by a path no middleware of ours saw, so it ends here (its
-            # lines and claim freed at once, not at the next reconcile: docs/spec.md §5) and begins a new pass.
+        if self.lifecycle.stage(request) in IN_DOWNLOADER and request not in downloads(self.crawler):
+            # The same object sent again (a middleware returned it) while the lifecycle still has it in the downloader,
+            # which it left by a path no middleware of ours saw: it ends here (its lines and claim freed at once, not
+            # at the next reconcile: docs/spec.md §5) and begins a new pass. (Still in the downloader, a spider yielded
+            # it twice: its first pass goes on, and this one is handed out as a copy, next_request.)
             self.booker.end(request, dropped=True)
         return bool(self.inner.enqueue_request(request))
 
@@ -242,8 +268,8 @@ class PoliteScheduler:
                 request = self.shared.take({host for host, _ in self._held.items()}, len(self._held))
             else:
                 request = self.inner.next_request()
-                while request is not None and self._held.hosts and self._behind(request):
-                    request = self.inner.next_request()
+                if request is not None and (ref(request) in self._owned_refs or self.lifecycle.stage(request) is HELD):
+                    request = again(self.crawler, request, self.lifecycle.stage(request))  # handed out before
             if request is None:
                 return None
         self._owned.add(request)
@@ -251,17 +277,11 @@ class PoliteScheduler:
             self.shared.busy()
         return request
 
-    def _behind(self, request: Request) -> bool:
-        """True when held behind its host's request held for its turn (the host's order kept: docs/spec.md §5)."""
-        meta = request.meta  # a burst or unpaced request takes no host's line: it queues behind no one
-        host = None if meta.get(DONT_PACE_META) or meta.get(BURST_META) else host_key(request.url)
-        held = self._hosts.get(host) if host is not None else None
-        if held is None or not held.turn or host is None or host not in self._held.hosts:
-            return False  # (a host held for its mood: its requests meet the early deferral, the HTTP cache first)
-        self._held.push(host, request, None)
-        if self.crawler.stats is not None:
-            self.crawler.stats.max_value("polite/deferred/max_held", self.held_count())
-        return True
+    def behind(self, request: Request, host: str) -> bool:
+        """``request``, new (not handed out from the held ones), finds requests of its host held for their turn: it
+        goes behind them (the host's order kept; asked by the booking, after the HTTP cache: docs/spec.md §5)."""
+        held = self._hosts.get(host)
+        return held is not None and held.turn and request not in self._from_held
 
     def ended(self, request: Request) -> None:
         """``request`` left the process's pacing: its lease in the shared frontier ends (called by
@@ -285,9 +305,9 @@ class PoliteScheduler:
         the WeakSet's own set of weak references without a Python-level call: once per page.)"""
         return ref(request) in self._owned_refs
 
-    def hold(self, request: Request, host: str, due: float | None, *, turn: bool = False) -> None:
+    def hold(self, request: Request, host: str, due: float | None, *, reason: DeferralReason | None = None) -> None:
         """Keep ``request`` out of the downloader until ``due`` (epoch seconds; None: until its host's
-        line is free; ``turn``: held for its turn, a line or a full downloader, docs/spec.md §5). The middleware
+        line is free; ``reason``: why the booking deferred it, None: the host's mood, docs/spec.md §5). The middleware
         then returns it to the engine, whose ``enqueue_request`` we skip.
 
         With the shared frontier, a request deferred until a moment goes back to Redis (any worker takes it
@@ -310,7 +330,7 @@ class PoliteScheduler:
             held.due = when
             if when != math.inf:  # one heap entry per change of the host's due time, not per request
                 self._push(when, host)
-        held.turn = held.turn or turn
+        held.turn = reason in TURN_REASONS  # the last hold decides: a throttle's new requests meet the early deferral
         held.burst = held.burst or bool(request.meta.get(BURST_META))
         stats = self.crawler.stats
         if stats is not None:
@@ -369,7 +389,7 @@ class PoliteScheduler:
     def _next_due(self) -> Request | None:
         now = self.clock()
         found: Request | None = None
-        active = getattr(getattr(crawler_engine(self.crawler), "downloader", None), "active", ())
+        active = downloads(self.crawler)
         for request in self._leaving:
             if request not in active:
                 self._leaving.remove(request)

@@ -155,6 +155,8 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
     "polite/lifecycle/reclaimed": "requests that left without passing scrapy-polite's middleware (a middleware "
                                   "returned another request in their place) and were found missing from the "
                                   "downloader: their host's line freed",
+    "polite/lifecycle/copied": "requests the spider scheduled again while their first pass was still held or in the "
+                               "downloader (the same Request object yielded twice): each sent as a copy",
     "polite/lifecycle/illegal": "moves of a request to a stage it may not enter from the one it was in (a bug: "
                                 "each kind is logged once at WARNING; docs/spec.md §5, \"The request lifecycle\")",
     "polite/ip_line/retaken": "bookings that came back from a slow pace table to find their address taken by "

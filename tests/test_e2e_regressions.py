@@ -552,3 +552,36 @@ async def test_a_middleware_that_returns_requests_cannot_leak_the_line(arrival_s
                 if r.levelno == logging.WARNING and r.name.startswith("scrapy_polite")
                 and "RewriteAfterPolite" in r.getMessage()]
     assert warnings == [], warnings
+
+
+class TwiceSpider(ListSpider):
+    """Yields each start request object twice (``dont_filter``): a spider's bug Scrapy's own downloader cannot take
+    (its ``Downloader.active`` is a set: ``KeyError``)."""
+
+    name = "twice"
+
+    async def start(self) -> Any:
+        for url, m in self.start_items:
+            request = self._request(url, m, dont_filter=True)
+            yield request
+            yield request
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_same_request_object_yielded_twice_is_sent_twice_each_pass_paced(arrival_server, tmp_path):
+    """Trial: a spider yielding the same Request object twice with ``dont_filter`` hung the crawl at 100 % CPU (half a
+    million deferrals), lost pages and sent requests 0.1 s apart for a 0.2 s interval: both passes shared one
+    lifecycle record, and the second freed the host's line under the first. The second pass is now sent as a copy
+    (counted, logged once): each page arrives twice, never closer than the interval, and both reach the spider. The
+    control: a copy yielded by the spider is a request of its own, not counted."""
+    srv = arrival_server("127.0.2.160")
+    s = settings(POLITE_HOST_INTERVAL=0.2, POLITE_STORE=sqlite_uri(tmp_path), CONCURRENT_REQUESTS=8)
+    urls = [srv.url(f"/p/{i}") for i in range(4)]
+    crawler = await run_crawl(TwiceSpider, s, urls=urls, timeout=60)
+    assert sorted(a.path for a in srv.arrivals()) == sorted(f"/p/{i}" for i in range(4) for _ in range(2))
+    assert min(gaps(srv.arrivals())) >= 0.2 - TOL, gaps(srv.arrivals())
+    assert len(crawler.spider.fetched) == 8 and not crawler.stats.get_value("log_count/ERROR")
+    assert crawler.stats.get_value("polite/lifecycle/copied") == 4
+    control = await run_crawl(ListSpider, settings(POLITE_STORE=sqlite_uri(tmp_path / "c")), urls=urls[:1] * 2,
+                              dont_filter=True, timeout=60)
+    assert len(control.spider.fetched) == 2 and control.stats.get_value("polite/lifecycle/copied") is None

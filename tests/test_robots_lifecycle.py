@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -465,7 +466,7 @@ class HoldingScheduler:
     def owns(self, request: Request) -> bool:
         return True
 
-    def hold(self, request: Request, host: str, due: float | None, *, turn: bool = False) -> None:
+    def hold(self, request: Request, host: str, due: float | None, *, reason: Any = None) -> None:
         self.held.append((request.url, host, due))
 
 

@@ -100,9 +100,9 @@ def _hold_of(booking: Booking, host: str, token: int, ip_interval: float) -> Hol
 
 def stagger(slots: dict[str, float], key: str, start: float, interval: float, now: float) -> float:
     """The due time (the table's clock, s) of a request deferred for the budget of the address ``key``, free at
-    ``start``, ``interval`` s apart: one interval after the last one deferred for it (``slots``: key → its due),
-    so the requests deferred for one address come back one by one, not all at once to be deferred again
-    (docs/spec.md §5)."""
+    ``start``: ``interval`` s (``POLITE_IP_INTERVAL`` over the host's addresses) after the last one deferred for it
+    (``slots``: key → its due), so the requests deferred for one address come back one by one, not all at once to
+    be deferred again (docs/spec.md §5)."""
     last = slots.get(key)
     due = start if last is None or last + interval <= start else last + interval
     if len(slots) >= STAGGER_SWEEP and key not in slots:
@@ -242,6 +242,8 @@ class Booker:
                     return self._leave(request, host, known.due, known.reason)
             if burst:
                 return await self._burst(request, host, override, deferrable)
+            if deferrable and scheduler is not None and scheduler.behind(request, host):
+                return self._leave(request, host, None, "line")  # behind its host's held ones, in order (§5)
             while not (taken or self.lifecycle.take(host, request)):  # never assigned: re-checked after each wait
                 if deferrable:
                     return self.defer(host, None, "line", request)
@@ -324,7 +326,7 @@ class Booker:
             if waiting_key is not None and booking.start > booking.host_free:
                 if not lifecycle.wait_for_budget(waiting_key, request) and deferrable:
                     return self._leave(request, host, stagger(self._budget_slots, waiting_key, booking.start,
-                                                              ip_interval, now), "ip_line")
+                                                              ip_interval / len(all_addresses), now), "ip_line")
             else:
                 waiting_key = None
             try:

@@ -67,14 +67,18 @@ class HoldingScheduler(Protocol):
         """The request was handed out by this scheduler, so it can be deferred."""
         ...
 
-    def hold(self, request: Request, host: str, due: float | None, *, turn: bool = False) -> None:
-        """Keep ``request`` out of the downloader until ``due`` (epoch s; None: until its line frees; ``turn``: it
-        waits for its turn)."""
+    def hold(self, request: Request, host: str, due: float | None, *, reason: DeferralReason | None = None) -> None:
+        """Keep ``request`` out of the downloader until ``due`` (epoch s; None: until its line frees; ``reason``: why
+        the booking deferred it, None: the host's mood)."""
         ...
 
     def wake(self, host: str, at: float | None = None) -> None:
         """The host's line was freed: its held requests may go as soon as the host is due (``at``: its row, read
         again, lets it go then, earlier than it was held for)."""
+        ...
+
+    def behind(self, request: Request, host: str) -> bool:
+        """``request`` is new and requests of its host are held for their turn: it goes behind them."""
         ...
 
     def crowded(self, request: Request) -> bool:
