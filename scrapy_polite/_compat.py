@@ -15,7 +15,7 @@ What it provides:
 * :func:`download_pinned_h2`: Scrapy's ``H2DownloadHandler.download_request``, with an HTTP/2 agent that
   connects a booked request to that address and keys the HTTP/2 connection pool by it;
 * :func:`server_side_failure_types`: the download failures that reached the server's side;
-* :func:`wake_engine`: ask the engine to pull from the scheduler again now;
+* :func:`wake_engine`: ask the engine to pull from the scheduler again now; :func:`in_engine`: a pass not over;
 * :func:`commit_without_fsync`: let a queuelib SQLite disk queue commit without waiting for the disk;
 * :func:`fail_crawl_process`: make the process that runs a crawl exit with a non-zero status;
 * :func:`stats_incrementer`: ``stats.inc_value`` without Scrapy 2.19's cost per call for its own collectors.
@@ -72,7 +72,8 @@ if TYPE_CHECKING:
     from twisted.web.iweb import IPolicyForHTTPS
 
 __all__ = ["HAS_H2", "commit_without_fsync", "download_pinned", "download_pinned_h2", "fail_crawl_process",
-           "pinned_agent", "server_side_failure_types", "stats_incrementer", "wake_engine", "crawler_engine"]
+           "pinned_agent", "server_side_failure_types", "stats_incrementer", "wake_engine", "crawler_engine",
+           "in_engine"]
 
 #: Scrapy's HTTP/1.1 handler logs its data-loss warning here (``http11.logger``); so do we.
 _http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
@@ -361,19 +362,9 @@ def server_side_failure_types() -> tuple[type[BaseException], ...]:
     of Twisted's errors (``DownloadTimeoutError``, ``DownloadConnectionRefusedError``,
     ``DownloadFailedError``; Scrapy 2.18.0 and 2.19.0).
     """
-    return (
-        txerror.TimeoutError,
-        txerror.TCPTimedOutError,
-        txerror.ConnectionRefusedError,
-        txerror.ConnectionLost,
-        txerror.ConnectionDone,
-        txerror.ConnectError,
-        ResponseFailed,
-        ResponseNeverReceived,
-        DownloadTimeoutError,
-        DownloadConnectionRefusedError,
-        DownloadFailedError,
-    )
+    return (txerror.TimeoutError, txerror.TCPTimedOutError, txerror.ConnectionRefusedError, txerror.ConnectionLost,
+            txerror.ConnectionDone, txerror.ConnectError, ResponseFailed, ResponseNeverReceived, DownloadTimeoutError,
+            DownloadConnectionRefusedError, DownloadFailedError)
 
 
 def crawler_engine(crawler: Any) -> Any:
@@ -383,6 +374,14 @@ def crawler_engine(crawler: Any) -> Any:
         return getattr(crawler, "engine", None)
     except RuntimeError:
         return None
+
+
+def in_engine(crawler: Any, request: Any) -> bool:
+    """``request`` is in the engine: handed out by the scheduler, its pass (download, callback) not over (the private
+    ``ExecutionEngine._slot.inprogress`` of Scrapy 2.18.0 and 2.19.0; ``Downloader.active`` without one)."""
+    engine = crawler_engine(crawler)
+    inprogress: Any = getattr(getattr(engine, "_slot", None), "inprogress", None)  # (empty: so is the downloader's)
+    return request in (inprogress or getattr(getattr(engine, "downloader", None), "active", ()))
 
 
 def stats_incrementer(stats: Any) -> Callable[[str, float], None]:

@@ -48,7 +48,7 @@ from weakref import ref
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet import threads
 
-from ._compat import crawler_engine, wake_engine
+from ._compat import crawler_engine, in_engine, wake_engine
 from .contracts import fail_held_contract_requests
 from .crawl.held import HELD_DIR, HeldRequests
 from .crawl.lifecycle import IN_DOWNLOADER, Stage
@@ -104,18 +104,19 @@ def downloads(crawler: Crawler) -> Any:
 
 def again(crawler: Crawler, request: Request, stage: Stage | None) -> Request:
     """``request``, handed out by the wrapped scheduler once more (``stage``: its stage): itself when its first pass
-    has ended, else a copy (a spider yielded the same object twice, ``dont_filter``, and its first pass is still held,
-    or in Scrapy's downloader): each pass is a request of its own, paced and recorded, and the downloader never has one
-    object twice (trial: one lifecycle record for two passes freed the host's line under the first, gaps of 0.1 s for
-    0.2, and the crawl hung with pages lost). Counted in ``polite/lifecycle/copied``; logged at WARNING once, then at
-    DEBUG (docs/spec.md §5)."""
-    if stage is not HELD and request not in downloads(crawler):
+    has ended, else a copy (a spider yielded the same object twice with ``dont_filter``, or ``response.request`` from
+    its own callback, and its first pass is still held or in the engine): each pass is a request of its own, paced
+    and recorded, and Scrapy's downloader and engine never have one object twice (trial: one lifecycle record for two
+    passes freed the host's line under the first, gaps of 0.1 s for 0.2, and the crawl hung with pages lost; the
+    engine logged "Error while removing request from slot"). Counted in ``polite/lifecycle/copied``; logged at
+    WARNING once, then at DEBUG (docs/spec.md §5)."""
+    if stage is not HELD and not in_engine(crawler, request):
         return request
     stats = crawler.stats
     first = stats is None or not stats.get_value("polite/lifecycle/copied")
     (logger.warning if first else logger.debug)(
-        "scrapy-polite: %s was scheduled again while its first pass is still on (the same Request object yielded "
-        "twice); the second is sent as a copy (further ones are logged at DEBUG)", request)
+        "scrapy-polite: %s was scheduled again while its first pass is still on; the second pass is sent as a copy "
+        "(further ones are logged at DEBUG)", request)
     if stats is not None:
         stats.inc_value("polite/lifecycle/copied")
     return request.copy()
