@@ -94,8 +94,6 @@ class HeldHost:
 #: The record read for a host with nothing held (never written).
 NOT_HELD = HeldHost(math.inf)
 
-HELD = Stage.HELD
-
 
 def downloads(crawler: Crawler) -> Any:
     """The requests in Scrapy's downloader (``Downloader.active``; empty before the engine opens)."""
@@ -110,7 +108,7 @@ def again(crawler: Crawler, request: Request, stage: Stage | None) -> Request:
     passes freed the host's line under the first, gaps of 0.1 s for 0.2, and the crawl hung with pages lost; the
     engine logged "Error while removing request from slot"). Counted in ``polite/lifecycle/copied``; logged at
     WARNING once, then at DEBUG (docs/spec.md §5)."""
-    if stage is not HELD and not in_engine(crawler, request):
+    if stage is not Stage.HELD and not in_engine(crawler, request):
         return request
     stats = crawler.stats
     first = stats is None or not stats.get_value("polite/lifecycle/copied")
@@ -120,6 +118,7 @@ def again(crawler: Crawler, request: Request, stage: Stage | None) -> Request:
     if stats is not None:
         stats.inc_value("polite/lifecycle/copied")
     return request.copy()
+
 
 class PoliteScheduler:
     """A scheduler wrapper that holds deferred requests by host until due.
@@ -269,7 +268,8 @@ class PoliteScheduler:
                 request = self.shared.take({host for host, _ in self._held.items()}, len(self._held))
             else:
                 request = self.inner.next_request()
-                if request is not None and (ref(request) in self._owned_refs or self.lifecycle.stage(request) is HELD):
+                if request is not None and (ref(request) in self._owned_refs
+                                            or self.lifecycle.stage(request) is Stage.HELD):
                     request = again(self.crawler, request, self.lifecycle.stage(request))  # handed out before
             if request is None:
                 return None

@@ -652,6 +652,43 @@ async def test_a_turn_deferral_keeps_each_host_s_order_and_books_each_request_on
     assert (stat(crawler, "deferrals/turn") or 0) <= 4, stat(crawler, "deferrals/turn")
 
 
+class LateSpider(ListSpider):
+    """Lists ``/p/0`` .. ``/p/N``; the answer of ``/p/0`` yields ``/hi/0`` .. ``/hi/2`` of priority ``late``."""
+
+    def __init__(self, *args: Any, late: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.late = late
+
+    def parse(self, response: Any, user_meta: dict[str, Any]) -> Any:
+        yield from super().parse(response, user_meta) or ()
+        if response.url.endswith("/p/0"):
+            for i in range(3):
+                yield self._request(response.urljoin(f"/hi/{i}"), {}, priority=self.late)
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("late", [100, 0], ids=["priority", "control"])
+async def test_a_held_host_s_requests_go_by_priority(arrival_server, tmp_path, late):
+    """Trial: one paced host's requests all wait held (out of the downloader), where they came back in the order the
+    scheduler handed them out: a request of a higher priority yielded later waited behind every one held (7.5 s
+    against 1.5 s in plain Scrapy), and ``DEPTH_PRIORITY`` orders were lost. Held requests go by priority, as Scrapy's
+    priority queues do: the three priority-100 pages yielded by ``/p/0``'s callback arrive together before ``/p/4``, not after
+    ``/p/11`` (among themselves in the order the wrapped scheduler gave them: Scrapy's default queue is LIFO). The control: at priority 0 they arrive after ``/p/11``, in the order held (the crawl's shape does hold
+    them behind the others)."""
+    srv = arrival_server("127.0.2.152")
+    (tmp_path / "p").mkdir()
+    s = settings(tmp_path / "p", POLITE_HOST_INTERVAL=0.15, CONCURRENT_REQUESTS=4)
+    crawler = await run_crawl(LateSpider, s, urls=[srv.url(f"/p/{i}") for i in range(12)], late=late, timeout=90)
+    paths = [a.path for a in timeline(srv)]
+    assert sorted(paths) == sorted([f"/p/{i}" for i in range(12)] + [f"/hi/{i}" for i in range(3)]), paths
+    first = min(paths.index(f"/hi/{i}") for i in range(3))
+    if late:
+        assert sorted(paths[first:first + 3]) == ["/hi/0", "/hi/1", "/hi/2"] and first < paths.index("/p/4"), paths
+    else:
+        assert first > paths.index("/p/11"), paths
+    assert crawler.stats.get_value("polite/deferrals/line"), "the host's requests must have waited held"
+
+
 @pytest_twisted.ensureDeferred
 @pytest.mark.parametrize("reset", [True, False])
 async def test_a_reset_reaches_a_running_crawl_at_its_next_progress_line(arrival_server, tmp_path, reset):

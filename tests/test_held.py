@@ -9,7 +9,6 @@ process's RSS with and without the bound.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import pickle
@@ -173,34 +172,73 @@ def test_a_request_kept_in_memory_after_its_host_spilled_comes_back_after_the_ol
     held.close()
 
 
-@settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["push", "push", "push_odd", "pop"]), st.integers(0, 2)),
-                    max_size=40),
-       bound=st.integers(0, 3), jobdir=st.booleans())
-def test_held_requests_are_fifo_per_host_across_memory_and_disk(ops, bound, jobdir):
-    """Random pushes of serialisable and unserialisable requests over three hosts, a small bound, pops:
-    each host's requests come back in the order held, whether they waited in memory or on disk, and the
-    counts (held, in memory) match."""
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["push", "push", "push_odd", "pop"]), st.integers(0, 2),
+                              st.sampled_from([0, 0, 0, 1, 5, -3])), max_size=40),
+       bound=st.integers(0, 3), jobdir=st.booleans(), reopen=st.booleans())
+def test_held_requests_come_back_by_priority_then_first_in_first_out_per_host(ops, bound, jobdir, reopen):
+    """Random pushes of serialisable and unserialisable requests of a few priorities over three hosts, a small bound,
+    pops: each host's requests come back the highest priority first (as Scrapy's priority queues hand them out), each
+    priority's in the order held, whether they waited in memory or on disk, and the counts (held, in memory) match;
+    under ``JOBDIR`` (``reopen``) a new ``HeldRequests`` on the directory (a resumed crawl) gives back those on disk in
+    the same order. (With every priority 0 this is first in, first out per host.)"""
     with tempfile.TemporaryDirectory() as tmp:
         crawler = make_crawler(**({"JOBDIR": tmp} if jobdir else {}))
         held = HeldRequests(crawler, max_in_memory=bound, jobdir=tmp if jobdir else None)
-        model: dict[str, collections.deque[str]] = {}
-        for n, (op, h) in enumerate(ops):
+        model: dict[str, list[tuple[int, int, str, bool]]] = {}  # host -> (-priority, n, url, can be saved)
+        for n, (op, h, priority) in enumerate(ops):
             host = f"h{h}.example"
             if op == "pop":
                 got = held.pop(host)
-                want = model[host].popleft() if model.get(host) else None
+                want = model[host].pop(model[host].index(min(model[host])))[2] if model.get(host) else None
                 assert (got.url if got is not None else None) == want
             else:
                 url = f"http://{host}/{n}"
-                held.push(host, request(crawler, url) if op == "push" else unpicklable(url), due=None)
-                model.setdefault(host, collections.deque()).append(url)
+                made = request(crawler, url) if op == "push" else unpicklable(url)
+                made.priority = priority
+                held.push(host, made, due=None)
+                model.setdefault(host, []).append((-priority, n, url, op == "push"))
             assert len(held) == sum(len(q) for q in model.values())
+        if jobdir and reopen:  # a kill, then a resumed crawl: what was on disk comes back in the same order
+            held = HeldRequests(make_crawler(JOBDIR=tmp), max_in_memory=bound, jobdir=tmp)
+            held.load()
+            model = {host: [item for item in queue if item[3]] for host, queue in model.items()}
         for host, queue in model.items():
-            assert [held.pop(host).url for _ in range(len(queue))] == list(queue)
+            assert [held.pop(host).url for _ in range(len(queue))] == [url for _, _, url, _ in sorted(queue)]
             assert held.pop(host) is None
         assert len(held) == 0 and held.in_memory == 0
         held.close()
+
+
+def test_negative_control_a_held_request_of_a_higher_priority_is_not_handed_out_after_older_ones():
+    """The control of the test above, on one case: ``/2`` (priority 10) is held after ``/0`` and ``/1`` (priority 0), in
+    memory and on disk: it comes back first, then ``/0``, ``/1``; not in the order held."""
+    crawler = make_crawler()
+    held = HeldRequests(crawler, max_in_memory=1, jobdir=None)
+    for i, priority in enumerate([0, 0, 10]):
+        held.push("a.example", request(crawler, f"http://a.example/{i}").replace(priority=priority), due=None)
+    assert held.written == 2
+    assert [held.pop("a.example").url[-1] for _ in range(3)] == ["2", "0", "1"]
+    held.close()
+
+
+def test_jobdir_held_requests_of_a_version_before_priorities_are_resumed_as_priority_0(tmp_path):
+    """A host directory of a version before priorities has one ``requests.sqlite3``: its requests are resumed as
+    priority 0 (the name is kept for priority 0), behind a priority-1 one held after the resume, before a -1 one."""
+    crawler = make_crawler(JOBDIR=str(tmp_path))
+    held = HeldRequests(crawler, max_in_memory=0, jobdir=str(tmp_path))
+    for i in range(2):
+        held.push("a.example", request(crawler, f"http://a.example/{i}"), due=T0 + 1)
+    (directory,) = os.listdir(tmp_path / HELD_DIR)
+    names = os.listdir(tmp_path / HELD_DIR / directory)
+    assert "requests.sqlite3" in names and not [name for name in names if name.startswith("requests.p")]
+    again = HeldRequests(make_crawler(JOBDIR=str(tmp_path)), max_in_memory=0, jobdir=str(tmp_path))
+    assert again.load() == {"a.example": T0 + 1}
+    again.push("a.example", request(crawler, "http://a.example/low").replace(priority=-1), due=None)
+    again.push("a.example", request(crawler, "http://a.example/high").replace(priority=1), due=None)
+    assert [r["url"][-4:] for _, _, r in read_held(str(tmp_path))] == ["high", "le/0", "le/1", "/low"]
+    assert [again.pop("a.example").url[-4:] for _ in range(4)] == ["high", "le/0", "le/1", "/low"]
+    again.close()
 
 
 def test_jobdir_every_held_request_is_on_disk_at_once(tmp_path):

@@ -1,20 +1,18 @@
 """Where the scheduler keeps held (deferred) requests: in memory up to a bound, the rest on disk (docs/spec.md §5).
 
-:class:`HeldRequests` keeps the requests of each host in the order they were held, and gives them back in
-that order (first in, first out per host, across memory and disk). A request is kept in memory while fewer
-than ``POLITE_MAX_HELD_IN_MEMORY`` held requests (of all hosts) are and none of its host's is on disk; any
-other is written to its host's disk queue, one Scrapy disk queue per host, as Scrapy's
-``DownloaderAwarePriorityQueue`` keeps one per download slot:
+:class:`HeldRequests` keeps the requests of each host by priority (``Request.priority``), and gives them back
+the highest priority first, as Scrapy's priority queues do, and each priority's in the order held (first in,
+first out per host and priority, across memory and disk): a host held for its pace does not turn the crawl's
+priorities (``DEPTH_PRIORITY``, a spider's own) into the order the scheduler handed requests out. A request is
+kept in memory while fewer than ``POLITE_MAX_HELD_IN_MEMORY`` held requests (of all hosts) are and none of its
+host's is on disk; any other is written to its host's disk queue of its priority, one Scrapy disk queue per
+host and priority, as Scrapy's ``DownloaderAwarePriorityQueue`` keeps one per download slot and priority:
 
-* under ``JOBDIR``, in ``JOBDIR/polite_held/<host>-<hash>/``: ``requests.sqlite3``, a
-  ``scrapy.squeues.PickleFifoSQLiteQueue`` (queuelib's SQLite queue, in WAL mode), and ``host.json``, the
-  host and its due time (epoch seconds of the store's clock; replaced atomically). There **every** held
-  request is written when it is held, one SQLite transaction each (committed to the WAL without an fsync,
-  about 20 µs), so a crawl killed at
-  any moment (``kill -9``) loses none of the requests it held; a resumed crawl holds them again
-  (:meth:`HeldRequests.load`). An operating-system crash or power cut may lose the last ones written;
-* without ``JOBDIR``, a ``scrapy.squeues.PickleFifoDiskQueue`` per host in a temporary directory, removed
-  at close.
+* under ``JOBDIR``, in ``JOBDIR/polite_held/``, written when held, so that a crawl killed at any moment
+  (``kill -9``) loses none of the requests it held; a resumed crawl holds them again (:meth:`HeldRequests.load`;
+  the layout: :mod:`scrapy_polite.crawl.held_disk`);
+* without ``JOBDIR``, a ``scrapy.squeues.PickleFifoDiskQueue`` per host and priority in a temporary directory,
+  removed at close.
 
 Requests are serialised the way Scrapy's own disk queues do it (``request.to_dict(spider=...)``, pickled;
 read back with ``request_from_dict``), so their callbacks and errbacks must be methods of the spider. A
@@ -28,8 +26,6 @@ used one is closed and reopened when next needed.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import pickle
@@ -37,7 +33,6 @@ import shutil
 import sqlite3
 import tempfile
 from collections import OrderedDict, deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +41,17 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.request import request_from_dict
 
 from .._compat import commit_without_fsync, pickle_fifo_sqlite_queue
+from .held_disk import (
+    HELD_DIR,
+    HOST_FILE,
+    create_wal_database,
+    dir_name,
+    queue_files,
+    queue_name,
+    read_held,
+    read_host_file,
+    write_json,
+)
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -59,94 +65,20 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["HELD_DIR", "OPEN_QUEUES", "HeldRequests", "read_held"]
 
-#: The directory under ``JOBDIR`` that keeps held requests across runs.
-HELD_DIR = "polite_held"
 #: The file in which versions before this module saved held requests; read once on resume
 #: (:meth:`HeldRequests.load_legacy`).
 DEFERRED_FILE = "polite_deferred.pickle"
 #: How many per-host disk queues may be open at once.
 OPEN_QUEUES = 64
 
-_HOST_FILE = "host.json"
-_QUEUE_FILE = "requests.sqlite3"
-
-
-def _dir_name(host: str) -> str:
-    """A file-system-safe, collision-free directory name for ``host`` (readable prefix + hash)."""
-    readable = "".join(c if c.isascii() and (c.isalnum() or c in "-._") else "_" for c in host)[:80]
-    return f"{readable}-{hashlib.sha1(host.encode('utf-8')).hexdigest()[:16]}"
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    """Replace ``path`` with ``data`` atomically: a reader (or a restart after a kill) sees the old file
-    or the new one, never a torn one."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
-
-
-def _read_host_file(directory: str) -> tuple[str, float | None] | None:
-    """The host and due time recorded in ``directory``, or None when the file is missing or unreadable."""
-    try:
-        with open(os.path.join(directory, _HOST_FILE), encoding="utf-8") as f:
-            data = json.load(f)
-        host = data["host"]
-        due = data.get("due")
-        if not isinstance(host, str) or not (due is None or isinstance(due, (int, float))):
-            return None
-        return host, None if due is None else float(due)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _create_wal_database(path: str) -> None:
-    """Create an empty SQLite file in WAL mode (persisted in the file), so the queue that opens it next
-    commits with one WAL append instead of a rollback journal."""
-    db = sqlite3.connect(path)
-    try:
-        db.execute("PRAGMA journal_mode=WAL").fetchone()
-    finally:
-        db.close()
-
-
-def read_held(jobdir: str) -> Iterator[tuple[str, float | None, dict[str, Any]]]:
-    """Every request held under ``jobdir`` (as a killed or closed crawl left them), without a crawler.
-
-    Yields:
-        ``(host, due or None, request dict)`` per request, host by host, each host's in the order held;
-        the dict is ``request.to_dict()`` (``request_from_dict`` makes the request again).
-
-    Raises:
-        sqlite3.Error, pickle.UnpicklingError: a queue file that cannot be read.
-    """
-    root = os.path.join(jobdir, HELD_DIR)
-    if not os.path.isdir(root):
-        return
-    for name in sorted(os.listdir(root)):
-        directory = os.path.join(root, name)
-        found = _read_host_file(directory)
-        path = os.path.join(directory, _QUEUE_FILE)
-        if found is None or not os.path.exists(path):
-            continue
-        host, due = found
-        db = sqlite3.connect(path)
-        try:
-            has_table = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'queue'").fetchone()
-            rows = db.execute("SELECT item FROM queue ORDER BY id").fetchall() if has_table else []
-        finally:
-            db.close()
-        for (item,) in rows:
-            yield host, due, pickle.loads(item)
-
-
 @dataclass
 class _Host:
-    """One host's held requests in the order held: ``order`` is a FIFO of requests kept in memory and of
-    runs (an ``int``: that many consecutive requests in its disk queue), so a request kept in memory after
-    its host spilled (one that cannot be serialised) comes back after the older ones on disk."""
+    """One host's held requests, by priority (``Request.priority``: the highest first, as Scrapy's priority queues
+    hand requests out): per priority a FIFO of requests kept in memory and of runs (an ``int``: that many
+    consecutive requests in the disk queue of that priority), so a request kept in memory after its host spilled
+    (one that cannot be serialised) comes back after the older ones of its priority on disk."""
 
-    order: deque[Request | int] = field(default_factory=deque)
+    queues: dict[int, deque[Request | int]] = field(default_factory=dict)
     in_memory: int = 0
     on_disk: int = 0
     due: float | None = None  # the due time recorded on disk (JOBDIR only)
@@ -155,31 +87,43 @@ class _Host:
         return self.in_memory + self.on_disk
 
     def append_memory(self, request: Request) -> None:
-        """A request held in memory, behind the others."""
-        self.order.append(request)
+        """A request held in memory, behind the others of its priority."""
+        self.queues.setdefault(request.priority, deque()).append(request)
         self.in_memory += 1
 
-    def append_disk(self, count: int = 1) -> None:
-        """``count`` requests written to the disk queue, behind the others."""
-        if self.order and isinstance(self.order[-1], int):
-            self.order[-1] += count
+    def append_disk(self, priority: int, count: int = 1) -> None:
+        """``count`` requests of ``priority`` written to its disk queue, behind the others of that priority."""
+        order = self.queues.setdefault(priority, deque())
+        if order and isinstance(order[-1], int):
+            order[-1] += count
         else:
-            self.order.append(count)
+            order.append(count)
         self.on_disk += count
 
     def memory_requests(self) -> list[Request]:
-        """The requests held in memory, in the order held."""
-        return [item for item in self.order if not isinstance(item, int)]
+        """The requests held in memory, in the order they would be handed out."""
+        return [item for priority in sorted(self.queues, reverse=True) for item in self.queues[priority]
+                if not isinstance(item, int)]
 
     def drop_memory(self) -> None:
         """Forget the requests held in memory (closing); the runs on disk stay."""
-        self.order = deque(item for item in self.order if isinstance(item, int))
+        for priority, order in list(self.queues.items()):
+            self.queues[priority] = deque(item for item in order if isinstance(item, int))
         self.in_memory = 0
+        self._forget_empty()
 
-    def drop_disk(self) -> None:
-        """Forget the runs on disk (the queue has no more records to read)."""
-        self.order = deque(item for item in self.order if not isinstance(item, int))
-        self.on_disk = 0
+    def drop_disk(self, priority: int) -> int:
+        """Forget the runs on disk of ``priority`` (its queue has no more records to read); returns how many."""
+        order = self.queues.get(priority, deque())
+        lost = sum(item for item in order if isinstance(item, int))
+        self.queues[priority] = deque(item for item in order if not isinstance(item, int))
+        self.on_disk -= lost
+        self._forget_empty()
+        return lost
+
+    def _forget_empty(self) -> None:
+        for priority in [priority for priority, order in self.queues.items() if not order]:
+            del self.queues[priority]
 
 
 class HeldRequests:
@@ -205,7 +149,8 @@ class HeldRequests:
         #: host → its held requests (only hosts with some); read it, never change it (``host in held.hosts``: the
         #: scheduler's test on every look at a host, without a ``__contains__`` call).
         self.hosts: dict[str, _Host] = {}
-        self._queues: OrderedDict[str, Any] = OrderedDict()  # host -> open disk queue, least recent first
+        #: (host, priority) -> open disk queue, least recent first
+        self._queues: OrderedDict[tuple[str, int], Any] = OrderedDict()
         self._total = 0
         self._in_memory = 0
         self.written = 0
@@ -265,14 +210,14 @@ class HeldRequests:
                 entry.due = due
             if self.durable and (later or not entry.on_disk):  # the host file goes first, then the queue
                 self._write_host_file(host, entry)
-            self._queue(host).push(request)
+            self._queue(host, request.priority).push(request)
         except ValueError as exc:  # Scrapy's serialisation refused it: a callback that is not a spider method
             self._keep_in_memory(entry, request, "cannot be serialised", exc)
             return
         except (OSError, sqlite3.Error) as exc:
             self._keep_in_memory(entry, request, "could not be written to disk", exc)
             return
-        entry.append_disk()
+        entry.append_disk(request.priority)
         self.written += 1
 
     def _keep_in_memory(self, entry: _Host, request: Request, why: str, exc: Exception) -> None:
@@ -286,39 +231,48 @@ class HeldRequests:
                            "POLITE_MAX_HELD_IN_MEMORY, as is any other such request", request, why, exc)
 
     def pop(self, host: str) -> Request | None:
-        """The host's first held request (first in, first out across memory and disk), removed; None when
-        it has none (or none can be read back)."""
+        """The host's first held request (its highest priority's first in, first out across memory and disk),
+        removed; None when it has none (or none can be read back)."""
         entry = self.hosts.get(host)
         if entry is None:
             return None
         request: Request | None = None
-        while request is None and entry.order:
-            head = entry.order[0]
+        while request is None and entry.queues:
+            priority = max(entry.queues)
+            order = entry.queues[priority]
+            head = order[0]
+            self._total -= 1
             if not isinstance(head, int):  # a request held in memory
-                entry.order.popleft()
+                order.popleft()
                 entry.in_memory -= 1
                 self._in_memory -= 1
-                self._total -= 1
                 request = head
-                break
-            if head > 1:  # the next request of a run on disk
-                entry.order[0] = head - 1
-            else:
-                entry.order.popleft()
-            entry.on_disk -= 1
-            self._total -= 1
-            try:
-                request = self._queue(host).pop()
-            except Exception as exc:  # a record written by another spider version, a damaged file
-                self.unreadable += 1
-                logger.error("scrapy-polite: a deferred request of %s cannot be read back: %s", host, exc)
-                continue
-            if request is None:  # the queue has fewer records than counted: nothing more to read from it
-                self.unreadable += entry.on_disk + 1
-                self._total -= entry.on_disk
-                entry.drop_disk()
+            else:  # the next request of a run on disk
+                if head > 1:
+                    order[0] = head - 1
+                else:
+                    order.popleft()
+                entry.on_disk -= 1
+                request = self._read(host, priority, entry)
+            if not order:
+                del entry.queues[priority]
         if not entry.in_memory and not entry.on_disk:
             del self.hosts[host]
+        return request
+
+    def _read(self, host: str, priority: int, entry: _Host) -> Request | None:
+        """The next request of the host's disk queue of ``priority``; None when it cannot be read back (counted in
+        :attr:`unreadable`, and when the queue has fewer records than counted, its other runs are forgotten)."""
+        try:
+            request: Request | None = self._queue(host, priority).pop()
+        except Exception as exc:  # a record written by another spider version, a damaged file
+            self.unreadable += 1
+            logger.error("scrapy-polite: a deferred request of %s cannot be read back: %s", host, exc)
+            return None
+        if request is None:  # the queue has fewer records than counted: nothing more to read from it
+            lost = entry.drop_disk(priority)
+            self.unreadable += lost + 1
+            self._total -= lost
         return request
 
     # -- disk ------------------------------------------------------------------------------------------------
@@ -327,44 +281,47 @@ class HeldRequests:
         if self._root is None:
             if self._temp is None:
                 self._temp = tempfile.mkdtemp(prefix="scrapy-polite-held-")
-            return os.path.join(self._temp, _dir_name(host))
-        return os.path.join(self._root, _dir_name(host))
+            return os.path.join(self._temp, dir_name(host))
+        return os.path.join(self._root, dir_name(host))
 
     def _write_host_file(self, host: str, entry: _Host) -> None:
         directory = self._directory(host)
         os.makedirs(directory, exist_ok=True)
-        _write_json(os.path.join(directory, _HOST_FILE), {"host": host, "due": entry.due})
+        write_json(os.path.join(directory, HOST_FILE), {"host": host, "due": entry.due})
 
-    def _queue(self, host: str) -> Any:
-        """The host's open disk queue (opened or created on demand; the least recently used one beyond
+    def _queue(self, host: str, priority: int) -> Any:
+        """The host's open disk queue of ``priority`` (opened or created on demand; the least recently used one beyond
         :data:`OPEN_QUEUES` is closed)."""
-        queue = self._queues.get(host)
+        key = (host, priority)
+        queue = self._queues.get(key)
         if queue is not None:
-            self._queues.move_to_end(host)
+            self._queues.move_to_end(key)
             return queue
         while len(self._queues) >= OPEN_QUEUES:
             self._close_queue(*self._queues.popitem(last=False))
         directory = self._directory(host)
         if self.durable:
-            path = os.path.join(directory, _QUEUE_FILE)
+            path = os.path.join(directory, queue_name(priority))
             if not os.path.exists(path):
                 os.makedirs(directory, exist_ok=True)
-                _create_wal_database(path)
+                create_wal_database(path)
             queue = build_from_crawler(PickleFifoSQLiteQueue, self.crawler, path)
             commit_without_fsync(queue)
         else:
-            queue = build_from_crawler(PickleFifoDiskQueue, self.crawler, directory)
-        self._queues[host] = queue
+            queue = build_from_crawler(PickleFifoDiskQueue, self.crawler, os.path.join(directory, f"p{priority}"))
+        self._queues[key] = queue
         return queue
 
-    def _close_queue(self, host: str, queue: Any) -> None:
-        """Close one disk queue; when the host has nothing on disk any more, remove its directory."""
+    def _close_queue(self, key: tuple[str, int], queue: Any) -> None:
+        """Close one disk queue; when its host has nothing on disk any more and no other queue open, remove the host's
+        directory."""
+        host = key[0]
         try:
             queue.close()  # queuelib removes an empty queue's files
         except (OSError, sqlite3.Error) as exc:
             logger.error("scrapy-polite: could not close the deferred requests of %s on disk: %s", host, exc)
         entry = self.hosts.get(host)
-        if entry is None or not entry.on_disk:
+        if (entry is None or not entry.on_disk) and not any(other == host for other, _ in self._queues):
             shutil.rmtree(self._directory(host), ignore_errors=True)
 
     # -- resume and close ------------------------------------------------------------------------------------
@@ -383,33 +340,39 @@ class HeldRequests:
             return found
         for name in sorted(os.listdir(root)):
             directory = os.path.join(root, name)
-            recorded = _read_host_file(directory)
-            path = os.path.join(directory, _QUEUE_FILE)
-            if recorded is None or not os.path.exists(path):
+            recorded = read_host_file(directory)
+            files = queue_files(directory)
+            if recorded is None or not files:
                 shutil.rmtree(directory, ignore_errors=True)
                 continue
             host, due = recorded
-            try:
-                queue = build_from_crawler(PickleFifoSQLiteQueue, self.crawler, path)
-                commit_without_fsync(queue)
-                count = len(queue)
-            except sqlite3.Error as exc:
-                logger.error("scrapy-polite: the deferred requests of %s in %s cannot be read: %s",
-                             host, directory, exc)
-                continue
-            if not count:
-                queue.close()
+            counts = [self._open_saved(host, directory, priority, path) for priority, path in files]
+            if any(counts):
+                self.hosts[host].due = due
+                found[host] = due
+            elif None not in counts:  # every queue empty (none that cannot be read)
                 shutil.rmtree(directory, ignore_errors=True)
-                continue
-            entry = self.hosts.setdefault(host, _Host())
-            entry.append_disk(count)
-            entry.due = due
-            self._total += count
-            found[host] = due
-            self._queues[host] = queue
-            while len(self._queues) > OPEN_QUEUES:
-                self._close_queue(*self._queues.popitem(last=False))
         return found
+
+    def _open_saved(self, host: str, directory: str, priority: int, path: str) -> int | None:
+        """Open a disk queue a previous run left and hold its requests as a run; returns how many (0: it was empty, and
+        is closed), or None when it cannot be read (logged)."""
+        try:
+            queue = build_from_crawler(PickleFifoSQLiteQueue, self.crawler, path)
+            commit_without_fsync(queue)
+            count = len(queue)
+        except sqlite3.Error as exc:
+            logger.error("scrapy-polite: the deferred requests of %s in %s cannot be read: %s", host, directory, exc)
+            return None
+        if not count:
+            queue.close()
+            return 0
+        self.hosts.setdefault(host, _Host()).append_disk(priority, count)
+        self._total += count
+        self._queues[(host, priority)] = queue
+        while len(self._queues) > OPEN_QUEUES:
+            self._close_queue(*self._queues.popitem(last=False))
+        return count
 
     def load_legacy(self, jobdir: str | None) -> dict[str, float]:
         """Hold the requests an older version saved in ``JOBDIR/polite_deferred.pickle``, then remove the file (one
