@@ -86,9 +86,9 @@ class _Host:
     def __len__(self) -> int:
         return self.in_memory + self.on_disk
 
-    def append_memory(self, request: Request) -> None:
-        """A request held in memory, behind the others of its priority."""
-        self.queues.setdefault(request.priority, deque()).append(request)
+    def append_memory(self, priority: int, request: Request) -> None:
+        """A request held in memory, behind the others of its ``priority``."""
+        self.queues.setdefault(priority, deque()).append(request)
         self.in_memory += 1
 
     def append_disk(self, priority: int, count: int = 1) -> None:
@@ -113,12 +113,14 @@ class _Host:
         self._forget_empty()
 
     def drop_disk(self, priority: int) -> int:
-        """Forget the runs on disk of ``priority`` (its queue has no more records to read); returns how many."""
+        """Forget the runs on disk of ``priority`` (its queue has no more records to read; its FIFO is kept, maybe
+        empty, for the caller); returns how many requests they counted."""
         order = self.queues.get(priority, deque())
         lost = sum(item for item in order if isinstance(item, int))
-        self.queues[priority] = deque(item for item in order if not isinstance(item, int))
+        kept = [item for item in order if not isinstance(item, int)]
+        order.clear()
+        order.extend(kept)
         self.on_disk -= lost
-        self._forget_empty()
         return lost
 
     def _forget_empty(self) -> None:
@@ -200,8 +202,9 @@ class HeldRequests:
         if entry is None:
             entry = self.hosts[host] = _Host()
         self._total += 1
+        priority = int(request.priority)  # (a bool passes Scrapy's check of an int)
         if not entry.on_disk and self._in_memory < self.max_in_memory:
-            entry.append_memory(request)
+            entry.append_memory(priority, request)
             self._in_memory += 1
             return
         try:
@@ -210,20 +213,20 @@ class HeldRequests:
                 entry.due = due
             if self.durable and (later or not entry.on_disk):  # the host file goes first, then the queue
                 self._write_host_file(host, entry)
-            self._queue(host, request.priority).push(request)
+            self._queue(host, priority).push(request)
         except ValueError as exc:  # Scrapy's serialisation refused it: a callback that is not a spider method
-            self._keep_in_memory(entry, request, "cannot be serialised", exc)
+            self._keep_in_memory(entry, priority, request, "cannot be serialised", exc)
             return
         except (OSError, sqlite3.Error) as exc:
-            self._keep_in_memory(entry, request, "could not be written to disk", exc)
+            self._keep_in_memory(entry, priority, request, "could not be written to disk", exc)
             return
-        entry.append_disk(request.priority)
+        entry.append_disk(priority)
         self.written += 1
 
-    def _keep_in_memory(self, entry: _Host, request: Request, why: str, exc: Exception) -> None:
+    def _keep_in_memory(self, entry: _Host, priority: int, request: Request, why: str, exc: Exception) -> None:
         """Hold ``request`` in memory after all, still behind the host's older requests (on disk or not);
         warn once per ``why`` (under ``JOBDIR`` the scheduler reports each such request at close instead)."""
-        entry.append_memory(request)
+        entry.append_memory(priority, request)
         self._in_memory += 1
         if why not in self._warned and not self.durable:
             self._warned.add(why)
@@ -258,6 +261,7 @@ class HeldRequests:
                 del entry.queues[priority]
         if not entry.in_memory and not entry.on_disk:
             del self.hosts[host]
+            self._remove_directory(host)
         return request
 
     def _read(self, host: str, priority: int, entry: _Host) -> Request | None:
@@ -320,9 +324,20 @@ class HeldRequests:
             queue.close()  # queuelib removes an empty queue's files
         except (OSError, sqlite3.Error) as exc:
             logger.error("scrapy-polite: could not close the deferred requests of %s on disk: %s", host, exc)
-        entry = self.hosts.get(host)
-        if (entry is None or not entry.on_disk) and not any(other == host for other, _ in self._queues):
-            shutil.rmtree(self._directory(host), ignore_errors=True)
+        self._remove_directory(host)
+
+    def _remove_directory(self, host: str) -> None:
+        """Remove the host's directory once it holds nothing (it has no held request left, none of its queues is open,
+        and, under ``JOBDIR``, no queue file is left: one :meth:`load` could not read is kept). A host still held keeps
+        it, even with nothing on disk: one of its queues may be closing while another opens, or being read."""
+        if host in self.hosts or (self._root is None and self._temp is None):
+            return
+        if any(other == host for other, _ in self._queues):
+            return
+        directory = self._directory(host)
+        if self.durable and queue_files(directory):
+            return
+        shutil.rmtree(directory, ignore_errors=True)
 
     # -- resume and close ------------------------------------------------------------------------------------
 

@@ -28,13 +28,13 @@ HELD_DIR = "polite_held"
 #: A host directory's record of its host and due time.
 HOST_FILE = "host.json"
 #: A disk queue's file name (its priority in the name, none for 0).
-QUEUE_FILE = re.compile(r"requests(?:\.p(-?\d+))?\.sqlite3")
+QUEUE_FILE = re.compile(r"requests(?:\.p(-?[1-9][0-9]*))?\.sqlite3")
 
 
 def queue_name(priority: int) -> str:
     """The file of a host's disk queue of ``priority``: ``requests.sqlite3`` for priority 0 (the one queue per host of
     versions before priorities), ``requests.p<priority>.sqlite3`` for any other."""
-    return "requests.sqlite3" if priority == 0 else f"requests.p{priority}.sqlite3"
+    return "requests.sqlite3" if priority == 0 else f"requests.p{int(priority)}.sqlite3"
 
 
 def queue_files(directory: str) -> list[tuple[int, str]]:
