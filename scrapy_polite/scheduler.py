@@ -46,11 +46,12 @@ from typing import TYPE_CHECKING, Any
 from weakref import ref
 
 from scrapy.utils.misc import build_from_crawler, load_object
+from scrapy.utils.request import request_from_dict
 from twisted.internet import threads
 
 from ._compat import crawler_engine, in_engine, wake_engine
 from .contracts import fail_held_contract_requests
-from .crawl.held import HELD_DIR, HeldRequests
+from .crawl.held import HELD_DIR, HeldRequests, read_held
 from .crawl.lifecycle import IN_DOWNLOADER, Stage
 from .crawl.reactor import call_later
 from .crawl.seams import SharedFrontier
@@ -120,6 +121,29 @@ def again(crawler: Crawler, request: Request, stage: Stage | None) -> Request:
     return request.copy()
 
 
+def seen_again(crawler: Crawler, inner: Any, jobdir: str) -> None:
+    """Record the requests resumed from ``jobdir`` in the wrapped scheduler's dupe filter (its ``df``), as when they
+    were first scheduled (``dont_filter`` ones are not, as Scrapy's scheduler does not). After a kill, Scrapy's
+    ``requests.seen`` lacks the fingerprints it had not flushed, and the spider's start requests yielded again passed
+    it: each held request was fetched twice in the resumed crawl (trial; docs/spec.md §5, "Deferral"). A record that
+    cannot be read back is skipped here (it is reported when handed out); a failure of the files or the filter is
+    logged at WARNING."""
+    df = getattr(inner, "df", None)
+    if df is None:
+        return
+    try:
+        for _, _, data in read_held(jobdir):
+            try:
+                request = request_from_dict(data, spider=crawler.spider)
+            except (ValueError, KeyError, TypeError, AttributeError):  # a callback of another spider version
+                continue
+            if not request.dont_filter:
+                df.request_seen(request)
+    except Exception as exc:
+        logger.warning("scrapy-polite: the deferred requests resumed from %s could not be recorded in the dupe "
+                       "filter (%s): a request the spider yields again may be fetched twice", jobdir, exc)
+
+
 class PoliteScheduler:
     """A scheduler wrapper that holds deferred requests by host until due.
 
@@ -171,6 +195,8 @@ class PoliteScheduler:
         self.pacer.booker.attach(self)
         self._load()
         result = self.inner.open(spider) if hasattr(self.inner, "open") else None
+        if len(self._held) and self._jobdir:
+            seen_again(self.crawler, self.inner, self._jobdir)
         if self.pacer.config.shared_frontier and is_shared_scheduler(self.inner):
             self.shared = SharedWorker.open(self.crawler, self.pacer, self.inner, spider)
         return result

@@ -530,6 +530,36 @@ def test_jobdir_a_killed_scheduler_loses_no_held_request(tmp_path):
     assert len(list(read_held(str(tmp_path)))) == 5
 
 
+class FilteringInner(Inner):
+    """A wrapped scheduler with Scrapy's dupe filter, as Scrapy's scheduler has it (``df``)."""
+
+    def __init__(self, crawler: Any) -> None:
+        from scrapy.dupefilters import RFPDupeFilter
+
+        self.df = RFPDupeFilter.from_crawler(crawler)
+
+
+def test_jobdir_resumed_requests_are_recorded_in_the_dupe_filter(tmp_path):
+    """Trial: after a kill, Scrapy's ``requests.seen`` lacks what it had not flushed, so the start requests yielded
+    again passed the dupe filter and each resumed held request was fetched twice. Resumed requests are recorded in the
+    wrapped scheduler's dupe filter; the control: a held ``dont_filter`` request is not (Scrapy's scheduler records
+    none), nor is a request never held."""
+    crawler = make_crawler(JOBDIR=str(tmp_path))
+    killed = scheduler(crawler, 100)  # never closed (a kill)
+    killed.hold(request(crawler, "http://a/0").replace(dont_filter=False), "a", T0 + 1)
+    killed.hold(request(crawler, "http://a/1").replace(dont_filter=False), "a", T0 + 1)
+    killed.hold(request(crawler, "http://b/0"), "b", T0 + 1)  # (dont_filter)
+    again = make_crawler(JOBDIR=str(tmp_path))
+    inner = FilteringInner(again)
+    s = PoliteScheduler(again, inner, SchedulerPacer(T0, max_held_in_memory=100))  # type: ignore[arg-type]
+    s.open(again.spider)
+    assert s.held_count() == 3
+    seen = {url: inner.df.request_seen(scrapy.Request(url)) for url in ("http://a/0", "http://a/1", "http://b/0",
+                                                                         "http://c/0")}
+    assert seen == {"http://a/0": True, "http://a/1": True, "http://b/0": False, "http://c/0": False}
+    s.close("finished")
+
+
 def test_jobdir_file_of_an_older_version_is_resumed(tmp_path):
     """``polite_deferred.pickle`` (saved at close by versions before held.py) is held again, then removed."""
     crawler = make_crawler(JOBDIR=str(tmp_path))
