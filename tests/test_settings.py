@@ -228,6 +228,8 @@ INVALID = [
     ("POLITE_THROTTLE_STATUSES", "429,slow"),
     ("POLITE_THROTTLE_STATUSES", "[429.5]"),
     ("POLITE_THROTTLE_STATUSES", [700], "[700]"),
+    ("POLITE_THROTTLE_STATUSES", [200, 429], "outside 400-599"),  # trial: every page then backed its host off
+    ("POLITE_THROTTLE_STATUSES", "304", "outside 400-599"),
     ("POLITE_THROTTLE_STATUSES", 429),
     ("POLITE_CHECKED_HANDLERS", 1),
     ("POLITE_CHECKED_HANDLERS", '["not a path"]', "'not a path'"),

@@ -53,8 +53,9 @@ def _throttle_statuses(settings: BaseSettings) -> frozenset[int]:
     if not statuses:
         raise SettingsError("POLITE_THROTTLE_STATUSES is empty: a throttling host would never be backed off. "
                             "Fix: keep the default [429, 503] or list the statuses that mean 'slow down'")
-    if any(not 100 <= s <= 599 for s in statuses):
-        raise SettingsError(f"POLITE_THROTTLE_STATUSES has a status outside 100-599: {sorted(statuses)}")
+    if any(not 400 <= s <= 599 for s in statuses):  # trial: 200 was taken, and every page backed its host off
+        raise SettingsError(f"POLITE_THROTTLE_STATUSES has a status outside 400-599 (a throttle is a refusal, 4xx or "
+                            f"5xx): {sorted(statuses)}")
     return statuses
 
 

@@ -73,7 +73,7 @@ SETTINGS: tuple[Setting, ...] = (
             "than this, or is throttling us, is deferred instead: its requests leave the downloader until due.",
             guide="guides/throttles"),
     Setting("POLITE_THROTTLE_STATUSES", "list", [429, 503],
-            "HTTP statuses that mean \"slow down\" (a list of whole numbers, not empty). A 403 from a host that "
+            "HTTP statuses that mean \"slow down\" (a list of 4xx and 5xx statuses, not empty). A 403 from a host that "
             "already served a 2xx is a throttle too.",
             guide="guides/throttles"),
     Setting("POLITE_MAX_RETRY_AFTER", "seconds", 3600.0,
