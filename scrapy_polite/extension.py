@@ -52,6 +52,7 @@ from .policy.robots import robots_delay
 from .reports.summary import HeldHost, format_progress, format_start_backoffs, format_summary
 from .resolver import PublicHostnameResolver
 from .settings import SettingsError, polite_enabled
+from .settings.declaration import DEFAULTS
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import StoreError
 from .vocabulary import parse_seconds
@@ -162,7 +163,15 @@ class PoliteExtension:
 
     def _warn_wider_address_rules(self) -> None:
         """The resolver is per process: a spider's ``POLITE_ALLOW_PRIVATE`` / ``POLITE_ALLOWED_NETWORKS`` can
-        narrow the process's rules, never widen them. Say so when a spider tries (docs/spec.md §7)."""
+        narrow the process's rules, never widen them, and its DNS settings (``POLITE_DNS_*``) are not used. Say so
+        when a spider tries (docs/spec.md §7)."""
+        settings = self.crawler.settings
+        spider = SETTINGS_PRIORITIES["spider"]
+        dns = [n for n in DEFAULTS if n.startswith("POLITE_DNS_") and settings.getpriority(n) == spider]
+        if dns:  # trial: a spider's POLITE_DNS_OVERRIDES was ignored without a word, and its lookups failed
+            logger.warning("scrapy-polite: %s in the spider's custom_settings %s not used: the DNS settings are per "
+                           "process (the resolver is built before any spider). Put them in the project settings "
+                           "(settings.py).", ", ".join(dns), "is" if len(dns) == 1 else "are")
         resolver = getattr(installed_reactor(), "nameResolver", None)
         if not isinstance(resolver, PublicHostnameResolver):
             return  # not installed: the pacer reports that on the first request

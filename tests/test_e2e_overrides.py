@@ -132,6 +132,26 @@ async def test_corrupt_store_stops_the_crawl_at_start(arrival_server, tmp_path):
     assert path.read_bytes().startswith(b"this is not")  # never discarded
 
 
+class DnsSpider(ListSpider):
+    custom_settings = {"POLITE_DNS_OVERRIDES": {"spider.test": ["127.0.3.22"]}, "POLITE_DNS_TIMEOUT": 2}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_spider_s_dns_settings_are_said_not_to_be_used(arrival_server, caplog):
+    """Trial: a spider's ``POLITE_DNS_OVERRIDES`` (the DNS settings are per process) was ignored without a word, and
+    its lookups failed. One WARNING names them; the control: a spider without them is not warned."""
+    import logging
+
+    srv = arrival_server("127.0.3.22")
+    caplog.set_level(logging.WARNING)
+    await run_crawl(DnsSpider, settings(), urls=[srv.url("/")])
+    warned = [r.getMessage() for r in caplog.records if "DNS settings are per process" in r.getMessage()]
+    assert len(warned) == 1 and "POLITE_DNS_OVERRIDES, POLITE_DNS_TIMEOUT in the spider" in warned[0], warned
+    caplog.clear()
+    await run_crawl(ListSpider, settings(), urls=[srv.url("/again")])
+    assert not [r for r in caplog.records if "DNS settings are per process" in r.getMessage()]
+
+
 class WideningSpider(ListSpider):
     custom_settings = {"POLITE_ALLOWED_NETWORKS": ["127.0.0.0/8", "10.0.0.0/8"]}
 
