@@ -37,6 +37,17 @@ import scrapy_polite.crawl.lifecycle  # noqa: E402
 scrapy_polite.crawl.lifecycle.STRICT = True
 
 
+@pytest.fixture(autouse=True)
+def fresh_memory_table():
+    """Each test starts as a new process would: no ``memory://`` table open (one a test left open, never closed, is
+    not shared with the next test's crawls)."""
+    from scrapy_polite.stores.memory import MemoryStore
+
+    MemoryStore._process = None
+    yield
+    MemoryStore._process = None
+
+
 @pytest.fixture
 def arrival_server():
     """``arrival_server(address="127.0.0.1", **kwargs)`` starts an ArrivalServer; all are stopped afterwards."""

@@ -19,12 +19,13 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import pytest_twisted
 
 from scrapy_polite.clock import process_clock
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
-from tests.support.server import Arrival, Reply, gaps, page, scripted
+from tests.support.server import Arrival, Reply, always, gaps, page, scripted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -480,3 +481,30 @@ async def test_robots_crawl_delay_10_beats_1s_interval(arrival_server, tmp_path)
     assert len(hits) == 2, describe(hits)
     assert hits[1].start - hits[0].end >= 10.0 - TOL, describe(hits)
     assert stat(crawler, "crawl_delay/adopted") == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# memory:// is the process's table
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("second", ["memory://", "sqlite"], ids=["both-memory", "control-two-tables"])
+async def test_two_crawls_of_one_process_on_memory_share_its_table(arrival_server, tmp_path, second):
+    """Trial: two spiders of one ``CrawlerProcess`` on ``memory://`` each had a table of their own, and a slow host
+    (0.3 s answers, interval 0.5 s) had two requests in flight at once (gaps of -0.5 s). The crawls of a process share
+    its ``memory://`` table, as processes share a SQLite file: from the server's log, no gap below the interval. The
+    control: the second crawl on a table of its own overlaps the first."""
+    from twisted.internet.defer import Deferred, DeferredList
+
+    srv = arrival_server("127.0.3.30")
+    srv.route("/*", always(Reply.html("<p>slow</p>", delay=0.3)))
+    uris = ["memory://", "memory://" if second == "memory://" else f"sqlite:///{tmp_path}/pace.sqlite3"]
+    crawls = [run_crawl(ListSpider, settings(tmp_path, POLITE_STORE=uri, POLITE_HOST_INTERVAL=0.5),
+                        urls=[srv.url(f"/{k}/{i}") for i in range(5)], timeout=90) for k, uri in enumerate(uris)]
+    await DeferredList([Deferred.fromCoroutine(c) for c in crawls], fireOnOneErrback=True, consumeErrors=True)
+    hits = timeline(srv)
+    assert len(hits) == 10, describe(hits)
+    if second == "memory://":
+        assert min(gaps(hits)) >= 0.5 - TOL, describe(hits)
+    else:
+        assert min(gaps(hits)) < 0, describe(hits)

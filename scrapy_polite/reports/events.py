@@ -70,7 +70,8 @@ def process_source() -> str:
 #: (:func:`~scrapy_polite.stores.table_name`: the store's URI and key prefix): every crawler of a process that
 #: writes to one shared table shares one sequence, so the numbers a source (``machine:pid``) wrote to a table run
 #: 0, 1, 2, ... without a gap unless events were lost (a forked child, a new pid, starts its own). A table of the
-#: process's own (:class:`~scrapy_polite.stores.ProcessLocal`, ``memory://``) numbers its events alone.
+#: process's own (:class:`~scrapy_polite.stores.ProcessLocal`, ``memory://``) numbers its events alone (one sequence for
+#: the crawls that share it: its writers' ``store``).
 _SEQUENCES: dict[tuple[int, str], Iterator[int]] = {}
 _OWN_SEQUENCES: weakref.WeakKeyDictionary[Any, Iterator[int]] = weakref.WeakKeyDictionary()
 _SEQUENCES_LOCK = threading.Lock()
@@ -80,7 +81,7 @@ def _sequence(table: str | None, writer: object) -> Iterator[int]:
     with _SEQUENCES_LOCK:
         if table is None:
             try:
-                return _OWN_SEQUENCES.setdefault(writer, itertools.count())
+                return _OWN_SEQUENCES.setdefault(getattr(writer, "store", writer), itertools.count())
             except TypeError:  # not weakly referenceable: this log's own numbers
                 return itertools.count()
         key = (os.getpid(), table)

@@ -1,11 +1,15 @@
-"""``memory://``: the in-process pace table, for tests and one-off runs (docs/spec.md §6)."""
+"""``memory://``: the in-process pace table, for tests and one-off runs (docs/spec.md §6).
+
+Every crawl of a process that opens ``memory://`` shares one table (:meth:`MemoryStore.of_process`) while one has it
+open: two spiders of one ``CrawlerProcess`` pace the hosts and addresses they share together, as on SQLite.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from twisted.internet import defer
 
@@ -17,6 +21,8 @@ from .base import DEFAULT_EVENTS_MAX, Event, ManyUpdateFn, Snapshot, UpdateFn
 __all__ = ["AsyncMemoryStore", "MemoryStore"]
 
 T = TypeVar("T")
+
+_PROCESS_LOCK = threading.Lock()
 
 
 class MemoryStore:
@@ -30,6 +36,8 @@ class MemoryStore:
 
     #: :class:`~scrapy_polite.stores.base.ProcessLocal`: the table lives in this process only.
     process_local: Literal[True] = True
+    #: The table the crawls of this process share (:meth:`of_process`), None while none has it open.
+    _process: ClassVar[MemoryStore | None] = None
 
     def __init__(self, *, clock: Callable[[], float] = process_clock, events_max: int = DEFAULT_EVENTS_MAX) -> None:
         self.uri = "memory://"
@@ -37,6 +45,19 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._clock = clock
         self._events: deque[Event] = deque(maxlen=max(0, events_max))
+        self._openers = 0  # (the process's table: how many have it open)
+
+    @classmethod
+    def of_process(cls, *, events_max: int = DEFAULT_EVENTS_MAX) -> MemoryStore:
+        """This process's ``memory://`` table, opened once more: every crawl of the process shares it while one has
+        it open (trial: two spiders of one ``CrawlerProcess`` each had a table of their own and sent to one host at
+        once); a new one once all closed it (:meth:`close`). Its ``events_max`` is the first opener's."""
+        with _PROCESS_LOCK:
+            table = cls._process
+            if table is None:
+                table = cls._process = cls(events_max=events_max)
+            table._openers += 1
+            return table
 
     def now(self) -> float:
         return self._clock()
@@ -96,7 +117,13 @@ class MemoryStore:
         return [found[i] for i in order]
 
     def close(self) -> None:
-        pass
+        """One opener of the process's table (:meth:`of_process`) is done with it: the last one lets it go (its rows
+        stay readable through this object). Nothing for a table of its own."""
+        with _PROCESS_LOCK:
+            if self._openers:
+                self._openers -= 1
+                if not self._openers and MemoryStore._process is self:
+                    MemoryStore._process = None
 
     def open_async(self, reactor: Any = None) -> AsyncMemoryStore:
         """The inline async table (:class:`AsyncMemoryStore`)."""
@@ -143,8 +170,9 @@ class AsyncMemoryStore(TableBase[MemoryStore]):
         return self._inline(self.store.append_events, events)
 
     def close(self) -> None:
-        self._closed = True
-        self.store.close()
+        if not self._closed:  # (once: the store counts its openers)
+            self._closed = True
+            self.store.close()
 
     def close_async(self) -> defer.Deferred[None]:
         """Inline (no I/O to wait for)."""

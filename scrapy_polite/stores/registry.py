@@ -73,7 +73,7 @@ def open_store(uri: str, options: StoreOptions | None = None) -> PaceStore:
 
 
 def _open_memory(uri: str, options: StoreOptions) -> PaceStore:
-    return MemoryStore(events_max=options.events_max)
+    return MemoryStore.of_process(events_max=options.events_max)
 
 
 def _open_sqlite(uri: str, options: StoreOptions) -> PaceStore:
