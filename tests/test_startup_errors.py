@@ -126,6 +126,14 @@ def test_invalid_dns_setting(tmp_path, server):
     assert_refused(proc, server, "POLITE_DNS_TIMEOUT")
 
 
+def test_a_scheduler_that_cannot_be_loaded(tmp_path, server):
+    """Trial: a SCHEDULER naming no class (the add-on wraps it) failed inside the engine, with two tracebacks and no
+    ERROR line of ours; it is refused before the crawl, as Scrapy refuses its own."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "SCHEDULER=no.such.Scheduler")
+    assert_refused(proc, server, "'no.such.Scheduler' (the scheduler scrapy-polite wraps: the project's SCHEDULER) "
+                                 "cannot be loaded")
+
+
 def test_unsafe_handler(tmp_path, server):
     proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "own_handler")
     assert_refused(proc, server, "myproject.handlers.OwnHandler", "Remove that DOWNLOAD_HANDLERS entry")

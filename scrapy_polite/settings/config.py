@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy.settings import BaseSettings
+from scrapy.utils.misc import load_object
 
 from ..network.addresses import AddressFilter
 from ..policy import PacingPolicy, host_key
@@ -138,7 +139,15 @@ def _frontier_key(settings: BaseSettings) -> str:
 
 def _scheduler_base(settings: BaseSettings) -> str | type[Any]:
     raw = _raw(settings, "POLITE_SCHEDULER_BASE")
-    if isinstance(raw, type) or (isinstance(raw, str) and raw.strip()):
+    if isinstance(raw, type):
+        return raw
+    if isinstance(raw, str) and raw.strip():
+        try:  # before the crawl, as Scrapy loads its SCHEDULER (trial: two tracebacks from the engine, no ERROR line)
+            load_object(raw)
+        except (ImportError, NameError, AttributeError, ValueError) as exc:
+            raise SettingsError(f"POLITE_SCHEDULER_BASE {raw!r} (the scheduler scrapy-polite wraps: the project's "
+                                f"SCHEDULER) cannot be loaded: {exc}. Fix: name an importable scheduler class, such "
+                                f"as 'scrapy.core.scheduler.Scheduler'") from None
         return raw
     raise SettingsError(f"POLITE_SCHEDULER_BASE must be a scheduler class or its import path, such as "
                         f"'scrapy.core.scheduler.Scheduler', got {raw!r}")
