@@ -154,7 +154,7 @@ def test_totals_never_add_per_host_times_into_more_than_the_crawl():
     first = format_summary(rep, now=clock.t).splitlines()[0]
     assert "20 hosts in 10.0 s" in first
     assert "backing off during 10.0 s of the crawl" in first
-    assert "10 turn waits (a request waiting in line during 10.0 s of the crawl)" in first
+    assert "10 turn waits (held out of the downloader or in line; some request in line during 10.0 s of the crawl)" in first
     assert "100.0 s" not in first and "1 m 40 s" not in first
 
 

@@ -194,7 +194,7 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
     in_line = format_duration(min(elapsed, report.turn_span.seconds(until=now)))
     lines = [f"scrapy-polite summary: {plural(len(hosts), 'host')} in {format_duration(elapsed)}: "
              + ", ".join(parts) + f"; backing off during {backing_off} of the crawl; {plural(turn, 'turn wait')} "
-             f"(a request waiting in line during {in_line} of the crawl)"]
+             f"(held out of the downloader or in line; some request in line during {in_line} of the crawl)"]
     if hosts:
         rows = [COLUMNS, *(_host_row(host, c, now) for host, c in sorted(hosts.items()))]
         lines.append(format_table(rows, "  ", right=range(1, len(COLUMNS))))  # counts to the right

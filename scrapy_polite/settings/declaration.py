@@ -47,7 +47,9 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("POLITE_ENABLED", "bool", True, "Turn everything off without removing the add-on.", notes=(
         ("warning", "With `POLITE_ENABLED = False` nothing of scrapy-polite runs, **the address checks included**: "
-                    "the crawl may then reach private and loopback addresses."),)),
+                    "the crawl may then reach private and loopback addresses. In a spider's `custom_settings` it turns "
+                    "off the pacing of that spider only: the address checks of the process's resolver (built before "
+                    "any spider) stay on."),)),
     Setting("POLITE_HOST_INTERVAL", "seconds", 1.0,
             "Base interval (seconds) between the end of one response and the start of the next request to one host. "
             "The effective interval of a host is the largest of this, its published `Crawl-delay`, its announced "
@@ -137,8 +139,8 @@ SETTINGS: tuple[Setting, ...] = (
                                "it knew (one WARNING, `polite/store/restores`), but what no running crawl knew is "
                                "lost, and so is the event log before that moment (`scrapy polite audit` exits 2). "
                                "Turn on Redis's append-only file to lose nothing."),
-                   ("note", "`memory://` keeps the table in the process only: the next run starts with no backoff "
-                            "and no Crawl-delay.")),
+                   ("note", "`memory://` keeps the table in the process only (its crawls share it): the next run "
+                            "starts with no backoff and no Crawl-delay.")),
             guide="guides/many-crawlers", default_words="`None` (`sqlite:///<project>/.scrapy/polite.sqlite3`)"),
     Setting("POLITE_STORE_EXPIRE", "seconds", 30 * 24 * 3600.0,
             "Rows of hosts idle this long (seconds; 30 days by default) are removed when the table is opened (Redis: "
