@@ -42,7 +42,7 @@ from .network.handlers import (
     log_modes,
 )
 from .resolver import PublicHostnameResolver
-from .settings import DEFAULTS, DNSConfig, PoliteConfig, SettingsError, polite_enabled, warn_unknown_settings
+from .settings import DEFAULTS, DNSConfig, PoliteConfig, SettingsError, polite_enabled, unknown_settings_error
 from .startup import refuse_to_start
 
 if TYPE_CHECKING:
@@ -106,7 +106,6 @@ class Addon:
             SettingsError: a bad ``POLITE_*`` setting; UnsafeHandlerError: see :func:`_check_handlers` —
                 each reported first as one ERROR line (:func:`~scrapy_polite.startup.refuse_to_start`).
         """
-        warn_unknown_settings(settings)
         for name, value in DEFAULTS.items():
             if settings.getpriority(name) is None:
                 settings.set(name, value, priority="addon")
@@ -114,6 +113,9 @@ class Addon:
         try:
             if not polite_enabled(settings):
                 return
+            unknown = unknown_settings_error(settings)
+            if unknown is not None:
+                raise SettingsError(unknown)
             PoliteConfig.from_settings(settings)
             modes = _check_handlers(settings)
         except (SettingsError, UnsafeHandlerError) as exc:

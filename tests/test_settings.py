@@ -27,7 +27,7 @@ from scrapy_polite.settings import (
     parse_list_setting,
     polite_enabled,
     unknown_settings,
-    warn_unknown_settings,
+    unknown_settings_error,
 )
 from scrapy_polite.startup import refuse_to_start
 
@@ -434,35 +434,36 @@ def test_known_names_are_not_unknown():
     assert unknown_settings(Settings({**DEFAULTS, "DOWNLOAD_DELAY": 1, "ROBOTSTXT_OBEY": True})) == []
 
 
-def test_warn_unknown_settings_logs_one_warning_per_name(caplog):
+def test_unknown_settings_are_one_error_naming_each():
     settings = Settings({"POLITE_HOST_INTERVALS": 5, "POLITE_HOST_INTERVAL": 5, "POLITE_ZZZ": 1})
-    with caplog.at_level(logging.WARNING, logger="scrapy_polite"):
-        warn_unknown_settings(settings)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert [r.getMessage() for r in warnings] == [
-        "scrapy-polite: unknown setting POLITE_HOST_INTERVALS (did you mean POLITE_HOST_INTERVAL?)",
-        "scrapy-polite: unknown setting POLITE_ZZZ (not a scrapy-polite setting; the settings reference lists them)",
-    ]
+    assert unknown_settings_error(settings) == (
+        "POLITE_HOST_INTERVALS is not a scrapy-polite setting (did you mean POLITE_HOST_INTERVAL?); POLITE_ZZZ is not "
+        "a scrapy-polite setting. Fix: correct them or remove them (the settings reference lists the settings)")
 
 
-def test_warn_unknown_settings_is_silent_for_known_names(caplog):
-    with caplog.at_level(logging.DEBUG, logger="scrapy_polite"):
-        warn_unknown_settings({"POLITE_HOST_INTERVAL": 5, "POLITE_DNS_TIMEOUT": 1, "LOG_LEVEL": "INFO"})
-    assert caplog.records == []
+def test_known_names_are_no_error():
+    assert unknown_settings_error({"POLITE_HOST_INTERVAL": 5, "POLITE_DNS_TIMEOUT": 1, "LOG_LEVEL": "INFO"}) is None
 
 
-def test_the_addon_warns_about_a_typo(caplog):
+def test_the_addon_refuses_to_start_with_a_typo(caplog):
+    """Trial: a typo was a WARNING, and the crawl ran at the default pace (``POLITE_HOST_INTERVL = 2``). It is
+    one ERROR line naming the setting, where it was set and the close name; the control: the right name starts."""
     settings = Settings()
-    settings.set("POLITE_HOST_INTERVALS", 5, priority="project")
-    with caplog.at_level(logging.WARNING, logger="scrapy_polite"):
+    settings.set("POLITE_HOST_INTERVL", 10, priority="spider")
+    with caplog.at_level(logging.WARNING, logger="scrapy_polite"), pytest.raises(SettingsError):
         Addon().update_settings(settings)
-    assert "unknown setting POLITE_HOST_INTERVALS (did you mean POLITE_HOST_INTERVAL?)" in caplog.text
-    caplog.clear()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == ["scrapy-polite cannot start the crawl: POLITE_HOST_INTERVL is not a scrapy-polite setting (did "
+                      "you mean POLITE_HOST_INTERVAL?). Fix: correct it or remove it (the settings reference lists the "
+                      "settings) (POLITE_HOST_INTERVL is set in the spider's custom_settings)"], errors
     correct = Settings()
-    correct.set("POLITE_HOST_INTERVAL", 5, priority="project")
-    with caplog.at_level(logging.WARNING, logger="scrapy_polite"):
-        Addon().update_settings(correct)
-    assert "unknown setting" not in caplog.text
+    correct.set("POLITE_HOST_INTERVAL", 10, priority="spider")
+    Addon().update_settings(correct)
+
+
+def test_a_typo_is_no_error_when_the_addon_is_off():
+    settings = Settings({"POLITE_ENABLED": False, "POLITE_HOST_INTERVL": 10})
+    Addon().update_settings(settings)
 
 
 @pytest.mark.parametrize("make", [dict, cmdline], ids=["dict", "cmdline"])

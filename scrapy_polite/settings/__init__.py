@@ -24,14 +24,14 @@ forms accepted are what Scrapy users write in ``settings.py`` and pass with ``-s
 
 ``POLITE_ENABLED`` is read in one place, :func:`polite_enabled`.
 
-A ``POLITE_*`` name that is not a setting (a typo such as ``POLITE_HOST_INTERVALS``) is reported by
-:func:`warn_unknown_settings`, with the closest known name.
+A ``POLITE_*`` name that is not a setting (a typo such as ``POLITE_HOST_INTERVALS``) stops the crawl before it
+starts, with the closest known name (:func:`unknown_settings_error`).
 """
 
 from __future__ import annotations
 
 from .config import PoliteConfig, checked_handlers
-from .declaration import DEFAULTS, SETTINGS, Setting, unknown_settings, warn_unknown_settings
+from .declaration import DEFAULTS, SETTINGS, Setting, unknown_settings, unknown_settings_error
 from .dns import DNSConfig, normalise_dns_name, parse_dns_overrides, parse_nameserver
 from .reading import SettingsError, as_settings, parse_dict_setting, parse_list_setting, polite_enabled
 
@@ -51,5 +51,5 @@ __all__ = [
     "parse_list_setting",
     "parse_nameserver",
     "unknown_settings",
-    "warn_unknown_settings",
+    "unknown_settings_error",
 ]

@@ -1,6 +1,6 @@
 """The ``POLITE_*`` settings declared once (:data:`SETTINGS`): name, how each is read, default, doc and caveats;
 :data:`DEFAULTS`, the settings reference (docs/_ext/polite_reference.py) and the unknown-name check
-(:func:`warn_unknown_settings`) are made from it."""
+(:func:`unknown_settings_error`) are made from it."""
 
 from __future__ import annotations
 
@@ -262,17 +262,20 @@ def unknown_settings(names: Iterable[str]) -> list[tuple[str, str | None]]:
     return found
 
 
-def warn_unknown_settings(settings: Iterable[str]) -> None:
-    """Log one WARNING per unknown ``POLITE_*`` name in ``settings`` (see :func:`unknown_settings`), e.g.
-    ``scrapy-polite: unknown setting POLITE_HOST_INTERVALS (did you mean POLITE_HOST_INTERVAL?)``: such a
-    setting is silently ignored otherwise.
+def unknown_settings_error(settings: Iterable[str]) -> str | None:
+    """The error for the unknown ``POLITE_*`` names in ``settings`` (see :func:`unknown_settings`), or None when there
+    is none, e.g. ``POLITE_HOST_INTERVALS is not a scrapy-polite setting (did you mean POLITE_HOST_INTERVAL?). Fix:
+    correct it or remove it (the settings reference lists them)``. A misspelt setting would have no effect: a crawl
+    meant to go slower than the default would not (trial: ``POLITE_HOST_INTERVL = 2`` crawled at the default pace),
+    so the add-on refuses to start with it.
 
     Args:
         settings: a Scrapy ``Settings`` or a mapping (its keys are read) or any iterable of names.
     """
-    for name, close in unknown_settings(settings):
-        if close is not None:
-            logger.warning("scrapy-polite: unknown setting %s (did you mean %s?)", name, close)
-        else:
-            logger.warning("scrapy-polite: unknown setting %s (not a scrapy-polite setting; the settings reference "
-                           "lists them)", name)
+    found = unknown_settings(settings)
+    if not found:
+        return None
+    parts = [f"{name} is not a scrapy-polite setting" + (f" (did you mean {close}?)" if close else "")
+             for name, close in found]
+    them = "it" if len(found) == 1 else "them"
+    return f"{'; '.join(parts)}. Fix: correct {them} or remove {them} (the settings reference lists the settings)"
