@@ -143,7 +143,7 @@ class Addon:
         if current_path != SCHEDULER:
             # Wrap the project's scheduler unless POLITE_SCHEDULER_BASE was chosen explicitly.
             if (settings.getpriority("POLITE_SCHEDULER_BASE") or 0) <= SETTINGS_PRIORITIES["addon"]:
-                settings.set("POLITE_SCHEDULER_BASE", current_path, priority="addon")
+                settings.set("POLITE_SCHEDULER_BASE", current, priority="addon")  # a class stays a class
             priority = max(settings.getpriority("SCHEDULER") or 0, SETTINGS_PRIORITIES["addon"])
             settings.set("SCHEDULER", SCHEDULER, priority=priority)
 

@@ -52,6 +52,7 @@ from .policy.robots import robots_delay
 from .reports.summary import HeldHost, format_progress, format_start_backoffs, format_summary
 from .resolver import PublicHostnameResolver
 from .settings import SettingsError, polite_enabled
+from .settings.config import scheduler_base_class
 from .settings.declaration import DEFAULTS
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import StoreError
@@ -124,6 +125,7 @@ class PoliteExtension:
             raise NotConfigured("POLITE_ENABLED is False")
         try:
             pacer = get_pacer(crawler)
+            scheduler_base_class(pacer.config.scheduler_base)
             check_resolver(crawler.settings, pacer.config.address_filter,
                            installed_reactor() if is_reactor_installed() else None)
         except (SettingsError, StoreError, ResolverNotInstalled) as exc:

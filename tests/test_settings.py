@@ -219,7 +219,6 @@ INVALID = [
     ("POLITE_EVENT_LOG_SIZE", 0, "got 0"),
     ("POLITE_EVENT_LOG_SIZE", "lots"),
     ("POLITE_SCHEDULER_BASE", ""),
-    ("POLITE_SCHEDULER_BASE", "no.such.Scheduler", "cannot be loaded"),
     ("POLITE_SHARED_FRONTIER", "yes"),
     ("POLITE_FRONTIER_KEY", "with spaces:%(spider)s", "%(spider)s"),
     ("POLITE_FRONTIER_KEY", "%(name)s:polite"),

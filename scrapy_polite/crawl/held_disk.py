@@ -87,8 +87,14 @@ def create_wal_database(path: str) -> None:
         db.close()
 
 
-def read_held(jobdir: str) -> Iterator[tuple[str, float | None, dict[str, Any]]]:
-    """Every request held under ``jobdir`` (as a killed or closed crawl left them), without a crawler.
+def read_held(jobdir: str, *, skip_unreadable: bool = False) -> Iterator[tuple[str, float | None, dict[str, Any]]]:
+    """Every request held under ``jobdir`` (as a killed or closed crawl left them), without a crawler, read one at a
+    time (a host's queue is not loaded into memory at once).
+
+    Args:
+        jobdir: the ``JOBDIR``.
+        skip_unreadable: skip a queue file or a record that cannot be read (a damaged file, a record of another
+            spider version), instead of raising.
 
     Yields:
         ``(host, due or None, request dict)`` per request, host by host, each host's in the order it would be
@@ -96,7 +102,8 @@ def read_held(jobdir: str) -> Iterator[tuple[str, float | None, dict[str, Any]]]
         the dict is ``request.to_dict()`` (``request_from_dict`` makes the request again).
 
     Raises:
-        sqlite3.Error, pickle.UnpicklingError: a queue file that cannot be read.
+        sqlite3.Error, pickle.UnpicklingError (or any error of unpickling): a queue file or a record that cannot be
+        read, unless ``skip_unreadable``.
     """
     root = os.path.join(jobdir, HELD_DIR)
     if not os.path.isdir(root):
@@ -110,11 +117,20 @@ def read_held(jobdir: str) -> Iterator[tuple[str, float | None, dict[str, Any]]]
         for _, path in queue_files(directory):
             db = sqlite3.connect(path)
             try:
-                has_table = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'queue'").fetchone()
-                rows = db.execute("SELECT item FROM queue ORDER BY id").fetchall() if has_table else []
+                try:
+                    has_table = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'queue'").fetchone()
+                    rows = db.execute("SELECT item FROM queue ORDER BY id") if has_table else ()
+                except sqlite3.Error:
+                    if not skip_unreadable:
+                        raise
+                    continue
+                for (item,) in rows:
+                    try:
+                        data = pickle.loads(item)
+                    except Exception:  # a class gone from the code, a damaged record: skipped only when told
+                        if not skip_unreadable:
+                            raise
+                        continue
+                    yield host, due, data
             finally:
                 db.close()
-            for (item,) in rows:
-                yield host, due, pickle.loads(item)
-
-

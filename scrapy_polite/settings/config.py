@@ -139,18 +139,29 @@ def _frontier_key(settings: BaseSettings) -> str:
 
 def _scheduler_base(settings: BaseSettings) -> str | type[Any]:
     raw = _raw(settings, "POLITE_SCHEDULER_BASE")
-    if isinstance(raw, type):
-        return raw
-    if isinstance(raw, str) and raw.strip():
-        try:  # before the crawl, as Scrapy loads its SCHEDULER (trial: two tracebacks from the engine, no ERROR line)
-            load_object(raw)
-        except (ImportError, NameError, AttributeError, ValueError) as exc:
-            raise SettingsError(f"POLITE_SCHEDULER_BASE {raw!r} (the scheduler scrapy-polite wraps: the project's "
-                                f"SCHEDULER) cannot be loaded: {exc}. Fix: name an importable scheduler class, such "
-                                f"as 'scrapy.core.scheduler.Scheduler'") from None
+    if isinstance(raw, type) or (isinstance(raw, str) and raw.strip()):
         return raw
     raise SettingsError(f"POLITE_SCHEDULER_BASE must be a scheduler class or its import path, such as "
                         f"'scrapy.core.scheduler.Scheduler', got {raw!r}")
+
+
+def scheduler_base_class(base: str | type[Any]) -> type[Any]:
+    """The scheduler class ``POLITE_SCHEDULER_BASE`` names (:attr:`PoliteConfig.scheduler_base`), loaded: by a crawl
+    before it starts, as Scrapy loads its ``SCHEDULER`` (trial: a bad one failed inside the engine, with two
+    tracebacks and no ERROR line); the ``scrapy polite`` commands never load it.
+
+    Raises:
+        SettingsError: the path cannot be loaded.
+    """
+    if isinstance(base, type):
+        return base
+    try:
+        loaded: type[Any] = load_object(base)
+    except (ImportError, NameError, AttributeError, ValueError) as exc:
+        raise SettingsError(f"POLITE_SCHEDULER_BASE {base!r} (the scheduler scrapy-polite wraps: the project's "
+                            f"SCHEDULER) cannot be loaded: {exc}. Fix: name an importable scheduler class, such as "
+                            f"'scrapy.core.scheduler.Scheduler'") from None
+    return loaded
 
 
 def checked_handlers(settings: Any) -> tuple[str, ...]:

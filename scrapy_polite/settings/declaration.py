@@ -48,8 +48,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("POLITE_ENABLED", "bool", True, "Turn everything off without removing the add-on.", notes=(
         ("warning", "With `POLITE_ENABLED = False` nothing of scrapy-polite runs, **the address checks included**: "
                     "the crawl may then reach private and loopback addresses. In a spider's `custom_settings` it turns "
-                    "off the pacing of that spider only: the address checks of the process's resolver (built before "
-                    "any spider) stay on."),)),
+                    "that spider's part off: its pacing and its own checks (its download handlers, scrapy-playwright's "
+                    "guard); only the process's resolver (built before any spider) still refuses the non-public "
+                    "addresses it resolves."),)),
     Setting("POLITE_HOST_INTERVAL", "seconds", 1.0,
             "Base interval (seconds) between the end of one response and the start of the next request to one host. "
             "The effective interval of a host is the largest of this, its published `Crawl-delay`, its announced "
