@@ -5,12 +5,9 @@
 from __future__ import annotations
 
 import difflib
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
