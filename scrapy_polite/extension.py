@@ -116,7 +116,8 @@ class PoliteExtension:
         #: The backstop for a request that left the downloader by a path no middleware of ours saw: its lines and
         #: claim are freed within a second (:meth:`Pacer.reconcile <scrapy_polite.pacer.Pacer.reconcile>`).
         self._reconciling = task.LoopingCall(pacer.reconcile)
-        #: Registered with :mod:`atexit` while the spider is open (:func:`_close_at_exit`).
+        #: Registered with :mod:`atexit` until the spider opens (:func:`_close_unopened`), then while it is open
+        #: (:func:`_close_at_exit`).
         self._at_exit: Callable[[], None] | None = None
 
     @classmethod
@@ -137,6 +138,8 @@ class PoliteExtension:
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext.spider_idle, signal=signals.spider_idle)
         ext._check_middleware_order(crawler)
+        ext._at_exit = functools.partial(_close_unopened, pacer)
+        atexit.register(ext._at_exit)
         leftover = leftover_settings_warning(crawler.settings)
         if leftover is not None:
             logger.warning("%s", leftover)
@@ -243,6 +246,8 @@ class PoliteExtension:
         return idle if idle > 0 else self.config.max_idle_wait
 
     async def spider_opened(self, spider: Spider) -> None:
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
         self._at_exit = functools.partial(_close_at_exit, self.pacer)
         atexit.register(self._at_exit)
         self._warn_wider_address_rules()
@@ -391,6 +396,23 @@ class PoliteExtension:
         if self.pacer.failed is not None:  # stopped by the add-on: not a finished crawl (exit status 1)
             fail_crawl_process(self.crawler)
         await self.pacer.close_async()
+
+
+def _close_unopened(pacer: Pacer) -> None:
+    """The process exits and the spider never opened: the crawl failed at its start (a component's ``from_crawler``
+    raised, say) after the extension had opened the pace table, and no Scrapy signal follows such a failure. The
+    table is closed (blocking: the reactor never ran, or has stopped), so that its next opener does not take the
+    failed start for an unclean stop (trial: a WARNING "was not closed by process …"). A running reactor is left
+    to :func:`_close_at_exit`. A failure to close is logged at DEBUG (the crawl's own error was logged)."""
+    if pacer.closing:
+        return
+    if is_reactor_installed() and getattr(installed_reactor(), "running", False):
+        _close_at_exit(pacer)
+        return
+    try:
+        pacer.close()
+    except Exception:
+        logger.debug("scrapy-polite: the pace table %s did not close cleanly", pacer.store.uri, exc_info=True)
 
 
 def _close_at_exit(pacer: Pacer) -> None:

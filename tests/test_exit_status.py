@@ -201,6 +201,25 @@ def test_scrapy_shell_closes_its_pace_table_and_event_log(tmp_path, arrival_serv
     assert proc.returncode == 0 and "was not closed" not in output(proc), output(proc)[-4000:]
 
 
+def test_a_crawl_that_fails_at_its_start_closes_its_pace_table(tmp_path, arrival_server):
+    """Trial: a downloader middleware whose ``from_crawler`` raises fails the crawl after the add-on's extension had
+    opened the default pace table, and no Scrapy signal follows: the table stayed open, so the next crawl warned that
+    the failed one "was not closed … (an unclean stop …)". It is closed at the process's exit. The control: the failed
+    crawl did open the table (its start-up line), and sent nothing."""
+    srv = arrival_server("127.0.0.41")
+    project = startproject(tmp_path, srv.url("/"), settings=RUNS)
+    (project / "started" / "broken.py").write_text(
+        "class Broken:\n    @classmethod\n    def from_crawler(cls, crawler):\n"
+        "        raise RuntimeError('a broken middleware (a test)')\n")
+    failed = scrapy_crawl(project, "pages", "-s", 'DOWNLOADER_MIDDLEWARES={"started.broken.Broken": 10}',
+                          timeout=CRAWL_TIMEOUT)
+    assert failed.returncode == 1 and "a broken middleware" in output(failed), output(failed)[-4000:]
+    assert "pace table sqlite:///" in output(failed) and srv.arrivals() == [], output(failed)[-4000:]
+    proc = scrapy_crawl(project, "pages", timeout=CRAWL_TIMEOUT)
+    assert proc.returncode == 0 and "was not closed" not in output(proc), output(proc)[-4000:]
+    assert len(srv.arrivals()) == 10
+
+
 # --------------------------------------------------------------------------------------------------
 # Stopped mid-crawl by the add-on
 
