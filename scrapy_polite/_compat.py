@@ -403,7 +403,8 @@ def stats_incrementer(stats: Any) -> Callable[[str, float], None]:
 
 def wake_engine(crawler: Crawler) -> None:
     """Make the engine ask the scheduler for requests on its next reactor turn (it otherwise polls every
-    few seconds). Does nothing before the engine opened the spider or after it closed it.
+    few seconds). Does nothing before the engine opened the spider (its scraper's slot is set after the scheduler's
+    ``open``; trial: a resumed JOBDIR's timer woke it between, and Scrapy's ``needs_backout`` asserted) or after.
 
     Uses ``ExecutionEngine._slot.nextcall.schedule()`` (private; Scrapy 2.18.0 and 2.19.0): Scrapy has
     no public way to wake the engine; ``engine.crawl()`` would also schedule a request.
@@ -413,7 +414,7 @@ def wake_engine(crawler: Crawler) -> None:
     except RuntimeError:
         return
     nextcall = getattr(getattr(engine, "_slot", None), "nextcall", None)
-    if nextcall is not None:
+    if nextcall is not None and getattr(getattr(engine, "scraper", None), "slot", None) is not None:
         nextcall.schedule()
 
 

@@ -11,6 +11,7 @@ an upper bound gets a generous :data:`SLACK`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from typing import Any
@@ -21,6 +22,7 @@ from scrapy import signals
 
 from scrapy_polite.clock import process_clock
 from scrapy_polite.crawl.held import HELD_DIR, read_held
+from scrapy_polite.crawl.reactor import reactor_sleep
 from tests.support.crawl import CrawlTimeout, ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, Reply, gaps, page, scripted
 
@@ -650,6 +652,28 @@ async def test_a_turn_deferral_keeps_each_host_s_order_and_books_each_request_on
         assert [a.path for a in hits] == [f"/p/{i}" for i in range(15)], describe(hits)
         assert min(b.start - a.end for a, b in zip(hits, hits[1:])) >= 0.3 - TOL, describe(hits)
     assert (stat(crawler, "deferrals/turn") or 0) <= 4, stat(crawler, "deferrals/turn")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_resume_with_held_requests_due_logs_no_error(arrival_server, tmp_path, caplog):
+    """Trial: every resume of a JOBDIR with held requests already due logged an asyncio ERROR and an
+    ``AssertionError`` from Scrapy's ``needs_backout``: the resumed requests woke the engine while it waited for the
+    scheduler's ``open``, before its scraper had a slot. The engine is woken only once the spider is open. The
+    control: the resumed requests were due at the resume, and all of them were fetched."""
+    srv = arrival_server("127.0.2.153")
+    jobdir = tmp_path / "job"
+    urls = [srv.url(f"/r/{i}") for i in range(6)]
+    s = settings(tmp_path, JOBDIR=str(jobdir), POLITE_HOST_INTERVAL=1.0)
+    c1 = await run_crawl(StopSpider, s, urls=urls, timeout=30, stop_after=1.5)
+    saved = stat(c1, "deferred/saved")
+    assert saved, c1.stats.get_stats()
+    await reactor_sleep(1.2)  # every saved request is due when the next run opens
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        c2 = await run_crawl(StopSpider, s, urls=urls, timeout=30)
+    assert stat(c2, "deferred/resumed") == saved
+    assert sorted(a.path for a in timeline(srv)) == sorted(f"/r/{i}" for i in range(6)), describe(timeline(srv))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 class LateSpider(ListSpider):
