@@ -42,7 +42,15 @@ from .network.handlers import (
     log_modes,
 )
 from .resolver import PublicHostnameResolver
-from .settings import DEFAULTS, DNSConfig, PoliteConfig, SettingsError, polite_enabled, unknown_settings_error
+from .settings import (
+    DEFAULTS,
+    DNSConfig,
+    PoliteConfig,
+    SettingsError,
+    polite_enabled,
+    unknown_settings,
+    unknown_settings_error,
+)
 from .startup import refuse_to_start
 
 if TYPE_CHECKING:
@@ -114,8 +122,8 @@ class Addon:
             if not polite_enabled(settings):
                 return
             unknown = unknown_settings_error(settings)
-            if unknown is not None:
-                raise SettingsError(unknown)
+            if unknown is not None:  # where the (first) misspelt name was set, not its close match
+                raise SettingsError(unknown, setting=unknown_settings(settings)[0][0])
             PoliteConfig.from_settings(settings)
             modes = _check_handlers(settings)
         except (SettingsError, UnsafeHandlerError) as exc:

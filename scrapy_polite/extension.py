@@ -126,7 +126,7 @@ class PoliteExtension:
             raise NotConfigured("POLITE_ENABLED is False")
         try:
             pacer = get_pacer(crawler)
-            scheduler_base_class(pacer.config.scheduler_base)
+            scheduler_base_class(pacer.config.scheduler_base, crawler.settings)
             check_resolver(crawler.settings, pacer.config.address_filter,
                            installed_reactor() if is_reactor_installed() else None)
         except (SettingsError, StoreError, ResolverNotInstalled) as exc:

@@ -183,7 +183,7 @@ class PoliteScheduler:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         pacer = get_pacer(crawler)
-        inner_cls = scheduler_base_class(pacer.config.scheduler_base)
+        inner_cls = scheduler_base_class(pacer.config.scheduler_base, crawler.settings)
         if inner_cls is cls:
             raise SettingsError("POLITE_SCHEDULER_BASE must not be PoliteScheduler itself: name the scheduler it "
                                 "wraps, e.g. 'scrapy.core.scheduler.Scheduler'")

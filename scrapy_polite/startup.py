@@ -115,10 +115,11 @@ def refuse_to_start(exc: BaseException, settings: Any = None) -> BaseException:
         return exc
     message = " ".join(str(exc).split())  # one line
     match = _SETTING.search(message)
-    source = where_set(settings, match.group(0)) if match is not None and settings is not None else None
-    suffix = f" ({match.group(0) if match else 'it'} is set {source})" if source else ""
-    if match is not None and "Fix:" not in message:
-        suffix += _fix_of_setting(match.group(0))
+    name = getattr(exc, "setting", None) or (match.group(0) if match is not None else None)
+    source = where_set(settings, name) if name is not None and settings is not None else None
+    suffix = f" ({name} is set {source})" if source else ""
+    if name is not None and "Fix:" not in message:
+        suffix += _fix_of_setting(name)
     logger.error("scrapy-polite cannot start the crawl: %s%s", message, suffix)
     if settings is not None and not settings.getbool("LOG_ENABLED", True):  # scrapy check: the line on stderr
         sys.stderr.write(f"ERROR: scrapy-polite cannot start the crawl: {message}{suffix}\n")

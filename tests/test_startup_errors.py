@@ -126,12 +126,27 @@ def test_invalid_dns_setting(tmp_path, server):
     assert_refused(proc, server, "POLITE_DNS_TIMEOUT")
 
 
-def test_a_scheduler_that_cannot_be_loaded(tmp_path, server):
+@pytest.mark.parametrize("scheduler, says", [
+    ("no.such.Scheduler", "cannot be loaded"),
+    ("collections.OrderedDict", "is not a scheduler: it lacks Scrapy's scheduler interface"),
+])
+def test_a_scheduler_that_cannot_be_loaded(tmp_path, server, scheduler, says):
     """Trial: a SCHEDULER naming no class (the add-on wraps it) failed inside the engine, with two tracebacks and no
-    ERROR line of ours; it is refused before the crawl, as Scrapy refuses its own."""
-    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "SCHEDULER=no.such.Scheduler")
-    assert_refused(proc, server, "'no.such.Scheduler' (the scheduler scrapy-polite wraps: the project's SCHEDULER) "
-                                 "cannot be loaded")
+    ERROR line of ours; one naming a class that is not a scheduler failed every request and the crawl exited 0. Both
+    are refused before the crawl, as Scrapy refuses its own, naming SCHEDULER and where it was set (trial: the line
+    said POLITE_SCHEDULER_BASE "is set by an add-on")."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", f"SCHEDULER={scheduler}")
+    assert_refused(proc, server, f"SCHEDULER {scheduler!r} (the scheduler scrapy-polite wraps, moved to "
+                                 f"POLITE_SCHEDULER_BASE) {says}", "(SCHEDULER is set on the command line (-s))")
+
+
+def test_a_lower_case_typo_says_where_it_was_set(tmp_path, server):
+    """Trial: ``-s polite_host_interval=2`` (Scrapy's names are case-sensitive) was refused, but the line said where
+    its close match POLITE_HOST_INTERVAL was set (the project settings), not where the typo was. The control: the
+    close match is named too."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "polite_host_interval=2")
+    assert_refused(proc, server, "polite_host_interval is not a scrapy-polite setting (did you mean "
+                                 "POLITE_HOST_INTERVAL?)", "(polite_host_interval is set on the command line (-s))")
 
 
 def test_unsafe_handler(tmp_path, server):

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scrapy.settings import BaseSettings
+from scrapy.core.scheduler import BaseScheduler
+from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 from scrapy.utils.misc import load_object
 
 from ..network.addresses import AddressFilter
@@ -145,22 +146,36 @@ def _scheduler_base(settings: BaseSettings) -> str | type[Any]:
                         f"'scrapy.core.scheduler.Scheduler', got {raw!r}")
 
 
-def scheduler_base_class(base: str | type[Any]) -> type[Any]:
-    """The scheduler class ``POLITE_SCHEDULER_BASE`` names (:attr:`PoliteConfig.scheduler_base`), loaded: by a crawl
-    before it starts, as Scrapy loads its ``SCHEDULER`` (trial: a bad one failed inside the engine, with two
-    tracebacks and no ERROR line); the ``scrapy polite`` commands never load it.
+def scheduler_base_class(base: str | type[Any], settings: BaseSettings | None = None) -> type[Any]:
+    """The scheduler class ``POLITE_SCHEDULER_BASE`` names (:attr:`PoliteConfig.scheduler_base`), loaded and checked
+    as Scrapy checks its ``SCHEDULER``: by a crawl before it starts (trial: a bad one failed inside the engine, with
+    two tracebacks and no ERROR line; one that was not a scheduler failed each request and the crawl exited 0); the
+    ``scrapy polite`` commands never load it. The message names the setting the user wrote, read in ``settings``:
+    ``SCHEDULER``, which the add-on moved (trial: it said POLITE_SCHEDULER_BASE "is set by an add-on"), or
+    ``POLITE_SCHEDULER_BASE``.
 
     Raises:
-        SettingsError: the path cannot be loaded.
+        SettingsError: the path cannot be loaded, or its class lacks Scrapy's scheduler interface
+            (``has_pending_requests``, ``enqueue_request``, ``next_request``: Scrapy's ``BaseScheduler``).
     """
+    priority = settings.getpriority("POLITE_SCHEDULER_BASE") if settings is not None else None
+    moved = priority is not None and priority <= SETTINGS_PRIORITIES["addon"]
+    setting = "SCHEDULER" if moved else "POLITE_SCHEDULER_BASE"
+    wraps = "the scheduler scrapy-polite wraps" + (", moved to POLITE_SCHEDULER_BASE" if moved else "")
+    fix = "Fix: name an importable scheduler class, such as 'scrapy.core.scheduler.Scheduler'"
+    loaded: type[Any]
     if isinstance(base, type):
-        return base
-    try:
-        loaded: type[Any] = load_object(base)
-    except (ImportError, NameError, AttributeError, ValueError) as exc:
-        raise SettingsError(f"POLITE_SCHEDULER_BASE {base!r} (the scheduler scrapy-polite wraps: the project's "
-                            f"SCHEDULER) cannot be loaded: {exc}. Fix: name an importable scheduler class, such as "
-                            f"'scrapy.core.scheduler.Scheduler'") from None
+        loaded = base
+    else:
+        try:
+            loaded = load_object(base)
+        except (ImportError, NameError, AttributeError, ValueError) as exc:
+            raise SettingsError(f"{setting} {base!r} ({wraps}) cannot be loaded: {exc}. {fix}",
+                                setting=setting) from None
+    if not isinstance(loaded, type) or not issubclass(loaded, BaseScheduler):
+        raise SettingsError(f"{setting} {base!r} ({wraps}) is not a scheduler: it lacks Scrapy's scheduler "
+                            f"interface (has_pending_requests, enqueue_request, next_request). {fix}",
+                            setting=setting)
     return loaded
 
 

@@ -16,7 +16,13 @@ _T = TypeVar("_T")
 
 
 class SettingsError(ValueError):
-    """A ``POLITE_*`` setting has a value the pacer cannot use. The message names the setting and the fix."""
+    """A ``POLITE_*`` setting has a value the pacer cannot use. The message names the setting and the fix;
+    ``setting``, when given, is the setting the user wrote (the error says where it was set), else the message's
+    first ``POLITE_*`` name is."""
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 # -- reading one value ------------------------------------------------------------------------------------
