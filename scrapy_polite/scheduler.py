@@ -458,7 +458,7 @@ class PoliteScheduler:
             when = ("when its line frees" if due == math.inf else "due now" if due - now < 0.5
                     else f"due in {due - now:.0f} s")
             parts.append(f"{host}: {count} request{'' if count == 1 else 's'}, {when}")
-        return "Deferred: " + "; ".join(parts)
+        return "Held: " + "; ".join(parts)
 
     def held_hosts(self) -> list[tuple[str, int, float]]:
         """``(host, requests held, due)`` per host, soonest first (due: this process's epoch s; inf: its line frees)."""
@@ -492,5 +492,5 @@ class PoliteScheduler:
             return
         if self.crawler.stats is not None:
             self.crawler.stats.set_value("polite/deferred/resumed", count)
-        logger.info("scrapy-polite: resumed %d deferred requests from %s", count,
+        logger.info("scrapy-polite: resumed %d held requests from %s", count,
                     os.path.join(self._jobdir or "", HELD_DIR))

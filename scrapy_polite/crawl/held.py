@@ -438,7 +438,7 @@ class HeldRequests:
             stats.set_value("polite/deferred/not_saved", len(left))
         if stats is not None:
             stats.set_value("polite/deferred/saved", count - len(left))
-        logger.info("scrapy-polite: %d deferred requests are kept in %s for resume. %s", count - len(left),
+        logger.info("scrapy-polite: %d held requests are kept in %s for resume. %s", count - len(left),
                     self._root, summary)
 
     def close(self) -> list[Request]:
