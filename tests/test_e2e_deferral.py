@@ -677,33 +677,20 @@ async def test_a_resume_with_held_requests_due_logs_no_error(arrival_server, tmp
 
 
 class LateSpider(ListSpider):
-    """Lists ``/p/0`` .. ``/p/N``; the answer of ``/p/0`` yields ``/hi/0`` .. ``/hi/2`` of priority ``late``, once every
-    start request is scheduled (on a busy machine Scrapy may still be scheduling them when ``/p/0`` answers)."""
+    """Starts at ``/p/0``, whose answer yields ``/p/1`` .. ``/p/11``, then ``/hi/0`` .. ``/hi/2`` of priority ``late``:
+    none is a start request (Scrapy's scheduler hands out the other requests of a priority before its start requests,
+    which made the order depend on how many start requests were still in its queue; CI)."""
 
     def __init__(self, *args: Any, late: int = 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.late = late
-        self.scheduled = 0
         self.answered_before = -1  # responses recorded when the /hi requests were yielded
 
-    @classmethod
-    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> LateSpider:
-        spider = super().from_crawler(crawler, *args, **kwargs)
-        crawler.signals.connect(spider._on_scheduled, signal=signals.request_scheduled)
-        return spider
-
-    def _on_scheduled(self, request: Any, spider: Any) -> None:
-        self.scheduled += "/p/" in request.url
-
-    async def parse(self, response: Any, user_meta: dict[str, Any]) -> Any:  # type: ignore[override]
-        for out in super().parse(response, user_meta) or ():
-            yield out
+    def parse(self, response: Any, user_meta: dict[str, Any]) -> Any:
+        yield from super().parse(response, user_meta) or ()
         if response.url.endswith("/p/0"):
-            from scrapy.utils.defer import maybe_deferred_to_future
-            from twisted.internet import reactor, task
-
-            while self.scheduled < len(self.start_items):
-                await maybe_deferred_to_future(task.deferLater(reactor, 0.02, lambda: None))
+            for i in range(1, 12):
+                yield self._request(response.urljoin(f"/p/{i}"), {})
             self.answered_before = len(self.fetched)
             for i in range(3):
                 yield self._request(response.urljoin(f"/hi/{i}"), {}, priority=self.late)
@@ -715,11 +702,10 @@ async def test_a_held_host_s_requests_go_by_priority(arrival_server, tmp_path, l
     """Trial: one paced host's requests all wait held (out of the downloader), where they came back in the order the
     scheduler handed them out: a request of a higher priority yielded later waited behind every one held (7.5 s
     against 1.5 s in plain Scrapy), and ``DEPTH_PRIORITY`` orders were lost. Held requests go by priority, as Scrapy's
-    priority queues do: the three priority-100 pages yielded by ``/p/0``'s callback arrive together, next after the
-    pages answered or under way then, not after ``/p/11``. The control: at priority 0 they arrive after ``/p/11``.
-    The wrapped scheduler's queue is FIFO here, so that the order the pages were scheduled in is the only one a
-    priority-blind queue could give (CI: with Scrapy's LIFO default and the start requests still being scheduled when
-    ``/p/0`` answered, the control's pages came out of the wrapped queue before ``/p/5``)."""
+    priority queues do: the three priority-100 pages yielded after ``/p/1`` .. ``/p/11`` arrive together, next after
+    the pages answered or under way then, not after ``/p/11``. The control: at priority 0 they arrive after ``/p/11``.
+    The wrapped scheduler's queue is FIFO here, so that the order the pages were yielded in is the only one a
+    priority-blind queue could give (Scrapy's default is LIFO)."""
     srv = arrival_server("127.0.2.152")
     (tmp_path / "p").mkdir()
     s = settings(
@@ -728,7 +714,7 @@ async def test_a_held_host_s_requests_go_by_priority(arrival_server, tmp_path, l
         CONCURRENT_REQUESTS=4,
         SCHEDULER_MEMORY_QUEUE="scrapy.squeues.FifoMemoryQueue",
     )
-    crawler = await run_crawl(LateSpider, s, urls=[srv.url(f"/p/{i}") for i in range(12)], late=late, timeout=90)
+    crawler = await run_crawl(LateSpider, s, urls=[srv.url("/p/0")], late=late, timeout=90)
     spider = crawler.spider
     paths = [a.path for a in timeline(srv)]
     assert sorted(paths) == sorted([f"/p/{i}" for i in range(12)] + [f"/hi/{i}" for i in range(3)]), paths
