@@ -12,6 +12,7 @@ from typing import Any
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 from scrapy.utils.misc import load_object
+from scrapy.utils.python import global_object_name
 
 from ..network.addresses import AddressFilter
 from ..policy import PacingPolicy, host_key
@@ -161,8 +162,9 @@ def scheduler_base_class(base: str | type[Any], settings: BaseSettings | None = 
     priority = settings.getpriority("POLITE_SCHEDULER_BASE") if settings is not None else None
     moved = priority is not None and priority <= SETTINGS_PRIORITIES["addon"]
     setting = "SCHEDULER" if moved else "POLITE_SCHEDULER_BASE"
-    wraps = "the scheduler scrapy-polite wraps" + (", moved to POLITE_SCHEDULER_BASE" if moved else "")
-    fix = "Fix: name an importable scheduler class, such as 'scrapy.core.scheduler.Scheduler'"
+    path = base if isinstance(base, str) else global_object_name(base)
+    named = f"{setting} {path!r} (the scheduler scrapy-polite wraps" + (
+        ", moved to POLITE_SCHEDULER_BASE)" if moved else ")")
     loaded: type[Any]
     if isinstance(base, type):
         loaded = base
@@ -170,12 +172,12 @@ def scheduler_base_class(base: str | type[Any], settings: BaseSettings | None = 
         try:
             loaded = load_object(base)
         except (ImportError, NameError, AttributeError, ValueError) as exc:
-            raise SettingsError(f"{setting} {base!r} ({wraps}) cannot be loaded: {exc}. {fix}",
-                                setting=setting) from None
+            raise SettingsError(f"{named} cannot be loaded: {exc}. Fix: name an importable scheduler class, such as "
+                                "'scrapy.core.scheduler.Scheduler'", setting=setting) from None
     if not isinstance(loaded, type) or not issubclass(loaded, BaseScheduler):
-        raise SettingsError(f"{setting} {base!r} ({wraps}) is not a scheduler: it lacks Scrapy's scheduler "
-                            f"interface (has_pending_requests, enqueue_request, next_request). {fix}",
-                            setting=setting)
+        raise SettingsError(f"{named} is not a scheduler: it lacks Scrapy's scheduler interface "
+                            "(has_pending_requests, enqueue_request, next_request). Fix: name a scheduler class, "
+                            "such as 'scrapy.core.scheduler.Scheduler'", setting=setting)
     return loaded
 
 
