@@ -337,7 +337,7 @@ async def test_negative_control_plain_scrapy_burns_the_retry_budget(arrival_serv
     crawler = await run_crawl(ListSpider, s, urls=[a.url("/api")], timeout=40)
     ha = timeline(a)
     assert [x.status for x in ha] == [429, 429], describe(ha)
-    assert max(gaps(ha)) < 0.5, describe(ha)
+    assert max(gaps(ha)) < 1.5 - TOL, describe(ha)  # the Retry-After (1.5 s) not honoured; the add-on waits it out
     assert crawler.stats.get_value("retry/max_reached") == 1
 
 
