@@ -176,17 +176,28 @@ def test_dns_failures_are_not_server_side():
     assert not isinstance(ValueError(), types)
 
 
+def _engine(*, slot: bool = True, scraper_open: bool = True, calls: list[str]) -> SimpleNamespace:
+    """A stand-in engine: its ``_slot.nextcall`` records each schedule; its scraper has a slot once open."""
+    nextcall = SimpleNamespace(schedule=lambda: calls.append("schedule"))
+    return SimpleNamespace(_slot=SimpleNamespace(nextcall=nextcall) if slot else None,
+                           scraper=SimpleNamespace(slot=object() if scraper_open else None))
+
+
 def test_wake_engine_schedules_the_engines_next_call():
     calls: list[str] = []
-    nextcall = SimpleNamespace(schedule=lambda: calls.append("schedule"))
-    crawler = SimpleNamespace(engine=SimpleNamespace(_slot=SimpleNamespace(nextcall=nextcall)))
-    wake_engine(crawler)  # type: ignore[arg-type]
+    wake_engine(SimpleNamespace(engine=_engine(calls=calls)))  # type: ignore[arg-type]
     assert calls == ["schedule"]
 
 
-@pytest.mark.parametrize("engine", [None, SimpleNamespace(_slot=None)], ids=["no engine", "spider not open"])
-def test_wake_engine_does_nothing_without_an_engine_slot(engine):
+@pytest.mark.parametrize("state", ["no engine", "spider not open", "scraper not open"])
+def test_wake_engine_does_nothing_before_the_spider_is_open(state):
+    """Trial: a resumed JOBDIR woke the engine while it waited for the scheduler's ``open``, before its scraper had a
+    slot, and Scrapy's ``needs_backout`` asserted. The control is the test above."""
+    calls: list[str] = []
+    engine = None if state == "no engine" else _engine(slot=state != "spider not open",
+                                                        scraper_open=state != "scraper not open", calls=calls)
     wake_engine(SimpleNamespace(engine=engine))  # type: ignore[arg-type]
+    assert calls == []
 
 
 @pytest.mark.parametrize(("line", "expected"), [
