@@ -15,22 +15,10 @@ request the downloader middleware defers is handed back to it and **held** by ho
   their due time; without ``JOBDIR`` the requests still held at close are reported (count and hosts) and
   counted (``polite/deferred/not_crawled``).
 
-With a **shared** scheduler (scrapy-redis's, detected by :func:`~scrapy_polite.frontier.leases.is_shared_scheduler`;
-``POLITE_SHARED_FRONTIER``) the scheduler decides a held request's home differently (docs/spec.md §5, "The
-shared frontier"):
-
-* a worker never takes more than it can send: it takes from the shared queue only while the requests in
-  its downloader plus those it holds for its lines are fewer than ``CONCURRENT_REQUESTS``, so N workers
-  share the queue as they do without the add-on;
-* every request it takes is leased in Redis (:class:`~scrapy_polite.frontier.leases.RedisFrontier`) until its
-  response, final error or drop; a request deferred until a moment (throttle, Crawl-delay) goes back to
-  Redis, held by host until due, for any worker to take; one deferred only for a line of this worker stays
-  here, still leased;
-* it stays open, whatever its idle window, while another worker that has not renewed its leases since
-  this one went to close leases requests: they come back (at most ``POLITE_LEASE_TIME`` after that
-  worker's last renewal) and this worker crawls them;
-* at close, whatever it still leases is given back to Redis for the other workers, and the log names what
-  other workers still lease.
+A new request of a host whose line is taken is held as it is handed out (:func:`next_new`). With a **shared**
+scheduler (scrapy-redis's, :func:`~scrapy_polite.frontier.leases.is_shared_scheduler`; ``POLITE_SHARED_FRONTIER``),
+the requests it takes are leased in Redis and those deferred until a moment go back there for any worker
+(:class:`~scrapy_polite.frontier.worker.SharedWorker`; docs/spec.md §5, "The shared frontier").
 """
 
 from __future__ import annotations
@@ -46,21 +34,21 @@ from typing import TYPE_CHECKING, Any
 from weakref import ref
 
 from scrapy.utils.misc import build_from_crawler
-from scrapy.utils.request import request_from_dict
 from twisted.internet import threads
 
 from ._compat import crawler_engine, in_engine, wake_engine
 from .contracts import fail_held_contract_requests
-from .crawl.held import HELD_DIR, HeldRequests, read_held
+from .crawl.held import HELD_DIR, HeldRequests, seen_again
 from .crawl.lifecycle import IN_DOWNLOADER, Stage
 from .crawl.reactor import call_later
 from .crawl.seams import SharedFrontier
 from .frontier.leases import is_shared_scheduler
 from .frontier.worker import SharedWorker
 from .pacer import Pacer, get_pacer
+from .policy.keys import host_key
 from .settings import SettingsError
 from .settings.config import scheduler_base_class
-from .vocabulary import BURST_META, TURN_REASONS, DeferralReason
+from .vocabulary import BURST_META, DONT_PACE_META, TURN_REASONS, DeferralReason
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -70,6 +58,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["PoliteScheduler"]
+
+#: How many new requests :func:`next_new` may hold in one call before it lets the reactor turn.
+HOLD_BATCH = 64
 
 #: Seconds between two pokes of the engine while a held request is due but not taken (its host's line busy, the
 #: downloader full): the engine also asks whenever a download ends.
@@ -102,6 +93,33 @@ def downloads(crawler: Crawler) -> Any:
     return getattr(getattr(crawler_engine(crawler), "downloader", None), "active", ())
 
 
+def next_new(scheduler: PoliteScheduler) -> Request | None:
+    """The wrapped scheduler's next request that may go to the downloader now, or None (asked by
+    :meth:`PoliteScheduler.next_request` when no held request is due).
+
+    A request handed out before is sent as a copy (:func:`again`). A new one whose host is blocked (its line taken, its
+    claim out) or that goes behind its host's held requests (:meth:`~PoliteScheduler.behind`) is deferred for its
+    ``line`` and held at once, not sent through the downloader for the booking to send back (docs/spec.md §5: 974 of
+    1,000 requests of 10 hosts made that pass). Not with the HTTP cache on (a cached page is never held back), nor for a
+    ``dont_pace`` or burst request. At most :data:`HOLD_BATCH` per call: the engine asks again on its next turn."""
+    inner, lifecycle = scheduler.inner, scheduler.lifecycle
+    for _ in range(HOLD_BATCH):
+        request: Request | None = inner.next_request()
+        if request is None:
+            return None
+        if scheduler.owns(request) or lifecycle.stage(request) is Stage.HELD:
+            return again(scheduler.crawler, request, lifecycle.stage(request))  # handed out before
+        meta = request.meta
+        host = None if not scheduler.holds_new or meta.get(DONT_PACE_META) or meta.get(BURST_META) \
+            else host_key(request.url)
+        if host is None or not (lifecycle.blocked(host) or scheduler.behind(request, host)):
+            return request
+        scheduler.booker.defer(host, None, "line", request)
+        scheduler.hold(request, host, None, reason="line", returned=False)
+    wake_engine(scheduler.crawler)
+    return None
+
+
 def again(crawler: Crawler, request: Request, stage: Stage | None) -> Request:
     """``request``, handed out by the wrapped scheduler once more (``stage``: its stage): itself when its first pass
     has ended, else a copy (a spider yielded the same object twice with ``dont_filter``, or ``response.request`` from
@@ -120,30 +138,6 @@ def again(crawler: Crawler, request: Request, stage: Stage | None) -> Request:
     if stats is not None:
         stats.inc_value("polite/lifecycle/copied")
     return request.copy()
-
-
-def seen_again(crawler: Crawler, inner: Any, jobdir: str) -> None:
-    """Record the requests resumed from ``jobdir`` in the wrapped scheduler's dupe filter (its ``df``), as when they
-    were first scheduled (``dont_filter`` ones are not, as Scrapy's scheduler does not). After a kill, Scrapy's
-    ``requests.seen`` lacks the fingerprints it had not flushed, and the spider's start requests yielded again passed
-    it: each held request was fetched twice in the resumed crawl (trial; docs/spec.md §5, "Deferral"). Run on a
-    thread while the engine waits for the scheduler's ``open`` (about 26 µs per request), one request read at a
-    time; a record that cannot be read back is skipped here (it is reported when handed out); a failure of the
-    filter is logged at WARNING."""
-    df = getattr(inner, "df", None)
-    if df is None:
-        return
-    try:
-        for _, _, data in read_held(jobdir, skip_unreadable=True):
-            try:
-                request = request_from_dict(data, spider=crawler.spider)
-            except (ValueError, KeyError, TypeError, AttributeError):  # a callback of another spider version
-                continue
-            if not request.dont_filter:
-                df.request_seen(request)
-    except Exception as exc:
-        logger.warning("scrapy-polite: the deferred requests resumed from %s could not be recorded in the dupe "
-                       "filter (%s): a request the spider yields again may be fetched twice", jobdir, exc)
 
 
 class PoliteScheduler:
@@ -177,6 +171,7 @@ class PoliteScheduler:
         self._timer: Any = None
         self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
         self._closing = False
+        self.holds_new = not crawler.settings.getbool("HTTPCACHE_ENABLED")  # (next_new)
         #: This worker's side of the shared frontier (scrapy-redis's scheduler), set at open; None: held ones are here.
         self.shared: SharedWorker | None = None
 
@@ -295,10 +290,7 @@ class PoliteScheduler:
             if self.shared is not None:
                 request = self.shared.take({host for host, _ in self._held.items()}, len(self._held))
             else:
-                request = self.inner.next_request()
-                if request is not None and (ref(request) in self._owned_refs
-                                            or self.lifecycle.stage(request) is Stage.HELD):
-                    request = again(self.crawler, request, self.lifecycle.stage(request))  # handed out before
+                request = next_new(self)
             if request is None:
                 return None
         self._owned.add(request)
@@ -308,7 +300,8 @@ class PoliteScheduler:
 
     def behind(self, request: Request, host: str) -> bool:
         """``request``, new (not handed out from the held ones), finds requests of its host held for their turn: it
-        goes behind them (the host's order kept; asked by the booking, after the HTTP cache: docs/spec.md §5)."""
+        goes behind them (the host's order kept; asked as it is handed out, :func:`next_new`, or with the HTTP cache on
+        by the booking, after the cache: docs/spec.md §5)."""
         held = self._hosts.get(host)
         return held is not None and held.turn and request not in self._from_held
 
@@ -334,14 +327,17 @@ class PoliteScheduler:
         the WeakSet's own set of weak references without a Python-level call: once per page.)"""
         return ref(request) in self._owned_refs
 
-    def hold(self, request: Request, host: str, due: float | None, *, reason: DeferralReason | None = None) -> None:
+    def hold(self, request: Request, host: str, due: float | None, *, reason: DeferralReason | None = None,
+             returned: bool = True) -> None:
         """Keep ``request`` out of the downloader until ``due`` (epoch seconds; None: until its host's
         line is free; ``reason``: why the booking deferred it, None: the host's mood, docs/spec.md §5). The middleware
-        then returns it to the engine, whose ``enqueue_request`` we skip.
+        then returns it to the engine, whose ``enqueue_request`` we skip (``returned``; False: a new request held as it
+        is handed out, :func:`next_new`).
 
         With the shared frontier, a request deferred until a moment goes back to Redis (any worker takes it
         when its host is due); one deferred for a line stays here, leased."""
-        self._rehold.add(request)
+        if returned:
+            self._rehold.add(request)
         self._owned.discard(request)
         frontier = self.frontier
         if (frontier is not None and due is not None and frontier.owns(request)

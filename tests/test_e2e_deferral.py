@@ -582,14 +582,39 @@ async def test_one_request_per_host_in_the_downloader_and_others_flow(arrival_se
     assert stat(crawler, "deferrals/line") > 0
 
 
+@pytest.mark.parametrize("cache", [False, True], ids=["held_as_handed_out", "control_http_cache"])
+@pytest_twisted.ensureDeferred
+async def test_a_new_request_of_a_busy_host_is_held_without_a_pass_through_the_downloader(arrival_server, tmp_path,
+                                                                                         cache):
+    """3 hosts × 10 pages at 0.1 s, CONCURRENT_REQUESTS 16: the requests handed out while their host's line is taken
+    are held as the scheduler hands them out (``line`` deferrals), so Scrapy's ``downloader/request_count`` counts
+    each page once (docs/spec.md §5). Control: with the HTTP cache on, they go to the downloader first (a cached page
+    is never held back) and come back from the booking: each such pass is counted too."""
+    servers = [arrival_server(f"127.0.2.{base}") for base in (95, 96, 97)]
+    urls = [srv.url(f"/n/{i}") for i in range(10) for srv in servers]
+    extra = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "cache")} if cache else {}
+    crawler = await run_crawl(ListSpider, settings(tmp_path, CONCURRENT_REQUESTS=16, POLITE_HOST_INTERVAL=0.1,
+                                                   **extra), urls=urls, timeout=60)
+    assert all(len(timeline(srv)) == 10 for srv in servers)
+    passes = crawler.stats.get_value("downloader/request_count")
+    assert stat(crawler, "deferrals/line") >= 10
+    if cache:
+        assert passes > 30 + 10, passes
+    else:
+        assert passes == 30, passes
+
+
 @pytest_twisted.ensureDeferred
 async def test_negative_control_without_deferral_requests_crowd_the_downloader(arrival_server, tmp_path, monkeypatch):
-    """The same crawl with deferral switched off (``PoliteScheduler.owns`` patched to False: no request can be held,
-    so requests wait for the host's line inside the downloader): the probe sees host A's requests pile up in the
-    downloader and the other hosts are slowed — the assertions above are not vacuous."""
+    """The same crawl with deferral switched off (``PoliteScheduler.owns`` patched to False, and new requests handed
+    out as the wrapped scheduler gives them, ``next_new`` patched: no request can be held, so requests wait for the
+    host's line inside the downloader): the probe sees host A's requests pile up in the downloader and the other hosts
+    are slowed — the assertions above are not vacuous."""
+    from scrapy_polite import scheduler
     from scrapy_polite.scheduler import PoliteScheduler
 
     monkeypatch.setattr(PoliteScheduler, "owns", lambda self, request: False)
+    monkeypatch.setattr(scheduler, "next_new", lambda polite: polite.inner.next_request())
     crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(arrival_server, tmp_path, 90)
     assert len(timeline(a)) == 20 and all(len(timeline(o)) == 20 for o in others)
     assert crowded and raw_max > 5, (len(crowded), raw_max)

@@ -63,7 +63,7 @@ PickleFifoSQLiteQueue = pickle_fifo_sqlite_queue()
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HELD_DIR", "OPEN_QUEUES", "HeldRequests", "read_held"]
+__all__ = ["HELD_DIR", "OPEN_QUEUES", "HeldRequests", "read_held", "seen_again"]
 
 #: The file in which versions before this module saved held requests; read once on resume
 #: (:meth:`HeldRequests.load_legacy`).
@@ -457,3 +457,27 @@ class HeldRequests:
             self.hosts.clear()
             self._total = 0
         return left
+
+
+def seen_again(crawler: Crawler, inner: Any, jobdir: str) -> None:
+    """Record the requests resumed from ``jobdir`` in the wrapped scheduler's dupe filter (its ``df``), as when they
+    were first scheduled (``dont_filter`` ones are not, as Scrapy's scheduler does not). After a kill, Scrapy's
+    ``requests.seen`` lacks the fingerprints it had not flushed, and the spider's start requests yielded again passed
+    it: each held request was fetched twice in the resumed crawl (trial; docs/spec.md §5, "Deferral"). Run on a
+    thread while the engine waits for the scheduler's ``open`` (about 26 µs per request), one request read at a
+    time; a record that cannot be read back is skipped here (it is reported when handed out); a failure of the
+    filter is logged at WARNING."""
+    df = getattr(inner, "df", None)
+    if df is None:
+        return
+    try:
+        for _, _, data in read_held(jobdir, skip_unreadable=True):
+            try:
+                request = request_from_dict(data, spider=crawler.spider)
+            except (ValueError, KeyError, TypeError, AttributeError):  # a callback of another spider version
+                continue
+            if not request.dont_filter:
+                df.request_seen(request)
+    except Exception as exc:
+        logger.warning("scrapy-polite: the deferred requests resumed from %s could not be recorded in the dupe "
+                       "filter (%s): a request the spider yields again may be fetched twice", jobdir, exc)
