@@ -320,6 +320,40 @@ def component_name(component: object) -> str:
     return component_path(component)
 
 
+#: Scrapy's own downloader middlewares that never answer a request from ``process_request`` (they return None, or
+#: drop it): a request the scheduler holds for its host's line before they see it loses nothing (``next_new``).
+NEVER_ANSWER = frozenset(f"scrapy.downloadermiddlewares.{path}" for path in (
+    "offsite.OffsiteMiddleware", "robotstxt.RobotsTxtMiddleware", "httpauth.HttpAuthMiddleware",
+    "downloadtimeout.DownloadTimeoutMiddleware", "defaultheaders.DefaultHeadersMiddleware",
+    "useragent.UserAgentMiddleware", "retry.RetryMiddleware", "ajaxcrawl.AjaxCrawlMiddleware",
+    "redirect.MetaRefreshMiddleware", "httpcompression.HttpCompressionMiddleware", "redirect.RedirectMiddleware",
+    "cookies.CookiesMiddleware", "httpproxy.HttpProxyMiddleware", "stats.DownloaderStats"))
+
+
+def answering_middlewares(settings: Any) -> list[str]:
+    """The enabled downloader middlewares that may answer a request before the pacing middleware sees it: the HTTP
+    cache when ``HTTPCACHE_ENABLED``, and any other with a ``process_request`` that is neither Scrapy's own (in
+    :data:`NEVER_ANSWER`) nor the add-on's (scrapy-poet's ``InjectionMiddleware``, a project's cache or mock). While
+    one is there the scheduler holds no new request for its host's line as it hands it out: such a page is never held
+    back (docs/spec.md §5, :func:`~scrapy_polite.scheduler.next_new`)."""
+    found = []
+    for key, priority in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items():
+        path = component_name(key)
+        if priority is None or path in NEVER_ANSWER or path.startswith("scrapy_polite."):
+            continue
+        if path == "scrapy.downloadermiddlewares.httpcache.HttpCacheMiddleware":
+            if settings.getbool("HTTPCACHE_ENABLED"):
+                found.append(path)
+            continue
+        try:
+            cls = load_object(key) if isinstance(key, str) else key
+        except (ImportError, NameError, AttributeError, ValueError):  # Scrapy reports it when it builds the list
+            continue
+        if hasattr(cls, "process_request"):
+            found.append(path)
+    return found
+
+
 def _last_priority(settings: Settings) -> int:
     """Our middleware's priority: 950, or after every other enabled downloader middleware, so that none can
     return a request or response from ``process_request`` behind our back (the host's line would stay

@@ -37,6 +37,7 @@ from scrapy.utils.misc import build_from_crawler
 from twisted.internet import threads
 
 from ._compat import crawler_engine, in_engine, wake_engine
+from .addon import answering_middlewares
 from .contracts import fail_held_contract_requests
 from .crawl.held import HELD_DIR, HeldRequests, seen_again
 from .crawl.lifecycle import IN_DOWNLOADER, Stage
@@ -100,8 +101,9 @@ def next_new(scheduler: PoliteScheduler) -> Request | None:
     A request handed out before is sent as a copy (:func:`again`). A new one whose host is blocked (its line taken, its
     claim out) or that goes behind its host's held requests (:meth:`~PoliteScheduler.behind`) is deferred for its
     ``line`` and held at once, not sent through the downloader for the booking to send back (docs/spec.md §5: 974 of
-    1,000 requests of 10 hosts made that pass). Not with the HTTP cache on (a cached page is never held back), nor for a
-    ``dont_pace`` or burst request. At most :data:`HOLD_BATCH` per call: the engine asks again on its next turn."""
+    1,000 requests of 10 hosts made that pass). Not while a middleware may answer it first (the HTTP cache on, one of
+    :func:`~scrapy_polite.addon.answering_middlewares`: such a page is never held back), nor for a ``dont_pace`` or
+    burst request. At most :data:`HOLD_BATCH` per call: the engine asks again on its next turn."""
     inner, lifecycle = scheduler.inner, scheduler.lifecycle
     for _ in range(HOLD_BATCH):
         request: Request | None = inner.next_request()
@@ -171,7 +173,7 @@ class PoliteScheduler:
         self._timer: Any = None
         self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
         self._closing = False
-        self.holds_new = not crawler.settings.getbool("HTTPCACHE_ENABLED")  # (next_new)
+        self.holds_new = not answering_middlewares(crawler.settings)  # (next_new)
         #: This worker's side of the shared frontier (scrapy-redis's scheduler), set at open; None: held ones are here.
         self.shared: SharedWorker | None = None
 

@@ -604,6 +604,40 @@ async def test_a_new_request_of_a_busy_host_is_held_without_a_pass_through_the_d
         assert passes == 30, passes
 
 
+class AnswerCached:
+    """A project's downloader middleware that answers ``/cached/…`` itself (a cache of its own, a mock, scrapy-poet's
+    injection): those pages never reach the network."""
+
+    def process_request(self, request: Any) -> Any:
+        from scrapy.http import HtmlResponse
+
+        if "/cached/" in request.url:
+            return HtmlResponse(request.url, body=b"<html><body>cached</body></html>", request=request)
+        return None
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["never_held", "control_held"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_a_project_middleware_answers_is_never_held_for_its_host_s_line(arrival_server, tmp_path,
+                                                                                    monkeypatch, control):
+    """One host at 0.5 s: 3 real pages, then 12 that a project's downloader middleware answers itself. The scheduler
+    holds no new request for its host's line as it hands it out while such a middleware is there, so the answered
+    pages are never deferred: only the real ones wait for the line (docs/spec.md §5). Control: with the middleware
+    not found (``answering_middlewares`` patched), the answered pages are held for the line too, each at least once."""
+    from scrapy_polite import scheduler
+
+    if control:
+        monkeypatch.setattr(scheduler, "answering_middlewares", lambda settings: [])
+    srv = arrival_server("127.0.2.98")
+    urls = [srv.url(f"/real/{i}") for i in range(3)] + [srv.url(f"/cached/{i}") for i in range(12)]
+    crawler = await run_crawl(ListSpider, settings(tmp_path, POLITE_HOST_INTERVAL=0.5,
+                                                   DOWNLOADER_MIDDLEWARES={AnswerCached: 500}), urls=urls, timeout=60)
+    assert sorted(a.path for a in timeline(srv)) == ["/real/0", "/real/1", "/real/2"]
+    assert len(crawler.spider.fetched) == 15
+    line = stat(crawler, "deferrals/line") or 0
+    assert (line >= 12) if control else (line < 12), line
+
+
 @pytest_twisted.ensureDeferred
 async def test_negative_control_without_deferral_requests_crowd_the_downloader(arrival_server, tmp_path, monkeypatch):
     """The same crawl with deferral switched off (``PoliteScheduler.owns`` patched to False, and new requests handed

@@ -14,7 +14,7 @@ import logging
 import pytest
 from scrapy.settings import BaseSettings, Settings
 
-from scrapy_polite.addon import Addon
+from scrapy_polite.addon import Addon, answering_middlewares
 from scrapy_polite.resolver import PublicHostnameResolver, parse_nameserver
 from scrapy_polite.settings import (
     DEFAULTS,
@@ -589,3 +589,28 @@ def test_a_disabled_addon_installs_nothing_and_an_invalid_enabled_is_refused():
     Addon.update_pre_crawler_settings(on)
     Addon().update_settings(on)
     assert "scrapy_polite.middleware.PoliteDownloaderMiddleware" in on.getdict("DOWNLOADER_MIDDLEWARES")
+
+
+class _Answers:
+    def process_request(self, request):
+        return None
+
+
+class _OnlyResponses:
+    def process_response(self, request, response):
+        return response
+
+
+@pytest.mark.parametrize(("settings", "found"), [
+    ({}, []),  # Scrapy's own never answer (the HTTP cache is off)
+    ({"HTTPCACHE_ENABLED": True}, ["scrapy.downloadermiddlewares.httpcache.HttpCacheMiddleware"]),
+    ({"DOWNLOADER_MIDDLEWARES": {_Answers: 500}}, [f"{__name__}._Answers"]),
+    ({"DOWNLOADER_MIDDLEWARES": {_Answers: None}}, []),  # disabled
+    ({"DOWNLOADER_MIDDLEWARES": {_OnlyResponses: 500}}, []),  # no process_request: answers nothing
+    ({"DOWNLOADER_MIDDLEWARES": {"scrapy_polite.robotstxt.PoliteRobotsTxtMiddleware": 100}}, []),  # the add-on's
+])
+def test_the_middlewares_that_may_answer_a_request_before_the_pacing_one(settings, found):
+    """While one is found, the scheduler holds no new request for its host's line as it hands it out (docs/spec.md
+    §5): such a page is never held back."""
+    assert answering_middlewares(Settings(settings)) == found
+
