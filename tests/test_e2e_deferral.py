@@ -604,38 +604,6 @@ async def test_a_new_request_of_a_busy_host_is_held_without_a_pass_through_the_d
         assert passes == 30, passes
 
 
-@pytest.mark.parametrize("control", [False, True], ids=["held", "control_turn_forgotten"])
-@pytest_twisted.ensureDeferred
-async def test_a_page_s_links_to_one_host_are_held_as_they_are_handed_out(arrival_server, tmp_path, monkeypatch,
-                                                                         control):
-    """A page yields 20 links to its own host, CONCURRENT_REQUESTS 16: the engine takes them in one turn, before the
-    first has taken its host's line (its download starts a turn later). The scheduler holds the other 19 all the
-    same (its hosts handed out this turn), so each page makes one pass through the downloader (docs/spec.md §5).
-    Control: with the hosts handed out this turn forgotten, most of them go through the downloader and come back."""
-    from scrapy_polite.scheduler import PoliteScheduler
-
-    if control:
-        class Forgets(dict):
-            def get(self, key: Any, default: Any = None) -> Any:
-                return default
-
-        init = PoliteScheduler.__init__
-
-        def forgetting(self: Any, *args: Any, **kwargs: Any) -> None:
-            init(self, *args, **kwargs)
-            self.handed_new = Forgets()
-
-        monkeypatch.setattr(PoliteScheduler, "__init__", forgetting)
-    srv = arrival_server("127.0.2.99")
-    srv.route("/", Reply.html("".join(f'<a href="/p/{i}">{i}</a>' for i in range(20))))
-    srv.route("/p/*", Reply.html("<html><body>ok</body></html>"))
-    crawler = await run_crawl(ListSpider, settings(tmp_path, CONCURRENT_REQUESTS=16, POLITE_HOST_INTERVAL=0.05),
-                              urls=[srv.url("/")], follow=True, timeout=60)
-    assert len(timeline(srv)) == 21
-    passes = crawler.stats.get_value("downloader/request_count")
-    assert (passes > 21 + 5) if control else (passes == 21), passes
-
-
 class AnswerCached:
     """A project's downloader middleware that answers ``/cached/…`` itself (a cache of its own, a mock, scrapy-poet's
     injection): those pages never reach the network."""
