@@ -101,9 +101,11 @@ def next_new(scheduler: PoliteScheduler) -> Request | None:
     A request handed out before is sent as a copy (:func:`again`). A new one whose host is blocked (its line taken, its
     claim out) or that goes behind its host's held requests (:meth:`~PoliteScheduler.behind`) is deferred for its
     ``line`` and held at once, not sent through the downloader for the booking to send back (docs/spec.md §5: 974 of
-    1,000 requests of 10 hosts made that pass). Not while a middleware may answer it first (the HTTP cache on, one of
-    :func:`~scrapy_polite.addon.answering_middlewares`: such a page is never held back), nor for a ``dont_pace`` or
-    burst request. At most :data:`HOLD_BATCH` per call: the engine asks again on its next turn."""
+    1,000 requests of 10 hosts made that pass). One handed out claims its host until it reaches the booking, as a held
+    one does: its host's other new requests of the same engine turn (a page's links) are held too. Not while a
+    middleware may answer it first (the HTTP cache on, one of :func:`~scrapy_polite.addon.answering_middlewares`: such a
+    page is never held back), nor for a ``dont_pace`` or burst request. At most :data:`HOLD_BATCH` per call: the engine
+    asks again on its next turn."""
     inner, lifecycle = scheduler.inner, scheduler.lifecycle
     for _ in range(HOLD_BATCH):
         request: Request | None = inner.next_request()
@@ -114,7 +116,10 @@ def next_new(scheduler: PoliteScheduler) -> Request | None:
         meta = request.meta
         host = None if not scheduler.holds_new or meta.get(DONT_PACE_META) or meta.get(BURST_META) \
             else host_key(request.url)
-        if host is None or not (lifecycle.blocked(host) or scheduler.behind(request, host)):
+        if host is None:
+            return request
+        if not (lifecycle.blocked(host) or scheduler.behind(request, host)):
+            lifecycle.release(request, host)  # it claims its host: the host's next new ones are held behind it
             return request
         scheduler.booker.defer(host, None, "line", request)
         scheduler.hold(request, host, None, reason="line", returned=False)
@@ -301,11 +306,11 @@ class PoliteScheduler:
         return request
 
     def behind(self, request: Request, host: str) -> bool:
-        """``request``, new (not handed out from the held ones), finds requests of its host held for their turn: it
-        goes behind them (the host's order kept; asked as it is handed out, :func:`next_new`, or with the HTTP cache on
-        by the booking, after the cache: docs/spec.md §5)."""
+        """``request``, not released with its host's claim (from the held ones, or new by :func:`next_new`), finds
+        requests of its host held for their turn: it goes behind them (the host's order kept; asked as it is handed out,
+        :func:`next_new`, or by the booking before it arrives, while a middleware may answer first: docs/spec.md §5)."""
         held = self._hosts.get(host)
-        return held is not None and held.turn and request not in self._from_held
+        return held is not None and held.turn and self.lifecycle.stage(request) is not Stage.RELEASED
 
     def ended(self, request: Request) -> None:
         """``request`` left the process's pacing: its lease in the shared frontier ends (called by

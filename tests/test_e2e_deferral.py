@@ -604,6 +604,61 @@ async def test_a_new_request_of_a_busy_host_is_held_without_a_pass_through_the_d
         assert passes == 30, passes
 
 
+@pytest.mark.parametrize("control", [False, True], ids=["claimed", "control_unclaimed"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_s_links_to_one_host_are_held_as_they_are_handed_out(arrival_server, tmp_path, monkeypatch,
+                                                                         control):
+    """Trial: a page yielding 22 links to its host sent 12 of them through the downloader. The engine takes a page's
+    links in one turn, and the first takes its host's line only when its download starts, a turn later. A new request
+    handed out claims its host as a held one does, so the other 19 of 20 are held as they are handed out: each page
+    makes one pass through the downloader (docs/spec.md §5). Control: new requests that claim nothing (held ones
+    still do) send most of the links through the downloader and back."""
+    from scrapy_polite.crawl.lifecycle import Lifecycle
+
+    if control:
+        release = Lifecycle.release
+
+        def unclaimed(self: Any, request: Any, host: str) -> None:
+            if self.stage(request) is not None:  # a held one
+                release(self, request, host)
+
+        monkeypatch.setattr(Lifecycle, "release", unclaimed)
+    srv = arrival_server("127.0.2.99")
+    srv.route("/", Reply.html("".join(f'<a href="/p/{i}">{i}</a>' for i in range(20))))
+    srv.route("/p/*", Reply.html("<html><body>ok</body></html>"))
+    crawler = await run_crawl(ListSpider, settings(tmp_path, CONCURRENT_REQUESTS=16, POLITE_HOST_INTERVAL=0.05),
+                              urls=[srv.url("/")], follow=True, timeout=60)
+    assert len(timeline(srv)) == 21
+    passes = crawler.stats.get_value("downloader/request_count")
+    assert (passes > 21 + 5) if control else (passes == 21), passes
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["in_order", "control_nothing_behind"])
+@pytest_twisted.ensureDeferred
+async def test_a_page_s_links_go_behind_the_links_of_the_page_before(arrival_server, tmp_path, monkeypatch, control):
+    """A tree: ``/`` links to ``/a/0`` … ``/a/4``, each of which links to 5 leaves; one host at 0.25 s. The links of
+    ``/`` are held behind ``/a/0``, which claimed the host as it was handed out; the leaves of ``/a/0`` are then new
+    requests of a host held for its turn and go behind them (review: a fix that held same-turn links without marking
+    the host's turn let each page's first link overtake every held page). So every ``/a/i`` arrives before any leaf.
+    Control: with nothing going behind (``behind`` patched), a leaf overtakes a held ``/a/i``."""
+    from scrapy_polite.scheduler import PoliteScheduler
+
+    if control:
+        monkeypatch.setattr(PoliteScheduler, "behind", lambda self, request, host: False)
+    srv = arrival_server("127.0.2.98")
+    srv.route("/", Reply.html("".join(f'<a href="/a/{i}">{i}</a>' for i in range(5))))
+    for i in range(5):
+        srv.route(f"/a/{i}", Reply.html("".join(f'<a href="/a/{i}/{j}">{j}</a>' for j in range(5))))
+    srv.route("/a/*", Reply.html("<html><body>leaf</body></html>"))
+    await run_crawl(ListSpider, settings(tmp_path, POLITE_HOST_INTERVAL=0.25), urls=[srv.url("/")], follow=True,
+                    timeout=60)
+    paths = [a.path for a in timeline(srv)]
+    assert len(paths) == 31, paths
+    pages = [n for n, path in enumerate(paths) if path.count("/") == 2]
+    leaves = [n for n, path in enumerate(paths) if path.count("/") == 3]
+    assert (max(pages) > min(leaves)) if control else (max(pages) < min(leaves)), paths
+
+
 class AnswerCached:
     """A project's downloader middleware that answers ``/cached/…`` itself (a cache of its own, a mock, scrapy-poet's
     injection): those pages never reach the network."""

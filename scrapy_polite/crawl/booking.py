@@ -232,8 +232,8 @@ class Booker:
         """
         scheduler = self.scheduler  # can_defer(request), without its call when a scheduler holds requests
         deferrable = scheduler.owns(request) if scheduler is not None else self.can_defer(request)
-        override = self.override(host, request)
-        burst = bool(request.meta.get(BURST_META))
+        override, burst = self.override(host, request), bool(request.meta.get(BURST_META))
+        behind = deferrable and scheduler is not None and scheduler.behind(request, host)  # asked while it claims
         taken = self.lifecycle.arrive(request, host, take_line=not burst)  # from its claim to its line in one move
         try:  # the early deferral, on the row this process knows (docs/spec.md §5): no lookup, no booking
             if deferrable:
@@ -242,7 +242,7 @@ class Booker:
                     return self._leave(request, host, known.due, known.reason)
             if burst:
                 return await self._burst(request, host, override, deferrable)
-            if deferrable and scheduler is not None and scheduler.behind(request, host):
+            if behind:
                 return self._leave(request, host, None, "line")  # behind its host's held ones, in order (§5)
             while not (taken or self.lifecycle.take(host, request)):  # never assigned: re-checked after each wait
                 if deferrable:

@@ -4,7 +4,7 @@ Every paced request moves through explicit stages, and only this module moves it
 
 * ``held`` — the :class:`~scrapy_polite.scheduler.PoliteScheduler` keeps it out of the downloader;
 * ``released`` — the scheduler handed it to the engine; until it reaches the booking (or leaves) it
-  *claims* its host, so the host's next held request waits for it;
+  *claims* its host, so the host's next held or new request waits for it;
 * ``waiting`` — it reached the pacing middleware and waits for its host's line, its address's line or its
   booking;
 * ``booked`` / ``in flight`` — it holds its host's line (and its address's line) and is being sent;

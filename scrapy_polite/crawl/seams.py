@@ -78,7 +78,8 @@ class HoldingScheduler(Protocol):
         ...
 
     def behind(self, request: Request, host: str) -> bool:
-        """``request`` is new and requests of its host are held for their turn: it goes behind them."""
+        """``request``, not released with its host's claim, finds requests of its host held for their turn: it goes
+        behind them."""
         ...
 
     def crowded(self, request: Request) -> bool:

@@ -3,19 +3,24 @@ with the units the scheduler and the middleware's refusals take from it, for the
 
 from __future__ import annotations
 
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
 from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.clock import ClockSync
+from scrapy_polite.crawl.lifecycle import Stage
 
 
 class FreeLines:
     """A lifecycle (:class:`~scrapy_polite.crawl.lifecycle.Lifecycle`'s scheduler side) whose lines are always free:
-    no host is blocked or parkable, claims and holds change nothing."""
+    no host is blocked or parkable, claims and holds change nothing but a request's stage (released or not)."""
 
-    def stage(self, request: Any) -> None:
-        return None
+    def __init__(self) -> None:
+        self.released: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def stage(self, request: Any) -> Stage | None:
+        return Stage.RELEASED if request in self.released else None
 
     def blocked(self, host: str) -> bool:
         return False
@@ -27,10 +32,10 @@ class FreeLines:
         return set()
 
     def release(self, request: Any, host: str) -> None:
-        pass
+        self.released.add(request)
 
     def held(self, request: Any, host: str) -> None:
-        pass
+        self.released.discard(request)
 
     def attach(self, scheduler: Any) -> None:
         pass
