@@ -55,7 +55,7 @@ from .settings import SettingsError, polite_enabled
 from .settings.config import scheduler_base_class
 from .settings.declaration import DEFAULTS
 from .startup import leftover_settings_warning, refuse_to_start
-from .stores import StoreError
+from .stores import ProcessLocal, StoreError, has_ability
 from .vocabulary import parse_seconds
 
 if TYPE_CHECKING:
@@ -328,7 +328,8 @@ class PoliteExtension:
         idle = (scheduler is not None and not scheduler.has_pending_requests()
                 and not getattr(downloader, "active", None))
         line = format_progress(self.report, self.held_hosts(), now=self.pacer.clock(), idle=idle,
-                               store_option=self._store_option())
+                               store_option=self._store_option(), forgive=not has_ability(self.pacer.store.store,
+                                                                                          ProcessLocal))
         if line is not None:
             logger.info("%s", line)
 

@@ -232,6 +232,9 @@ def test_progress_names_what_is_held_and_what_is_due_next():
     assert only.startswith("scrapy-polite: only waiting on backoffs and delays: busy.example (backing off after "
                            "503; 2 backoff steps, 4 held) due in 4 m 10 s (at ")
     assert only.endswith("; to forgive a host: scrapy polite reset busy.example")
+    # trial: a table no other process can reach (memory://) named a command that could not reach it
+    alone = format_progress(rep, held[:1], now=clock.t, idle=True, forgive=False)
+    assert alone is not None and alone.startswith("scrapy-polite: only waiting") and "forgive" not in alone
     # negative controls: nothing held and nobody backing off -> nothing to say; a host due now -> not "only"
     assert format_progress(Report(None, clock), [], now=clock.t, idle=True) is None
     due_now = format_progress(rep, [HeldHost("busy.example", 1, T0)], now=clock.t, idle=True)
@@ -296,7 +299,8 @@ def test_the_progress_line_goes_on_when_the_frontier_cannot_be_asked(caplog):
     crawler = SimpleNamespace(settings=Settings({"CONCURRENT_REQUESTS": 16}), stats=None, engine=None)
     scheduler = PoliteScheduler(crawler, DownQueue(), pacer)  # type: ignore[arg-type]
     scheduler.shared = SharedWorker(crawler, pacer, FlakyFrontier(), inner=None)  # type: ignore[arg-type]
-    ext.pacer = SimpleNamespace(booker=SimpleNamespace(scheduler=scheduler), clock=clock)
+    ext.pacer = SimpleNamespace(booker=SimpleNamespace(scheduler=scheduler), clock=clock,
+                                 store=SimpleNamespace(store=None))
     with caplog.at_level(logging.DEBUG, logger="scrapy_polite.extension"):
         ext.log_progress()
     lines = [r for r in caplog.records if r.name == "scrapy_polite.extension"]

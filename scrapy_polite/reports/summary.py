@@ -90,13 +90,14 @@ class HeldHost:
 
 
 def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idle: bool,
-                    store_option: str | None = None) -> str | None:
+                    store_option: str | None = None, forgive: bool = True) -> str | None:
     """The progress line: requests held, hosts in backoff, the next host due and when; when ``idle`` (nothing
     else is being crawled) and everything held is due later, says that the crawl is only waiting, and on
     what (host, cause and backoff steps, due). A host in backoff is due at the later of its requests' due time
     and its backoff's end (the real moment its next request can go). While hosts back off, the line ends with
-    the ``scrapy polite reset`` command that forgives them (``store_option``: its ``--store``). None when there
-    is nothing to tell (nothing held, no host in backoff)."""
+    the ``scrapy polite reset`` command that forgives them (``store_option``: its ``--store``; not with ``forgive``
+    False: a table no other process can reach, ``memory://``). None when there is nothing to tell (nothing held, no
+    host in backoff)."""
     backing = {host: c for host, c in report.hosts.items() if c.in_backoff(now)}
     total = sum(h.count for h in held)
     if not total and not backing:
@@ -111,7 +112,7 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
         return max(h.due, c.backoff_due or 0.0) if c is not None else h.due
 
     waiting = sorted((h for h in held if h.due != float("inf")), key=due_of)
-    forgive = _forgive(backing, store_option) if backing else ""
+    forgive_words = _forgive(backing, store_option) if backing and forgive else ""
     if idle and waiting and all(h.due > now for h in held):
         parts = []
         for h in waiting:
@@ -129,7 +130,7 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
             else:
                 why = "its turn"
             parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(due_of(h), now)}")
-        return "scrapy-polite: only waiting on backoffs and delays: " + "; ".join(parts) + forgive
+        return "scrapy-polite: only waiting on backoffs and delays: " + "; ".join(parts) + forgive_words
     line = f"scrapy-polite: {plural(total, 'request')} held"
     robots = [h for h in held if (c := report.hosts.get(h.host)) is not None and c.robots_unreachable_since is not None]
     if robots:
@@ -146,7 +147,7 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
     elif backing:
         host, c = min(backing.items(), key=lambda item: item[1].backoff_due or 0.0)
         line += f"; next due: {host} {format_due(c.backoff_due or now, now)} ({_backoff_words(c)})"
-    return line + forgive
+    return line + forgive_words
 
 
 def _robots_words(c: HostCounters, now: float) -> str:
