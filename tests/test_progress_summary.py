@@ -229,7 +229,7 @@ def test_progress_names_what_is_held_and_what_is_due_next():
     # everything else done, only the backoff left: say so, with host, cause and due
     only = format_progress(rep, held[:1], now=clock.t, idle=True)
     assert only is not None
-    assert only.startswith("scrapy-polite: only waiting on backoffs and delays: busy.example (backing off after "
+    assert only.startswith("scrapy-polite: only waiting for held requests: busy.example (backing off after "
                            "503; 2 backoff steps, 4 held) due in 4 m 10 s (at ")
     assert only.endswith("; to forgive a host: scrapy polite reset busy.example")
     # trial: a table no other process can reach (memory://) named a command that could not reach it
@@ -341,7 +341,7 @@ async def test_startup_and_progress_lines_at_info_when_a_host_is_in_backoff(tmp_
     assert sorted(crawler.spider.statuses()) == [200, 200]
     lines = polite_lines(caplog)
     start = [line for line in lines if "in backoff from the pace table" in line]
-    only = [line for line in lines if "only waiting on backoffs and delays" in line]
+    only = [line for line in lines if "only waiting for held requests" in line]
     summary = [line for line in lines if line.startswith("scrapy-polite summary:")]
     assert len(summary) == 1
     if not in_backoff:
@@ -354,7 +354,7 @@ async def test_startup_and_progress_lines_at_info_when_a_host_is_in_backoff(tmp_
     assert "earlier run" not in start[0]  # the table cannot say whether its writer still runs
     assert start[0].endswith("to forget the backoff: scrapy polite reset 127.0.0.41"), start[0]
     assert only, lines
-    assert re.match(r"scrapy-polite: only waiting on backoffs and delays: 127\.0\.0\.41 \(backing off after 2 "
+    assert re.match(r"scrapy-polite: only waiting for held requests: 127\.0\.0\.41 \(backing off after 2 "
                     r"backoff steps already in the pace table, \d held\) due in \d\.\d s \(at \d\d:\d\d:\d\d\); "
                     r"to forgive a host: scrapy polite reset 127\.0\.0\.41$", only[0]), only
     # the requests went only once the backoff was over

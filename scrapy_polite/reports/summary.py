@@ -130,7 +130,7 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
             else:
                 why = "its turn"
             parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(due_of(h), now)}")
-        return "scrapy-polite: only waiting on backoffs and delays: " + "; ".join(parts) + forgive_words
+        return "scrapy-polite: only waiting for held requests: " + "; ".join(parts) + forgive_words
     line = f"scrapy-polite: {plural(total, 'request')} held"
     robots = [h for h in held if (c := report.hosts.get(h.host)) is not None and c.robots_unreachable_since is not None]
     if robots:
