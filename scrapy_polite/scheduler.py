@@ -172,7 +172,6 @@ class PoliteScheduler:
         self._seq = itertools.count()
         self._owned: weakref.WeakSet[Request] = weakref.WeakSet()
         self._rehold: weakref.WeakSet[Request] = weakref.WeakSet()
-        self._from_held: weakref.WeakSet[Request] = weakref.WeakSet()  # handed out from the held ones (crowded)
         self._leaving: list[Request] = []  # handed out, kept until their last pass left the downloader (_next_due)
         self._owned_refs: set[weakref.ref[Request]] = vars(self._owned)["data"]  # CPython's WeakSet.data: see owns
         self._timer: Any = None
@@ -257,7 +256,7 @@ class PoliteScheduler:
         it (the wrapped scheduler's pending requests, a held host due): ``request``, unless handed out from the held
         ones (its turn comes once), leaves it until its turn (docs/spec.md §5, "A full downloader")."""
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
-        if downloader is None or self.shared is not None or request in self._from_held \
+        if downloader is None or self.shared is not None or self.lifecycle.had_turn(request) \
                 or not downloader.needs_backout():  # (a shared frontier's deferral is a Redis write: not for a turn)
             return False
         return bool(self._heap and self._heap[0][0] <= self.clock()) or self.has_pending_requests()  # local first
@@ -442,7 +441,6 @@ class PoliteScheduler:
                 held.due = math.inf
             if found is not None:
                 self.lifecycle.release(found, host)  # it claims its host until it is booked or leaves
-                self._from_held.add(found)
                 if found not in active:
                     break
                 self._leaving.append(found)  # its last pass still leaving the downloader: not in it twice (§5)

@@ -695,7 +695,7 @@ async def test_a_second_request_waiting_for_an_address_budget_defers_with_reason
     assert await waiting == Go(sent_at=T0 + 2, address=A1)
     g.sleep.wake()
     assert isinstance(await waiting_f, Go)
-    assert g.lines.ip_waiter == {}
+    assert g.lines._budget_waiters == {}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_polite import scheduler as scheduler_module
 from scrapy_polite.crawl import held as held_module
 from scrapy_polite.crawl.held import DEFERRED_FILE, HELD_DIR, HeldRequests, read_held
+from scrapy_polite.crawl.lifecycle import Lifecycle
 from scrapy_polite.scheduler import PoliteScheduler
 from tests.support.crawl import assert_no_illegal_moves
 from tests.support.scheduler_pacer import SchedulerPacer, no_timers
@@ -419,6 +420,34 @@ def test_a_held_request_still_leaving_the_downloader_is_not_handed_out_twice(mon
     assert s.next_request() is None  # still in the downloader: not handed out
     active.clear()
     assert s.next_request() is r
+    s.close("finished")
+
+
+def test_a_full_downloader_sends_back_a_new_request_but_not_one_handed_out_from_the_held_ones(monkeypatch):
+    """docs/spec.md §5, "A full downloader": while the downloader has no free slot and others wait to enter it, a new
+    request leaves it until its turn; one handed out from the held requests had its turn and is not sent back again
+    (else it could wait behind a full downloader for ever). The controls: the same new request with a free slot, and
+    with nothing else waiting."""
+    import scrapy_polite.scheduler as scheduler_module
+
+    crawler = make_crawler()
+    pacer = SchedulerPacer(T0)
+    pacer.lifecycle = lifecycle = Lifecycle()  # the real one: it keeps whether a request was held
+    pacer.booker = SimpleNamespace(attach=lambda s: None, held=lambda r, host: lifecycle.held(r, host))
+    s = PoliteScheduler(crawler, Inner(), pacer)  # type: ignore[arg-type]
+    s.open(crawler.spider)
+    full, pending = [True], [True]  # the downloader has no free slot; another request waits to enter it
+    monkeypatch.setattr(scheduler_module, "crawler_engine", lambda c: SimpleNamespace(downloader=SimpleNamespace(
+        active=set(), needs_backout=lambda: full[0])))
+    monkeypatch.setattr(s.inner, "has_pending_requests", lambda: pending[0], raising=False)
+    held, new = request(crawler, "http://a/0"), request(crawler, "http://b/0")
+    s.hold(held, "a", T0)
+    assert s.next_request() is held
+    assert s.crowded(new) and not s.crowded(held), "its turn comes once"
+    full[0] = False
+    assert not s.crowded(new), "control: a free slot"
+    full[0], pending[0] = True, False
+    assert not s.crowded(new), "control: nothing else waits"
     s.close("finished")
 
 

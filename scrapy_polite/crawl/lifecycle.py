@@ -93,11 +93,14 @@ class Paced:
         stage: where it is now.
         host: the host key it was held, released or booked for (None: not known yet).
         claimed: the host whose claim it holds (released by the scheduler, not arrived yet), or None.
+        had_turn: it was held once, so it is handed out in its host's turn (a full downloader does not send it back
+            again: docs/spec.md §5, "A full downloader").
     """
 
     stage: Stage | None = None
     host: str | None = None
     claimed: str | None = None
+    had_turn: bool = False
 
 
 @dataclass(slots=True)
@@ -186,10 +189,10 @@ class Lifecycle:
         line = self._lines.get(key)
         return line is not None and line.holder is request
 
-    @property
-    def ip_waiter(self) -> dict[str, Any]:
-        """``ip:`` key → the request waiting in line for that address's budget (a copy, for reports)."""
-        return dict(self._budget_waiters)
+    def had_turn(self, request: Any) -> bool:
+        """``request`` was held once (:attr:`Paced.had_turn`)."""
+        paced = self._rows.get(ref(request))
+        return paced is not None and paced.had_turn
 
     def blocked(self, host: str) -> bool:
         """The host's next held request must wait: its line is taken or its claim is out."""
@@ -228,7 +231,7 @@ class Lifecycle:
         paced = self._checked(request, Stage.HELD)
         paced.host = host
         self._free(request, host, address_key)
-        paced.stage = Stage.HELD
+        paced.stage, paced.had_turn = Stage.HELD, True
 
     def release(self, request: Any, host: str) -> None:
         """The scheduler handed ``request`` to the engine: it claims its host until it reaches the booking
