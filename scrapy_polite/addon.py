@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
+from ._compat import crawler_engine
 from .browser import BrowserRequestGuard, proxy_refusal
 from .browser_proxy import CHROMIUM_ARGS, BrowserProxy, ProxyOptions
 from .crawl.seams import ResolverNotInstalled
@@ -54,6 +55,8 @@ from .settings import (
 from .startup import refuse_to_start
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy.settings import BaseSettings, Settings
 
     from .network.addresses import AddressFilter
@@ -341,7 +344,7 @@ def answering_middlewares(settings: Any) -> list[str]:
         path = component_name(key)
         if priority is None or path in NEVER_ANSWER or path.startswith("scrapy_polite."):
             continue
-        if path == "scrapy.downloadermiddlewares.httpcache.HttpCacheMiddleware":
+        if path == HTTP_CACHE:
             if settings.getbool("HTTPCACHE_ENABLED"):
                 found.append(path)
             continue
@@ -352,6 +355,39 @@ def answering_middlewares(settings: Any) -> list[str]:
         if hasattr(cls, "process_request"):
             found.append(path)
     return found
+
+
+HTTP_CACHE = "scrapy.downloadermiddlewares.httpcache.HttpCacheMiddleware"
+
+
+def cache_answers(crawler: Any) -> Callable[[Any], bool] | None:
+    """When Scrapy's HTTP cache is the only downloader middleware that may answer a request first
+    (:func:`answering_middlewares`): ``answers(request)``, True when the cache will answer it (a fresh entry, or a miss
+    it drops: ``HTTPCACHE_IGNORE_MISSING``), as ``HttpCacheMiddleware.process_request`` decides, so the scheduler holds
+    for its host's line only a request the cache lets through (docs/spec.md §5; trial: a crawl with the cache on sent
+    575 requests through the downloader for 297 pages). A failed read answers False: the cache logs it when it reads
+    the entry itself. None: the cache is not the only one, or its instance is not in the crawler's downloader."""
+    if answering_middlewares(crawler.settings) != [HTTP_CACHE]:
+        return None
+    middlewares = getattr(getattr(getattr(crawler_engine(crawler), "downloader", None), "middleware", None),
+                          "middlewares", ())
+    cache = next((mw for mw in middlewares if component_name(type(mw)) == HTTP_CACHE), None)
+    if cache is None:
+        return None
+
+    def answers(request: Any) -> bool:
+        if request.meta.get("dont_cache") or not cache.policy.should_cache_request(request):
+            return False
+        if cache.ignore_missing:
+            return True
+        try:
+            cached = cache.storage.retrieve_response(crawler.spider, request)
+            return cached is not None and bool(cache.policy.is_cached_response_fresh(cached, request))
+        except Exception as exc:  # (read again, and logged, by the cache itself)
+            logger.debug("scrapy-polite: the HTTP cache's entry of %s could not be read (%r)", request, exc)
+            return False
+
+    return answers
 
 
 def _last_priority(settings: Settings) -> int:

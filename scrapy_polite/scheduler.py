@@ -37,7 +37,7 @@ from scrapy.utils.misc import build_from_crawler
 from twisted.internet import threads
 
 from ._compat import crawler_engine, in_engine, wake_engine
-from .addon import answering_middlewares
+from .addon import answering_middlewares, cache_answers
 from .contracts import fail_held_contract_requests
 from .crawl.held import HELD_DIR, HeldRequests, seen_again
 from .crawl.lifecycle import IN_DOWNLOADER, Stage
@@ -102,10 +102,10 @@ def next_new(scheduler: PoliteScheduler) -> Request | None:
     claim out) or that goes behind its host's held requests (:meth:`~PoliteScheduler.behind`) is deferred for its
     ``line`` and held at once, not sent through the downloader for the booking to send back (docs/spec.md §5: 974 of
     1,000 requests of 10 hosts made that pass). One handed out claims its host until it reaches the booking, as a held
-    one does: its host's other new requests of the same engine turn (a page's links) are held too. Not while a
-    middleware may answer it first (the HTTP cache on, one of :func:`~scrapy_polite.addon.answering_middlewares`: such a
-    page is never held back), nor for a ``dont_pace`` or burst request. At most :data:`HOLD_BATCH` per call: the engine
-    asks again on its next turn."""
+    one does: its host's other new requests of the same engine turn (a page's links) are held too. Never held back:
+    one the HTTP cache answers (:func:`~scrapy_polite.addon.cache_answers`), any while another middleware may answer
+    first (:func:`~scrapy_polite.addon.answering_middlewares`), a ``dont_pace`` or burst request. At most
+    :data:`HOLD_BATCH` per call: the engine asks again on its next turn."""
     inner, lifecycle = scheduler.inner, scheduler.lifecycle
     for _ in range(HOLD_BATCH):
         request: Request | None = inner.next_request()
@@ -121,6 +121,8 @@ def next_new(scheduler: PoliteScheduler) -> Request | None:
         if not (lifecycle.blocked(host) or scheduler.behind(request, host)):
             lifecycle.release(request, host)  # it claims its host: the host's next new ones are held behind it
             return request
+        if scheduler.cache_answers is not None and scheduler.cache_answers(request):
+            return request  # the HTTP cache answers it: never held back
         scheduler.booker.defer(host, None, "line", request)
         scheduler.hold(request, host, None, reason="line", returned=False)
     wake_engine(scheduler.crawler)
@@ -177,7 +179,8 @@ class PoliteScheduler:
         self._timer: Any = None
         self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
         self._closing = False
-        self.holds_new = not answering_middlewares(crawler.settings)  # (next_new)
+        self.cache_answers = cache_answers(crawler)  # (next_new: what the HTTP cache answers is never held back)
+        self.holds_new = self.cache_answers is not None or not answering_middlewares(crawler.settings)
         #: This worker's side of the shared frontier (scrapy-redis's scheduler), set at open; None: held ones are here.
         self.shared: SharedWorker | None = None
 

@@ -46,13 +46,20 @@ def settings(**overrides: Any) -> dict[str, Any]:
 
 def stock(settings_: dict[str, Any]) -> dict[str, Any]:
     """The same crawl with Scrapy's own RobotsTxtMiddleware in place of the add-on's (the negative control)."""
-    return {**settings_, "DOWNLOADER_MIDDLEWARES": {PoliteRobotsTxtMiddleware: None, RobotsTxtMiddleware: 100}}
+    return {**settings_, "DOWNLOADER_MIDDLEWARES": {**settings_.get("DOWNLOADER_MIDDLEWARES", {}),
+                                                    PoliteRobotsTxtMiddleware: None, RobotsTxtMiddleware: 100}}
 
 
-def cached(tmp_path: Any) -> dict[str, Any]:
-    """The HTTP cache on, in ``tmp_path``: every request reaches the downloader middlewares (none is held for its
-    host's line as the scheduler hands it out, docs/spec.md §5)."""
-    return {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "httpcache")}
+class MayAnswer:
+    """A project's downloader middleware that may answer a request first (it answers none here)."""
+
+    def process_request(self, request: Any) -> None:
+        return None
+
+
+#: With :class:`MayAnswer` on, every request reaches the downloader middlewares: none is held for its host's line as
+#: the scheduler hands it out (docs/spec.md §5).
+UNHELD = {"DOWNLOADER_MIDDLEWARES": {MayAnswer: 500}}
 
 
 def robots_hits(srv: ArrivalServer) -> list[Arrival]:
@@ -348,7 +355,7 @@ async def test_every_request_that_waited_for_robots_txt_is_judged_by_it(arrival_
     out: every request reaches the robots.txt middleware and waits there.)"""
     srv = arrival_server("127.0.33.8")
     srv.route("/robots.txt", Reply.text(RULES, delay=0.3))
-    crawler = await run_crawl(ListSpider, settings(**cached(tmp_path)), urls=[srv.url(p) for p in PRIVATE], timeout=40)
+    crawler = await run_crawl(ListSpider, settings(**UNHELD), urls=[srv.url(p) for p in PRIVATE], timeout=40)
     assert [a.path for a in pages(srv)] == ["/a"] and crawler.stats.get_value("robotstxt/forbidden") == 6
 
 
@@ -357,10 +364,10 @@ async def test_negative_control_scrapy_s_own_middleware_lets_waiting_requests_th
     """With Scrapy's own RobotsTxtMiddleware under the asyncio reactor, only the first request that awaited the
     robots.txt Deferred gets the parser; the others await the same Deferred after ``asFuture``'s callback, which
     passes None on, so they are allowed: ``/private/…`` pages are fetched (a defect of Scrapy 2.19, left to it;
-    without the HTTP cache the add-on's scheduler holds them for their host's line until robots.txt answered)."""
+    without such a middleware the add-on's scheduler holds them for their host's line until robots.txt answered)."""
     srv = arrival_server("127.0.33.9")
     srv.route("/robots.txt", Reply.text(RULES, delay=0.3))
-    await run_crawl(ListSpider, stock(settings(**cached(tmp_path))), urls=[srv.url(p) for p in PRIVATE], timeout=40)
+    await run_crawl(ListSpider, stock(settings(**UNHELD)), urls=[srv.url(p) for p in PRIVATE], timeout=40)
     assert any(a.path.startswith("/private/") for a in pages(srv)), describe(srv, 0.0)
 
 
