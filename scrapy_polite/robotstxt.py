@@ -240,6 +240,9 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             stats.inc_value("robotstxt/request_count")
             try:
                 response = await _download(self.crawler, robots_request)
+                if _stored_error(response):  # not the server's answer now: asked again past the HTTP cache at once
+                    stats.inc_value("robotstxt/request_count")
+                    response = await _download(self.crawler, robots_request.replace(meta={**meta, "dont_cache": True}))
             except Exception as exc:
                 if not isinstance(exc, IgnoreRequest):
                     stats.inc_value(f"robotstxt/exception_count/{type(exc)}")
@@ -324,6 +327,12 @@ def _location(response: Response) -> str | None:
         return None
     target = urljoin(response.url, raw.decode("latin-1").strip())
     return target if urlsplit(target).scheme in ("http", "https") else None
+
+
+def _stored_error(response: Response) -> bool:
+    """``response`` is a 5xx or 429 answer of robots.txt that the HTTP cache kept (trial: with the cache on, the 503
+    it stored was every re-ask's answer: the host was held for ever, run after run)."""
+    return "cached" in response.flags and classify_status(response.status) == "unreachable"
 
 
 async def _download(crawler: Crawler, request: Request) -> Response:

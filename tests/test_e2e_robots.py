@@ -551,6 +551,37 @@ async def test_negative_control_six_redirects_mean_unavailable(arrival_server):
 # 7. Unreachable past POLITE_MAX_IDLE_WAIT
 
 
+@pytest.mark.parametrize("control", [False, True], ids=["asked_past_the_cache", "control_cached_503"])
+@pytest_twisted.ensureDeferred
+async def test_a_robots_txt_error_the_http_cache_kept_is_asked_again_past_it(arrival_server, tmp_path, monkeypatch,
+                                                                            control):
+    """Trial: with the HTTP cache on, robots.txt's 503 was stored and every re-ask read it back: the server saw one
+    request, the host was held for ever and the next run sent nothing. A stored 5xx or 429 is not the server's answer
+    now: it is asked again past the cache at once. robots.txt answers 503 for its first 1.5 s, then its rules: the
+    first run reaches them and fetches the three allowed pages; a second run on the same cache asks robots.txt once
+    (its stored 503, then the server) and its pages come from the cache. Control: the stored 503 taken as the answer:
+    no page, and the crawl ends ``polite_deferred``."""
+    from scrapy_polite import robotstxt
+
+    if control:
+        monkeypatch.setattr(robotstxt, "_stored_error", lambda response: False)
+    srv = arrival_server("127.0.33.19")
+    srv.route("/robots.txt", unreachable_for(1.5, Reply.robots(RULES)))
+    cache = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "httpcache"), "POLITE_MAX_IDLE_WAIT": 6}
+    crawler = await run_crawl(ListSpider, settings(**cache), urls=[srv.url(p) for p in FOUR], timeout=40)
+    log = describe(srv, 0.0)
+    if control:
+        assert pages(srv) == [] and len(robots_hits(srv)) == 1, log
+        assert crawler.stats.get_value("finish_reason") == "polite_deferred"
+        return
+    assert sorted(a.path for a in pages(srv)) == ["/a", "/b", "/c"] and robots_hits(srv)[-1].status == 200, log
+    before = len(robots_hits(srv))
+    crawler = await run_crawl(ListSpider, settings(**cache), urls=[srv.url(p) for p in FOUR], timeout=40)
+    log = describe(srv, 0.0)
+    assert len(robots_hits(srv)) == before + 1 and len(pages(srv)) == 3, log
+    assert crawler.stats.get_value("finish_reason") == "finished" and len(crawler.spider.fetched) == 3
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_robots_txt_unreachable_past_the_idle_wait_ends_the_crawl_as_deferred(arrival_server, caplog):
     """robots.txt answers 503 for ever, ``POLITE_MAX_IDLE_WAIT = 4``: robots.txt is asked at the backoff's pace
