@@ -58,9 +58,11 @@ def where_set(settings: Any, name: str) -> str | None:
 _REMOVE = {
     SETTINGS_PRIORITIES["cmdline"]: "drop {items} from the command line",
     SETTINGS_PRIORITIES["spider"]: "remove {names} from the spider's custom_settings",
-    SETTINGS_PRIORITIES["project"]: "remove {names} from settings.py (the startproject template sets "
-                                    "DOWNLOAD_DELAY = 1 and CONCURRENT_REQUESTS_PER_DOMAIN = 1)",
+    SETTINGS_PRIORITIES["project"]: "remove {names} from settings.py",
 }
+
+#: Added to the fix for ``settings.py`` when it names a setting Scrapy's ``startproject`` template sets.
+_TEMPLATE = " (the startproject template sets DOWNLOAD_DELAY = 1 and CONCURRENT_REQUESTS_PER_DOMAIN = 1)"
 
 
 def leftover_settings_warning(settings: Any) -> str | None:
@@ -92,6 +94,8 @@ def leftover_settings_warning(settings: Any) -> str | None:
         fixes.append(template.format(items=" ".join(f"-s {n}={v}" for n, v in items),
                                      names=", ".join(n for n, _ in items),
                                      where=_SOURCES.get(priority, f"at priority {priority}")))
+        if priority == SETTINGS_PRIORITIES["project"] and any(n != "AUTOTHROTTLE_ENABLED" for n, _ in items):
+            fixes[-1] += _TEMPLATE
     listed = ", ".join(f"{n}={v}" for n, v in found)
     verb = "still applies" if len(found) == 1 else "still apply"
     return (f"scrapy-polite: {listed} {verb} on top of scrapy-polite's pacing (burst streams too): "

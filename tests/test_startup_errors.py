@@ -175,10 +175,25 @@ def test_an_invalid_polite_enabled_is_refused(tmp_path, server):
                    "(POLITE_ENABLED is set on the command line (-s))")
 
 
+@pytest.mark.parametrize("setting, component", [
+    ("DOWNLOADER_MIDDLEWARES", "scrapy_polite.middleware.PoliteDownloaderMiddleware"),
+    ("EXTENSIONS", "scrapy_polite.extension.PoliteExtension"),
+])
+def test_a_component_of_the_addon_disabled_is_refused(tmp_path, server, setting, component):
+    """Trial: with the add-on's downloader middleware set to None every request went unpaced (0.00 s apart) without
+    a word; with its extension set to None the spider closed with its deferred requests not crawled. Either is a
+    misconfiguration. (The negative control: ``test_a_disabled_addon_does_not_refuse``, the same with the add-on off.)"""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s",
+                 f'{setting}={{"{component}": null}}')
+    assert_refused(proc, server, f"{setting} disables scrapy-polite's {component.rsplit('.', 1)[1]}",
+                   f"({setting} is set on the command line (-s))", "POLITE_ENABLED = False")
+
+
 def test_a_disabled_addon_does_not_refuse(tmp_path, server):
     """POLITE_ENABLED = False turns everything off, the checks included."""
     proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "POLITE_ENABLED=False",
-                 "-s", "POLITE_HOST_INTERVAL=-1")
+                 "-s", "POLITE_HOST_INTERVAL=-1", "-s",
+                 'DOWNLOADER_MIDDLEWARES={"scrapy_polite.middleware.PoliteDownloaderMiddleware": null}')
     assert proc.returncode == 0, proc.stderr
     assert errors(proc) == []
     assert [a.path for a in server.arrivals()] == ["/"]

@@ -52,6 +52,14 @@ def test_the_startproject_template_lines_are_all_named():
     assert text is not None
     assert "DOWNLOAD_DELAY=1, CONCURRENT_REQUESTS_PER_DOMAIN=1 still apply" in text
     assert "remove DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN from settings.py" in text
+    assert "(the startproject template sets DOWNLOAD_DELAY = 1 and CONCURRENT_REQUESTS_PER_DOMAIN = 1)" in text
+
+
+def test_autothrottle_alone_in_settings_py_gets_no_word_on_the_startproject_template():
+    """Trial: the note on the template's lines followed AutoThrottle alone, which the template does not set."""
+    text = leftover_settings_warning(settings({"AUTOTHROTTLE_ENABLED": True}))
+    assert text is not None and "remove AUTOTHROTTLE_ENABLED from settings.py unless" in text
+    assert "template" not in text
 
 
 def test_a_command_line_setting_is_to_be_dropped_from_the_command_line():
