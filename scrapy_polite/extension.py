@@ -4,8 +4,9 @@
   user agent (``ROBOTSTXT_USER_AGENT`` or ``USER_AGENT``), read with Protego, is recorded (unless its
   robots.txt was answered 5xx or 429: :attr:`Recorder.robots_statuses
   <scrapy_polite.crawl.recording.Recorder.robots_statuses>`);
-* ``spider_opened`` — the spider's ``crawl_delay`` attribute (seconds) becomes a per-spider override; the
-  hosts that start in backoff from the persisted table are listed once at INFO, with the
+* at construction — the spider's ``crawl_delay`` attribute (seconds) becomes a per-spider override (an invalid one
+  refuses the crawl: :func:`spider_delay`);
+* ``spider_opened`` — the hosts that start in backoff from the persisted table are listed once at INFO, with the
   ``scrapy polite reset`` command that clears them; a progress line is logged at INFO every
   ``LOGSTATS_INTERVAL`` seconds while requests are held or hosts back off (:mod:`scrapy_polite.reports.summary`);
 * ``spider_closed`` — the INFO summary in the documentation's words (docs/getting-started.md,
@@ -98,6 +99,25 @@ def crawl_can_touch(spider: Spider) -> Callable[[str], bool] | None:
     return touches
 
 
+def spider_delay(spider: Spider | None) -> float | None:
+    """The spider's ``crawl_delay`` attribute, seconds (docs/guides/throttles.md, overrides), read as the crawl starts;
+    None without one.
+
+    Raises:
+        SettingsError: it is not a number of seconds >= 0 (the crawl refuses to start: trial, an ERROR line and then a
+            crawl at the default pace, exit status 0).
+    """
+    raw = getattr(spider, "crawl_delay", None)
+    if raw is None:
+        return None
+    value = parse_seconds(raw)
+    if value is None:
+        raise SettingsError(f"{type(spider).__name__}.crawl_delay must be a number of seconds >= 0, got {raw!r}. Fix: "
+                            f"give it such a number, or remove it to pace by POLITE_HOST_INTERVAL",
+                            setting="crawl_delay")
+    return value
+
+
 class PoliteExtension:
     """Connects the pacer's units to Scrapy's signals: the idle check, the start-up listing, the progress line,
     robots.txt delays and the closing summary.
@@ -129,6 +149,7 @@ class PoliteExtension:
             scheduler_base_class(pacer.config.scheduler_base, crawler.settings)
             check_resolver(crawler.settings, pacer.config.address_filter,
                            installed_reactor() if is_reactor_installed() else None)
+            pacer.booker.spider_delay = spider_delay(getattr(crawler, "spider", None))
         except (SettingsError, StoreError, ResolverNotInstalled) as exc:
             discard_pacer(crawler)  # nothing the pace table started may keep the refused process alive
             raise refuse_to_start(exc, crawler.settings) from None
@@ -251,7 +272,6 @@ class PoliteExtension:
         self._at_exit = functools.partial(_close_at_exit, self.pacer)
         atexit.register(self._at_exit)
         self._warn_wider_address_rules()
-        self._spider_delay(spider)
         await self._list_start_backoffs(spider)
         self._reconciling.clock = installed_reactor()
         self._reconciling.start(RECONCILE_EVERY, now=False).addErrback(
@@ -354,17 +374,6 @@ class PoliteExtension:
             verdict = booker.policy.defer_verdict(state, snapshot.now, override=booker.override(host))
             booker.scheduler.wake(host, sync.to_local(verdict.due if verdict is not None else snapshot.now))
 
-    def _spider_delay(self, spider: Spider) -> None:
-        raw = getattr(spider, "crawl_delay", None)
-        if raw is None:
-            return
-        value = parse_seconds(raw)
-        if value is None:
-            self.report.inc("invalid_spider_delay")
-            logger.error("%s.crawl_delay must be a number of seconds >= 0, got %r: ignored (the crawl is paced "
-                         "by POLITE_HOST_INTERVAL and the hosts' own delays)", type(spider).__name__, raw)
-            return
-        self.pacer.booker.spider_delay = value
 
     async def robots_parsed(self, robotparser: Any, request: Request) -> None:
         host = host_key(request.url)

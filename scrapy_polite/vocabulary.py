@@ -204,7 +204,6 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
     "polite/refused/no_host": "requests refused because their URL has no host",
     "polite/refused/invalid_host": "requests refused because the URL Standard rejects their host",
     "polite/invalid_meta": "invalid `meta['polite_delay']` values (ignored)",
-    "polite/invalid_spider_delay": "an invalid spider `crawl_delay` (ignored)",
     "polite/store_errors": "the crawl was stopped because its pace table could not be read or written",
     "polite/blocked/private_address": "requests refused because their host has only non-public addresses",
     "polite/dns/nxdomain": "DNS lookups answered NXDOMAIN (no such host)",

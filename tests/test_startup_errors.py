@@ -46,6 +46,16 @@ class SpiderOnly(Plain):
     custom_settings = {{"ADDONS": {{"scrapy_polite.Addon": 0}}}}
 
 
+class BadDelay(Plain):
+    name = "bad_delay"
+    crawl_delay = -1
+
+
+class GoodDelay(Plain):
+    name = "good_delay"
+    crawl_delay = "0.1"
+
+
 class OwnHandler(Plain):
     name = "own_handler"
     custom_settings = {{"DOWNLOAD_HANDLERS": {{"http": "myproject.handlers.OwnHandler"}}}}
@@ -187,6 +197,18 @@ def test_a_component_of_the_addon_disabled_is_refused(tmp_path, server, setting,
                  f'{setting}={{"{component}": null}}')
     assert_refused(proc, server, f"{setting} disables scrapy-polite's {component.rsplit('.', 1)[1]}",
                    f"({setting} is set on the command line (-s))", "POLITE_ENABLED = False")
+
+
+@pytest.mark.parametrize("spider", ["bad_delay", "good_delay"])
+def test_an_invalid_spider_crawl_delay_is_refused(tmp_path, server, spider):
+    """Trial: ``crawl_delay = -1`` logged an ERROR line and the crawl then ran at the default pace, exit status 0. It is
+    refused as an invalid setting is. The control: ``crawl_delay = "0.1"`` (a number of seconds as a string) runs."""
+    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), spider)
+    if spider == "good_delay":
+        assert proc.returncode == 0 and errors(proc) == [], proc.stderr
+        assert [a.path for a in server.arrivals()] == ["/"]
+        return
+    assert_refused(proc, server, "BadDelay.crawl_delay must be a number of seconds >= 0, got -1. Fix:")
 
 
 def test_a_disabled_addon_does_not_refuse(tmp_path, server):
