@@ -37,6 +37,7 @@ from scrapy_polite.commands import (
 )
 from scrapy_polite.policy import HostState, PacingPolicy
 from scrapy_polite.stores import Event, MemoryStore, SQLiteStore, open_store
+from tests.support.stores import write_sqlite_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -510,6 +511,25 @@ def test_unusable_stores_are_exit_3(tmp_path):
         assert code == EXIT_STORE, (uri, err.getvalue())
         assert "Fix" in err.getvalue() and out.getvalue() == ""
     assert not (tmp_path / "missing.sqlite3").exists()  # a look never creates a table
+
+
+def test_a_database_of_another_application_is_exit_3_and_left_untouched(tmp_path):
+    """Trial: ``hosts --store`` on another application's SQLite file exited 0 and added the pace table's tables to
+    it. Every verb refuses it (a look never creates a table); the control: the verbs work on a pace table that
+    another application added a table to."""
+    other = tmp_path / "app.sqlite3"
+    before = write_sqlite_file(other, "CREATE TABLE t(a)")
+    for argv in (["hosts"], ["audit"], ["expire"], ["crawl-delay", "a.example", "3"]):
+        out, err = io.StringIO(), io.StringIO()
+        code = run_command([*argv, "--store", f"sqlite:///{other}"], out=out, err=err)
+        assert code == EXIT_STORE, (argv, err.getvalue())
+        assert "is not a scrapy-polite pace table" in err.getvalue() and out.getvalue() == ""
+    assert other.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["app.sqlite3"]
+    pace = tmp_path / "pace.sqlite3"
+    SQLiteStore(str(pace)).close()
+    write_sqlite_file(pace, "CREATE TABLE t(a)")
+    assert run_command(["hosts", "--store", f"sqlite:///{pace}"], out=io.StringIO()) == EXIT_OK
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.stores import write_sqlite_file
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SETTINGS = '''
@@ -157,6 +159,30 @@ def test_a_lower_case_typo_says_where_it_was_set(tmp_path, server):
     proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s", "polite_host_interval=2")
     assert_refused(proc, server, "polite_host_interval is not a scrapy-polite setting (did you mean "
                                  "POLITE_HOST_INTERVAL?)", "(polite_host_interval is set on the command line (-s))")
+
+
+def test_a_database_of_another_application_as_the_pace_table(tmp_path, server):
+    """Trial: a crawl pointed at another application's SQLite file (a table ``t``) added the pace table's tables to
+    it; one whose file held a ``hosts`` table of its own was refused with the fix "make the folder writable", as was
+    a folder. Each is refused naming what is wrong, and the file is left as it was. The control: the same project
+    on an empty file crawls, and makes it its table."""
+    project = make_project(tmp_path, server.url("/"), addons=True)
+    other = tmp_path / "app.sqlite3"
+    before = write_sqlite_file(other, "CREATE TABLE hosts (id INTEGER PRIMARY KEY, name TEXT)")
+    proc = crawl(project, "plain", "-s", f"POLITE_STORE=sqlite:///{other}")
+    assert_refused(proc, server, f"sqlite:///{other}: the file is not a scrapy-polite pace table",
+                   "Fix: point POLITE_STORE to another file")
+    assert other.read_bytes() == before
+    folder = tmp_path / "folder.sqlite3"
+    folder.mkdir()
+    proc = crawl(project, "plain", "-s", f"POLITE_STORE=sqlite:///{folder}")
+    assert_refused(proc, server, f"{folder} is a directory, not a file")
+    empty = tmp_path / "empty.sqlite3"
+    empty.write_bytes(b"")
+    proc = crawl(project, "plain", "-s", f"POLITE_STORE=sqlite:///{empty}")
+    assert proc.returncode == 0 and errors(proc) == [], proc.stderr
+    assert [a.path for a in server.arrivals()] == ["/"]
+    assert empty.stat().st_size > 0
 
 
 def test_unsafe_handler(tmp_path, server):

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sqlite3
@@ -20,7 +21,7 @@ import pytest
 from scrapy_polite.policy import HostState
 from scrapy_polite.stores import SCHEMA_VERSION, MemoryStore, SQLiteStore, StoreError, open_store
 from scrapy_polite.stores.sqlite import rows
-from tests.support.stores import write_version_1_file
+from tests.support.stores import set_up_under_way, write_sqlite_file, write_version_1_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -196,11 +197,9 @@ def test_sqlite_records_schema_version_and_uses_wal(tmp_path):
 def _new_file_locked(path):
     """A new file (rollback journal, as SQLite makes it) whose write lock another connection holds, as a process
     setting the table up holds it: a WAL switch meeting it answers "database is locked" at once, busy timeout
-    or not."""
-    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    holder.execute("CREATE TABLE other (x)")
-    holder.execute("BEGIN IMMEDIATE")
-    return holder
+    or not (:func:`~tests.support.stores.set_up_under_way`: nothing another reader sees yet; a file that held
+    tables at version 0 would be another application's, refused)."""
+    return set_up_under_way(path)
 
 
 def test_sqlite_opens_a_new_file_another_process_is_setting_up(tmp_path, monkeypatch):
@@ -381,14 +380,13 @@ def test_sqlite_a_file_with_version_1_s_index_loses_it_and_keeps_its_rows(tmp_pa
 
 def test_sqlite_newer_schema_is_refused_naming_the_path(tmp_path):
     path = tmp_path / "pace.sqlite3"
-    db = sqlite3.connect(path)
-    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    db.close()
+    SQLiteStore(str(path)).close()  # a pace table a newer version wrote: ours, one version on
+    write_sqlite_file(path, f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(StoreError) as info:
         SQLiteStore(str(path))
     message = str(info.value)
     assert str(path) in message
-    assert "Fix" in message
+    assert f"schema version {SCHEMA_VERSION + 1} is newer" in message and "Fix: upgrade scrapy-polite" in message
     # Fail closed, and never discard the newer file.
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
@@ -423,6 +421,58 @@ def test_sqlite_corrupt_file_names_the_path_and_suggests_moving_it_away(tmp_path
     assert "Fix" in message
     assert "move it away" in message
     assert path.read_bytes() == content  # never discarded or overwritten
+
+
+#: Files of another application: a table of its own, its own ``hosts`` table, a schema version of its own.
+FOREIGN = [
+    pytest.param(("CREATE TABLE t(a)", "INSERT INTO t VALUES (1)"), "t", id="a table of its own"),
+    pytest.param(("CREATE TABLE hosts(id INTEGER PRIMARY KEY, name TEXT)",), "hosts", id="its own hosts table"),
+    pytest.param(("CREATE TABLE x(a)", "PRAGMA user_version = 3"), "x", id="an older version number"),
+    pytest.param(("CREATE TABLE x(a)", f"PRAGMA user_version = {SCHEMA_VERSION}"), "x", id="this version number"),
+    pytest.param(("CREATE TABLE x(a)", f"PRAGMA user_version = {SCHEMA_VERSION + 1}"), "x", id="a newer number"),
+]
+
+
+@pytest.mark.parametrize(("statements", "table"), FOREIGN)
+def test_sqlite_a_database_of_another_application_is_refused_and_left_untouched(tmp_path, statements, table):
+    path = tmp_path / "app.sqlite3"
+    before = write_sqlite_file(path, *statements)
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(str(path), mark=True)
+    message = str(info.value)
+    assert f"sqlite:///{path}" in message and "is not a scrapy-polite pace table" in message, message
+    assert f"its tables: {table}" in message, message
+    assert "Fix: point POLITE_STORE to another file" in message, message
+    assert "writable" not in message and "no such" not in message, message
+    assert path.read_bytes() == before  # not a table added, not even the WAL journal's mark
+    assert sorted(os.listdir(tmp_path)) == ["app.sqlite3"]
+
+
+def test_sqlite_a_pace_table_with_a_table_of_another_application_beside_it_is_opened(tmp_path):
+    """Negative control of the test above: a table of another application beside ours does not make the file
+    foreign; neither does an empty file (a new table) or an empty database (version 0, no table)."""
+    path = tmp_path / "pace.sqlite3"
+    SQLiteStore(str(path)).close()
+    write_sqlite_file(path, "CREATE TABLE t(a)")
+    empty, blank = tmp_path / "empty.sqlite3", tmp_path / "blank.sqlite3"
+    empty.write_bytes(b"")
+    write_sqlite_file(blank, "PRAGMA user_version = 0")
+    for opened in (path, empty, blank):
+        with contextlib.closing(SQLiteStore(str(opened))) as store:
+            _put(store, "a.example", FULL)
+            assert store.get("a.example") == FULL, opened
+
+
+def test_sqlite_a_directory_is_refused_naming_it(tmp_path):
+    path = tmp_path / "pace.sqlite3"
+    path.mkdir()
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(str(path))
+    message = str(info.value)
+    assert f"{path} is a directory, not a file" in message, message
+    assert "Fix: point POLITE_STORE to a file" in message, message
+    assert "writable" not in message, message
+    assert os.listdir(path) == []
 
 
 # --------------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from tests.support.stores import (  # noqa: F401  (fixtures)
     any_store,
     clocked_store,
     persistent_store,
+    set_up_under_way,
 )
 
 #: Every field away from its default, with awkward floats, to catch a lossy column.
@@ -1157,9 +1158,7 @@ def test_a_no_wait_connection_follows_a_replaced_file_without_waiting_for_its_lo
         put(inline, "a.example", FULL)
         for suffix in ("", "-wal", "-shm"):
             os.remove(path + suffix)
-        other = sqlite3.connect(path, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")  # another process writes the new file (its first transaction)
-        other.execute("CREATE TABLE t (x)")
+        other = set_up_under_way(path)  # another process writes the new file (its first transaction)
         with pytest.raises(StoreBusy):
             inline.get("a.example")
         assert timeouts == [0.0]  # it never waited for the lock

@@ -20,7 +20,9 @@ Fixtures (import them into the test module: ``from tests.support.stores import a
 * ``clocked_store`` — the backends whose clock can be injected (exact clock values);
 * ``persistent_store`` — the backends that keep their rows when reopened.
 
-:func:`write_version_1_file` writes an SQLite file as the first schema did, for the migration tests.
+:func:`write_version_1_file` writes an SQLite file as the first schema did, for the migration tests;
+:func:`write_sqlite_file` one made by the statements given (another application's database);
+:func:`set_up_under_way` holds a new table's set-up open, as another process opening it does.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from scrapy_polite.policy import HostState
 from scrapy_polite.stores import DEFAULT_EVENTS_MAX, MemoryStore, PaceStore, SQLiteStore, StoreOptions
 
 __all__ = ["T0", "FakeClock", "Backend", "BACKENDS", "StoreUnderTest", "any_store", "clocked_store",
-           "persistent_store"]
+           "persistent_store", "set_up_under_way", "write_sqlite_file",
+           "write_version_1_file"]
 
 #: The fake clock's start, Unix epoch seconds (2033): far from today's time.time(), so a store that reads
 #: the real clock instead of the injected one is caught.
@@ -61,6 +64,33 @@ def write_version_1_file(path: Any) -> HostState:
     db.close()
     return HostState(next_allowed=1800000005.5, consec=3, crawl_delay=2.5, ok_seen=True, throttled_at=1800000001.0,
                      updated=1800000002.0)
+
+
+def write_sqlite_file(path: Any, *statements: str) -> bytes:
+    """Write at ``path`` an SQLite database made by ``statements`` (another application's, or a pace table with a
+    table of another beside it); returns the file's bytes."""
+    db = sqlite3.connect(path)
+    for statement in statements:
+        db.execute(statement)
+    db.commit()
+    db.close()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def set_up_under_way(path: Any) -> sqlite3.Connection:
+    """A connection setting up a new pace table at ``path`` as another process's opening does: its write
+    transaction (``BEGIN IMMEDIATE``) holds every table of the schema and its version, not committed yet (the caller
+    commits it, or closes the connection to roll it back)."""
+    from scrapy_polite.stores.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
+
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute("BEGIN IMMEDIATE")
+    for version in range(SCHEMA_VERSION):
+        for statement in filter(str.strip, MIGRATIONS[version].split(";")):
+            db.execute(statement)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return db
 
 
 class FakeClock:

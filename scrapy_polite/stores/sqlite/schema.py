@@ -1,6 +1,7 @@
 """The SQLite pace table's file: its schema, each version's migration, and opening a connection to it
 (docs/spec.md §6, "Formats"). The schema version is kept in ``PRAGMA user_version``; an older file is migrated on
-open, in one transaction, never discarded; a newer one is refused."""
+open, in one transaction, never discarded; a newer one is refused, and so is another application's database
+(:func:`check_ours`), before anything is written to it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import time
 
 from ..base import StoreBusy, StoreClosed, StoreCorrupt, StoreError
 
-__all__ = ["SCHEMA_VERSION", "connect", "file_id", "migrate", "set_up", "set_up_nowait", "store_error", "use_wal"]
+__all__ = [
+    "SCHEMA_VERSION", "check_ours", "connect", "file_id", "migrate", "set_up", "set_up_nowait", "store_error",
+    "use_wal",
+]
 
 #: The on-disk schema this code writes. Older versions are migrated on open, never discarded.
 #: 1: the ``hosts`` table; 2: the ``events`` table beside it (the event log); 3: the hosts' announced quotas
@@ -163,11 +167,51 @@ WAL_RETRY = 0.01
 
 
 def set_up(db: sqlite3.Connection, uri: str, timeout: float) -> None:
-    """A connection's set-up: the WAL journal (:func:`use_wal`, waiting up to ``timeout`` seconds),
-    ``synchronous=NORMAL``, the schema migrated."""
+    """A connection's set-up: the file checked to be a pace table or an empty one (:func:`check_ours`), the WAL
+    journal (:func:`use_wal`, waiting up to ``timeout`` seconds), ``synchronous=NORMAL``, the schema migrated."""
+    check_ours(db, uri)
     use_wal(db, timeout)
     db.execute("PRAGMA synchronous=NORMAL")
     migrate(db, uri)
+
+
+def check_ours(db: sqlite3.Connection, uri: str) -> None:
+    """Refuse a database of another application before anything is written to it (not even the WAL journal's mark):
+    a file is a pace table, or one to make, when its schema version is 0 and it holds nothing (a new or empty file),
+    or its version is not 0 and it holds our ``hosts`` table (and, from version 6, our ``identity``). Read in
+    one transaction, so a new file another process is setting up meanwhile is seen before or after, never between.
+
+    Raises:
+        StoreError: another application's database (the message names its tables).
+        sqlite3.Error: the file cannot be read.
+    """
+    db.execute("BEGIN")
+    try:
+        foreign = _foreign(db, uri)
+    finally:
+        db.execute("COMMIT")
+    if foreign is not None:
+        raise foreign
+
+
+def _foreign(db: sqlite3.Connection, uri: str) -> StoreError | None:
+    """The error for a file that is not a pace table nor an empty one (:func:`check_ours`), or None; read inside
+    the caller's transaction."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    tables = [name for (name,) in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    if version == 0:
+        ours = not tables
+    else:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(hosts)")}
+        ours = {"host", "next_allowed", "consec"} <= columns and (version < 6 or "identity" in tables)
+    if ours:
+        return None
+    shown = ", ".join(tables[:10]) + (", ..." if len(tables) > 10 else "") if tables else "none"
+    return StoreError(
+        f"scrapy-polite cannot open its pace table {uri}: the file is not a scrapy-polite pace table (schema "
+        f"version {version}, its tables: {shown}); nothing was written to it. Fix: point POLITE_STORE to another "
+        "file (a new one is created), or move this one away.")
 
 
 def use_wal(db: sqlite3.Connection, timeout: float) -> None:
@@ -238,15 +282,20 @@ def migrate(db: sqlite3.Connection, uri: str) -> None:
             f"this scrapy-polite knows ({SCHEMA_VERSION}). Fix: upgrade scrapy-polite, or point "
             "POLITE_STORE to another file.")
     if version < SCHEMA_VERSION:
-        _step_up(db)
+        _step_up(db, uri)
     _drop_unused_index(db)
     _add_behind_column(db)
 
 
-def _step_up(db: sqlite3.Connection) -> None:
-    """:data:`MIGRATIONS` from the file's version to :data:`SCHEMA_VERSION`, in one transaction."""
+def _step_up(db: sqlite3.Connection, uri: str) -> None:
+    """:data:`MIGRATIONS` from the file's version to :data:`SCHEMA_VERSION`, in one transaction, on a file still
+    found to be a pace table (or an empty one) in it: another application may have written it since the look
+    before (:func:`check_ours`)."""
     db.execute("BEGIN IMMEDIATE")
     try:
+        foreign = _foreign(db, uri)
+        if foreign is not None:
+            raise foreign
         version = db.execute("PRAGMA user_version").fetchone()[0]
         while version < SCHEMA_VERSION:
             for statement in filter(str.strip, MIGRATIONS[version].split(";")):
@@ -305,6 +354,9 @@ def store_error(path: str, action: str, exc: BaseException, *, closed: bool, now
                "it (a crawl or `scrapy polite` command stuck at its close, a `sqlite3` shell), or point POLITE_STORE "
                "to another file")
         return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
+    if os.path.isdir(path):
+        return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {path} is a directory, not a file. "
+                          f"Fix: point POLITE_STORE to a file, e.g. sqlite:///{os.path.join(path, 'polite.sqlite3')}.")
     fix = (f"make {os.path.dirname(path)} writable, or set POLITE_STORE to a writable location, "
            "e.g. POLITE_STORE = 'sqlite:////var/tmp/polite.sqlite3' (or 'memory://' for a one-off run)")
     return StoreError(f"scrapy-polite cannot {action} its pace table {uri}: {text}. Fix: {fix}.")
