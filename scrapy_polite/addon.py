@@ -48,9 +48,8 @@ from .settings import (
     DNSConfig,
     PoliteConfig,
     SettingsError,
+    check_setting_names,
     polite_enabled,
-    unknown_settings,
-    unknown_settings_error,
 )
 from .startup import refuse_to_start
 
@@ -124,9 +123,7 @@ class Addon:
         try:
             if not polite_enabled(settings):
                 return
-            unknown = unknown_settings_error(settings)
-            if unknown is not None:  # where the (first) misspelt name was set, not its close match
-                raise SettingsError(unknown, setting=unknown_settings(settings)[0][0])
+            check_setting_names(settings)
             PoliteConfig.from_settings(settings)
             modes = _check_handlers(settings)
         except (SettingsError, UnsafeHandlerError) as exc:

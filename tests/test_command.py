@@ -658,6 +658,10 @@ USAGE_ERRORS = [
     (["timeline", "--since", "soon"], "scrapy polite timeline", "argument --since: --since 'soon'"),
     (["audit", "a.example"], "scrapy polite audit", "audit takes no positional argument (got a.example)"),
     (["hosts", "-s", "NOEQUALS"], "scrapy polite", "Invalid -s value, use -s NAME=VALUE"),
+    (["hosts", "-s", "POLITE_HOSTINTERVAL=1"], "scrapy polite hosts", "POLITE_HOSTINTERVAL is not a scrapy-polite "
+                                                                      "setting (did you mean POLITE_HOST_INTERVAL?)"),
+    (["audit", "--set", "POLITE_EVENTLOG_SIZE=9"], "scrapy polite audit", "POLITE_EVENTLOG_SIZE is not a scrapy-polite "
+                                                                          "setting (did you mean POLITE_EVENT_LOG_SIZE?)"),
     (["hosts", "--store"], "scrapy polite", "argument --store: expected one argument"),
 ]
 
@@ -679,6 +683,9 @@ def test_a_good_command_line_on_a_missing_store_is_exit_3(tmp_path):
     """Negative control of the test above: the same missing store gets past the arguments and fails on itself."""
     err = io.StringIO()
     assert run_command(["show", "a.example", "--store", f"sqlite:///{tmp_path}/missing.sqlite3"], err=err) == EXIT_STORE
+    for setting in ("POLITE_HOST_INTERVAL=1", "POLITE_EVENT_LOG_SIZE=9"):  # the settings spelt right
+        assert run_command(["audit", "-s", setting, "--store", f"sqlite:///{tmp_path}/missing.sqlite3"],
+                           err=io.StringIO()) == EXIT_STORE
     assert "no pace table" in err.getvalue()
     assert "Fix: check the path of --store" in err.getvalue()  # (it was given: not "pass --store URI")
 

@@ -16,7 +16,7 @@ from scrapy.exceptions import UsageError
 from scrapy.settings import BaseSettings, Settings
 
 from ..pacer import default_store_uri
-from ..settings import PoliteConfig, SettingsError
+from ..settings import PoliteConfig, SettingsError, check_setting_names
 from ..stores import PaceStore, StoreCorrupt, StoreError, StoreOptions, open_store, sqlite_path
 from .context import BadLog, NoSuchHost, Operator
 from .help import EXIT_BAD_LOG, EXIT_NO_HOST, EXIT_STORE, EXIT_USAGE, exit_words
@@ -161,9 +161,10 @@ def _run(opts: argparse.Namespace, settings: Any, *, out: IO[str], err: IO[str],
     opened here.
 
     Raises:
-        UsageError: a bad value or an invalid setting (exit 2).
+        UsageError: a bad value, an invalid setting or a ``POLITE_*`` name that is not a setting (exit 2).
     """
     try:
+        check_setting_names(settings)
         config = PoliteConfig.from_settings(settings)
     except SettingsError as exc:
         raise UsageError(str(exc), print_help=False) from None

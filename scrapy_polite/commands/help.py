@@ -89,8 +89,9 @@ STATUSES: Final[Mapping[str, ExitStatus]] = {
     "EXIT_USAGE": ExitStatus(
         EXIT_USAGE, "usage", {**dict.fromkeys(_TABLE_VERBS, "usage"), "audit": "a usage error"},
         "usage: an unknown verb or option, an option of another verb, a bad value (`crawl-delay a.example -1`, "
-        "`--since soon`), an invalid setting (`-s POLITE_EVENT_LOG_SIZE=0`); the verb's usage line and the error "
-        "are printed before any store is opened"),
+        "`--since soon`), an invalid setting (`-s POLITE_EVENT_LOG_SIZE=0`) or a `POLITE_*` name that is not a "
+        "setting (`-s POLITE_HOSTINTERVAL=1`); the verb's usage line and the error are printed before any store is "
+        "opened"),
     "EXIT_STORE": ExitStatus(
         EXIT_STORE, "the store is unusable", dict.fromkeys(VERBS, "the store is unusable"),
         "the store is unusable: no table there, not a pace table, unreadable or unwritable, a server that does not "

@@ -25,7 +25,8 @@ forms accepted are what Scrapy users write in ``settings.py`` and pass with ``-s
 ``POLITE_ENABLED`` is read in one place, :func:`polite_enabled`.
 
 A ``POLITE_*`` name that is not a setting (a typo such as ``POLITE_HOST_INTERVALS``) stops the crawl before it
-starts, with the closest known name (:func:`unknown_settings_error`).
+starts, and a ``scrapy polite`` verb before it opens the store, with the closest known name
+(:func:`check_setting_names`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,20 @@ from __future__ import annotations
 from .config import PoliteConfig, checked_handlers
 from .declaration import DEFAULTS, SETTINGS, Setting, unknown_settings, unknown_settings_error
 from .dns import DNSConfig, normalise_dns_name, parse_dns_overrides, parse_nameserver
-from .reading import SettingsError, as_settings, parse_dict_setting, parse_list_setting, polite_enabled
+from .reading import (
+    SettingsError,
+    as_settings,
+    check_setting_names,
+    parse_dict_setting,
+    parse_list_setting,
+    polite_enabled,
+)
 
 __all__ = [
     "DEFAULTS",
     "DNSConfig",
     "as_settings",
+    "check_setting_names",
     "polite_enabled",
     "PoliteConfig",
     "checked_handlers",

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from scrapy.settings import BaseSettings
 
 from ..vocabulary import parse_seconds
-from .declaration import DEFAULTS
+from .declaration import DEFAULTS, unknown_settings, unknown_settings_error
 
 _T = TypeVar("_T")
 
@@ -78,6 +78,23 @@ def polite_enabled(settings: Any) -> bool:
         SettingsError: not a boolean; the message names the setting and the values accepted.
     """
     return _bool(as_settings(settings), "POLITE_ENABLED")
+
+
+def check_setting_names(settings: Any) -> None:
+    """Refuse a ``POLITE_*`` name that is not a setting (a typo: it would have no effect), with the closest known
+    name (:func:`~.declaration.unknown_settings_error`): the one check the add-on (before a crawl) and
+    ``scrapy polite`` (before a verb) make.
+
+    Args:
+        settings: a Scrapy ``Settings`` or a mapping (its names are read).
+
+    Raises:
+        SettingsError: a name that is not a setting; its ``setting`` is the (first) misspelt name, so the error
+            says where that was set, not where its close match was.
+    """
+    unknown = unknown_settings_error(settings)
+    if unknown is not None:
+        raise SettingsError(unknown, setting=unknown_settings(settings)[0][0])
 
 
 def _seconds(settings: BaseSettings, name: str) -> float:
