@@ -30,6 +30,7 @@ from scrapy_polite.commands import (
     EXIT_STORE,
     EXIT_USAGE,
     HOST_COLUMNS,
+    STATUSES,
     VERB_HELP,
     VERBS,
     parse_since,
@@ -511,6 +512,21 @@ def test_unusable_stores_are_exit_3(tmp_path):
         assert code == EXIT_STORE, (uri, err.getvalue())
         assert "Fix" in err.getvalue() and out.getvalue() == ""
     assert not (tmp_path / "missing.sqlite3").exists()  # a look never creates a table
+
+
+def test_a_store_uri_it_cannot_use_is_exit_3_however_it_is_given_as_the_pages_say():
+    """Trial: docs/reference/settings-forms.md said `scrapy polite` exits 2 for any invalid setting, but a
+    POLITE_STORE it cannot use (given with -s or --store) is 3, "the store is unusable", as the command's own
+    statuses say; the pages say so now. The control: an invalid value of another setting is 2."""
+    for argv in (["-s", "POLITE_STORE=ftp://x"], ["--store", "ftp://x"], ["-s", "POLITE_STORE=sqlite://"]):
+        err = io.StringIO()
+        assert run_command(["hosts", *argv], err=err) == EXIT_STORE, (argv, err.getvalue())
+        assert "POLITE_STORE '" in err.getvalue() and "Fix: " in err.getvalue()
+    assert run_command(["hosts", "-s", "POLITE_EVENT_LOG_SIZE=0"], err=io.StringIO()) == EXIT_USAGE
+    forms = " ".join(re.sub(r"\{[a-z:]+\}`", "`", (ROOT / "docs/reference/settings-forms.md").read_text()).split())
+    assert (f"`scrapy polite` exits with status {EXIT_USAGE} for the same mistake, and with status {EXIT_STORE} for a "
+            "`POLITE_STORE` it cannot use") in forms
+    assert "a store URI of an unknown scheme or naming no file" in STATUSES["EXIT_STORE"].meaning
 
 
 def test_a_database_of_another_application_is_exit_3_and_left_untouched(tmp_path):

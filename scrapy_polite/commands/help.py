@@ -94,8 +94,8 @@ STATUSES: Final[Mapping[str, ExitStatus]] = {
         "opened"),
     "EXIT_STORE": ExitStatus(
         EXIT_STORE, "the store is unusable", dict.fromkeys(VERBS, "the store is unusable"),
-        "the store is unusable: no table there, not a pace table, unreadable or unwritable, a server that does not "
-        "answer"),
+        "the store is unusable: a store URI of an unknown scheme or naming no file (`--store` or `POLITE_STORE`), no "
+        "table there, not a pace table, unreadable or unwritable, a server that does not answer"),
     "EXIT_OUTPUT": ExitStatus(
         EXIT_OUTPUT, "the timeline could not be written", {"timeline": "the file could not be written"},
         "the timeline could not be written (`-o` in a missing folder)"),
