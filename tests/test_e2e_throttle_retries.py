@@ -13,6 +13,7 @@ import logging
 import socket
 from typing import Any
 
+import pytest
 import pytest_twisted
 
 from scrapy_polite.clock import process_clock
@@ -106,16 +107,20 @@ async def test_negative_control_without_the_package_the_page_is_lost(arrival_ser
 # 2. A spent budget: given up, counted, named; RETRY_TIMES used only then
 
 
+@pytest.mark.parametrize("cache", [False, True], ids=["plain", "http_cache"])
 @pytest_twisted.ensureDeferred
-async def test_a_spent_budget_gives_the_page_up_and_names_it_in_the_summary(arrival_server, tmp_path, caplog):
+async def test_a_spent_budget_gives_the_page_up_and_names_it_in_the_summary(arrival_server, tmp_path, caplog, cache):
     """POLITE_THROTTLE_RETRIES=2 and a host that always answers 429: the package sends the page 3 times, then
     hands the response on as Scrapy would handle it — RetryMiddleware retries it RETRY_TIMES (2) times more —
-    and when the 429 reaches the spider the page is given up: ``polite/throttle/given_up`` and the summary."""
+    and when the 429 reaches the spider the page is given up: ``polite/throttle/given_up`` and the summary. With the
+    HTTP cache on, the same (trial: the 429 handed on was stored, answered Scrapy's 2 retries from the cache, and the
+    page was not reported given up): a throttle handed on is not stored."""
     srv = arrival_server("127.0.7.4")
     srv.route("/*", Reply.throttle(429, "0.5"))
     caplog.set_level(logging.INFO)
     ok = arrival_server("127.0.7.5")
-    crawler = await run_crawl(ListSpider, settings(tmp_path, POLITE_THROTTLE_RETRIES=2),
+    extra = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "cache")} if cache else {}
+    crawler = await run_crawl(ListSpider, settings(tmp_path, POLITE_THROTTLE_RETRIES=2, **extra),
                               urls=[srv.url("/lost"), ok.url("/fine")], timeout=40)
     hits = timeline(srv)
     assert [a.status for a in hits] == [429] * 5, describe(hits)

@@ -6,6 +6,8 @@ the middleware sends the same request back to the :class:`~scrapy_polite.schedul
 holds it until its host is due (no duplicate for the dupe filter, no errback), up to
 ``POLITE_THROTTLE_RETRIES`` times (:meth:`PacingPolicy.retry_throttled
 <scrapy_polite.policy.PacingPolicy.retry_throttled>`). ``RETRY_TIMES`` stays for real failures.
+A throttled response handed on (the budget spent, or a request not ours to retry, robots.txt's among them) is marked
+``dont_cache``: Scrapy's HTTP cache does not store it, and Scrapy's retries of it are sent, not read back.
 
 The count is kept in ``meta['polite_throttle_retries']``, so it survives a ``JOBDIR`` resume. Once the budget
 is spent the response goes on as Scrapy would handle it (``RetryMiddleware`` may retry it, within
@@ -100,17 +102,21 @@ class ThrottleRetries:
             return None
         meta = request.meta
         host = meta.get(HOST_META)
-        if host is None or meta.get("dont_retry") or meta.get(DONT_PACE_META) or not self.can_defer(request):
-            return None
+        ours = host is not None and not meta.get("dont_retry") and not meta.get(DONT_PACE_META) \
+            and self.can_defer(request)
         retries = int(meta.get(RETRIES_META) or 0)
-        if not self.policy.retry_throttled(throttle=True, retries=retries):
-            self._handed_on.add(request)
-            self._listen(True)
+        if not (ours and self.policy.retry_throttled(throttle=True, retries=retries)):
+            # Handed on: a throttle is not the page, and the HTTP cache does not keep it (trial: a 429 it stored
+            # answered Scrapy's retries, and every later run; a robots.txt 503 stored held its host run after run).
+            meta["dont_cache"] = True
+            if ours:
+                self._handed_on.add(request)
+                self._listen(True)
             return None
         meta[RETRIES_META] = retries + 1
         self.report.inc("throttle/retries")
         due = self.clock.to_local(decision.state.next_allowed)
-        self.report.deferred(host, "throttled", request.url, due)
+        self.report.deferred(meta[HOST_META], "throttled", request.url, due)
         logger.debug("Retrying %s (throttle retry %d of %d) when %s is due", request, retries + 1,
                      self.policy.throttle_retries, host)
         return due
