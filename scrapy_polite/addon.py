@@ -128,6 +128,9 @@ class Addon:
             modes = _check_handlers(settings)
         except (SettingsError, UnsafeHandlerError) as exc:
             raise refuse_to_start(exc, settings) from None
+        disabled = _disabled_components(settings)  # before the writes below, which settings.py's own None would lose to
+        if disabled is not None:
+            raise refuse_to_start(disabled, settings)
         for scheme, mode in modes.items():
             settings["DOWNLOAD_HANDLERS"][scheme] = mode.component  # a checked handler's class stays a class
         if any(mode.browser for mode in modes.values()):
@@ -146,9 +149,6 @@ class Addon:
             # robots.txt is judged by a middleware other than ours: the early deferral needs a middleware of its own.
             settings["DOWNLOADER_MIDDLEWARES"][EARLY_MIDDLEWARE] = EARLY_MIDDLEWARE_PRIORITY
         settings["EXTENSIONS"][EXTENSION] = 0
-        disabled = _disabled_components(settings)
-        if disabled is not None:
-            raise refuse_to_start(disabled, settings)
         current = settings.get("SCHEDULER")
         current_path = current if isinstance(current, str) else f"{current.__module__}.{current.__qualname__}"
         if current_path != SCHEDULER:
@@ -365,8 +365,8 @@ def cache_answers(crawler: Any) -> Callable[[Any], bool] | None:
     (:func:`answering_middlewares`): ``answers(request)``, True when the cache will answer it (a fresh entry, or a miss
     it drops: ``HTTPCACHE_IGNORE_MISSING``), as ``HttpCacheMiddleware.process_request`` decides, so the scheduler holds
     for its host's line only a request the cache lets through (docs/spec.md §5; trial: a crawl with the cache on sent
-    575 requests through the downloader for 297 pages). A failed read answers False: the cache logs it when it reads
-    the entry itself. None: the cache is not the only one, or its instance is not in the crawler's downloader."""
+    575 requests through the downloader for 297 pages). A failed read is a miss, as for the cache (which logs it).
+    None: the cache is not the only one, or its instance is not in the crawler's downloader."""
     if answering_middlewares(crawler.settings) != [HTTP_CACHE]:
         return None
     middlewares = getattr(getattr(getattr(crawler_engine(crawler), "downloader", None), "middleware", None),
@@ -378,21 +378,21 @@ def cache_answers(crawler: Any) -> Callable[[Any], bool] | None:
     def answers(request: Any) -> bool:
         if request.meta.get("dont_cache") or not cache.policy.should_cache_request(request):
             return False
-        if cache.ignore_missing:
-            return True
         try:
             cached = cache.storage.retrieve_response(crawler.spider, request)
-            return cached is not None and bool(cache.policy.is_cached_response_fresh(cached, request))
-        except Exception as exc:  # (read again, and logged, by the cache itself)
+        except Exception as exc:  # a miss to the cache too (it reads the entry again, and logs it)
             logger.debug("scrapy-polite: the HTTP cache's entry of %s could not be read (%r)", request, exc)
-            return False
+            cached = None
+        if cached is None:
+            return bool(cache.ignore_missing)  # dropped by the cache, or sent
+        return bool(cache.policy.is_cached_response_fresh(cached, request))  # stale: revalidated by a request
 
     return answers
 
 
 def _disabled_components(settings: Settings) -> SettingsError | None:
     """The error when the project disabled the add-on's downloader middleware or its extension (``None`` in
-    ``DOWNLOADER_MIDDLEWARES`` or ``EXTENSIONS``, set above the add-on's priority) while ``POLITE_ENABLED`` is on
+    ``DOWNLOADER_MIDDLEWARES`` or ``EXTENSIONS``: settings.py, a spider, ``-s``) while ``POLITE_ENABLED`` is on
     (trial: without the middleware every request went unpaced, 0.00 s apart, without a word; without the extension
     the spider closed with deferred requests not crawled), else None (docs/spec.md §7)."""
     for setting, path in (("DOWNLOADER_MIDDLEWARES", MIDDLEWARE), ("EXTENSIONS", EXTENSION)):

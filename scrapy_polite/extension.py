@@ -139,6 +139,7 @@ class PoliteExtension:
         #: Registered with :mod:`atexit` until the spider opens (:func:`_close_unopened`), then while it is open
         #: (:func:`_close_at_exit`).
         self._at_exit: Callable[[], None] | None = None
+        self._delay_read = False  # the spider's crawl_delay was read as the crawl started (from_crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -149,11 +150,13 @@ class PoliteExtension:
             scheduler_base_class(pacer.config.scheduler_base, crawler.settings)
             check_resolver(crawler.settings, pacer.config.address_filter,
                            installed_reactor() if is_reactor_installed() else None)
-            pacer.booker.spider_delay = spider_delay(getattr(crawler, "spider", None))
+            spider = getattr(crawler, "spider", None)  # None in scrapy shell: read at spider_opened
+            pacer.booker.spider_delay = spider_delay(spider)
         except (SettingsError, StoreError, ResolverNotInstalled) as exc:
             discard_pacer(crawler)  # nothing the pace table started may keep the refused process alive
             raise refuse_to_start(exc, crawler.settings) from None
         ext = cls(crawler, pacer)
+        ext._delay_read = spider is not None
         crawler.signals.connect(ext.robots_parsed, signal=signals.robots_parsed)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
@@ -267,6 +270,11 @@ class PoliteExtension:
         return idle if idle > 0 else self.config.max_idle_wait
 
     async def spider_opened(self, spider: Spider) -> None:
+        if not self._delay_read:  # a spider made after the extension (scrapy shell): its crawl_delay read now
+            try:
+                self.pacer.booker.spider_delay = spider_delay(spider)
+            except SettingsError as exc:
+                logger.error("scrapy-polite: %s: ignored", exc)
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
         self._at_exit = functools.partial(_close_at_exit, self.pacer)

@@ -240,7 +240,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             stats.inc_value("robotstxt/request_count")
             try:
                 response = await _download(self.crawler, robots_request)
-                if _stored_error(response):  # not the server's answer now: asked again past the HTTP cache at once
+                if _stored_error(robots_request, response):  # not the server's answer now: asked past the HTTP cache
                     stats.inc_value("robotstxt/request_count")
                     response = await _download(self.crawler, robots_request.replace(meta={**meta, "dont_cache": True}))
             except Exception as exc:
@@ -329,10 +329,13 @@ def _location(response: Response) -> str | None:
     return target if urlsplit(target).scheme in ("http", "https") else None
 
 
-def _stored_error(response: Response) -> bool:
-    """``response`` is a 5xx or 429 answer of robots.txt that the HTTP cache kept (trial: with the cache on, the 503
-    it stored was every re-ask's answer: the host was held for ever, run after run)."""
-    return "cached" in response.flags and classify_status(response.status) == "unreachable"
+def _stored_error(request: Request, response: Response) -> bool:
+    """``response`` is a 5xx or 429 answer of robots.txt that the HTTP cache kept and answered ``request`` with, the
+    server not asked (trial: with the cache on, the 503 it stored was every re-ask's answer: the host was held for
+    ever, run after run). Not a stale entry the cache sent a request to revalidate (``meta['cached_response']``), which
+    it returns when the server answers 5xx: the server was asked."""
+    return "cached" in response.flags and classify_status(response.status) == "unreachable" \
+        and "cached_response" not in request.meta
 
 
 async def _download(crawler: Crawler, request: Request) -> Response:

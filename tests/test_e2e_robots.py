@@ -79,15 +79,15 @@ def polite_stats(crawler: Any) -> dict[str, Any]:
     return {k: v for k, v in crawler.stats.get_stats().items() if k.startswith(("polite/", "robotstxt/"))}
 
 
-def unreachable_for(seconds: float, then: Reply) -> Any:
-    """A robots.txt handler: 503 (an HTML page, no Retry-After) until ``seconds`` after its first request, then
-    ``then``."""
+def unreachable_for(seconds: float, then: Reply, busy: Reply = BUSY) -> Any:
+    """A robots.txt handler: ``busy`` (a 503, an HTML page, no Retry-After) until ``seconds`` after its first request,
+    then ``then``."""
     first: list[float] = []
 
     def handler(info: RequestInfo, count: int) -> Reply:
         if not first:
             first.append(info.start)
-        return BUSY if info.start - first[0] < seconds else then
+        return busy if info.start - first[0] < seconds else then
 
     return handler
 
@@ -551,22 +551,24 @@ async def test_negative_control_six_redirects_mean_unavailable(arrival_server):
 # 7. Unreachable past POLITE_MAX_IDLE_WAIT
 
 
-@pytest.mark.parametrize("control", [False, True], ids=["asked_past_the_cache", "control_cached_503"])
+@pytest.mark.parametrize("status, control", [(500, False), (500, True), (503, False)],
+                         ids=["500_asked_past_the_cache", "control_500_read_from_the_cache", "503_never_stored"])
 @pytest_twisted.ensureDeferred
 async def test_a_robots_txt_error_the_http_cache_kept_is_asked_again_past_it(arrival_server, tmp_path, monkeypatch,
-                                                                            control):
+                                                                            status, control):
     """Trial: with the HTTP cache on, robots.txt's 503 was stored and every re-ask read it back: the server saw one
-    request, the host was held for ever and the next run sent nothing. A stored 5xx or 429 is not the server's answer
-    now: it is asked again past the cache at once. robots.txt answers 503 for its first 1.5 s, then its rules: the
-    first run reaches them and fetches the three allowed pages; a second run on the same cache asks robots.txt once
-    (its stored 503, then the server) and its pages come from the cache. Control: the stored 503 taken as the answer:
-    no page, and the crawl ends ``polite_deferred``."""
+    request, the host was held for ever and the next run sent nothing. robots.txt answers ``status`` for its first
+    1.5 s, then its rules; two runs on one cache. A 503 (a throttle) is not stored: the first run reaches the rules
+    and fetches the three allowed pages, the second reads the rules from the cache. A 500 is stored (Scrapy's cache
+    keeps errors), but a stored 5xx is not the server's answer now: it is asked again past the cache at once, in
+    both runs (the second asks the server once). Control: the stored 500 taken as the answer: no page, and the crawl
+    ends ``polite_deferred``."""
     from scrapy_polite import robotstxt
 
     if control:
-        monkeypatch.setattr(robotstxt, "_stored_error", lambda response: False)
+        monkeypatch.setattr(robotstxt, "_stored_error", lambda request, response: False)
     srv = arrival_server("127.0.33.19")
-    srv.route("/robots.txt", unreachable_for(1.5, Reply.robots(RULES)))
+    srv.route("/robots.txt", unreachable_for(1.5, Reply.robots(RULES), busy=Reply.text("down", status=status)))
     cache = {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path / "httpcache"), "POLITE_MAX_IDLE_WAIT": 6}
     crawler = await run_crawl(ListSpider, settings(**cache), urls=[srv.url(p) for p in FOUR], timeout=40)
     log = describe(srv, 0.0)
@@ -578,7 +580,7 @@ async def test_a_robots_txt_error_the_http_cache_kept_is_asked_again_past_it(arr
     before = len(robots_hits(srv))
     crawler = await run_crawl(ListSpider, settings(**cache), urls=[srv.url(p) for p in FOUR], timeout=40)
     log = describe(srv, 0.0)
-    assert len(robots_hits(srv)) == before + 1 and len(pages(srv)) == 3, log
+    assert len(robots_hits(srv)) == before + (1 if status == 500 else 0) and len(pages(srv)) == 3, log
     assert crawler.stats.get_value("finish_reason") == "finished" and len(crawler.spider.fetched) == 3
 
 

@@ -443,6 +443,7 @@ def test_a_full_downloader_sends_back_a_new_request_but_not_one_handed_out_from_
     held, new = request(crawler, "http://a/0"), request(crawler, "http://b/0")
     s.hold(held, "a", T0)
     assert s.next_request() is held
+    lifecycle.release(new, "b")  # new, with its record: released with its host's claim, never held
     assert s.crowded(new) and not s.crowded(held), "its turn comes once"
     full[0] = False
     assert not s.crowded(new), "control: a free slot"

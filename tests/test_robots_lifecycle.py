@@ -574,3 +574,22 @@ async def test_a_request_arriving_while_robots_txt_is_asked_is_held_when_its_hos
         assert await first is None and len(engine.asked) == 1 and len(reads) == 2
     finally:
         discard_pacer(middleware.crawler)
+
+
+@pytest.mark.parametrize(("status", "flags", "meta", "stored"), [
+    (503, ["cached"], {}, True),  # a 503 the HTTP cache kept answered the request: the server was not asked
+    (429, ["cached"], {}, True),
+    (500, ["cached"], {}, True),
+    (200, ["cached"], {}, False),  # control: stored rules are an answer
+    (404, ["cached"], {}, False),  # control: stored "unavailable" too
+    (503, [], {}, False),  # control: the server's own 503
+    (503, ["cached"], {"cached_response": object()}, False),  # a stale entry revalidated: the server answered 5xx
+])
+def test_a_robots_txt_error_from_the_http_cache_is_asked_again(status, flags, meta, stored):
+    """docs/guides/robots.md: a 5xx or 429 robots.txt answer the HTTP cache stored is not the server's answer now."""
+    from scrapy.http import Response
+
+    from scrapy_polite.robotstxt import _stored_error
+
+    request = Request("http://a.example/robots.txt", meta=meta)
+    assert _stored_error(request, Response(request.url, status=status, flags=flags, request=request)) is stored

@@ -614,3 +614,73 @@ def test_the_middlewares_that_may_answer_a_request_before_the_pacing_one(setting
     §5): such a page is never held back."""
     assert answering_middlewares(Settings(settings)) == found
 
+
+
+def _cache_crawler(tmp_path, **settings):
+    """A crawler whose downloader has Scrapy's real ``HttpCacheMiddleware`` (filesystem storage in ``tmp_path``, open),
+    holding a fresh entry for ``http://a.example/fresh``."""
+    from types import SimpleNamespace
+
+    from scrapy import Request, Spider
+    from scrapy.downloadermiddlewares.httpcache import HttpCacheMiddleware
+    from scrapy.http import HtmlResponse
+    from scrapy.utils.test import get_crawler
+
+    crawler = get_crawler(Spider, {"HTTPCACHE_ENABLED": True, "HTTPCACHE_DIR": str(tmp_path), **settings})
+    crawler.spider = Spider.from_crawler(crawler, "cached")
+    cache = HttpCacheMiddleware.from_crawler(crawler)
+    cache.storage.open_spider(crawler.spider)
+    fresh = Request("http://a.example/fresh")
+    cache.storage.store_response(crawler.spider, fresh, HtmlResponse(fresh.url, body=b"x", request=fresh))
+    crawler.engine = SimpleNamespace(downloader=SimpleNamespace(middleware=SimpleNamespace(middlewares=[cache])))
+    return crawler, cache
+
+
+@pytest.mark.parametrize(("settings", "url", "meta", "answers"), [
+    ({}, "/fresh", {}, True),  # a fresh entry: the cache answers it
+    ({}, "/missing", {}, False),  # control: a miss goes to the network
+    ({}, "/fresh", {"dont_cache": True}, False),  # the cache does not look
+    ({"HTTPCACHE_IGNORE_MISSING": True}, "/missing", {}, True),  # a miss the cache drops
+    ({"HTTPCACHE_IGNORE_MISSING": True}, "/fresh", {}, True),
+    ({"HTTPCACHE_POLICY": "scrapy.extensions.httpcache.RFC2616Policy"}, "/fresh", {}, False),  # stale: revalidated
+    ({"HTTPCACHE_POLICY": "scrapy.extensions.httpcache.RFC2616Policy", "HTTPCACHE_IGNORE_MISSING": True},
+     "/fresh", {}, False),  # stale, though the cache drops misses (review: it went unheld)
+])
+def test_the_scheduler_asks_the_http_cache_whether_it_answers(tmp_path, settings, url, meta, answers):
+    """``cache_answers`` decides as ``HttpCacheMiddleware.process_request`` does (docs/spec.md §5): the scheduler holds
+    for its host's line only a request the cache lets through to the network."""
+    from scrapy import Request
+
+    from scrapy_polite.addon import cache_answers
+
+    crawler, _ = _cache_crawler(tmp_path, **settings)
+    answer = cache_answers(crawler)
+    assert answer is not None
+    assert answer(Request(f"http://a.example{url}", meta=meta)) is answers
+
+
+@pytest.mark.parametrize("ignore_missing", [False, True])
+def test_an_http_cache_entry_that_cannot_be_read_is_a_miss(tmp_path, ignore_missing):
+    from scrapy import Request
+
+    from scrapy_polite.addon import cache_answers
+
+    crawler, cache = _cache_crawler(tmp_path, HTTPCACHE_IGNORE_MISSING=ignore_missing)
+
+    def broken(spider, request):
+        raise OSError("unreadable")
+
+    cache.storage.retrieve_response = broken
+    answer = cache_answers(crawler)
+    assert answer is not None and answer(Request("http://a.example/fresh")) is ignore_missing
+
+
+def test_no_cache_question_without_the_cache_alone(tmp_path):
+    """Another middleware that may answer first (the scheduler cannot ask it), or no engine yet: no question."""
+    from scrapy_polite.addon import cache_answers
+
+    crawler, _ = _cache_crawler(tmp_path, DOWNLOADER_MIDDLEWARES={_Answers: 500})
+    assert cache_answers(crawler) is None
+    crawler, _ = _cache_crawler(tmp_path)
+    crawler.engine = None
+    assert cache_answers(crawler) is None

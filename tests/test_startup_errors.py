@@ -211,18 +211,26 @@ def test_an_invalid_polite_enabled_is_refused(tmp_path, server):
                    "(POLITE_ENABLED is set on the command line (-s))")
 
 
+@pytest.mark.parametrize("where", ["cmdline", "settings.py"])
 @pytest.mark.parametrize("setting, component", [
     ("DOWNLOADER_MIDDLEWARES", "scrapy_polite.middleware.PoliteDownloaderMiddleware"),
     ("EXTENSIONS", "scrapy_polite.extension.PoliteExtension"),
 ])
-def test_a_component_of_the_addon_disabled_is_refused(tmp_path, server, setting, component):
+def test_a_component_of_the_addon_disabled_is_refused(tmp_path, server, setting, component, where):
     """Trial: with the add-on's downloader middleware set to None every request went unpaced (0.00 s apart) without
     a word; with its extension set to None the spider closed with its deferred requests not crawled. Either is a
-    misconfiguration. (The negative control: ``test_a_disabled_addon_does_not_refuse``, the same with the add-on off.)"""
-    proc = crawl(make_project(tmp_path, server.url("/"), addons=True), "plain", "-s",
-                 f'{setting}={{"{component}": null}}')
+    misconfiguration, on the command line or in settings.py (review: the add-on's own entry overwrote settings.py's
+    None). (The negative control: ``test_a_disabled_addon_does_not_refuse``, the same with the add-on off.)"""
+    project = make_project(tmp_path, server.url("/"), addons=True)
+    if where == "cmdline":
+        proc = crawl(project, "plain", "-s", f'{setting}={{"{component}": null}}')
+    else:
+        with open(project / "started" / "settings.py", "a") as f:
+            f.write(f'{setting} = {{"{component}": None}}\n')
+        proc = crawl(project, "plain")
+    source = "on the command line (-s)" if where == "cmdline" else "in the project settings (settings.py)"
     assert_refused(proc, server, f"{setting} disables scrapy-polite's {component.rsplit('.', 1)[1]}",
-                   f"({setting} is set on the command line (-s))", "POLITE_ENABLED = False")
+                   f"({setting} is set {source})", "POLITE_ENABLED = False")
 
 
 @pytest.mark.parametrize("spider", ["bad_delay", "good_delay"])
@@ -235,6 +243,18 @@ def test_an_invalid_spider_crawl_delay_is_refused(tmp_path, server, spider):
         assert [a.path for a in server.arrivals()] == ["/"]
         return
     assert_refused(proc, server, "BadDelay.crawl_delay must be a number of seconds >= 0, got -1. Fix:")
+
+
+def test_scrapy_shell_reads_the_spider_s_crawl_delay(tmp_path, server):
+    """``scrapy shell`` builds the extension before the spider (review: its ``crawl_delay`` was ignored there): read
+    when the spider opens."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    code = "print('DELAY', __import__('scrapy_polite.pacer').pacer.find_pacer(crawler).booker.spider_delay)"
+    proc = subprocess.run([sys.executable, "-m", "scrapy", "shell", "--spider", "good_delay", server.url("/"), "-c",
+                           code], cwd=make_project(tmp_path, server.url("/"), addons=True), env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert "DELAY 0.1" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_disabled_addon_does_not_refuse(tmp_path, server):
