@@ -42,6 +42,7 @@ from .vocabulary import (
     QUOTA_SERIAL_META,
     RECORDED_META,
     SENT_AT_META,
+    UNCACHED_META,
     DeferralReason,
 )
 
@@ -127,6 +128,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         meta.pop(QUOTA_SERIAL_META, None)
         meta.pop(IP_META, None)
         meta.pop(PINNED_META, None)
+        if meta.pop(UNCACHED_META, False):  # a throttle's retry: its answer may be cached (ThrottleRetries.due)
+            meta.pop("dont_cache", None)
         try:
             parsed = url_host(request.url)  # never from meta: a redirect copies the old request's meta
         except InvalidHost as exc:  # docs/spec.md §1: the URL Standard rejects it; nothing is resolved

@@ -83,6 +83,9 @@ PINNED_META: Final = "_polite_pinned"
 #: This request's proxy was already counted (``polite/proxy_unpinned``).
 PROXY_COUNTED_META: Final = "_polite_proxy_counted"
 RECORDED_META: Final = "_polite_recorded"  # this pass's download is recorded (docs/spec.md §5, "Recording")
+#: ``meta['dont_cache']`` was set by the package on a throttle it handed on (not by the user): the cache does not
+#: store that throttle, and the next pass (Scrapy's retry copy) drops both, so the cache may keep its answer.
+UNCACHED_META: Final = "_polite_uncached"
 
 #: The meta keys a user may read or set, each with what it means (the reference lists them, in this order):
 #: the constant's name → (who sets it, its meaning). The package's own marks (leading underscore) and the

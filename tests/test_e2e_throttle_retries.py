@@ -224,3 +224,44 @@ async def test_retry_after_of_400_nines_is_clamped_and_holds_the_host(arrival_se
     assert stat(crawler, "retry_after/clamped") == 1
     assert not stat(crawler, "retry_after/invalid")
     assert process_clock() - t0 < 20
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. Throttles and Scrapy's HTTP cache (the spent-budget test above covers a throttle handed on)
+
+
+def cache_settings(tmp_path: Any, policy: str = "RFC2616Policy", **overrides: Any) -> dict[str, Any]:
+    return settings(tmp_path, HTTPCACHE_ENABLED=True, HTTPCACHE_DIR=str(tmp_path / "cache"),
+                    HTTPCACHE_POLICY=f"scrapy.extensions.httpcache.{policy}", **overrides)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stale_entry_still_answers_when_its_revalidation_is_throttled(arrival_server, tmp_path):
+    """Review: with RFC2616Policy the cache revalidates a stale entry, and when the server answers 5xx it hands back the
+    entry instead. A throttle handed on while the cache revalidates is left to the cache's policy (not marked
+    ``dont_cache``): the spider gets the stored page, as without the add-on."""
+    srv = arrival_server("127.0.7.41")
+    srv.route("/page", Reply.html("<p>cached</p>", headers={"Cache-Control": "max-age=0"}))
+    await run_crawl(ListSpider, cache_settings(tmp_path), urls=[srv.url("/page")], timeout=30)
+    srv.route("/page", Reply.throttle(503, "0.2"))
+    crawler = await run_crawl(ListSpider, cache_settings(tmp_path, POLITE_THROTTLE_RETRIES=0, RETRY_ENABLED=False),
+                              urls=[srv.url("/page")], timeout=30)
+    assert [(a.path, a.status) for a in srv.arrivals()] == [("/page", 200), ("/page", 503)]
+    assert [f.status for f in crawler.spider.fetched] == [200] and crawler.stats.get_value("httpcache/revalidate") == 1
+    assert not stat(crawler, "throttle/given_up"), "the page reached the spider, from the cache"
+
+
+@pytest_twisted.ensureDeferred
+async def test_scrapy_s_retry_of_a_throttle_handed_on_is_cached_when_it_succeeds(arrival_server, tmp_path):
+    """Review: the ``dont_cache`` mark of a throttle handed on travelled to Scrapy's retry copy, whose 200 was then not
+    stored, and the next run fetched the page again. The mark is dropped as the retry reaches the pacing middleware:
+    the 200 is stored and the second run reads both pages from the cache."""
+    srv = arrival_server("127.0.7.43")
+    srv.route("/p", scripted(Reply.throttle(429, "0.2"), Reply.throttle(429, "0.2"), then=Reply.html("<a href='/q'>q</a>")))
+    srv.route("/q", Reply.html("<p>q</p>"))
+    run = cache_settings(tmp_path, "DummyPolicy", POLITE_THROTTLE_RETRIES=1)
+    first = await run_crawl(ListSpider, run, urls=[srv.url("/p")], follow=True, timeout=30)
+    assert first.stats.get_value("retry/count") == 1 and first.stats.get_value("httpcache/store") == 2
+    second = await run_crawl(ListSpider, run, urls=[srv.url("/p")], follow=True, timeout=30)
+    assert second.stats.get_value("httpcache/hit") == 2 and len(second.spider.fetched) == 2
+    assert [(a.path, a.status) for a in srv.arrivals()] == [("/p", 429), ("/p", 429), ("/p", 200), ("/q", 200)]

@@ -7,7 +7,9 @@ holds it until its host is due (no duplicate for the dupe filter, no errback), u
 ``POLITE_THROTTLE_RETRIES`` times (:meth:`PacingPolicy.retry_throttled
 <scrapy_polite.policy.PacingPolicy.retry_throttled>`). ``RETRY_TIMES`` stays for real failures.
 A throttled response handed on (the budget spent, or a request not ours to retry, robots.txt's among them) is marked
-``dont_cache``: Scrapy's HTTP cache does not store it, and Scrapy's retries of it are sent, not read back.
+``dont_cache``: Scrapy's HTTP cache does not store it, and Scrapy's retries of it are sent, not read back (the mark is
+dropped as the retry reaches the pacing middleware, so the cache may keep the retry's answer). Not while the cache
+revalidates a stale entry (``meta['cached_response']``): its policy then decides, as without the add-on.
 
 The count is kept in ``meta['polite_throttle_retries']``, so it survives a ``JOBDIR`` resume. Once the budget
 is spent the response goes on as Scrapy would handle it (``RetryMiddleware`` may retry it, within
@@ -30,7 +32,7 @@ from scrapy import signals
 from ..clock import ClockSync
 from ..policy import Decision, PacingPolicy
 from ..reports.counters import Report
-from ..vocabulary import DONT_PACE_META, HOST_META, THROTTLE_RETRIES_META
+from ..vocabulary import DONT_PACE_META, HOST_META, THROTTLE_RETRIES_META, UNCACHED_META
 from .reactor import call_later
 
 if TYPE_CHECKING:
@@ -108,7 +110,9 @@ class ThrottleRetries:
         if not (ours and self.policy.retry_throttled(throttle=True, retries=retries)):
             # Handed on: a throttle is not the page, and the HTTP cache does not keep it (trial: a 429 it stored
             # answered Scrapy's retries, and every later run; a robots.txt 503 stored held its host run after run).
-            meta["dont_cache"] = True
+            # Not while the cache revalidates a stale entry: its policy may answer with that entry instead (review).
+            if not meta.get("dont_cache") and "cached_response" not in meta:
+                meta["dont_cache"] = meta[UNCACHED_META] = True  # dropped at the next pass: its answer may be kept
             if ours:
                 self._handed_on.add(request)
                 self._listen(True)
@@ -126,7 +130,8 @@ class ThrottleRetries:
         did not retry it, or gave up too): the page is given up."""
         if request in self._handed_on:
             self._handed_on.discard(request)
-            self._given_up(request, response)
+            if "cached" not in response.flags:  # else the HTTP cache answered with the page it kept (a stale entry)
+                self._given_up(request, response)
         if not self._handed_on and self._listening:  # nothing more on its way (retried by Scrapy, or arrived)
             call_later(0, self._quiet)
 
