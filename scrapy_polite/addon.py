@@ -360,14 +360,15 @@ def answering_middlewares(settings: Any) -> list[str]:
 HTTP_CACHE = "scrapy.downloadermiddlewares.httpcache.HttpCacheMiddleware"
 
 
-def cache_answers(crawler: Any) -> Callable[[Any], bool] | None:
+def cache_answers(crawler: Any, answering: list[str] | None = None) -> Callable[[Any], bool] | None:
     """When Scrapy's HTTP cache is the only downloader middleware that may answer a request first
     (:func:`answering_middlewares`): ``answers(request)``, True when the cache will answer it (a fresh entry, or a miss
     it drops: ``HTTPCACHE_IGNORE_MISSING``), as ``HttpCacheMiddleware.process_request`` decides, so the scheduler holds
     for its host's line only a request the cache lets through (docs/spec.md §5; trial: a crawl with the cache on sent
     575 requests through the downloader for 297 pages). A failed read is a miss, as for the cache (which logs it).
-    None: the cache is not the only one, or its instance is not in the crawler's downloader."""
-    if answering_middlewares(crawler.settings) != [HTTP_CACHE]:
+    None: the cache is not the only one, or its instance is not in the crawler's downloader. ``answering``: the
+    crawl's :func:`answering_middlewares`, when the caller worked them out already."""
+    if (answering if answering is not None else answering_middlewares(crawler.settings)) != [HTTP_CACHE]:
         return None
     middlewares = getattr(getattr(getattr(crawler_engine(crawler), "downloader", None), "middleware", None),
                           "middlewares", ())

@@ -382,7 +382,6 @@ class PoliteExtension:
             verdict = booker.policy.defer_verdict(state, snapshot.now, override=booker.override(host))
             booker.scheduler.wake(host, sync.to_local(verdict.due if verdict is not None else snapshot.now))
 
-
     async def robots_parsed(self, robotparser: Any, request: Request) -> None:
         host = host_key(request.url)
         if host is None:

@@ -179,8 +179,8 @@ class PoliteScheduler:
         self._timer: Any = None
         self._timer_at = math.inf  # when the timer fires, this process's clock (epoch s)
         self._closing = False
-        self.cache_answers = cache_answers(crawler)  # (next_new: what the HTTP cache answers is never held back)
-        self.holds_new = self.cache_answers is not None or not answering_middlewares(crawler.settings)
+        self.cache_answers = cache_answers(crawler, answering := answering_middlewares(crawler.settings))
+        self.holds_new = self.cache_answers is not None or not answering  # next_new: a cached page is never held
         #: This worker's side of the shared frontier (scrapy-redis's scheduler), set at open; None: held ones are here.
         self.shared: SharedWorker | None = None
 

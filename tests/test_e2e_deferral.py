@@ -629,8 +629,8 @@ async def test_pages_the_http_cache_answers_are_never_held_for_their_host_s_line
     if control:
         answers = addon.cache_answers
 
-        def nothing(crawler: Any) -> Any:
-            return None if answers(crawler) is None else (lambda request: False)
+        def nothing(crawler: Any, answering: Any = None) -> Any:
+            return None if answers(crawler, answering) is None else (lambda request: False)
 
         monkeypatch.setattr("scrapy_polite.scheduler.cache_answers", nothing)
     crawler = await run_crawl(ListSpider, settings(tmp_path, **cache), urls=[srv.url("/")], follow=True, timeout=60)
