@@ -310,8 +310,8 @@ def check_resolver(settings: BaseSettings, address_filter: AddressFilter, reacto
         raise ResolverNotInstalled(
             f"the add-on is enabled only in the spider's custom_settings, so the per-process DNS resolver is "
             f"not scrapy-polite's ({found}) and non-public addresses could be reached. Fix: move "
-            "ADDONS = {'scrapy_polite.Addon': 0} to the project settings (settings.py, or the settings "
-            "given to CrawlerProcess).")
+            "ADDONS = {'scrapy_polite.Addon': 0} to the project settings (settings.py, the settings "
+            "given to CrawlerProcess, or -s 'ADDONS={\"scrapy_polite.Addon\": 0}' for scrapy runspider).")
     raise ResolverNotInstalled(
         f"{found}, not {RESOLVER}, so non-public addresses could be reached. Fix: with CrawlerRunner, "
         "install it before the crawl: PublicHostnameResolver.from_crawler(runner, reactor)"

@@ -49,7 +49,7 @@ from .pacer import Pacer, get_pacer
 from .policy.keys import host_key
 from .settings import SettingsError
 from .settings.config import scheduler_base_class
-from .vocabulary import BURST_META, DONT_PACE_META, TURN_REASONS, DeferralReason
+from .vocabulary import BURST_META, CLOSE_REASONS, DONT_PACE_META, TURN_REASONS, DeferralReason
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -238,7 +238,7 @@ class PoliteScheduler:
 
     def _close_local(self, reason: str) -> Any:
         try:
-            self._save_or_report()
+            self._save_or_report(stopped=reason != "finished" and reason not in CLOSE_REASONS)
         except Exception:
             logger.exception("scrapy-polite: could not save the deferred requests")
             if self.crawler.stats is not None:
@@ -471,15 +471,15 @@ class PoliteScheduler:
 
     # -- persistence ------------------------------------------------------------------------------------
 
-    def _save_or_report(self) -> None:
-        """Close the held requests: under ``JOBDIR`` they stay on disk for resume (those that could not be
-        written are logged and counted), without it they are reported and counted as not crawled."""
+    def _save_or_report(self, *, stopped: bool) -> None:
+        """Close the held requests: under ``JOBDIR`` they stay on disk for resume (those that could not be written are
+        logged and counted), without it they are reported (``stopped``: on request) and counted as not crawled."""
         count = len(self._held)
         summary = self.describe() if count else ""
         left = self._held.close()  # the requests held in memory, which are not kept
         # In `scrapy check`, a contract request still held fails the check instead of passing silently.
         fail_held_contract_requests(left, lambda host: self._hosts.get(host, NOT_HELD).due, self.pacer)
-        self._held.report_close(count, left, summary)
+        self._held.report_close(count, left, summary, stopped=stopped)
 
     def _load(self) -> None:
         """Hold again what a previous run left under ``JOBDIR`` (stopped or killed), at the due times it

@@ -915,3 +915,25 @@ async def test_a_reset_reaches_a_running_crawl_at_its_next_progress_line(arrival
         assert hits[1].start - hits[0].end < 10, describe(hits)  # two progress lines after the reset; not 120 s
     else:
         assert len(hits) == 1, describe(hits)
+
+
+@pytest.mark.parametrize("end", ["page_limit", "deferred"])
+@pytest_twisted.ensureDeferred
+async def test_requests_left_held_by_a_stopped_crawl_are_logged_at_info(arrival_server, tmp_path, caplog, end):
+    """A crawl stopped on request (``CLOSESPIDER_PAGECOUNT``) with requests held for their host's line drops them as
+    Scrapy drops its own pending requests: counted in ``polite/deferred/not_crawled`` and logged at INFO (trial: a
+    WARNING at every page limit). Control (``deferred``): a crawl that ends by itself with requests deferred beyond
+    ``POLITE_MAX_IDLE_WAIT`` (a 300 s Retry-After) still says so at WARNING."""
+    srv = arrival_server("127.0.2.91")
+    if end == "deferred":
+        srv.route("/*", scripted(page("first"), then=Reply.throttle(429, "300")))
+    s = settings(tmp_path, POLITE_HOST_INTERVAL=0.2, POLITE_MAX_IDLE_WAIT=1.0, POLITE_THROTTLE_RETRIES=0,
+                 **({"CLOSESPIDER_PAGECOUNT": 2} if end == "page_limit" else {}))
+    with caplog.at_level(logging.INFO):
+        crawler = await run_crawl(ListSpider, s, urls=[srv.url(f"/p/{i}") for i in range(10)], timeout=60)
+    reason = crawler.stats.get_value("finish_reason")
+    assert reason == ("closespider_pagecount" if end == "page_limit" else "polite_deferred")
+    left = crawler.stats.get_value("polite/deferred/not_crawled")
+    assert left and len(timeline(srv)) + left <= 10, (left, describe(timeline(srv)))
+    levels = [r.levelno for r in caplog.records if "not crawled (set JOBDIR" in r.getMessage()]
+    assert levels == [logging.INFO if end == "page_limit" else logging.WARNING], levels

@@ -409,10 +409,12 @@ class HeldRequests:
             os.remove(path)  # its requests are held (on disk) now
         return found
 
-    def report_close(self, count: int, left: list[Request], summary: str) -> None:
+    def report_close(self, count: int, left: list[Request], summary: str, *, stopped: bool = False) -> None:
         """Count and log the close (:meth:`close`) of ``count`` held requests, ``left`` of them in memory (not kept):
         under ``JOBDIR`` those on disk are kept for resume and those left are logged and counted as not saved; without
-        it every one is counted as not crawled (``summary``: what was held, for the log)."""
+        it every one is counted as not crawled (``summary``: what was held, for the log), logged at WARNING when the
+        crawl ended by itself, at INFO when it was ``stopped`` on request (a ``CLOSESPIDER_*`` limit, the spider's
+        ``CloseSpider``, Ctrl-C), as Scrapy drops its pending requests then (trial: a WARNING at each page limit)."""
         stats = self.crawler.stats
         if stats is not None:
             if self.written:
@@ -424,8 +426,9 @@ class HeldRequests:
         if self._root is None:
             if stats is not None:
                 stats.set_value("polite/deferred/not_crawled", count)
-            logger.warning("scrapy-polite: %d deferred %s not crawled (set JOBDIR to resume them). %s",
-                           count, "request was" if count == 1 else "requests were", summary)
+            (logger.info if stopped else logger.warning)(
+                "scrapy-polite: %d deferred %s not crawled (set JOBDIR to resume them). %s",
+                count, "request was" if count == 1 else "requests were", summary)
             return
         for request in left:
             try:
