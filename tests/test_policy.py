@@ -107,6 +107,19 @@ def test_403_from_a_never_seen_host_equals_the_ok_seen_false_form():
     assert (c.state.consec, c.throttle) == (1, True)
 
 
+def test_a_403_that_refuses_its_page_is_no_throttle():
+    """``forbidden`` (the page was answered 403 before, the host served a 2xx since): a refusal of the page, which
+    takes a step off as a success does, never a throttle's step (docs/spec.md §2). Controls: the same 403 without the
+    flag is a throttle; a 429 with the flag is still one (the flag speaks of 403s only)."""
+    state = HostState(ok_seen=True, consec=2, next_allowed=T0)
+    refused = POLICY.after_response(state, status=403, end=T0, forbidden=True)
+    assert (refused.throttle, refused.state.consec) == (False, 1)
+    throttled = POLICY.after_response(state, status=403, end=T0)
+    assert (throttled.throttle, throttled.state.consec) == (True, 3)
+    still = POLICY.after_response(state, status=429, end=T0, forbidden=True)
+    assert still.throttle and still.state.consec == 3
+
+
 def test_download_failure_counts_as_a_throttle_without_retry_after():
     # docs/spec.md §2: a failure that reached the server's side (timeout, refused, reset) is passed as status None.
     decision = POLICY.after_response(HostState(consec=2), status=None, end=T0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,7 @@ from ..policy.robots import entry_name
 from ..reports.counters import Report
 from ..settings import PoliteConfig
 from ..stores import StoreError
-from ..vocabulary import HOST_META, IP_META, QUOTA_SERIAL_META, RECORDED_META, SENT_AT_META
+from ..vocabulary import FORBIDDEN_META, HOST_META, IP_META, QUOTA_SERIAL_META, RECORDED_META, SENT_AT_META
 from .lifecycle import Lifecycle
 from .outage import DeferredStore
 from .reactor import await_deferred
@@ -111,6 +112,7 @@ class Recorder:
         #: origin (``scheme://host[:port]``) → the status of its last downloaded robots.txt: only a 2xx or 4xx one
         #: may change the delay it publishes (RFC 9309 §2.3.1.4; :meth:`robots_downloaded`).
         self.robots_statuses: dict[str, int] = {}
+        self._token = f"{os.getpid()}:{id(self)}"  # this recorder, in a page's 403 mark (:meth:`_forbidden`)
 
     def downloaded(self, request: Request, response: Response, *, refusal: str | None = None,
                    foreign: bool = False) -> None:
@@ -170,7 +172,19 @@ class Recorder:
         ratelimits = (self._ratelimits(host, response)
                       if self.policy.ratelimit_headers and not _RATELIMIT_KEYS.isdisjoint(headers.keys()) else None)
         return self._record(host, request, status=status, retry_after=retry_after, ratelimits=ratelimits,
-                            measured=request.meta.get("download_latency"), label=str(status))
+                            measured=request.meta.get("download_latency"), label=str(status),
+                            forbidden=status == 403 and self._forbidden(host, request))
+
+    def _forbidden(self, host: str, request: Request) -> bool:
+        """The 403 answering ``request`` refuses its page, it is no throttle: the page was answered 403 before (a
+        throttle then, ``meta['_polite_forbidden']``) and the host served this process a 2xx since (docs/spec.md §2,
+        "After a response"; trial: two always-forbidden pages, each retried as a throttle, took a host's crawl from
+        6 s to 55 s). Another process's mark is no evidence (its counts are not ours): the 403 stays a throttle."""
+        statuses = self.report.counters(host).statuses
+        served = sum(n for status, n in statuses.items() if type(status) is int and 200 <= status < 300)
+        mark = request.meta.get(FORBIDDEN_META)
+        request.meta[FORBIDDEN_META] = (self._token, served)
+        return isinstance(mark, tuple) and mark[0] == self._token and served > mark[1]
 
     def _ratelimits(self, host: str, response: Response) -> RateLimits | None:
         """The response's rate-limit fields (docs/spec.md §2, "Announced quotas"), or None when it has none;
@@ -202,7 +216,7 @@ class Recorder:
 
     def _record(self, host: str, request: Request, *, status: int | None, retry_after: float | None,
                 ratelimits: RateLimits | None, measured: Any, label: str,
-                cause: str | None = None) -> defer.Deferred[Any]:
+                cause: str | None = None, forbidden: bool = False) -> defer.Deferred[Any]:
         """Write the record of a response (``status``) or of a server-side failure (``status`` None, ``cause``:
         its name) in one transaction: the host's new row (:meth:`PacingPolicy.after_response
         <scrapy_polite.policy.PacingPolicy.after_response>`, the response ending at the transaction's ``now``,
@@ -227,7 +241,7 @@ class Recorder:
                        else _latency(measured, sent_at, now))
             decision = policy.after_response(states[host], status=status, end=now, retry_after=retry_after,
                                              sent_at=sent_at, override=override, ratelimits=ratelimits,
-                                             serial=serial, latency=latency)
+                                             serial=serial, latency=latency, forbidden=forbidden)
             if token is not None:
                 released = policy.release_hold(decision.state, token)
                 if released is not None:

@@ -125,16 +125,17 @@ class PacingPolicy(QuotaRules, BookingRules):
 
     # -- after a response -------------------------------------------------------------------------
 
-    def is_throttle(self, status: int, state: HostState | None) -> bool:
-        """A throttle status, or a 403 from a host that has already served a 2xx (docs/spec.md §2)."""
+    def is_throttle(self, status: int, state: HostState | None, *, forbidden: bool = False) -> bool:
+        """A throttle status, or a 403 from a host that has already served a 2xx, unless it refuses its page
+        (``forbidden``: see :meth:`after_response`; docs/spec.md §2)."""
         if status in self.throttle_statuses:
             return True
-        return status == 403 and state is not None and state.ok_seen
+        return status == 403 and state is not None and state.ok_seen and not forbidden
 
     def after_response(self, state: HostState | None, *, status: int | None, end: float,
                        retry_after: float | None = None, sent_at: float | None = None, override: float | None = None,
                        ratelimits: RateLimits | None = None, serial: int | None = None,
-                       latency: float | None = None) -> Decision:
+                       latency: float | None = None, forbidden: bool = False) -> Decision:
         """The host's new state after a response (docs/spec.md §2, "After a response"): its quota counted first,
         its latency observed, then a throttle's step (:meth:`_throttled`) or a success's.
 
@@ -156,6 +157,8 @@ class PacingPolicy(QuotaRules, BookingRules):
                 ``meta['polite_quota_serial']``), for the quota booking; None: not known.
             latency: seconds, this answer's download time (None: not measured), for adaptive pacing
                 (:meth:`_observe`, only with ``adaptive`` on); it counts in this response's delay.
+            forbidden: the page was answered 403 before and the host served a 2xx since: this 403 refuses the page,
+                it is no throttle (docs/spec.md §2).
 
         Returns:
             A :class:`Decision` whose ``state.next_allowed`` is ``end + delay``.
@@ -178,7 +181,7 @@ class PacingPolicy(QuotaRules, BookingRules):
         # ok_seen is set after the decision (is_throttle read the old state): the first 2xx-then-403 pair has
         # no history yet. Set in the same replace() as the rest of the row (one copy of it, not two).
         ok_seen = old.ok_seen or (status is not None and 200 <= status < 300)
-        if status is None or self.is_throttle(status, state):
+        if status is None or self.is_throttle(status, state, forbidden=forbidden):
             return self._throttled(old, eff, failure=status is None, stale=stale, retry_after=retry_after, end=end,
                                    sent_at=sent_at, ok_seen=ok_seen, quota=quota)
         # Sent before a recorded throttle: it says nothing about the host's mood since.
