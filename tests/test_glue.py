@@ -761,6 +761,20 @@ def test_an_invalid_retry_after_is_counted_and_ignored():
     assert g.row("a.example").next_allowed == T0 + 1  # the backoff without Retry-After: 1 s × 2⁰
 
 
+def test_invalid_retry_after_is_logged_at_info_once_per_host(caplog):
+    """Every invalid Retry-After is counted; the first of each host is logged at INFO, the rest at DEBUG (trial: six
+    identical INFO lines per host). Control: another host's first one is at INFO again."""
+    g = glue()
+    with caplog.at_level("DEBUG", logger="scrapy_polite.crawl.recording"):
+        for url in ("http://a.example/1", "http://a.example/2", "http://b.example/1"):
+            r = request(url)
+            book(g, r)
+            respond(g, r, status=429, **{"Retry-After": "soon"})
+    levels = [(r.getMessage().split("/")[2], r.levelname) for r in caplog.records if "invalid Retry-After" in r.getMessage()]
+    assert levels == [("a.example", "INFO"), ("a.example", "DEBUG"), ("b.example", "INFO")], levels
+    assert g.stat("retry_after/invalid") == 3
+
+
 def test_a_response_sent_before_a_recorded_throttle_takes_no_step_off():
     throttled = HostState(next_allowed=T0 + 10, consec=2, throttled_at=T0 + 1, updated=T0 + 1)
     g = glue()

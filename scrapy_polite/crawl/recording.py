@@ -107,7 +107,7 @@ class Recorder:
         self._clamped_hosts: set[str] = set()
         #: The records of requests that hold no line (burst, robots.txt), awaited by :meth:`recorded`.
         self._unlined: weakref.WeakKeyDictionary[Any, defer.Deferred[Any]] = weakref.WeakKeyDictionary()
-        #: Hosts whose malformed rate-limit fields, or clamped quota, were logged (once per host and field).
+        #: Hosts whose malformed rate-limit fields or Retry-After, or clamped quota, were logged (once per host, field).
         self._ratelimit_logged: set[tuple[str, str]] = set()
         #: origin (``scheme://host[:port]``) → the status of its last downloaded robots.txt: only a 2xx or 4xx one
         #: may change the delay it publishes (RFC 9309 §2.3.1.4; :meth:`robots_downloaded`).
@@ -167,7 +167,11 @@ class Recorder:
             retry_after, errors = longest_retry_after(lines, now=self.clock.clock(), date=headers.get(b"Date"))
             for exc in errors:
                 self.report.inc("retry_after/invalid")
-                logger.info("Ignoring invalid Retry-After from %s: %s", response.url, exc)
+                first = (host, "retry-after") not in self._ratelimit_logged  # once per host at INFO (trial)
+                self._ratelimit_logged.add((host, "retry-after"))
+                (logger.info if first else logger.debug)(
+                    "Ignoring invalid Retry-After from %s: %s%s", response.url, exc,
+                    " (further ones from this host are logged at DEBUG)" if first else "")
         # Most responses announce no quota: one set test spares them :meth:`_ratelimits`.
         ratelimits = (self._ratelimits(host, response)
                       if self.policy.ratelimit_headers and not _RATELIMIT_KEYS.isdisjoint(headers.keys()) else None)
