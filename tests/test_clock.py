@@ -191,7 +191,7 @@ def held_release(monkeypatch: pytest.MonkeyPatch, step: float, *, wall_clock: bo
     t = FakeTime()
     clock = t.wall if wall_clock else ProcessClock(wall=t.wall, monotonic=t.monotonic)
     settings = {"POLITE_HOST_INTERVAL": 1.0, "POLITE_IP_INTERVAL": 0.0, "POLITE_MAX_WAIT": 60.0,
-                "POLITE_MAX_HELD_IN_MEMORY": 10}
+                "POLITE_MAX_HELD_IN_MEMORY": 10, "POLITE_ALLOW_PRIVATE": True}  # (the proxy's address is not asked)
     crawler = get_crawler(ListSpider, settings)
     crawler.spider = ListSpider()
     active: set[scrapy.Request] = set()  # the downloader's requests, for the lifecycle's reconcile
@@ -290,7 +290,7 @@ def test_a_wall_clock_step_does_not_bring_a_booking_forward_or_push_it_back():
         # No quota booking: r1 is never answered here, and a host's second booking waits for its first answer
         # while quotas are read (docs/spec.md §2, "Quota booking"); this test is about the clock alone.
         crawler = get_crawler(ListSpider, {"POLITE_HOST_INTERVAL": 1.0, "POLITE_MAX_WAIT": 120.0,
-                                           "POLITE_RATELIMIT_HEADERS": False})
+                                           "POLITE_RATELIMIT_HEADERS": False, "POLITE_ALLOW_PRIVATE": True})
         pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), MemoryStore(clock=clock).open_async(),
                       clock=clock, sleep=sleep)
         r1 = scrapy.Request("http://a.example/1", meta={"proxy": "http://p.example:1", "polite_host": "a.example"})

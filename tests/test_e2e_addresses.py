@@ -640,3 +640,50 @@ async def test_an_ftp_request_with_a_proxy_is_checked(admitted):
     assert stat(crawler, "polite/proxy_unpinned") == 0
     assert stat(crawler, "polite/blocked/private_address") == (0 if admitted else 1), {
         k: v for k, v in crawler.stats.get_stats().items() if k.startswith("polite/")}
+
+
+@pytest.mark.parametrize("admitted", [False, True], ids=["proxy_not_admitted", "proxy_admitted"])
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest_twisted.ensureDeferred
+async def test_the_proxy_a_request_goes_to_must_have_an_allowed_address(scheme, admitted, caplog):
+    """The proxy of ``meta['proxy']`` is contacted, so its address meets the rules of any host (docs/spec.md §4;
+    trial: an ``https`` request through a proxy at a non-admitted IP literal reached it with ``CONNECT``, and an
+    ``http`` one failed as an unexplained DNS error). Not admitted: nothing connects to it, the request is refused
+    and the WARNING names the proxy. Control (admitted): the proxy is contacted."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.3", 0))
+    listener.listen(5)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    peers: list[object] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = listener.accept()
+            except OSError:
+                continue
+            peers.append(peer)
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    networks = ["127.0.0.2/32", "127.0.0.3/32"] if admitted else ["127.0.0.2/32"]
+    settings = polite_settings(POLITE_ALLOWED_NETWORKS=networks, POLITE_HOST_INTERVAL=0.0, DOWNLOAD_TIMEOUT=5,
+                               RETRY_ENABLED=False)
+    try:
+        crawler = await run_crawl(ListSpider, settings, urls=[f"{scheme}://127.0.0.2:9/page"],
+                                  meta={"proxy": f"http://127.0.0.3:{port}"}, timeout=30)
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert bool(peers) is admitted, peers
+    warned = [r.getMessage() for r in caplog.records if "refuses the proxy 127.0.0.3" in r.getMessage()]
+    assert bool(warned) is not admitted, warned
+    assert stat(crawler, "polite/blocked/private_address") == (0 if admitted else 1), {
+        k: v for k, v in crawler.stats.get_stats().items() if k.startswith("polite/")}

@@ -994,7 +994,7 @@ def fake_crawler(**settings: Any) -> Any:
 
 
 def pacer_on(store: MemoryStore, clock: FakeClock, sleep: Any) -> Pacer:
-    crawler = fake_crawler()
+    crawler = fake_crawler(POLITE_ALLOW_PRIVATE=True)  # the proxy's address is not asked (its requests resolve nothing)
     pacer = Pacer(crawler, PoliteConfig.from_settings(crawler.settings), store.open_async(), clock=clock,
                   sleep=sleep)
     pacer.booker.attach(FakeScheduler())

@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from ..network.addresses import AddressFilter, one_family
+from ..policy.keys import host_key
 from ..reports.counters import Report
 from ..resolver import (
     BlockedHost,
@@ -107,11 +109,12 @@ class Resolution:
             DNSLookupError: the host cannot be resolved (NXDOMAIN, SERVFAIL, timeout).
             ResolverNotInstalled: see :meth:`resolver`.
         """
-        if request.meta.get("proxy") and self._proxied(request):
-            return None
-        resolver = self._resolver if self._resolver is not None else self.resolver()
-        whole = self.resolves_itself is not None and self.resolves_itself(request)
         try:
+            if request.meta.get("proxy") and self._proxied(request):
+                await self._check_proxy(request.meta["proxy"])
+                return None
+            resolver = self._resolver if self._resolver is not None else self.resolver()
+            whole = self.resolves_itself is not None and self.resolves_itself(request)
             if whole:
                 addresses = await await_deferred(resolver.resolve_whole(host))
             else:
@@ -147,6 +150,28 @@ class Resolution:
         except DNSTimeout:
             self.report.inc("dns/timeout")
             raise
+
+    async def _check_proxy(self, proxy: str) -> None:
+        """The proxy a request goes to (``meta['proxy']``) is contacted, so it must have an allowed address, as any
+        host (docs/spec.md §4; trial: an HTTPS request through a proxy at a non-admitted IP literal reached it, and an
+        HTTP one failed as an unexplained DNS error). A proxy URL that names no host is left to Scrapy; with
+        ``POLITE_ALLOW_PRIVATE`` every address is allowed, so nothing is asked.
+
+        Raises:
+            BlockedHost: ``the proxy HOST`` has only non-public addresses (or a DNS error, as for any host)."""
+        name = urlsplit(proxy if "://" in proxy else f"http://{proxy}").hostname
+        host = host_key(f"http://[{name}]/" if ":" in name else f"http://{name}/") if name else None
+        if host is None or self.address_filter.allow_private:
+            return
+        resolver = self._resolver if self._resolver is not None else self.resolver()
+        try:
+            known = resolver.resolve_known(host)
+            answer = known if known is not None else await await_deferred(resolver.resolve(host))
+            kept, dropped = self.address_filter.split(tuple(answer))
+        except BlockedHost as exc:
+            kept, dropped = [], exc.dropped
+        if not kept:
+            raise BlockedHost(f"the proxy {host}", dropped)
 
     def _proxied(self, request: Request) -> bool:
         """Whether ``request`` goes to its ``meta['proxy']`` (:attr:`through_proxy`): counted once per request
