@@ -101,6 +101,41 @@ def guarded_connects():
         del reactor.connectTCP  # the instance attribute hid the reactor's method
 
 
+@contextlib.contextmanager
+def tcp_listener(address: str, greeting: bytes = b""):
+    """A TCP listener on ``address`` that accepts, sends ``greeting`` and closes every connection: yields
+    ``(port, peers)``, the peers of the connections it took (a thread; stopped on exit)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind((address, 0))
+    listener.listen(5)
+    listener.settimeout(0.2)
+    peers: list[object] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = listener.accept()
+            except OSError:
+                continue
+            peers.append(peer)
+            if greeting:
+                conn.sendall(greeting)
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], peers
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
 class RecordingSpider(ListSpider):
     """ListSpider that also records, per response, the address it was booked on (``meta['polite_ip']``)."""
 
@@ -604,38 +639,11 @@ async def test_an_ftp_request_with_a_proxy_is_checked(admitted):
     """Scrapy's FTP handler ignores ``meta['proxy']`` and connects to the URL's host itself (review: a proxy
     middleware or ``ftp_proxy`` let ``ftp://`` reach a private address unchecked). The request is checked as any
     other: 127.0.0.2, not admitted, is never contacted; admitted (the control), it is, proxy or not."""
-    import socket
-    import threading
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.2", 0))
-    listener.listen(5)
-    listener.settimeout(0.2)
-    port = listener.getsockname()[1]
-    peers: list[object] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, peer = listener.accept()
-            except OSError:
-                continue
-            peers.append(peer)
-            conn.sendall(b"220 banner\r\n")
-            conn.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
     networks = ["127.0.0.2/32"] if admitted else ["127.0.0.9/32"]
     settings = polite_settings(POLITE_ALLOWED_NETWORKS=networks, POLITE_HOST_INTERVAL=0.0, DOWNLOAD_TIMEOUT=5)
-    try:
+    with tcp_listener("127.0.0.2", b"220 banner\r\n") as (port, peers):
         crawler = await run_crawl(ListSpider, settings, urls=[f"ftp://127.0.0.2:{port}/file.txt"],
                                   meta={"proxy": "http://127.0.0.9:9"}, timeout=30)
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
     assert len(peers) == (1 if admitted else 0), peers
     assert stat(crawler, "polite/proxy_unpinned") == 0
     assert stat(crawler, "polite/blocked/private_address") == (0 if admitted else 1), {
@@ -650,38 +658,12 @@ async def test_the_proxy_a_request_goes_to_must_have_an_allowed_address(scheme, 
     trial: an ``https`` request through a proxy at a non-admitted IP literal reached it with ``CONNECT``, and an
     ``http`` one failed as an unexplained DNS error). Not admitted: nothing connects to it, the request is refused
     and the WARNING names the proxy. Control (admitted): the proxy is contacted."""
-    import socket
-    import threading
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.3", 0))
-    listener.listen(5)
-    listener.settimeout(0.2)
-    port = listener.getsockname()[1]
-    peers: list[object] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, peer = listener.accept()
-            except OSError:
-                continue
-            peers.append(peer)
-            conn.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
     networks = ["127.0.0.2/32", "127.0.0.3/32"] if admitted else ["127.0.0.2/32"]
     settings = polite_settings(POLITE_ALLOWED_NETWORKS=networks, POLITE_HOST_INTERVAL=0.0, DOWNLOAD_TIMEOUT=5,
                                RETRY_ENABLED=False)
-    try:
+    with tcp_listener("127.0.0.3") as (port, peers):
         crawler = await run_crawl(ListSpider, settings, urls=[f"{scheme}://127.0.0.2:9/page"],
                                   meta={"proxy": f"http://127.0.0.3:{port}"}, timeout=30)
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
     assert bool(peers) is admitted, peers
     warned = [r.getMessage() for r in caplog.records if "refuses the proxy 127.0.0.3" in r.getMessage()]
     assert bool(warned) is not admitted, warned
