@@ -408,8 +408,9 @@ class PoliteExtension:
             if timer is not None and timer.running:
                 timer.stop()
         stats = self.crawler.stats
-        no_host = stats.get_value("polite/refused/no_host", 0) if stats is not None else 0
-        logger.info("%s", format_summary(self.report, now=self.pacer.clock(), no_host=no_host or 0))
+        unhosted = {reason: stats.get_value(f"polite/refused/{reason}", 0) or 0 if stats is not None else 0
+                    for reason in ("no_host", "invalid_host")}  # refused with no host to count them on
+        logger.info("%s", format_summary(self.report, now=self.pacer.clock(), unhosted=unhosted))
         if self.pacer.failed is not None:  # stopped by the add-on: not a finished crawl (exit status 1)
             fail_crawl_process(self.crawler)
         await self.pacer.close_async()

@@ -196,10 +196,10 @@ def test_refusals_and_pages_given_up_are_in_the_summary():
     rep.refused("lan.example", "non_public")
     rep.gave_up("busy.example", "http://busy.example/a")
     clock.t += 1
-    text = format_summary(rep, now=clock.t, no_host=1)
+    text = format_summary(rep, now=clock.t, unhosted={"no_host": 1, "invalid_host": 2})
     first = text.splitlines()[0]
     assert "1 page given up" in first
-    assert "3 refused (1 no host, 2 non-public)" in first
+    assert "5 refused (2 invalid host, 1 no host, 2 non-public)" in first  # (trial: invalid hosts were left out)
     assert re.search(r"lan\.example .* 2 non-public$", text, re.MULTILINE), text
     assert "given up on busy.example: http://busy.example/a" in text
     assert rep.stats is None  # counters only (no stats collector)

@@ -4,7 +4,7 @@ the live progress line (every ``LOGSTATS_INTERVAL`` seconds) and the hosts that 
 Pure formatting: counters (:class:`~scrapy_polite.reports.counters.Report`) and times in, text out. The words are
 the same everywhere (the documentation, the summary, ``scrapy polite``): **requests**, **given up**, **throttles**,
 **backoff steps**, **backing off**, **turn waits**, **deferred** (``throttled``, ``Crawl-delay``),
-**refused** (``non-public``, ``no host``), **held**, **due**.
+**refused** (``non-public``, ``no host``, ``invalid host``), **held**, **due**.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def _cell_refused(c: HostCounters) -> str:
     return ", ".join(f"{n} {REFUSAL_WORDS.get(r, r)}" for r, n in sorted(c.refusals.items()) if n) or "-"
 
 
-def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
+def format_summary(report: Report, *, now: float, unhosted: Mapping[str, int] | None = None) -> str:
     """The closing summary: a totals line, then one row per host this crawl touched (:data:`COLUMNS`; a host
     only listed at start as in backoff from the pace table is left out) and the pages given up.
 
@@ -184,13 +184,15 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
     Args:
         report: the crawl's counters.
         now: the crawl's end, epoch seconds (this process's clock).
-        no_host: requests refused because their URL has no host (``polite/refused/no_host``).
+        unhosted: requests refused with no host to count them on, by reason: ``no_host`` (their URL has none,
+            ``polite/refused/no_host``) and ``invalid_host`` (the URL Standard rejects it,
+            ``polite/refused/invalid_host``).
     """
     # A host this crawl never touched (only listed at start as in backoff from the pace table) is not in it.
     hosts = {host: c for host, c in report.hosts.items() if c.active}
     elapsed = max(0.0, now - report.started)
     turn = sum(c.turn_waits for c in hosts.values())
-    parts = _totals(hosts, no_host)
+    parts = _totals(hosts, unhosted or {})
     backing_off = format_duration(min(elapsed, Span.union(c.backing_off for c in hosts.values()).seconds(until=now)))
     in_line = format_duration(min(elapsed, report.turn_span.seconds(until=now)))
     lines = [f"scrapy-polite summary: {plural(len(hosts), 'host')} in {format_duration(elapsed)}: "
@@ -209,9 +211,9 @@ def format_summary(report: Report, *, now: float, no_host: int = 0) -> str:
     return "\n".join(lines)
 
 
-def _totals(hosts: Mapping[str, HostCounters], no_host: int) -> list[str]:
+def _totals(hosts: Mapping[str, HostCounters], unhosted: Mapping[str, int]) -> list[str]:
     """The totals line's counts: requests, pages given up, throttles and backoff steps, deferred and refused by
-    reason (``no_host``: requests refused because their URL has no host)."""
+    reason (``unhosted``: the refusals with no host to count them on, by reason)."""
     deferred: dict[str, int] = {}
     refused: dict[str, int] = {}
     for c in hosts.values():
@@ -219,8 +221,9 @@ def _totals(hosts: Mapping[str, HostCounters], no_host: int) -> list[str]:
             deferred[reason] = deferred.get(reason, 0) + n
         for reason, n in c.refusals.items():
             refused[reason] = refused.get(reason, 0) + n
-    if no_host:
-        refused["no_host"] = refused.get("no_host", 0) + no_host
+    for reason, n in unhosted.items():
+        if n:
+            refused[reason] = refused.get(reason, 0) + n
     throttles = sum(c.throttles for c in hosts.values())
     steps = sum(c.backoff_steps for c in hosts.values())
     parts = [plural(sum(c.requests for c in hosts.values()), "request"),
