@@ -86,8 +86,8 @@ RECORDED_META: Final = "_polite_recorded"  # this pass's download is recorded (d
 #: ``meta['dont_cache']`` was set by the package on a throttle it handed on (not by the user): the cache does not
 #: store that throttle, and the next pass (Scrapy's retry copy) drops both, so the cache may keep its answer.
 UNCACHED_META: Final = "_polite_uncached"
-#: This page was answered 403 as a throttle: ``(the recording process's token, the host's 2xx answers it had recorded
-#: then)``; a second 403 after a 2xx of the host is a refusal of the page (docs/spec.md §2, "After a response").
+#: This page was answered 403: ``(the recording process's token, the page's URL, the host's 2xx answers it had recorded
+#: then)``; a second 403 of that page after a 2xx of the host is a refusal of the page (docs/spec.md §2).
 FORBIDDEN_META: Final = "_polite_forbidden"
 
 #: The meta keys a user may read or set, each with what it means (the reference lists them, in this order):

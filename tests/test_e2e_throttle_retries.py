@@ -19,7 +19,7 @@ import pytest_twisted
 from scrapy_polite.clock import process_clock
 from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
-from tests.support.server import Arrival, Reply, gaps, scripted
+from tests.support.server import Arrival, Reply, gaps, scripted, sequence
 
 #: Lower-bound tolerance (seconds): clock granularity only.
 TOL = 0.02
@@ -290,3 +290,36 @@ async def test_a_page_answered_403_again_after_the_host_served_others_is_refused
     forbidden = [f.status for f in crawler.spider.fetched if "/forbidden/" in f.url]
     assert forbidden == [403, 403], crawler.spider.fetched  # each page reached the spider once, as Scrapy hands it
     assert bool(stat(crawler, "throttle/given_up")) is not others
+
+
+class _MetaCopyingSpider(ListSpider):
+    """Follows each link with a copy of the page's whole meta (``response.follow(href, meta=response.meta)``)."""
+
+    def parse(self, response: Any, user_meta: dict[str, Any]) -> Any:
+        self._record(response, user_meta, via_errback=False)
+        for href in response.css("a::attr(href)").getall():
+            yield response.follow(href, meta=dict(response.meta), callback=self.parse, errback=self.on_error,
+                                  cb_kwargs={"user_meta": user_meta})
+
+
+@pytest.mark.parametrize("via", ["link_with_copied_meta", "meta_refresh"])
+@pytest_twisted.ensureDeferred
+async def test_a_403_mark_stays_with_its_page(arrival_server, tmp_path, via):
+    """The mark of a page answered 403 names that page: a page reached from it with a copy of its meta (a link
+    followed with ``meta=response.meta``, a redirect) is another page, whose own first 403 is a throttle, retried
+    (review: the mark travelled, and the next page's first 403, after a 2xx, was refused without a retry)."""
+    srv = arrival_server("127.0.7.32")
+    forbidden_once = Reply.text("forbidden", status=403)
+    onward = (Reply.html('<a href="/b">b</a>') if via == "link_with_copied_meta"
+              else Reply.html('<meta http-equiv="refresh" content="0; url=/b">'))  # a 200, then a redirect
+    srv.route("/a", sequence(forbidden_once, onward))
+    srv.route("/b", sequence(forbidden_once, Reply.html("<p>b</p>")))
+    srv.route("/first", Reply.html('<a href="/a">a</a>'))
+    s = settings(tmp_path, POLITE_HOST_INTERVAL=0.1, POLITE_MAX_BACKOFF=1.0)
+    spider = _MetaCopyingSpider if via == "link_with_copied_meta" else ListSpider
+    crawler = await run_crawl(spider, s, urls=[srv.url("/first"), *([] if spider is _MetaCopyingSpider
+                                                                    else [srv.url("/a")])],
+                              follow=spider is _MetaCopyingSpider, timeout=60)
+    hits = timeline(srv)
+    assert [(a.path, a.status) for a in hits if a.path == "/b"] == [("/b", 403), ("/b", 200)], describe(hits)
+    assert [f.status for f in crawler.spider.fetched if f.url.endswith("/b")] == [200]

@@ -646,3 +646,27 @@ async def test_the_crawls_resolution_splits_each_answer_once_and_refuses_the_sam
     for _ in range(2):
         with pytest.raises(BlockedHost):
             await resolution.addresses(Request("http://local.test/"), "local.test")
+
+
+@pytest.mark.parametrize(("proxy", "refused"), [
+    ("http://[::1%251]:8080", True),  # a zone id: the URL Standard rejects it, Twisted would connect (review)
+    ("http://[fe80::1%25eth0]:3128", True),
+    ("http://127.0.0.3:8080", True),  # control: a non-admitted literal, refused by the address rules
+    ("http://user:secret@8.8.8.8:3128", False),  # control: a public proxy, user info and all
+    ("8.8.4.4:3128", False),  # no scheme, as Scrapy accepts it
+])
+@pytest_twisted.ensureDeferred
+async def test_the_proxy_of_a_request_meets_the_address_rules(dns_server, proxy, refused):
+    """``Resolution._check_proxy``: the proxy a request goes to is contacted, so its host must have an allowed
+    address (docs/spec.md §4); one the URL Standard rejects is refused, not left to Scrapy."""
+    from scrapy_polite.crawl.resolution import Resolution
+    from scrapy_polite.reports.counters import Report
+
+    resolution = Resolution(SimpleNamespace(), AddressFilter(allowed_networks=["127.0.0.2/32"]), Report(None),
+                            lambda exc: None)  # type: ignore[arg-type]
+    resolution._resolver = make_resolver(dns_server({}), address_filter=AddressFilter(allowed_networks=["127.0.0.0/8"]))
+    if refused:
+        with pytest.raises(BlockedHost, match="the proxy"):
+            await resolution._check_proxy(proxy)
+    else:
+        await resolution._check_proxy(proxy)

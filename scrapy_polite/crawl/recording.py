@@ -183,12 +183,16 @@ class Recorder:
         """The 403 answering ``request`` refuses its page, it is no throttle: the page was answered 403 before (a
         throttle then, ``meta['_polite_forbidden']``) and the host served this process a 2xx since (docs/spec.md §2,
         "After a response"; trial: two always-forbidden pages, each retried as a throttle, took a host's crawl from
-        6 s to 55 s). Another process's mark is no evidence (its counts are not ours): the 403 stays a throttle."""
+        6 s to 55 s). The mark names its page (its URL): a redirect, or a request made with a copy of the meta, is
+        another page (review). Another process's mark is no evidence (its counts are not ours): a throttle still."""
         statuses = self.report.counters(host).statuses
         served = sum(n for status, n in statuses.items() if type(status) is int and 200 <= status < 300)
         mark = request.meta.get(FORBIDDEN_META)
-        request.meta[FORBIDDEN_META] = (self._token, served)
-        return isinstance(mark, tuple) and mark[0] == self._token and served > mark[1]
+        request.meta[FORBIDDEN_META] = (self._token, request.url, served)
+        if not (isinstance(mark, tuple) and len(mark) == 3):
+            return False
+        token, url, before = mark
+        return bool(token == self._token and url == request.url and served > before)
 
     def _ratelimits(self, host: str, response: Response) -> RateLimits | None:
         """The response's rate-limit fields (docs/spec.md §2, "Announced quotas"), or None when it has none;

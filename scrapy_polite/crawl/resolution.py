@@ -159,10 +159,17 @@ class Resolution:
 
         Raises:
             BlockedHost: ``the proxy HOST`` has only non-public addresses (or a DNS error, as for any host)."""
-        name = urlsplit(proxy if "://" in proxy else f"http://{proxy}").hostname
-        host = host_key(f"http://[{name}]/" if ":" in name else f"http://{name}/") if name else None
-        if host is None or self.address_filter.allow_private:
+        if self.address_filter.allow_private:
             return
+        try:
+            name = urlsplit(proxy if "://" in proxy else f"http://{proxy}").hostname
+        except ValueError:  # "http://[::1": Scrapy cannot use it either
+            return
+        if not name:
+            return
+        host = host_key(f"http://[{name}]/" if ":" in name else f"http://{name}/")
+        if host is None:  # a host the URL Standard rejects, e.g. an IPv6 zone id Twisted would connect to (review)
+            raise BlockedHost(f"the proxy {name}", [name])
         resolver = self._resolver if self._resolver is not None else self.resolver()
         try:
             known = resolver.resolve_known(host)

@@ -74,7 +74,8 @@ SETTINGS: tuple[Setting, ...] = (
             guide="guides/throttles"),
     Setting("POLITE_THROTTLE_STATUSES", "list", [429, 503],
             "HTTP statuses that mean \"slow down\" (a list of 4xx and 5xx statuses, not empty). A 403 from a host that "
-            "already served a 2xx is a throttle too, until the same page is refused again after a 2xx of the host.",
+            "already served a 2xx is a throttle too, until the same page is refused again after a 2xx of the host "
+            "(a 403 listed here is always one).",
             guide="guides/throttles"),
     Setting("POLITE_MAX_RETRY_AFTER", "seconds", 3600.0,
             "Cap (seconds) on an honoured `Retry-After` (any number of digits), and on an announced quota's interval "
