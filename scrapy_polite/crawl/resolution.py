@@ -135,9 +135,11 @@ class Resolution:
             return list(kept)  # a list of its own: the caller may change it
         except BlockedHost as exc:
             self.report.refused(host, "non_public", request.url)
-            if host not in self._blocked_logged:
-                self._blocked_logged.add(host)
-                logger.warning("%s (%s; further requests to this host are refused quietly)", exc, request.url)
+            proxy = exc.host.startswith("the proxy ")  # (_check_proxy): logged once per proxy, not per host (review)
+            if (key := exc.host if proxy else host) not in self._blocked_logged:
+                self._blocked_logged.add(key)
+                logger.warning("%s (%s; further requests %s are refused quietly)", exc, request.url,
+                               "through this proxy" if proxy else "to this host")
             else:
                 logger.debug("%s (%s)", exc, request.url)
             raise
