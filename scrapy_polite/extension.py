@@ -57,7 +57,7 @@ from .settings.config import scheduler_base_class
 from .settings.declaration import DEFAULTS
 from .startup import leftover_settings_warning, refuse_to_start
 from .stores import ProcessLocal, StoreError, has_ability
-from .vocabulary import parse_seconds
+from .vocabulary import REFUSAL_REASONS, parse_seconds
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -408,8 +408,9 @@ class PoliteExtension:
             if timer is not None and timer.running:
                 timer.stop()
         stats = self.crawler.stats
-        unhosted = {reason: stats.get_value(f"polite/refused/{reason}", 0) or 0 if stats is not None else 0
-                    for reason in ("no_host", "invalid_host")}  # refused with no host to count them on
+        unhosted: dict[str, int] = {  # refused with no host to count them on
+            reason: stats.get_value(f"polite/refused/{reason}", 0) or 0 if stats is not None else 0
+            for reason in REFUSAL_REASONS if reason != "non_public"}
         logger.info("%s", format_summary(self.report, now=self.pacer.clock(), unhosted=unhosted))
         if self.pacer.failed is not None:  # stopped by the add-on: not a finished crawl (exit status 1)
             fail_crawl_process(self.crawler)

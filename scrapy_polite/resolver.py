@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "PublicHostnameResolver",
     "BlockedHost",
+    "BlockedProxy",
     "MixedAnswer",
     "HostNotFound",
     "DNSServerFailure",
@@ -70,12 +71,20 @@ __all__ = [
 class BlockedHost(IgnoreRequest):
     """Every address of the host is non-public (docs/spec.md §4). ``host`` and ``dropped`` (list of str) say which."""
 
+    subject = ""  #: what the message calls the host
+
     def __init__(self, host: str, dropped: Sequence[str]) -> None:
         self.host = host
         self.dropped = list(dropped)
         super().__init__(
-            f"scrapy-polite refuses {host}: it resolves only to non-public addresses "
+            f"scrapy-polite refuses {self.subject}{host}: it resolves only to non-public addresses "
             f"({', '.join(self.dropped) or 'none'}); allow them with POLITE_ALLOWED_NETWORKS if this is intended")
+
+
+class BlockedProxy(BlockedHost):
+    """The proxy of ``meta['proxy']`` (``host``) has only non-public addresses, or a host the URL Standard rejects."""
+
+    subject = "the proxy "
 
 
 class MixedAnswer(BlockedHost):

@@ -658,7 +658,8 @@ async def test_the_proxy_a_request_goes_to_must_have_an_allowed_address(scheme, 
     """The proxy of ``meta['proxy']`` is contacted, so its address meets the rules of any host (docs/spec.md §4;
     trial: an ``https`` request through a proxy at a non-admitted IP literal reached it with ``CONNECT``, and an
     ``http`` one failed as an unexplained DNS error). Not admitted: nothing connects to it, the request is refused
-    and the WARNING names the proxy, once for the two hosts sent through it. Control (admitted): it is contacted."""
+    and the WARNING names the proxy, once for the two hosts sent through it; nothing is counted as sent unpinned through
+    it. Control (admitted): it is contacted."""
     networks = ["127.0.0.2/32", "127.0.0.4/32", *(["127.0.0.3/32"] if admitted else [])]
     settings = polite_settings(POLITE_ALLOWED_NETWORKS=networks, POLITE_HOST_INTERVAL=0.0, DOWNLOAD_TIMEOUT=5,
                                RETRY_ENABLED=False)
@@ -671,3 +672,4 @@ async def test_the_proxy_a_request_goes_to_must_have_an_allowed_address(scheme, 
     assert len(warned) == (0 if admitted else 1), warned
     assert stat(crawler, "polite/blocked/private_address") == (0 if admitted else 2), {
         k: v for k, v in crawler.stats.get_stats().items() if k.startswith("polite/")}
+    assert stat(crawler, "polite/proxy_unpinned") == (2 if admitted else 0)  # a refused request went nowhere

@@ -24,6 +24,7 @@ from zope.interface import implementer
 from scrapy_polite.network.addresses import AddressFilter
 from scrapy_polite.resolver import (
     BlockedHost,
+    BlockedProxy,
     DNSServerFailure,
     DNSTimeout,
     HostNotFound,
@@ -666,7 +667,7 @@ async def test_the_proxy_of_a_request_meets_the_address_rules(dns_server, proxy,
                             lambda exc: None)  # type: ignore[arg-type]
     resolution._resolver = make_resolver(dns_server({}), address_filter=AddressFilter(allowed_networks=["127.0.0.0/8"]))
     if refused:
-        with pytest.raises(BlockedHost, match="the proxy"):
+        with pytest.raises(BlockedProxy, match="the proxy"):
             await resolution._check_proxy(proxy)
     else:
         await resolution._check_proxy(proxy)

@@ -14,6 +14,7 @@ from ..policy.keys import host_key
 from ..reports.counters import Report
 from ..resolver import (
     BlockedHost,
+    BlockedProxy,
     DNSServerFailure,
     DNSTimeout,
     HostNotFound,
@@ -110,8 +111,9 @@ class Resolution:
             ResolverNotInstalled: see :meth:`resolver`.
         """
         try:
-            if request.meta.get("proxy") and self._proxied(request):
+            if request.meta.get("proxy") and self.through_proxy is not None and self.through_proxy(request):
                 await self._check_proxy(request.meta["proxy"])
+                self._count_proxied(request)
                 return None
             resolver = self._resolver if self._resolver is not None else self.resolver()
             whole = self.resolves_itself is not None and self.resolves_itself(request)
@@ -135,8 +137,8 @@ class Resolution:
             return list(kept)  # a list of its own: the caller may change it
         except BlockedHost as exc:
             self.report.refused(host, "non_public", request.url)
-            proxy = exc.host.startswith("the proxy ")  # (_check_proxy): logged once per proxy, not per host (review)
-            if (key := exc.host if proxy else host) not in self._blocked_logged:
+            proxy = isinstance(exc, BlockedProxy)  # logged once per proxy, not per host sent through it (review)
+            if (key := f"proxy {exc.host}" if proxy else host) not in self._blocked_logged:
                 self._blocked_logged.add(key)
                 logger.warning("%s (%s; further requests %s are refused quietly)", exc, request.url,
                                "through this proxy" if proxy else "to this host")
@@ -160,7 +162,7 @@ class Resolution:
         ``POLITE_ALLOW_PRIVATE`` every address is allowed, so nothing is asked.
 
         Raises:
-            BlockedHost: ``the proxy HOST`` has only non-public addresses (or a DNS error, as for any host)."""
+            BlockedProxy: the proxy's host has only non-public addresses (or a DNS error, as for any host)."""
         if self.address_filter.allow_private:
             return
         try:
@@ -171,7 +173,7 @@ class Resolution:
             return
         host = host_key(f"http://[{name}]/" if ":" in name else f"http://{name}/")
         if host is None:  # a host the URL Standard rejects, e.g. an IPv6 zone id Twisted would connect to (review)
-            raise BlockedHost(f"the proxy {name}", [name])
+            raise BlockedProxy(name, [name])
         resolver = self._resolver if self._resolver is not None else self.resolver()
         try:
             known = resolver.resolve_known(host)
@@ -180,13 +182,11 @@ class Resolution:
         except BlockedHost as exc:
             kept, dropped = [], exc.dropped
         if not kept:
-            raise BlockedHost(f"the proxy {host}", dropped)
+            raise BlockedProxy(host, dropped)
 
-    def _proxied(self, request: Request) -> bool:
-        """Whether ``request`` goes to its ``meta['proxy']`` (:attr:`through_proxy`): counted once per request
+    def _count_proxied(self, request: Request) -> None:
+        """``request`` goes to its allowed ``meta['proxy']`` (:attr:`through_proxy`): counted once per request
         (``polite/proxy_unpinned``), logged once per crawl."""
-        if self.through_proxy is None or not self.through_proxy(request):
-            return False
         if not self._warned_proxy:
             self._warned_proxy = True
             logger.warning("scrapy-polite: requests through an HTTP proxy are resolved by the proxy, so "
@@ -194,7 +194,6 @@ class Resolution:
         if not request.meta.get(PROXY_COUNTED_META):
             request.meta[PROXY_COUNTED_META] = True
             self.report.inc("proxy_unpinned")
-        return True
 
     def pin(self, request: Request, host: str, address: str) -> None:
         """Connect ``request`` to ``address`` (``meta['polite_ip']``) and pin the resolver's answer for
