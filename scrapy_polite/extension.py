@@ -167,6 +167,11 @@ class PoliteExtension:
         leftover = leftover_settings_warning(crawler.settings)
         if leftover is not None:
             logger.warning("%s", leftover)
+        if wide := pacer.config.address_filter.wide_networks:  # trial: 0.0.0.0/0 was accepted without a word
+            logger.warning("scrapy-polite: POLITE_ALLOWED_NETWORKS admits %s: public addresses need no entry, so a "
+                           "network that holds public addresses too admits every non-public address in it (loopback, "
+                           "private networks, link-local ones such as the cloud metadata service). Name only the "
+                           "non-public networks you mean to reach, e.g. 127.0.0.0/8.", ", ".join(wide))
         if pacer.policy.adaptive is not None and crawler.settings.getbool("AUTOTHROTTLE_ENABLED"):
             # Allowed by POLITE_ADAPTIVE_WITH_AUTOTHROTTLE (else the settings refused to start: docs/spec.md §2).
             logger.warning(

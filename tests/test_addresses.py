@@ -418,3 +418,19 @@ def test_a_dual_stack_host_is_booked_on_the_family_this_machine_routes():
     assert one_family(both, lambda a: a == "192.0.2.2") == ["192.0.2.1", "192.0.2.2"]
     assert one_family(both, lambda a: False) == both
     assert one_family(["2001:db8::1"], lambda a: False) == ["2001:db8::1"]  # one family: nothing to choose
+
+
+@pytest.mark.parametrize(("network", "wide"), [
+    ("0.0.0.0/0", True), ("10.0.0.0/7", True), ("128.0.0.0/1", True), ("::/0", True), ("2000::/3", True),
+    ("2002::/15", True),  # 6to4 (private IPv4 inside) and public 2003::/16
+    # controls: only non-public addresses, or only public ones (which need no entry, and admit nothing more)
+    ("127.0.0.0/8", False), ("169.254.169.254/32", False), ("10.0.0.0/8", False), ("8.8.8.0/24", False),
+    ("::1/128", False), ("fc00::/7", False), ("fe80::/10", False), ("2001:db8::/32", False),
+    ("::ffff:10.0.0.0/104", False), ("2002:a00::/24", False), ("2600::/16", False),
+])
+def test_a_network_that_holds_public_addresses_too_is_wide(network, wide):
+    """``AddressFilter.wide_networks``: an allowed network spanning public and non-public addresses (trial: a user
+    gave ``0.0.0.0/0``, admitting every private address, the cloud metadata service included) is named, for the
+    start-up WARNING; one inside the non-public blocks, or wholly public, is not."""
+    rules = AddressFilter(allowed_networks=["127.0.0.0/8", network])
+    assert rules.wide_networks == ([network] if wide else [])

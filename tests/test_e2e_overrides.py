@@ -171,3 +171,22 @@ async def test_spider_cannot_widen_the_process_address_rules(arrival_server, cap
     caplog.clear()
     await run_crawl(ListSpider, process, urls=[srv.url("/again")])
     assert not [r for r in caplog.records if "beyond the process-wide resolver" in r.getMessage()]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_allowed_network_holding_public_addresses_is_warned_about(arrival_server, caplog):
+    """Trial: ``POLITE_ALLOWED_NETWORKS = ["0.0.0.0/0"]`` was accepted without a word, though public addresses need no
+    entry and it admits every private one. One WARNING names it at start, and the crawl runs as configured; the
+    control: loopback alone is not warned about."""
+    import logging
+
+    srv = arrival_server("127.0.3.23")
+    caplog.set_level(logging.WARNING)
+    crawler = await run_crawl(ListSpider, settings(POLITE_ALLOWED_NETWORKS=["0.0.0.0/0", "::1/128"]),
+                              urls=[srv.url("/")])
+    warned = [r.getMessage() for r in caplog.records if "network that holds public addresses too" in r.getMessage()]
+    assert len(warned) == 1 and "admits 0.0.0.0/0:" in warned[0], warned
+    assert crawler.stats.get_value("downloader/response_status_count/200") == 1
+    caplog.clear()
+    await run_crawl(ListSpider, settings(POLITE_ALLOWED_NETWORKS=["127.0.0.0/8", "::1/128"]), urls=[srv.url("/again")])
+    assert not [r for r in caplog.records if "public addresses too" in r.getMessage()]

@@ -141,6 +141,17 @@ def _ipv6_verdict(addr: ipaddress.IPv6Address) -> str:
     return _REFUSE
 
 
+def _holds_both(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    """Whether ``net`` holds public and non-public addresses (:attr:`AddressFilter.wide_networks`)."""
+    if isinstance(net, ipaddress.IPv4Network):
+        return (any(net.overlaps(block) for block in IPV4_NOT_PUBLIC)
+                and not any(net.subnet_of(block) for block in IPV4_NOT_PUBLIC))
+    global_unicast = IPV6_RULES[-1][0]
+    others = [block for block, verdict in IPV6_RULES if verdict != _PUBLIC]
+    public = net.overlaps(global_unicast) and not any(net.subnet_of(block) for block in others)
+    return public and (not net.subnet_of(global_unicast) or any(net.overlaps(block) for block in others))
+
+
 def is_public(address: str | IPAddress) -> bool:
     """Whether ``address`` may be contacted without an explicit exception (docs/spec.md §4).
 
@@ -261,6 +272,15 @@ class AddressFilter:
     def allowed_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
         """The validated allowed networks, in the order given."""
         return self._networks
+
+    @property
+    def wide_networks(self) -> list[str]:
+        """The allowed networks that hold public addresses as well as non-public ones (``0.0.0.0/0``, ``10.0.0.0/7``,
+        ``::/0``): public addresses need no exception, so such a network was likely meant as a list of targets, and it
+        admits every non-public address it holds, the cloud metadata address 169.254.169.254 included (trial:
+        ``0.0.0.0/0`` was accepted without a word). Judged on the blocks of :data:`IPV4_NOT_PUBLIC` and
+        :data:`IPV6_RULES`."""
+        return [str(net) for net in self._networks if _holds_both(net)]
 
     def __repr__(self) -> str:
         nets = [str(n) for n in self._networks]
