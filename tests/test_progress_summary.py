@@ -289,7 +289,7 @@ def test_progress_names_the_reason_the_host_was_deferred_for():
 def test_the_progress_line_goes_on_when_the_frontier_cannot_be_asked(caplog):
     """Fleet trial: ``has_pending_requests`` raised through scrapy-redis during a Redis outage, the progress line
     logged an ERROR with a traceback, and its timer stopped for the rest of the crawl. The line is logged (it cannot
-    say the crawl is idle), no ERROR."""
+    say the crawl is idle), no ERROR. Once the scheduler has closed, no line."""
     rep, clock = report()
     throttle(rep, "busy.example", at=clock.t, due=clock.t + 30, steps=1)
     ext = PoliteExtension.__new__(PoliteExtension)
@@ -306,6 +306,11 @@ def test_the_progress_line_goes_on_when_the_frontier_cannot_be_asked(caplog):
     lines = [r for r in caplog.records if r.name == "scrapy_polite.extension"]
     assert [r.levelno for r in lines if r.levelno >= logging.INFO] == [logging.INFO], lines
     assert "1 host in backoff" in lines[-1].getMessage()
+    caplog.clear()  # the scheduler closed (it reported what it left): a line now would say "0 requests held" (trial)
+    ext.pacer.booker.scheduler = None
+    with caplog.at_level(logging.DEBUG, logger="scrapy_polite.extension"):
+        ext.log_progress()
+    assert not [r for r in caplog.records if r.name == "scrapy_polite.extension"]
 
 
 # --------------------------------------------------------------------------------------------------
