@@ -305,9 +305,9 @@ class PoliteExtension:
 
     async def _list_start_backoffs(self, spider: Spider) -> None:
         """List once, at INFO, the hosts that start in backoff from the persisted table (host, cause, due),
-        with the command that clears them: at start the hosts this crawl can touch (:func:`crawl_can_touch`),
-        any other one when the crawl first meets it (a table shared by many crawls holds hosts this one never
-        touches). The table is read on a thread (:meth:`Pacer.hosts_in_backoff
+        with the command that clears them: at start the hosts this crawl can touch (:func:`crawl_can_touch`) or
+        holds requests for (resumed from ``JOBDIR``), any other one when the crawl first meets it (a table shared by
+        many crawls holds hosts this one never touches). The table is read on a thread (:meth:`Pacer.hosts_in_backoff
         <scrapy_polite.pacer.Pacer.hosts_in_backoff>`: it may be large, or remote)."""
         try:
             offset, rows = await self.pacer.hosts_in_backoff()
@@ -316,10 +316,11 @@ class PoliteExtension:
             return
         report = self.report
         touchable = crawl_can_touch(spider)
+        held = {h.host for h in self.held_hosts()}  # resumed from JOBDIR (trial: such a host was never named)
         now_listed = []
         for key, state in rows:
             met = report.hosts.get(key)  # start requests may have met it while the table was read
-            listed = (touchable is not None and touchable(key)) or (met is not None and met.active)
+            listed = (touchable is not None and touchable(key)) or (met is not None and met.active) or key in held
             report.starts_in_backoff(key, state, offset=offset, announce=not listed)
             if listed:
                 now_listed.append(key)

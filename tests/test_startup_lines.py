@@ -9,10 +9,14 @@
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
+import pytest_twisted
 from scrapy import Spider
 from scrapy.settings import Settings
 
-from scrapy_polite.extension import crawl_can_touch
+from scrapy_polite.extension import PoliteExtension, crawl_can_touch
 from scrapy_polite.policy import HostState
 from scrapy_polite.reports.counters import Report
 from scrapy_polite.reports.summary import format_start_backoffs
@@ -111,6 +115,28 @@ def test_a_host_not_listed_at_start_is_named_when_first_met_and_never_otherwise(
     report.deferred("met.example", "throttled", "http://met.example/2", T0 + 60)
     report.booked("other.example")
     assert named == ["met.example"]  # once, and never the host the crawl does not touch
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_whose_requests_were_resumed_held_is_listed_at_start(caplog):
+    """Trial: a ``JOBDIR`` resume holding requests only for a host in backoff, which its spider cannot otherwise
+    touch (``allowed_domains``), never named it: its held requests make it a host the crawl touches. Control: a host
+    in backoff neither held nor touchable is not listed at start."""
+    report = Report(None, lambda: T0)
+    rows = [(host, HostState(next_allowed=T0 + 60, consec=2, updated=T0 - 1)) for host in ("held.example", "x.example")]
+
+    async def hosts_in_backoff() -> tuple[float, list[tuple[str, HostState]]]:
+        return 0.0, rows
+
+    scheduler = SimpleNamespace(held_hosts=lambda: [("held.example", 3, T0 + 60)])
+    ext = PoliteExtension.__new__(PoliteExtension)
+    ext.crawler, ext.report = SimpleNamespace(settings=Settings()), report
+    ext.pacer = SimpleNamespace(hosts_in_backoff=hosts_in_backoff, clock=lambda: T0, booker=SimpleNamespace(
+        scheduler=scheduler), store=SimpleNamespace(uri="sqlite:///x"))
+    with caplog.at_level(logging.INFO, logger="scrapy_polite.extension"):
+        await ext._list_start_backoffs(Plain(allowed_domains=["other.org"]))
+    lines = [r.getMessage() for r in caplog.records if "starts in backoff" in r.getMessage()]
+    assert len(lines) == 1 and "held.example" in lines[0] and "x.example" not in lines[0], lines
 
 
 def test_the_start_line_does_not_call_the_tables_writer_an_earlier_run():
