@@ -107,8 +107,8 @@ class Recorder:
         self._clamped_hosts: set[str] = set()
         #: The records of requests that hold no line (burst, robots.txt), awaited by :meth:`recorded`.
         self._unlined: weakref.WeakKeyDictionary[Any, defer.Deferred[Any]] = weakref.WeakKeyDictionary()
-        #: Hosts whose malformed rate-limit fields or Retry-After, or clamped quota, were logged (once per host, field).
-        self._ratelimit_logged: set[tuple[str, str]] = set()
+        #: (host, what) logged once at INFO, then at DEBUG: a bad rate-limit field or Retry-After, a clamped quota.
+        self._logged_once: set[tuple[str, str]] = set()
         #: origin (``scheme://host[:port]``) → the status of its last downloaded robots.txt: only a 2xx or 4xx one
         #: may change the delay it publishes (RFC 9309 §2.3.1.4; :meth:`robots_downloaded`).
         self.robots_statuses: dict[str, int] = {}
@@ -167,8 +167,8 @@ class Recorder:
             retry_after, errors = longest_retry_after(lines, now=self.clock.clock(), date=headers.get(b"Date"))
             for exc in errors:
                 self.report.inc("retry_after/invalid")
-                first = (host, "retry-after") not in self._ratelimit_logged  # once per host at INFO (trial)
-                self._ratelimit_logged.add((host, "retry-after"))
+                first = (host, "retry-after") not in self._logged_once  # once per host at INFO (trial)
+                self._logged_once.add((host, "retry-after"))
                 (logger.info if first else logger.debug)(
                     "Ignoring invalid Retry-After from %s: %s%s", response.url, exc,
                     " (further ones from this host are logged at DEBUG)" if first else "")
@@ -204,8 +204,8 @@ class Recorder:
         limits = parse_rate_limits(fields, now=self.clock.clock(), date=headers.get(b"Date"))
         for name in limits.malformed:
             self.report.inc("ratelimit/malformed")
-            if (host, name) not in self._ratelimit_logged:
-                self._ratelimit_logged.add((host, name))
+            if (host, name) not in self._logged_once:
+                self._logged_once.add((host, name))
                 logger.info("Ignoring the malformed %s field of %s (further ones from %s are counted only)",
                             name, response.url, host)
         return limits if limits else None
@@ -332,8 +332,8 @@ class Recorder:
             logger.debug("%s: its announced quota is spent; holding it %.3f s, until its reset", host, quota.hold)
         if quota.clamped:
             report.inc("ratelimit/clamped")
-            if (host, "clamped") not in self._ratelimit_logged:
-                self._ratelimit_logged.add((host, "clamped"))
+            if (host, "clamped") not in self._logged_once:
+                self._logged_once.add((host, "clamped"))
                 logger.warning("%s announces a quota longer than POLITE_MAX_RETRY_AFTER=%.0f s; honouring that cap",
                                host, self.policy.max_retry_after)
 
