@@ -167,7 +167,8 @@ class PoliteExtension:
         leftover = leftover_settings_warning(crawler.settings)
         if leftover is not None:
             logger.warning("%s", leftover)
-        if wide := pacer.config.address_filter.wide_networks:  # trial: 0.0.0.0/0 was accepted without a word
+        rules = pacer.config.address_filter  # (POLITE_ALLOW_PRIVATE admits every address: nothing to say)
+        if not rules.allow_private and (wide := rules.wide_networks):  # trial: 0.0.0.0/0 accepted without a word
             logger.warning("scrapy-polite: POLITE_ALLOWED_NETWORKS admits %s: public addresses need no entry, so a "
                            "network that holds public addresses too admits every non-public address in it (loopback, "
                            "private networks, link-local ones such as the cloud metadata service). Name only the "

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scrapy_polite.network.addresses import (
     IPV4_NOT_PUBLIC,
@@ -423,6 +425,9 @@ def test_a_dual_stack_host_is_booked_on_the_family_this_machine_routes():
 @pytest.mark.parametrize(("network", "wide"), [
     ("0.0.0.0/0", True), ("10.0.0.0/7", True), ("128.0.0.0/1", True), ("::/0", True), ("2000::/3", True),
     ("2002::/15", True),  # 6to4 (private IPv4 inside) and public 2003::/16
+    # (review) embedded forms take the verdicts of the IPv4 network they embed
+    ("::ffff:0:0/96", True), ("64:ff9b::/96", True), ("2002::/16", True), ("2002:800::/21", True), ("::/8", True),
+    ("224.0.0.0/3", False),  # two non-public blocks side by side
     # controls: only non-public addresses, or only public ones (which need no entry, and admit nothing more)
     ("127.0.0.0/8", False), ("169.254.169.254/32", False), ("10.0.0.0/8", False), ("8.8.8.0/24", False),
     ("::1/128", False), ("fc00::/7", False), ("fe80::/10", False), ("2001:db8::/32", False),
@@ -434,3 +439,26 @@ def test_a_network_that_holds_public_addresses_too_is_wide(network, wide):
     start-up WARNING; one inside the non-public blocks, or wholly public, is not."""
     rules = AddressFilter(allowed_networks=["127.0.0.0/8", network])
     assert rules.wide_networks == ([network] if wide else [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 32)).map(lambda t: ipaddress.IPv4Network(t, strict=False)),
+    st.tuples(st.sampled_from([0, 0xFFFF << 32, 0x64FF9B << 96, 0x2002 << 112, 0x2001 << 112, 0x2600 << 112]),
+              st.integers(0, 2**128 - 1), st.integers(0, 128)).map(
+        lambda t: ipaddress.IPv6Network((t[0] | (t[1] >> t[2] if t[2] < 128 else 0), t[2]), strict=False)),
+))
+def test_a_wide_network_is_one_whose_addresses_is_public_judges_both_ways(net):
+    """``wide_networks`` agrees with :func:`is_public` on the addresses themselves: a network with fewer than 512
+    addresses is judged on every one of them; a larger one on its ends, its middle and the special addresses it holds
+    (the sampled verdicts can only find fewer kinds than there are, so: both sampled → wide)."""
+    if net.num_addresses < 512:
+        found = {is_public(address) for address in net}
+        assert bool(AddressFilter(allowed_networks=[str(net)]).wide_networks) is (len(found) == 2)
+        return
+    specials = ["169.254.169.254", "8.8.8.8", "10.0.0.1", "::ffff:169.254.169.254", "::ffff:8.8.8.8",
+                "64:ff9b::808:808", "2002:808:808::1", "2002:a00:1::1", "2001:db8::1", "2600::1", "::1"]
+    sampled = [net.network_address, net.broadcast_address, net.network_address + net.num_addresses // 2]
+    sampled += [ip for a in specials if (ip := ipaddress.ip_address(a)).version == net.version and ip in net]
+    if len({is_public(address) for address in sampled}) == 2:
+        assert AddressFilter(allowed_networks=[str(net)]).wide_networks == [str(net)]

@@ -143,13 +143,32 @@ def _ipv6_verdict(addr: ipaddress.IPv6Address) -> str:
 
 def _holds_both(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
     """Whether ``net`` holds public and non-public addresses (:attr:`AddressFilter.wide_networks`)."""
+    return len(_verdicts(net)) == 2
+
+
+def _verdicts(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> set[bool]:
+    """The :func:`is_public` verdicts of the addresses in ``net``, by the rule tables (no address is enumerated): a
+    network that only partly overlaps a block is split in two; one inside an embedded block (IPv4-mapped, NAT64,
+    6to4) takes the verdicts of the IPv4 network it embeds (review: ``::ffff:0:0/96`` holds 169.254.169.254)."""
     if isinstance(net, ipaddress.IPv4Network):
-        return (any(net.overlaps(block) for block in IPV4_NOT_PUBLIC)
-                and not any(net.subnet_of(block) for block in IPV4_NOT_PUBLIC))
-    global_unicast = IPV6_RULES[-1][0]
-    others = [block for block, verdict in IPV6_RULES if verdict != _PUBLIC]
-    public = net.overlaps(global_unicast) and not any(net.subnet_of(block) for block in others)
-    return public and (not net.subnet_of(global_unicast) or any(net.overlaps(block) for block in others))
+        if any(net.subnet_of(block) for block in IPV4_NOT_PUBLIC):
+            return {False}
+        if not any(net.overlaps(block) for block in IPV4_NOT_PUBLIC):
+            return {True}
+        low, high = net.subnets()
+        return _verdicts(low) | _verdicts(high)
+    for block, verdict in IPV6_RULES:  # the first block that meets the network decides, as for an address
+        if net.subnet_of(block):
+            if verdict != _EMBEDDED:
+                return {verdict == _PUBLIC}
+            bits = int(net.network_address)
+            if block == _SIX_TO_FOUR:  # the IPv4 address is bits 16–47
+                return _verdicts(ipaddress.IPv4Network(((bits >> 80) & 0xFFFFFFFF, min(net.prefixlen, 48) - 16)))
+            return _verdicts(ipaddress.IPv4Network((bits & 0xFFFFFFFF, net.prefixlen - 96)))
+        if net.overlaps(block):
+            halves = list(net.subnets())
+            return _verdicts(halves[0]) | _verdicts(halves[1])
+    return {False}
 
 
 def is_public(address: str | IPAddress) -> bool:
