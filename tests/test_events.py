@@ -20,6 +20,7 @@ from twisted.internet import defer
 
 from scrapy_polite.clock import ClockSync
 from scrapy_polite.pacer import find_pacer
+from scrapy_polite.reports import events as events_module
 from scrapy_polite.reports.events import EventLog, describe
 from scrapy_polite.stores import Event, SQLiteStore
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
@@ -185,7 +186,10 @@ def test_a_full_batch_is_written_at_once():
     assert [len(b) for b in writer.batches] == [3]
 
 
-def test_a_failed_batch_is_dropped_counted_and_warned_once(caplog):
+def test_a_failed_batch_is_written_again_with_the_next_in_order(caplog):
+    """Trial: Redis restarted within seconds, the batches written meanwhile were dropped, and the holes made the whole
+    crawl's log impossible to audit. A failed batch is kept and written again before the next one, nothing counted as
+    dropped; a retry is scheduled without a new event."""
     writer = Writer()
     writer.fail = True
     log, timers, stats = make(writer)
@@ -194,12 +198,34 @@ def test_a_failed_batch_is_dropped_counted_and_warned_once(caplog):
             log.wait("a.example", None, 0.1)
             d = log.flush()
             assert d.called and d.result is None  # never fails: the crawl is not affected
-    assert stats == {"events/dropped": 3}  # (the log's opening, and the two)
-    assert len([r for r in caplog.records if "event log" in r.getMessage()]) == 1
+    assert stats == {} and not [r for r in caplog.records if "event log" in r.getMessage()]
+    timers.fire()  # fails again: kept, and written again later without a new event
+    assert timers.pending() == [1.0] and len(writer.batches) == 3
     writer.fail = False
-    log.wait("a.example", None, 0.1)
+    timers.fire()
+    assert [e.seq for e in writer.batches[-1]] == [0, 1, 2]  # the log's opening and the two waits, in order
+    assert [e.kind for e in writer.batches[-1]] == ["opened", "wait", "wait"]
     log.flush()
-    assert stats == {"events/dropped": 3}  # negative control: a good batch is not counted
+    assert len(writer.batches) == 4  # nothing kept twice
+
+
+def test_failed_batches_are_dropped_counted_and_warned_once_past_the_bound_or_at_close(caplog, monkeypatch):
+    monkeypatch.setattr(events_module, "KEPT_MAX", 3)
+    writer = Writer()
+    writer.fail = True
+    log, _, stats = make(writer)
+    with caplog.at_level(logging.WARNING, logger="scrapy_polite.reports.events"):
+        log.wait("a.example", None, 0.1)
+        log.flush()  # 2 kept (the opening and the wait)
+        assert stats == {}
+        log.wait("a.example", None, 0.1)
+        log.wait("a.example", None, 0.1)
+        log.flush()  # 4 in the batch, over the bound of 3: dropped
+        assert stats == {"events/dropped": 4}
+        log.wait("a.example", None, 0.1)
+        log.close()  # the wait and the closing mark: not kept after the close
+    assert stats == {"events/dropped": 6}
+    assert len([r for r in caplog.records if "event log" in r.getMessage()]) == 1
 
 
 def test_pending_writes_are_bounded():
@@ -209,11 +235,12 @@ def test_pending_writes_are_bounded():
     for _ in range(3):
         log.wait("a.example", None, 0.1)
         log.flush()
-    assert len(writer.batches) == 2 and stats == {"events/dropped": 1}
+    assert len(writer.batches) == 2 and stats == {}  # the third batch waits in the buffer
     writer.pending[0].callback(None)
     log.wait("a.example", None, 0.1)
     log.flush()
     assert len(writer.batches) == 3  # room again once a write completed
+    assert [e.seq for e in writer.batches[-1]] == [3, 4]  # the one that waited, then the new one
 
 
 def test_close_cancels_the_timer_and_writes_what_is_left():

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from ..policy import ip_key
+from ..reports.words import plural
 from ..stores.base import EVENT_KINDS, Event
 
 __all__ = ["LogError", "read_log"]
@@ -24,7 +25,7 @@ class LogError(ValueError):
 
 def read_log(events: Iterable[Event], *, windowed: bool) -> list[Event]:
     """The log's events checked (:func:`_validate`, :func:`_check_complete`), in time order (then in the order
-    given).
+    given); an event repeated whole (its source, number and fields) is read once.
 
     Args:
         events: the log's events, any order.
@@ -33,9 +34,15 @@ def read_log(events: Iterable[Event], *, windowed: bool) -> list[Event]:
     Raises:
         LogError: an event cannot be read, or events are missing (the log is truncated or incomplete).
     """
-    given = list(events)
-    for event in given:
+    given: list[Event] = []
+    seen: dict[tuple[str, int], Event] = {}
+    for event in events:
         _validate(event)
+        if event.seq is not None:
+            if seen.get(key := (event.source, event.seq)) == event:
+                continue  # a batch written again after its connection was lost (EventLog._keep): read once
+            seen.setdefault(key, event)
+        given.append(event)
     ordered = [e for _, e in sorted(enumerate(given), key=lambda item: (item[1].at, item[0]))]
     _check_complete(ordered, windowed=windowed)
     return ordered
@@ -95,9 +102,11 @@ def _check_complete(events: Sequence[Event], *, windowed: bool) -> None:
     """
     numbers: dict[str, list[int]] = defaultdict(list)
     restored: dict[str, int] = {}
+    times: dict[tuple[str, int], float] = {}
     for event in events:
         if event.seq is not None:
             numbers[event.source].append(event.seq)
+            times[event.source, event.seq] = event.at
             if event.kind == "restored" and not event.host:
                 restored[event.source] = min(event.seq, restored.get(event.source, event.seq))
     for source, seqs in sorted(numbers.items()):
@@ -116,7 +125,8 @@ def _check_complete(events: Sequence[Event], *, windowed: bool) -> None:
                 raise LogError(f"event #{after} of {source} appears twice: the log is corrupt")
             if after > before + 1:
                 raise LogError(
-                    f"the log is incomplete: {after - before - 1} events of {source} (#{before + 1} to "
-                    f"#{after - 1}) are missing (dropped while the crawl ran — polite/events/dropped counts them — "
-                    "or deleted). The audit cannot vouch for a crawl whose record has holes")
+                    f"the log is incomplete: {plural(after - before - 1, 'event')} of {source} (#{before + 1} to "
+                    f"#{after - 1}) missing (dropped while the crawl ran — polite/events/dropped counts them — "
+                    "or deleted). The audit cannot vouch for a crawl whose record has holes. Fix: audit what was "
+                    f"recorded after them with --since @{times[source, after]:.3f}")
 

@@ -51,6 +51,9 @@ class EventWriter(Protocol):
         ...
 
 
+#: The most events a log keeps to write again after failed writes (:meth:`EventLog._keep`); beyond, they are dropped.
+KEPT_MAX = 10_000
+
 #: The kinds of a crawler's log's own events (its opening and its clean close), no host's: the audit counts them,
 #: the timeline and the other readers of a crawl's events skip them.
 LOG_MARKS = ("opened", "closed")
@@ -102,8 +105,9 @@ class EventLog:
         inc: ``inc(stat, count)``, adds to ``polite/<stat>`` (the dropped events).
         flush_interval: seconds an event may wait in memory before its batch is written.
         batch_size: events that make a batch be written at once.
-        max_pending: batches being written at once; a batch beyond it is dropped (a store slower than the
-            crawl never makes the buffer grow without bound).
+        max_pending: batches being written at once; a batch beyond it waits in the buffer, as a batch that could
+            not be written does, up to :data:`KEPT_MAX` events (a store slower than the crawl, or lost, never makes
+            the buffer grow without bound).
         source: the process's name in the events (default :func:`process_source`).
         table: the name of the shared table the writer writes to (:func:`~scrapy_polite.stores.table_name`):
             the logs of one process writing to it share one numbering (:attr:`Event.seq
@@ -259,23 +263,35 @@ class EventLog:
         if not batch or self.writer is None:
             return succeed(None)
         if self._pending >= self.max_pending:
-            self._dropped(len(batch), "the store is writing slower than the crawl")
+            self._keep(batch, "the store is writing slower than the crawl")
             return succeed(None)
         self._pending += 1
         try:
             d = self.writer.append_events(batch)
         except Exception as exc:  # a writer that raises instead of failing its Deferred
             self._pending -= 1
-            self._dropped(len(batch), str(exc))
+            self._keep(batch, str(exc))
             return succeed(None)
 
         def done(result: Failure | None) -> None:
             self._pending -= 1
             if isinstance(result, Failure):
-                self._dropped(len(batch), result.getErrorMessage())
+                self._keep(batch, result.getErrorMessage())
 
         d.addBoth(done)
         return d
+
+    def _keep(self, batch: list[Event], why: str) -> None:
+        """A batch not written (``why``) is written again with the next one, before it, unless the log is closed
+        or would keep more than :data:`KEPT_MAX` events: then it is dropped (trial: a Redis restarted within
+        seconds left holes that made the whole crawl's log impossible to audit). A batch written again after its
+        connection was lost may be in the log twice; the audit reads an event repeated whole once."""
+        if self._closed or len(batch) + len(self._buffer) > KEPT_MAX:
+            self._dropped(len(batch), why)
+            return
+        logger.debug("scrapy-polite: %d events kept to be written again (%s)", len(batch), why)
+        self._buffer[:0] = batch
+        self._schedule(self.flush_interval)
 
     def _dropped(self, count: int, why: str) -> None:
         if self._inc is not None:
