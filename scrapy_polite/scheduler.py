@@ -222,8 +222,8 @@ class PoliteScheduler:
             frontier = shared.frontier
             d = frontier.settle()
             d.addCallback(lambda _: threads.deferToThread(self._close_shared, shared))
-            d.addErrback(lambda failure: logger.error("scrapy-polite: could not give back the requests leased in "
-                                                      "the shared frontier %s: %s", frontier.key, failure.value))
+            d.addErrback(lambda failure: logger.warning("scrapy-polite: could not give back the requests leased in "
+                                                        "the shared frontier %s: %s", frontier.key, failure.value))
             d.addBoth(lambda _: self._close_local(reason))
             return d
         return self._close_local(reason)
