@@ -231,6 +231,17 @@ def test_the_svg_escapes_what_it_draws_and_an_empty_log_says_so():
     assert any("No events in memory://" in (t.text or "") for t in empty.iter(f"{SVG}text"))
 
 
+def test_the_hosts_counted_are_the_hosts_crawled():
+    """Trial: after a restore the timeline said "5 hosts" for 4, counting the table's ``restored`` event, which names
+    no host; a host's own ``restored`` event counts it (control)."""
+    from scrapy_polite.reports.timeline import hosts_of
+    from scrapy_polite.stores.base import Event
+
+    events = [Event(at=100.0, kind="booking", host="a.example"), Event(at=101.0, kind="restored", host=""),
+              Event(at=102.0, kind="restored", host="b.example")]
+    assert hosts_of(events) == ["a.example", "b.example"]
+
+
 def test_negative_control_errors_and_requests_are_caught(tmp_path):
     bad = tmp_path / "bad.html"
     bad.write_text("<!DOCTYPE html><html><body><p>bad</p><img src='http://192.0.2.1/x.png'>"
