@@ -359,11 +359,12 @@ class PoliteExtension:
         held or hosts back off; nothing once the scheduler has closed (it reported what it left, and other
         ``spider_closed`` handlers may run before this one stops the timer: trial, "0 requests held" after that)."""
         scheduler = self.pacer.booker.scheduler
-        if scheduler is None:
+        if self.pacer.booker.scheduler_closed:
             return
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
         # (a shared frontier that cannot be reached answers "pending": SharedWorker.pending)
-        idle = not scheduler.has_pending_requests() and not getattr(downloader, "active", None)
+        idle = (scheduler is not None and not scheduler.has_pending_requests()
+                and not getattr(downloader, "active", None))
         line = format_progress(self.report, self.held_hosts(), now=self.pacer.clock(), idle=idle,
                                store_option=self._store_option(), forgive=not has_ability(self.pacer.store.store,
                                                                                           ProcessLocal))

@@ -290,3 +290,12 @@ def test_a_window_reads_every_opening_and_a_window_of_closes_alone_is_empty(tmp_
     assert audit_cli(closed, "--since", since)[0] == EXIT_OK
     code, _, err = audit_cli(closed, "--since", "@" + str(T0 + 10.5))
     assert code == EXIT_BAD_LOG and "nothing crawled in that window" in err
+    # (review) a batch written twice where it had landed (the event log writes a failed batch again): its opening
+    # counts once, or the window would name a closed process as open
+    (tmp_path / "twice").mkdir()
+    twice = SQLiteStore(str(tmp_path / "twice" / "pace.sqlite3"))
+    twice.append_events(log.events[:2])
+    twice.append_events(log.events)
+    twice.close()
+    assert audit_cli(twice.uri)[0] == EXIT_OK
+    assert audit_cli(twice.uri, "--since", since)[0] == EXIT_OK

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -23,6 +24,7 @@ from scrapy_polite.pacer import find_pacer
 from scrapy_polite.reports import events as events_module
 from scrapy_polite.reports.events import EventLog, describe
 from scrapy_polite.stores import Event, SQLiteStore
+from scrapy_polite.stores.base import StoreUnavailable
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,13 +65,14 @@ class Writer:
     def __init__(self) -> None:
         self.batches: list[list[Event]] = []
         self.fail = False
+        self.error: Exception = StoreUnavailable("redis://x: connection refused")  # transient: written again
         self.hold = False
         self.pending: list[defer.Deferred] = []
 
     def append_events(self, events):
         self.batches.append(list(events))
         if self.fail:
-            return defer.fail(RuntimeError("disk full"))
+            return defer.fail(self.error)
         if self.hold:
             d = defer.Deferred()
             self.pending.append(d)
@@ -186,25 +189,33 @@ def test_a_full_batch_is_written_at_once():
     assert [len(b) for b in writer.batches] == [3]
 
 
-def test_a_failed_batch_is_written_again_with_the_next_in_order(caplog):
-    """Trial: Redis restarted within seconds, the batches written meanwhile were dropped, and the holes made the whole
-    crawl's log impossible to audit. A failed batch is kept and written again before the next one, nothing counted as
-    dropped; a retry is scheduled without a new event."""
-    writer = Writer()
-    writer.fail = True
+def two_failed_batches(writer: Writer, error: Exception, caplog: Any) -> tuple[EventLog, Timers, dict[str, float]]:
+    """A log whose first two batches (the opening and a wait, then a wait) fail with ``error``, logged at WARNING."""
+    writer.fail, writer.error = True, error
     log, timers, stats = make(writer)
     with caplog.at_level(logging.WARNING, logger="scrapy_polite.reports.events"):
         for _ in range(2):
             log.wait("a.example", None, 0.1)
             d = log.flush()
             assert d.called and d.result is None  # never fails: the crawl is not affected
+    return log, timers, stats
+
+
+def test_a_failed_batch_is_written_again_with_the_next_in_order(caplog):
+    """Trial: Redis restarted within seconds, the batches written meanwhile were dropped, and the holes made the whole
+    crawl's log impossible to audit. A failed batch is kept and written again before the next one, nothing counted as
+    dropped; a retry is scheduled without a new event."""
+    writer = Writer()
+    log, timers, stats = two_failed_batches(writer, StoreUnavailable("redis://x: connection refused"), caplog)
     assert stats == {} and not [r for r in caplog.records if "event log" in r.getMessage()]
-    timers.fire()  # fails again: kept, and written again later without a new event
-    assert timers.pending() == [1.0] and len(writer.batches) == 3
+    timers.fire()  # fails again: kept, and written again later without a new event, the wait doubling
+    assert timers.pending() == [4.0] and len(writer.batches) == 3  # (three failures: 1, 2, then 4 s)
+    log.wait("a.example", None, 0.1)  # (review) a new event does not make the kept ones be written at once
+    assert timers.pending() == [4.0] and len(writer.batches) == 3
     writer.fail = False
     timers.fire()
-    assert [e.seq for e in writer.batches[-1]] == [0, 1, 2]  # the log's opening and the two waits, in order
-    assert [e.kind for e in writer.batches[-1]] == ["opened", "wait", "wait"]
+    assert [e.seq for e in writer.batches[-1]] == [0, 1, 2, 3]  # the log's opening and the waits, in order
+    assert [e.kind for e in writer.batches[-1]] == ["opened", "wait", "wait", "wait"]
     log.flush()
     assert len(writer.batches) == 4  # nothing kept twice
 
@@ -226,6 +237,36 @@ def test_failed_batches_are_dropped_counted_and_warned_once_past_the_bound_or_at
         log.close()  # the wait and the closing mark: not kept after the close
     assert stats == {"events/dropped": 6}
     assert len([r for r in caplog.records if "event log" in r.getMessage()]) == 1
+
+
+def test_events_kept_for_a_retry_do_not_fill_the_next_batch():
+    """(review) With 1,000 events kept, each new event made the whole buffer be written at once: a write of every
+    kept event per event logged. Only new events count toward a batch; the kept ones wait for their timer."""
+    writer = Writer()
+    writer.fail = True
+    log, timers, _ = make(writer, batch_size=3)
+    for _ in range(2):
+        log.wait("a.example", None, 0.1)
+    log.flush()  # the opening and the two waits: kept
+    timers.calls.clear()
+    log.wait("a.example", None, 0.1)
+    assert timers.pending() == [] and len(writer.batches) == 1  # no write at once: one new event of 3
+    log.wait("a.example", None, 0.1)
+    log.wait("a.example", None, 0.1)
+    assert timers.pending() == [0.0]  # three new events: a batch
+
+
+def test_a_batch_failing_for_another_cause_is_dropped_counted_and_warned_once(caplog):
+    """(review) Only a store unreachable or busy for now is worth a retry: a batch the store refuses for another
+    cause (a value it cannot write, a file gone) would fail every later one with it."""
+    writer = Writer()
+    log, timers, stats = two_failed_batches(writer, RuntimeError("disk full"), caplog)
+    assert stats == {"events/dropped": 3}  # (the log's opening, and the two)
+    assert len([r for r in caplog.records if "event log" in r.getMessage()]) == 1
+    writer.fail = False
+    log.wait("a.example", None, 0.1)
+    log.flush()
+    assert stats == {"events/dropped": 3} and [e.kind for e in writer.batches[-1]] == ["wait"]  # control
 
 
 def test_pending_writes_are_bounded():

@@ -1001,6 +1001,20 @@ def pacer_on(store: MemoryStore, clock: FakeClock, sleep: Any) -> Pacer:
     return pacer
 
 
+def test_the_booker_knows_its_scheduler_closed():
+    """What the progress line reads to stop once the scheduler has closed (trial D); a booker never given one (the
+    add-on's parts wired without its scheduler) is not closed (review)."""
+    clock = FakeClock()
+    pacer = pacer_on(MemoryStore(clock=clock), clock, FakeSleep(clock))
+    assert not pacer.booker.scheduler_closed
+    pacer.booker.attach(None)
+    assert pacer.booker.scheduler_closed
+    pacer.booker.attach(None)  # (closed twice: still closed)
+    assert pacer.booker.scheduler_closed
+    pacer.booker.attach(FakeScheduler())
+    assert not pacer.booker.scheduler_closed
+
+
 def test_the_pacer_paces_a_host_on_the_fake_clock():
     clock = FakeClock()
     sleep = FakeSleep(clock)

@@ -11,7 +11,7 @@ import os
 from scrapy.exceptions import UsageError
 
 from ..audit import LogError, audit, format_report, report_json
-from ..reports.events import LOG_MARKS, clock_time, crawl_events
+from ..reports.events import LOG_MARKS, clock_time, crawl_events, unrepeated
 from ..reports.timeline import hosts_of, timeline_format, write_timeline
 from ..reports.words import format_time, plural
 from ..stores import Event, StoreCorrupt
@@ -118,7 +118,8 @@ def audit_log(op: Operator) -> int:
     try:
         events = op.store.events(since, None, limit=_EVERY_EVENT)
         # From a moment on, a process that opened its log before it is still counted (docs/spec.md §8).
-        marks = None if since is None else [e for e in op.store.events(None, "", _EVERY_EVENT) if e.kind in LOG_MARKS]
+        marks = None if since is None else [e for e in unrepeated(op.store.events(None, "", _EVERY_EVENT))
+                                            if e.kind in LOG_MARKS]
     except StoreCorrupt as exc:
         raise BadLog(f"the event log of {uri} cannot be read: {exc}") from None
     if not crawl_events(events):

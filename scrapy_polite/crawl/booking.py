@@ -141,21 +141,21 @@ class Booker:
         self.sleep = sleep
         self.on_store_error = on_store_error
         self.scheduler: HoldingScheduler | None = None
+        self.scheduler_closed = False  # a scheduler was attached and has closed (nothing held any more)
         self.spider_delay: float | None = None
         self._warned_no_scheduler = False
         self.download_timeout = _timeout(download_timeout) or DEFAULT_TIMEOUT
-        #: Releases of in-flight holds still being written (awaited at the crawl's close).
-        self._releasing: set[Deferred[Any]] = set()
+        self._releasing: set[Deferred[Any]] = set()  # in-flight holds' releases being written (awaited at close)
         # Hold tokens: random in their high bits (another process's tokens differ), counted in the low ones.
         self._tokens = itertools.count((int.from_bytes(os.urandom(4), "big") << 30) | 1)
         self._budget_slots: dict[str, float] = {}  # ip: key → the due of its last budget deferral (stagger)
 
     def attach(self, scheduler: HoldingScheduler | None) -> None:
-        """Wire the scheduler that holds deferred requests, at its open (None at its close): the booker hands it
-        its deferrals, and the lifecycle wakes it when a line frees or a request ends."""
+        """Wire the scheduler that holds deferrals, at its open (None at its close); the lifecycle wakes it."""
+        self.scheduler_closed = scheduler is None and (self.scheduler is not None or self.scheduler_closed)
         self.scheduler = scheduler
-        self.lifecycle.wake = scheduler.wake if scheduler is not None else None
-        self.lifecycle.ended = scheduler.ended if scheduler is not None else None
+        self.lifecycle.wake, self.lifecycle.ended = ((scheduler.wake, scheduler.ended) if scheduler is not None
+                                                     else (None, None))
 
     # -- inputs -----------------------------------------------------------------------------------------
 

@@ -34,11 +34,11 @@ from twisted.python.failure import Failure
 
 from ..clock import ClockSync
 from ..policy import HostState
-from ..stores.base import Event
+from ..stores.base import Event, StoreBusy, StoreUnavailable
 from ..vocabulary import DeferralReason, RefusalReason
 
 __all__ = ["DEFERRAL_WORDS", "LOG_MARKS", "EventLog", "EventWriter", "REFUSAL_WORDS", "clock_time", "crawl_events",
-           "describe", "process_source", "throttle_cause"]
+           "describe", "process_source", "throttle_cause", "unrepeated"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,10 @@ class EventWriter(Protocol):
 
 #: The most events a log keeps to write again after failed writes (:meth:`EventLog._keep`); beyond, they are dropped.
 KEPT_MAX = 10_000
+#: The longest wait (s) before events kept are written again.
+RETRY_MAX = 10.0
+#: The causes of a failed write whose batch is written again: the store unreachable or busy for now.
+TRANSIENT = (StoreUnavailable, StoreBusy, ConnectionError, TimeoutError)
 
 #: The kinds of a crawler's log's own events (its opening and its clean close), no host's: the audit counts them,
 #: the timeline and the other readers of a crawl's events skip them.
@@ -60,8 +64,26 @@ LOG_MARKS = ("opened", "closed")
 
 
 def crawl_events(events: Iterable[Event]) -> list[Event]:
-    """``events`` without the logs' own (:data:`LOG_MARKS`): what the crawls did."""
-    return [e for e in events if e.kind not in LOG_MARKS]
+    """``events`` without the logs' own (:data:`LOG_MARKS`): what the crawls did, each once (:func:`unrepeated`)."""
+    return [e for e in unrepeated(events) if e.kind not in LOG_MARKS]
+
+
+def unrepeated(events: Iterable[Event]) -> list[Event]:
+    """``events`` with an event repeated whole (its source, number and every field) read once: a batch written again
+    after its write failed where it had landed (:meth:`EventLog._keep`). The same number on another event stays (the
+    audit reports it as corrupt)."""
+    seen: set[Event] = set()
+    kept = []
+    for event in events:
+        if event.seq is not None:
+            try:
+                if event in seen:
+                    continue
+                seen.add(event)
+            except TypeError:  # a field of a corrupt entry that is not hashable: left to the reader's checks
+                pass
+        kept.append(event)
+    return kept
 
 
 def process_source() -> str:
@@ -130,6 +152,8 @@ class EventLog:
         self._call_later = call_later
         self._inc = inc
         self._buffer: list[Event] = []
+        self._kept = 0  # the events at the buffer's front that wait to be written again (_keep)
+        self._retry_delay = flush_interval  # seconds before they are, doubling to RETRY_MAX
         self._seq: Iterator[int] | None = None
         self._timer: Any = None
         self._pending = 0
@@ -158,7 +182,7 @@ class EventLog:
             seq = self._seq = _sequence(self.table, self.writer)
             buffer.append(Event(event.at, "opened", "", source=self.source, seq=next(seq)))
         buffer.append(tuple.__new__(Event, (*event[:-1], next(seq))))
-        if opening or len(buffer) >= self.batch_size:
+        if opening or len(buffer) - self._kept >= self.batch_size:  # (the events kept for a retry wait their timer)
             self._schedule(0.0)
         elif self._timer is None:
             self._schedule(self.flush_interval)
@@ -259,39 +283,45 @@ class EventLog:
     def flush(self) -> Deferred[None]:
         """Write what is buffered now, as one batch; the Deferred fires once it is written or dropped (never
         fails)."""
-        batch, self._buffer = self._buffer, []
+        batch, self._buffer, self._kept = self._buffer, [], 0
         if not batch or self.writer is None:
             return succeed(None)
         if self._pending >= self.max_pending:
-            self._keep(batch, "the store is writing slower than the crawl")
+            self._keep(batch, "the store is writing slower than the crawl", transient=True)
             return succeed(None)
         self._pending += 1
         try:
             d = self.writer.append_events(batch)
         except Exception as exc:  # a writer that raises instead of failing its Deferred
             self._pending -= 1
-            self._keep(batch, str(exc))
+            self._keep(batch, str(exc), transient=isinstance(exc, TRANSIENT))
             return succeed(None)
 
         def done(result: Failure | None) -> None:
             self._pending -= 1
             if isinstance(result, Failure):
-                self._keep(batch, result.getErrorMessage())
+                self._keep(batch, result.getErrorMessage(), transient=isinstance(result.value, TRANSIENT))
+            else:
+                self._retry_delay = self.flush_interval
 
         d.addBoth(done)
         return d
 
-    def _keep(self, batch: list[Event], why: str) -> None:
-        """A batch not written (``why``) is written again with the next one, before it, unless the log is closed
-        or would keep more than :data:`KEPT_MAX` events: then it is dropped (trial: a Redis restarted within
-        seconds left holes that made the whole crawl's log impossible to audit). A batch written again after its
-        connection was lost may be in the log twice; the audit reads an event repeated whole once."""
-        if self._closed or len(batch) + len(self._buffer) > KEPT_MAX:
+    def _keep(self, batch: list[Event], why: str, *, transient: bool) -> None:
+        """A batch not written (``why``) for a ``transient`` cause (:data:`TRANSIENT`: the store unreachable or busy,
+        or still writing) is written again with the next one, before it, after a delay that doubles up to
+        :data:`RETRY_MAX` seconds (trial: a Redis restarted within seconds left holes that made the whole crawl's log
+        impossible to audit). It is dropped for any other cause, once the log is closed, or past :data:`KEPT_MAX`
+        events kept. A batch written again where it had landed is in the log twice: its readers read an event
+        repeated whole once (:func:`unrepeated`)."""
+        if not transient or self._closed or len(batch) + len(self._buffer) > KEPT_MAX:
             self._dropped(len(batch), why)
             return
         logger.debug("scrapy-polite: %d events kept to be written again (%s)", len(batch), why)
         self._buffer[:0] = batch
-        self._schedule(self.flush_interval)
+        self._kept += len(batch)
+        self._schedule(self._retry_delay)
+        self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
 
     def _dropped(self, count: int, why: str) -> None:
         if self._inc is not None:
