@@ -261,21 +261,31 @@ def test_each_user_agent_keeps_its_own_entry_and_the_largest_is_in_force():
     assert POLICY.robots_delay_update(state, 1, now=T0 + 2, entry=slow).crawl_delay == 1.0
 
 
-def test_an_operator_s_delay_holds_until_a_robots_txt_is_read_and_the_origins_entries_then_count_again():
-    """The operator's delay is in force, whatever the origins publish, until a robots.txt of the host is read
-    again; the origins' entries are kept under it, so that read falls back to the largest of them (not to the one
-    origin read). It holds the host from the command on, as a robots.txt delay does. Removed (``--clear``), the
-    origins' largest holds at once."""
+def test_an_operator_s_delay_holds_until_a_robots_txt_changes_and_the_origins_entries_then_count_again():
+    """The operator's delay is in force, whatever the origins publish, until a robots.txt of the host publishes
+    another delay than its entry held; the origins' entries are kept under it, so that read falls back to the
+    largest of them (not to the one origin read). A robots.txt read again unchanged (a fleet's worker started
+    later: trial G, where it ended the operator's delay after 4.8 s) leaves it in force. It holds the host from the
+    command on, as a robots.txt delay does. Removed (``--clear``), the origins' largest holds at once."""
     a, b = "https://h.example ua", "http://h.example:8080 ua"
     state = POLICY.robots_delay_update(None, 3, now=T0, entry=a)
     by_hand = PacingPolicy.with_crawl_delay(state, 10, now=T0 + 1)
     assert by_hand.crawl_delay == 10.0 and by_hand.next_allowed == T0 + 11
     assert published_delays(by_hand.origin_delays) == {a: 3.0, OPERATOR: 10.0}
-    again = POLICY.robots_delay_update(by_hand, 0, now=T0 + 2, entry=b)
-    assert again.crawl_delay == 3.0 and published_delays(again.origin_delays) == {a: 3.0}
+    # Read again as recorded (a's 3 s; b's none, where none was): the operator's stays, and nothing is written.
+    assert POLICY.robots_delay_update(by_hand, 3, now=T0 + 2, entry=a) is None
+    assert POLICY.robots_delay_update(by_hand, 0, now=T0 + 2, entry=b) is None
+    # Negative controls: a read that publishes another delay ends it, whichever origin and whichever way.
+    again = POLICY.robots_delay_update(by_hand, 1, now=T0 + 2, entry=b)
+    assert again.crawl_delay == 3.0 and published_delays(again.origin_delays) == {a: 3.0, b: 1.0}
+    cleared = POLICY.robots_delay_update(by_hand, 0, now=T0 + 2, entry=a)
+    assert cleared.crawl_delay == 0.0 and published_delays(cleared.origin_delays) == {}
+    raised = POLICY.robots_delay_update(by_hand, 20, now=T0 + 2, entry=a)
+    assert raised.crawl_delay == 20.0 and published_delays(raised.origin_delays) == {a: 20.0}
     lowered = PacingPolicy.with_crawl_delay(state, 0, now=T0 + 1)
     assert lowered.crawl_delay == 0.0 and lowered.next_allowed == state.next_allowed  # never earlier
-    assert POLICY.robots_delay_update(lowered, 0, now=T0 + 2, entry=b).crawl_delay == 3.0
+    assert POLICY.robots_delay_update(lowered, 0, now=T0 + 2, entry=b) is None
+    assert POLICY.robots_delay_update(lowered, 2, now=T0 + 2, entry=b).crawl_delay == 3.0
     removed = PacingPolicy.with_crawl_delay(by_hand, None, now=T0 + 2)
     assert removed.crawl_delay == 3.0 and published_delays(removed.origin_delays) == {a: 3.0}
     assert removed.next_allowed == by_hand.next_allowed  # (the hold stays: reset forgets it)

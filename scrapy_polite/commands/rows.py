@@ -221,13 +221,13 @@ def robots_cells(state: HostState) -> list[tuple[str, str]]:
 
 
 def _delays_words(delays: dict[str, float]) -> str:
-    """Each entry's delay, the operator's first, then the largest: ``the operator's 5 s (until a robots.txt is
-    read)``, ``https://example.com 2 s (for mybot/1.0)``."""
+    """Each entry's delay, the operator's first, then the largest: ``the operator's 5 s (until a robots.txt
+    changes)``, ``https://example.com 2 s (for mybot/1.0)``."""
     words = []
     for name, delay in sorted(delays.items(), key=lambda item: (item[0] != OPERATOR, -item[1])):
         origin, _, agent = name.partition(" ")
         if name == OPERATOR:
-            words.append(f"the operator's {delay:g} s (until a robots.txt is read)")
+            words.append(f"the operator's {delay:g} s (until a robots.txt changes)")
         else:
             words.append(f"{origin} {delay:g} s" + (f" (for {agent})" if agent else ""))
     return ", ".join(words)

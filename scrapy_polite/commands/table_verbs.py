@@ -219,8 +219,8 @@ def check_crawl_delay(opts: argparse.Namespace) -> None:
 
 def crawl_delay(op: Operator) -> int:
     """``scrapy polite crawl-delay HOST SECONDS|--clear [--json]``: set the operator's Crawl-delay of the host, until a
-    robots.txt of the host is read again, or remove it (the largest delay the host's origins publish then holds;
-    docs/spec.md §2, "A host's origins").
+    robots.txt of the host publishes another delay, or remove it (the largest delay the host's origins publish then
+    holds; docs/spec.md §2, "A host's origins").
 
     Raises:
         NoSuchHost: ``--clear`` on a host not in the table.
@@ -249,8 +249,8 @@ def crawl_delay(op: Operator) -> int:
         op.print(f"{key}: the operator's Crawl-delay removed (was {was}); the host's Crawl-delay is now {now}.")
     else:
         op.print(f"{key}: Crawl-delay {delay:g} s (was {was}), for every port of the host, until a robots.txt of the "
-                 f"host is read again (each crawl that obeys robots.txt reads it; the largest delay the host's "
-                 f"origins publish then holds again); next allowed {format_due(new.next_allowed, op.now)} "
+                 f"host publishes another delay than it did (the largest delay the host's origins publish then "
+                 f"holds again); next allowed {format_due(new.next_allowed, op.now)} "
                  f"(scrapy polite reset {key} forgets the hold); POLITE_HOST_DELAYS sets a lasting delay.")
     return EXIT_OK
 

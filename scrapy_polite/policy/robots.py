@@ -168,10 +168,12 @@ def with_origin_delay(text: str, name: str, delay: float) -> tuple[str, float]:
 
     robots.txt is per origin and per user agent (RFC 9309 §2.2.1, §2.3), the row per host (docs/spec.md §1): a read
     changes only its own entry, so one origin's robots.txt without a delay never clears another's, in any process of
-    the fleet. An operator's entry lasts until this read.
+    the fleet. An operator's entry lasts until a read publishes another delay than its entry held (none: 0): a
+    robots.txt read again unchanged, by any process of the fleet, leaves it in force.
     """
     entries = published_delays(text)
-    entries.pop(OPERATOR, None)
+    if entries.get(name, 0.0) != delay:
+        entries.pop(OPERATOR, None)
     entries.pop(name, None)
     if delay > 0:
         entries[name] = float(delay)
@@ -180,8 +182,8 @@ def with_origin_delay(text: str, name: str, delay: float) -> tuple[str, float]:
 
 def with_operator_delay(text: str, delay: float | None) -> tuple[str, float]:
     """A row's entries after an operator set the host's delay to ``delay`` seconds (None: removed it), and the delay in
-    force: the operator's, until a robots.txt of the host is read again; without it, the largest the origins
-    publish."""
+    force: the operator's, until a robots.txt of the host publishes another delay (:func:`with_origin_delay`); without
+    it, the largest the origins publish."""
     entries = published_delays(text)
     entries.pop(OPERATOR, None)
     if delay is not None:
