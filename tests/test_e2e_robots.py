@@ -17,6 +17,7 @@ judged from the servers' arrival logs:
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import socket
@@ -29,7 +30,9 @@ import scrapy
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 
 from scrapy_polite.clock import process_clock
+from scrapy_polite.commands import run_command
 from scrapy_polite.robotstxt import PoliteRobotsTxtMiddleware
+from scrapy_polite.stores import open_store
 from tests.support.crawl import ListSpider, polite_settings, run_crawl
 from tests.support.server import Arrival, ArrivalServer, Reply, RequestInfo
 
@@ -308,6 +311,39 @@ async def test_a_crawl_that_reads_only_a_no_delay_origin_keeps_the_delay_another
     assert len(crawler.spider.fetched) == 3 and [x.path for x in arrivals][0] == "/robots.txt", log
     gaps = [nxt.start - prev.end for prev, nxt in zip(arrivals, arrivals[1:])]
     assert len(gaps) == 3 and min(gaps) >= 1.5 - TOL, (gaps, log)
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_operator_s_crawl_delay_outlives_a_later_crawl_s_read_of_the_same_robots_txt(arrival_server,
+                                                                                            tmp_path):
+    """A crawl reads the host's robots.txt (``Crawl-delay: 0.3``); the operator sets 1.5 s with ``scrapy polite
+    crawl-delay``; a second crawl sharing the SQLite table, as a fleet's worker started later does, reads the same
+    robots.txt again, then fetches three pages: each starts at least 1.5 s after the one before ended (fails when any
+    read ends the operator's delay, as it did: the pages then came 0.3 s apart, trial G). Negative control: a third
+    crawl reads a robots.txt that now publishes 0.4 s, which ends the operator's delay."""
+    srv = arrival_server("127.0.33.12")
+    srv.route("/robots.txt", Reply.robots("User-agent: *\nCrawl-delay: 0.3\n"))
+    for path in ("/1", "/2", "/3"):
+        srv.route(path, links())
+    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+    shared = settings(POLITE_HOST_INTERVAL=0.2, POLITE_STORE=uri)
+    await run_crawl(ListSpider, shared, urls=[srv.url("/1")], timeout=40)
+    out, err = io.StringIO(), io.StringIO()
+    assert run_command(["crawl-delay", "127.0.33.12", "1.5", "--store", uri], out=out, err=err) == 0, err.getvalue()
+    first = len(srv.arrivals())
+    crawler = await run_crawl(ListSpider, shared, urls=[srv.url(p) for p in ("/1", "/2", "/3")], timeout=40)
+    arrivals = sorted(srv.arrivals()[first:], key=lambda x: x.start)
+    log = describe_all(arrivals)
+    assert len(crawler.spider.fetched) == 3 and [x.path for x in arrivals][0] == "/robots.txt", log
+    gaps = [nxt.start - prev.end for prev, nxt in zip(arrivals, arrivals[1:])]
+    assert len(gaps) == 3 and min(gaps) >= 1.5 - TOL, (gaps, log)
+    srv.route("/robots.txt", Reply.robots("User-agent: *\nCrawl-delay: 0.4\n"))
+    await run_crawl(ListSpider, shared, urls=[srv.url("/1")], timeout=40)
+    store = open_store(uri)
+    try:
+        assert store.get("127.0.33.12").crawl_delay == 0.4
+    finally:
+        store.close()
 
 
 def describe_all(arrivals: list[Arrival]) -> str:
