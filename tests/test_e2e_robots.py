@@ -315,7 +315,7 @@ async def test_a_crawl_that_reads_only_a_no_delay_origin_keeps_the_delay_another
 
 @pytest_twisted.ensureDeferred
 async def test_an_operator_s_crawl_delay_outlives_a_later_crawl_s_read_of_the_same_robots_txt(arrival_server,
-                                                                                            tmp_path):
+                                                                                            tmp_path, caplog):
     """A crawl reads the host's robots.txt (``Crawl-delay: 0.3``); the operator sets 1.5 s with ``scrapy polite
     crawl-delay``; a second crawl sharing the SQLite table, as a fleet's worker started later does, reads the same
     robots.txt again, then fetches three pages: each starts at least 1.5 s after the one before ended (fails when any
@@ -331,7 +331,10 @@ async def test_an_operator_s_crawl_delay_outlives_a_later_crawl_s_read_of_the_sa
     out, err = io.StringIO(), io.StringIO()
     assert run_command(["crawl-delay", "127.0.33.12", "1.5", "--store", uri], out=out, err=err) == 0, err.getvalue()
     first = len(srv.arrivals())
-    crawler = await run_crawl(ListSpider, shared, urls=[srv.url(p) for p in ("/1", "/2", "/3")], timeout=40)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="scrapy_polite"):
+        crawler = await run_crawl(ListSpider, shared, urls=[srv.url(p) for p in ("/1", "/2", "/3")], timeout=40)
+    assert "publishes a delay of 0.3 s for" in caplog.text and "recorded; the host's Crawl-delay is 1.5 s" in caplog.text
     arrivals = sorted(srv.arrivals()[first:], key=lambda x: x.start)
     log = describe_all(arrivals)
     assert len(crawler.spider.fetched) == 3 and [x.path for x in arrivals][0] == "/robots.txt", log

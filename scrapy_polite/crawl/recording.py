@@ -398,7 +398,8 @@ class Recorder:
                 self.report.events.robots_delay(host, value)
             if mine > 0:
                 self.report.inc("crawl_delay/adopted")
-                logger.info("%s publishes a delay of %g s for %s: adopted", origin or host, mine, self.user_agent)
+                logger.info("%s publishes a delay of %g s for %s: %s", origin or host, mine, self.user_agent,
+                            "adopted" if value == mine else f"recorded; the host's Crawl-delay is {value:g} s")
             return changed
 
         d.addCallbacks(done, self._failed, errbackArgs=(host, "its robots.txt delay"))
