@@ -127,7 +127,6 @@ def _check_complete(events: Sequence[Event], *, windowed: bool) -> None:
                     f"recorded after them with --since @{_after(times, source, before):.3f}")
 
 
-
 def _after(times: dict[tuple[str, int], float], source: str, before: int) -> float:
     """The first millisecond after every event of ``source`` numbered up to ``before`` (an event's time need not
     follow its number: a booking's is its transaction's): a ``--since`` from it leaves the hole out (review: the
