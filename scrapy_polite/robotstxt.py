@@ -43,6 +43,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
+from .addon import cache_answers
 from .crawl.reactor import await_deferred, reactor_sleep
 from .middleware import defer_early, hold_request
 from .pacer import Pacer, get_pacer
@@ -117,6 +118,10 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         maxsize = crawler.settings.getint("DOWNLOAD_MAXSIZE")
         #: A robots.txt is downloaded up to at least ROBOTS_MAX_BYTES whatever DOWNLOAD_MAXSIZE says (0: no limit).
         self._maxsize = 0 if maxsize <= 0 else max(maxsize, ROBOTS_MAX_BYTES)
+        #: Whether the HTTP cache answers a request (:func:`~scrapy_polite.addon.cache_answers`), found at the
+        #: first request (the downloader's middlewares are built by then); None: it may not be asked.
+        self._cache_answers: Callable[[Request], bool] | None = None
+        self._cache_found = False
 
     def _now(self) -> float:
         assert self.pacer is not None
@@ -145,8 +150,9 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 return None
             if early and isinstance(action, (Fetch, Wait)):
                 early = False
-                # The early deferral (docs/spec.md §5): a host that should defer is held, its robots.txt not asked.
-                if await defer_early(pacer, request, host):
+                # The early deferral (docs/spec.md §5): a host that should defer is held, its robots.txt not asked;
+                # unless the HTTP cache answers both: then neither is a request to the host.
+                if not self._cached(request, origin) and await defer_early(pacer, request, host):
                     return request  # the engine hands it back to the scheduler, which holds it until due
                 continue  # decided again: another request may have asked robots.txt during the read
             if isinstance(action, Fetch):
@@ -173,6 +179,22 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 raise IgnoreRequest(f"scrapy-polite: the robots.txt of {origin} has been unreachable for longer than "
                                     f"POLITE_MAX_IDLE_WAIT={limit:g} s; {request} was not sent")
             await await_deferred(reactor_sleep(max(0.0, min(action.until, action.since + limit + 0.001) - now)))
+
+    def _cached(self, request: Request, origin: str) -> bool:
+        """Whether the HTTP cache answers ``request`` and its origin's robots.txt request too (a fresh entry each): the
+        page is then not held for its host's turn, as a page the cache answers never is (docs/spec.md §5; trial: a
+        crawl the cache answered whole waited 55 s for a host's backoff, its pages held for robots.txt)."""
+        if not self._cache_found:
+            self._cache_answers, self._cache_found = cache_answers(self.crawler), True
+        answers = self._cache_answers
+        return answers is not None and answers(request) and answers(self._robots_request(f"{origin}/robots.txt"))
+
+    def _robots_request(self, url: str) -> Request:
+        """The request of the robots.txt at ``url``: never itself obeying robots.txt, retried nor redirected."""
+        meta: dict[str, Any] = dict(_ROBOTS_META)
+        if self._maxsize:
+            meta["download_maxsize"] = self._maxsize
+        return Request(url, priority=self.DOWNLOAD_PRIORITY, meta=meta, callback=NO_CALLBACK)
 
     # -- asking robots.txt --------------------------------------------------------------------------------------
 
@@ -233,16 +255,14 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             host = host_key(url)
             if host is not None:
                 hosts.append(host)
-            meta: dict[str, Any] = dict(_ROBOTS_META)
-            if self._maxsize:
-                meta["download_maxsize"] = self._maxsize
-            robots_request = Request(url, priority=self.DOWNLOAD_PRIORITY, meta=meta, callback=NO_CALLBACK)
+            robots_request = self._robots_request(url)
             stats.inc_value("robotstxt/request_count")
             try:
                 response = await _download(self.crawler, robots_request)
                 if _stored_error(robots_request, response):  # not the server's answer now: asked past the HTTP cache
                     stats.inc_value("robotstxt/request_count")
-                    response = await _download(self.crawler, robots_request.replace(meta={**meta, "dont_cache": True}))
+                    response = await _download(self.crawler, robots_request.replace(
+                        meta={**robots_request.meta, "dont_cache": True}))
             except Exception as exc:
                 if not isinstance(exc, IgnoreRequest):
                     stats.inc_value(f"robotstxt/exception_count/{type(exc)}")
