@@ -101,7 +101,9 @@ META_MEANINGS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType({
                           "interval while the host has not throttled; wait or defer as soon as it has. Every "
                           "response still updates the pace table, and a spent quota still holds it"),
     "DONT_PACE_META": ("you", "`True`: exempt this request from pacing, never from the address rules (counted in "
-                              "`polite/dont_pace`); it is not booked, so the event log and the audit do not see it"),
+                              "`polite/dont_pace`); it is not booked, so the event log has no booking of it and the "
+                              "audit does not judge it; its response is still recorded (a throttle still backs the "
+                              "host off)"),
     "HOST_META": ("the package", "the pacing key: the URL's host as the WHATWG URL Standard reads it, lower-cased, "
                                  "without port"),
     "IP_META": ("the package", "the booked address, the one the request connects to"),

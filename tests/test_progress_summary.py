@@ -241,6 +241,22 @@ def test_progress_names_what_is_held_and_what_is_due_next():
     assert due_now is not None and "only waiting" not in due_now
 
 
+def test_progress_leaves_out_a_host_in_backoff_from_the_table_that_the_crawl_has_not_met():
+    """Trial H: a crawl of one host, its requests held for their turn, said "1 host in backoff; next due:
+    127.0.0.2 … scrapy polite reset 127.0.0.2", a host another crawl had left in backoff and this one never touched
+    (the start line rightly left it out). Control: once the crawl meets it (a deferral), it is named."""
+    rep, clock = report()
+    rep.starts_in_backoff("other.example", HostState(next_allowed=T0 + 30, consec=1, updated=T0), announce=True)
+    held = [HeldHost("mine.example", 2, float("inf"))]
+    line = format_progress(rep, held, now=clock.t, idle=False)
+    assert line == "scrapy-polite: 2 requests held, 0 hosts in backoff", line
+    assert format_progress(rep, [], now=clock.t, idle=True) is None
+    rep.deferred("other.example", "throttled", due=T0 + 30)
+    met = format_progress(rep, held, now=clock.t, idle=False)
+    assert met is not None and "1 host in backoff; next due: other.example in 30.0 s" in met, met
+    assert "scrapy polite reset other.example" in met
+
+
 def test_progress_names_another_process_s_request_in_flight_and_the_hold_s_bound():
     """A host kept out by another process's in-flight hold (a killed process's lasts until its bound: a trial's
     restart waited 2 m 41 s while every line said "its turn ... due now"): the lines say why and until when at the
@@ -275,12 +291,17 @@ def test_progress_names_a_wait_for_another_process_with_nothing_held():
 def test_progress_names_the_reason_the_host_was_deferred_for():
     """A host deferred for an operator's delay this process has no row of (trial: ``scrapy polite crawl-delay a.test
     120``, then ``scrapy fetch`` said "its turn" while its event said "deferred (Crawl-delay)"). The control: a host
-    deferred only for its line is waiting its turn."""
+    deferred only for its line is waiting its turn: ordinary pacing, not "only waiting" (trial H: a healthy one-host
+    crawl at 60 pages/min read as stalled), unless another host waits for something else."""
     rep, clock = report()
     held = [HeldHost("slow.example", 1, clock.t + 119)]
     rep.deferred("slow.example", "line")
     line = format_progress(rep, held, now=clock.t, idle=True)
-    assert line is not None and "slow.example (its turn, 1 held)" in line, line
+    assert line is not None and line.startswith(
+        "scrapy-polite: 1 request held, 0 hosts in backoff; next due: slow.example in 1 m 59 s"), line
+    rep.deferred("other.example", "crawl_delay", due=clock.t + 200)
+    both = format_progress(rep, [*held, HeldHost("other.example", 2, clock.t + 200)], now=clock.t, idle=True)
+    assert both is not None and "only waiting" in both and "slow.example (its turn, 1 held)" in both, both
     rep.deferred("slow.example", "crawl_delay", due=clock.t + 119)
     line = format_progress(rep, held, now=clock.t, idle=True)
     assert line is not None and "slow.example (Crawl-delay, 1 held)" in line, line

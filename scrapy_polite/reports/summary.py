@@ -92,13 +92,15 @@ class HeldHost:
 def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idle: bool,
                     store_option: str | None = None, forgive: bool = True) -> str | None:
     """The progress line: requests held, hosts in backoff, the next host due and when; when ``idle`` (nothing
-    else is being crawled) and everything held is due later, says that the crawl is only waiting, and on
-    what (host, cause and backoff steps, due). A host in backoff is due at the later of its requests' due time
-    and its backoff's end (the real moment its next request can go). While hosts back off, the line ends with
-    the ``scrapy polite reset`` command that forgives them (``store_option``: its ``--store``; not with ``forgive``
-    False: a table no other process can reach, ``memory://``). None when there is nothing to tell (nothing held, no
+    else is being crawled) and everything held is due later, for something else than its host's turn, says that the
+    crawl is only waiting, and on what (host, cause and backoff steps, due). A host in backoff is due at the later of
+    its requests' due time and its backoff's end (the real moment its next request can go). While hosts back off,
+    the line ends with the ``scrapy polite reset`` command that forgives them (``store_option``: its ``--store``; not
+    with ``forgive`` False: a table no other process can reach, ``memory://``). A host that started in backoff from
+    the table and that this crawl has not met yet (:attr:`Report.unannounced`) is none of its business (trial H: a
+    crawl of one host named another crawl's host as next due). None when there is nothing to tell (nothing held, no
     host in backoff)."""
-    backing = {host: c for host, c in report.hosts.items() if c.in_backoff(now)}
+    backing = {host: c for host, c in report.hosts.items() if c.in_backoff(now) and host not in report.unannounced}
     total = sum(h.count for h in held)
     if not total and not backing:
         # A request that cannot leave the downloader (robots.txt) waiting for another process's (trial: silent for
@@ -114,23 +116,11 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
     waiting = sorted((h for h in held if h.due != float("inf")), key=due_of)
     forgive_words = _forgive(backing, store_option) if backing and forgive else ""
     if idle and waiting and all(h.due > now for h in held):
-        parts = []
-        for h in waiting:
-            c = report.hosts.get(h.host)
-            if c is not None and c.robots_unreachable_since is not None:
-                why = _robots_words(c, now)
-            elif c is not None and c.in_backoff(now):
-                why = f"backing off after {_backoff_words(c)}"
-            elif c is not None and c.state is not None and c.state.crawl_delay:
-                why = f"Crawl-delay {c.state.crawl_delay:g} s"
-            elif c is not None and (c.held_elsewhere_until or 0.0) > now:
-                why = _elsewhere_words(c, now)
-            elif c is not None and c.deferred_for in ("crawl_delay", "ratelimit"):  # an operator's delay, a quota
-                why = DEFERRAL_WORDS[c.deferred_for]
-            else:
-                why = "its turn"
-            parts.append(f"{h.host} ({why}, {h.count} held) due {format_due(due_of(h), now)}")
-        return "scrapy-polite: only waiting for held requests: " + "; ".join(parts) + forgive_words
+        whys = [_held_for(report.hosts.get(h.host), now) for h in waiting]
+        if any(why != TURN for why in whys):  # (held only for their turn is ordinary pacing, not a stall: trial H)
+            return "scrapy-polite: only waiting for held requests: " + "; ".join(
+                f"{h.host} ({why}, {h.count} held) due {format_due(due_of(h), now)}"
+                for h, why in zip(waiting, whys)) + forgive_words
     line = f"scrapy-polite: {plural(total, 'request')} held"
     robots = [h for h in held if (c := report.hosts.get(h.host)) is not None and c.robots_unreachable_since is not None]
     if robots:
@@ -148,6 +138,28 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
         host, c = min(backing.items(), key=lambda item: item[1].backoff_due or 0.0)
         line += f"; next due: {host} {format_due(c.backoff_due or now, now)} ({_backoff_words(c)})"
     return line + forgive_words
+
+
+#: What a host's requests are held for when nothing else holds them (:func:`_held_for`).
+TURN = "its turn"
+
+
+def _held_for(c: HostCounters | None, now: float) -> str:
+    """What a host's held requests wait for, in words: robots.txt, a backoff, a Crawl-delay, another process's
+    request, an operator's delay or a quota, else :data:`TURN`."""
+    if c is None:
+        return TURN
+    if c.robots_unreachable_since is not None:
+        return _robots_words(c, now)
+    if c.in_backoff(now):
+        return f"backing off after {_backoff_words(c)}"
+    if c.state is not None and c.state.crawl_delay:
+        return f"Crawl-delay {c.state.crawl_delay:g} s"
+    if (c.held_elsewhere_until or 0.0) > now:
+        return _elsewhere_words(c, now)
+    if c.deferred_for in ("crawl_delay", "ratelimit"):  # an operator's delay, a quota
+        return DEFERRAL_WORDS[c.deferred_for]
+    return TURN
 
 
 def _robots_words(c: HostCounters, now: float) -> str:
