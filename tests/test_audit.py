@@ -262,6 +262,12 @@ def test_a_burst_skips_the_interval_but_not_a_throttle():
     log.book(1.0)
     report = run(log)
     assert report.ok and report.hosts[0].bursts == 1 and report.hosts[0].requests == 3
+    # Trial H: a burst (booked on no address line, so no address interval) is not "logged before the address
+    # interval was recorded"; an ordinary booking without one is (the control).
+    assert not report.notes, report.notes
+    control = Log()
+    control.add(0.0, "booking", url="http://a.example/d", address="127.0.0.2", interval=1.0)
+    assert any("before the address interval was recorded" in n for n in run(control).notes)
     log.throttle(1.2, 10.0)
     log.add(2.0, "booking", url="http://a.example/c", address="127.0.0.2", reason="burst")
     assert only(run(log), "retry_after").second.reason == "burst"

@@ -353,7 +353,7 @@ class _Auditors:
         if kind == "booking":
             if event.interval is None and event.reason != "burst":
                 self.old_intervals += 1
-            if event.ip_interval is None:
+            if event.ip_interval is None and event.reason != "burst":  # a burst is on no address line
                 self.old_addresses += 1
             self.address(event.address).request(event, self.rules, answer)
         elif kind in ("response", "failure"):
