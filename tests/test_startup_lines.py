@@ -147,3 +147,7 @@ def test_the_start_line_does_not_call_the_tables_writer_an_earlier_run():
     assert "a.example (3 backoff steps already in the pace table) due in 30.0 s" in line
     assert "earlier run" not in line
     assert line.endswith("to forget the backoff: scrapy polite reset a.example")
+    # Trial H: a JOBDIR resume said only "1 backoff step" where the row knows the Retry-After that set it.
+    report.starts_in_backoff("b.example", HostState(next_allowed=T0 + 20, consec=1, run_retry_after=20.0))
+    line = format_start_backoffs(report.hosts, now=T0, store_uri="sqlite:///x")
+    assert line is not None and "b.example (Retry-After 20 s; 1 backoff step already in the pace table)" in line

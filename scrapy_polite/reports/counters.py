@@ -300,7 +300,8 @@ class Report:
         counters.backoff_due = state.next_allowed + offset
         if counters.throttle_cause is None:
             steps = "1 backoff step" if state.consec == 1 else f"{state.consec} backoff steps"
-            counters.throttle_cause = f"{steps} already in the pace table"
+            after = f"Retry-After {state.run_retry_after:g} s; " if state.run_retry_after else ""
+            counters.throttle_cause = f"{after}{steps} already in the pace table"
         counters.backing_off.add(self.started, counters.backoff_due)
         if announce:
             self.unannounced.add(host)
