@@ -20,6 +20,7 @@ the HTTP cache (a cached response is not a request to the host) and closest to t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -293,10 +294,12 @@ class PoliteEarlyDeferMiddleware(_PacerComponent):
         return request if await defer_early(self.pacer, request, host_key(request.url)) else None
 
 
-async def defer_early(pacer: Pacer, request: Request, host: str | None) -> bool:
+async def defer_early(pacer: Pacer, request: Request, host: str | None, *,
+                      unless: Callable[[], bool] | None = None) -> bool:
     """**The early deferral** (docs/spec.md §5) of ``request`` of ``host``, on the host's row read from the table:
     True when it was handed to the scheduler to hold until the host is due (the caller returns it to the engine).
-    Only requests the scheduler handed out are held; a ``dont_pace`` request or one without a host never is.
+    Only requests the scheduler handed out are held; a ``dont_pace`` request or one without a host never is, nor one
+    for which ``unless()``, asked only when the host should defer, is True.
 
     Raises:
         CrawlStopped: the table cannot be read (the crawl is being stopped).
@@ -305,7 +308,7 @@ async def defer_early(pacer: Pacer, request: Request, host: str | None) -> bool:
             or not pacer.booker.can_defer(request)):
         return False
     try:
-        due = await pacer.booker.early_due(request, host)
+        due = await pacer.booker.early_due(request, host, unless)
     except StoreError as exc:
         raise _stopped(request, exc) from exc
     if due is None:

@@ -120,7 +120,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         self._maxsize = 0 if maxsize <= 0 else max(maxsize, ROBOTS_MAX_BYTES)
         #: Whether the HTTP cache answers a request (:func:`~scrapy_polite.addon.cache_answers`), found at the
         #: first request (the downloader's middlewares are built by then); None: it may not be asked.
-        self._cache_answers: Callable[[Request], bool] | None = None
+        self._cache_answers: Callable[..., bool] | None = None
         self._cache_found = False
 
     def _now(self) -> float:
@@ -152,7 +152,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 early = False
                 # The early deferral (docs/spec.md §5): a host that should defer is held, its robots.txt not asked;
                 # unless the HTTP cache answers both: then neither is a request to the host.
-                if not self._cached(request, origin) and await defer_early(pacer, request, host):
+                if await defer_early(pacer, request, host, unless=lambda: self._cached(request, origin)):
                     return request  # the engine hands it back to the scheduler, which holds it until due
                 continue  # decided again: another request may have asked robots.txt during the read
             if isinstance(action, Fetch):
@@ -181,13 +181,17 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             await await_deferred(reactor_sleep(max(0.0, min(action.until, action.since + limit + 0.001) - now)))
 
     def _cached(self, request: Request, origin: str) -> bool:
-        """Whether the HTTP cache answers ``request`` and its origin's robots.txt request too (a fresh entry each): the
-        page is then not held for its host's turn, as a page the cache answers never is (docs/spec.md §5; trial: a
-        crawl the cache answered whole waited 55 s for a host's backoff, its pages held for robots.txt)."""
+        """Whether the HTTP cache answers ``request`` and its origin's robots.txt request too, with a fresh answer
+        :meth:`_read` takes as it is (not a stored error it asks past the cache, nor a redirect): the page is then not
+        held for its host's turn, as a page the cache answers never is (docs/spec.md §5; trial H: a crawl the cache
+        answered whole waited 55 s for a host's backoff, its pages held for robots.txt). Asked only for a page that
+        would be held (two reads of the cache's storage)."""
         if not self._cache_found:
             self._cache_answers, self._cache_found = cache_answers(self.crawler), True
         answers = self._cache_answers
-        return answers is not None and answers(request) and answers(self._robots_request(f"{origin}/robots.txt"))
+        return answers is not None and answers(request) and answers(
+            self._robots_request(f"{origin}/robots.txt"),
+            lambda cached: classify_status(cached.status) != "unreachable" and _location(cached) is None)
 
     def _robots_request(self, url: str) -> Request:
         """The request of the robots.txt at ``url``: never itself obeying robots.txt, retried nor redirected."""

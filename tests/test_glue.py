@@ -954,9 +954,10 @@ def test_a_process_that_read_only_a_no_delay_origin_keeps_the_delay_another_proc
 
 def test_an_operator_s_delay_outlives_other_processes_reads_until_an_origin_publishes_another_delay():
     """A new-user trial: a crawl read ``https``'s 3 s, the operator raised the host's delay to 5 s, then another
-    process read ``https``'s robots.txt again (3 s) and ``:8080``'s (none): the operator's 5 s stays (trial G: a
-    worker started later ended it). When ``:8080`` publishes 1 s, the operator's delay ends, and ``https``'s 3 s holds
-    again (it had gone once: the operator's delay dropped the origins' entries, and every process went 0.3 s apart)."""
+    process read ``https``'s robots.txt again (3 s) and ``:8080``'s (none, then 1 s: a first entry): the operator's
+    5 s stays (trial G: a worker started later ended it). When ``:8080`` changes to 2 s, the operator's delay ends,
+    and ``https``'s 3 s holds again (it had gone once: the operator's delay dropped the origins' entries, and every
+    process went 0.3 s apart)."""
     first = glue()
     second = glue(store=first.store)
     first.recorder.set_crawl_delay("a.example", 3, "https://a.example")
@@ -965,7 +966,9 @@ def test_an_operator_s_delay_outlives_other_processes_reads_until_an_origin_publ
     assert second.recorder.set_crawl_delay("a.example", 3, "https://a.example").result is False
     assert second.recorder.set_crawl_delay("a.example", None, "http://a.example:8080").result is False
     assert first.row("a.example").crawl_delay == 5.0
-    assert second.recorder.set_crawl_delay("a.example", 1, "http://a.example:8080").result is True
+    assert second.recorder.set_crawl_delay("a.example", 1, "http://a.example:8080").result is False
+    assert first.row("a.example").crawl_delay == 5.0
+    assert second.recorder.set_crawl_delay("a.example", 2, "http://a.example:8080").result is True
     assert first.row("a.example").crawl_delay == 3.0
 
 

@@ -23,6 +23,7 @@ from scrapy_polite.policy import Booking, Deferral, HostState, PacingPolicy, ip_
 from scrapy_polite.policy.robots import (
     OPERATOR,
     ORIGINS_KEPT,
+    RESTORED,
     entry_name,
     published_delays,
     with_operator_delay,
@@ -275,9 +276,13 @@ def test_an_operator_s_delay_holds_until_a_robots_txt_changes_and_the_origins_en
     # Read again as recorded (a's 3 s; b's none, where none was): the operator's stays, and nothing is written.
     assert POLICY.robots_delay_update(by_hand, 3, now=T0 + 2, entry=a) is None
     assert POLICY.robots_delay_update(by_hand, 0, now=T0 + 2, entry=b) is None
-    # Negative controls: a read that publishes another delay ends it, whichever origin and whichever way.
-    again = POLICY.robots_delay_update(by_hand, 1, now=T0 + 2, entry=b)
-    assert again.crawl_delay == 3.0 and published_delays(again.origin_delays) == {a: 3.0, b: 1.0}
+    # Read for the first time (another origin, another user agent: review): recorded, the operator's stays.
+    first = POLICY.robots_delay_update(by_hand, 1, now=T0 + 2, entry=b)
+    assert first.crawl_delay == 10.0 and published_delays(first.origin_delays) == {a: 3.0, b: 1.0, OPERATOR: 10.0}
+    assert POLICY.robots_delay_update(by_hand, 3, now=T0 + 2, entry="https://h.example otherbot").crawl_delay == 10
+    # Negative controls: a read that changes a recorded delay ends it, whichever origin and whichever way.
+    again = POLICY.robots_delay_update(first, 2, now=T0 + 3, entry=b)
+    assert again.crawl_delay == 3.0 and published_delays(again.origin_delays) == {a: 3.0, b: 2.0}
     cleared = POLICY.robots_delay_update(by_hand, 0, now=T0 + 2, entry=a)
     assert cleared.crawl_delay == 0.0 and published_delays(cleared.origin_delays) == {}
     raised = POLICY.robots_delay_update(by_hand, 20, now=T0 + 2, entry=a)
@@ -285,7 +290,10 @@ def test_an_operator_s_delay_holds_until_a_robots_txt_changes_and_the_origins_en
     lowered = PacingPolicy.with_crawl_delay(state, 0, now=T0 + 1)
     assert lowered.crawl_delay == 0.0 and lowered.next_allowed == state.next_allowed  # never earlier
     assert POLICY.robots_delay_update(lowered, 0, now=T0 + 2, entry=b) is None
-    assert POLICY.robots_delay_update(lowered, 2, now=T0 + 2, entry=b).crawl_delay == 3.0
+    assert POLICY.robots_delay_update(lowered, 4, now=T0 + 2, entry=a).crawl_delay == 4.0
+    # Set before any crawl read the host: the first read records its entry, the operator's stays (review).
+    early = PacingPolicy.with_crawl_delay(None, 5, now=T0)
+    assert POLICY.robots_delay_update(early, 0.3, now=T0 + 1, entry=a).crawl_delay == 5.0
     removed = PacingPolicy.with_crawl_delay(by_hand, None, now=T0 + 2)
     assert removed.crawl_delay == 3.0 and published_delays(removed.origin_delays) == {a: 3.0}
     assert removed.next_allowed == by_hand.next_allowed  # (the hold stays: reset forgets it)
@@ -335,6 +343,11 @@ def test_a_restored_row_keeps_each_entry_s_larger_delay_and_stays_current(operat
     assert merged.crawl_delay == 10.0
     after = POLICY.robots_delay_update(merged, 0, now=T0 + 2, entry=http)
     assert (after or merged).crawl_delay == 10.0
+    # A restored delay the entries do not make is no operator's: the next read, even unchanged, ends it (review).
+    older = HostState(crawl_delay=5.0)  # an earlier version's row: a delay without entries
+    restored = POLICY.restore(POLICY.robots_delay_update(None, 2, now=T0, entry=https), older)
+    assert restored.crawl_delay == 5.0 and published_delays(restored.origin_delays) == {https: 2.0, RESTORED: 5.0}
+    assert POLICY.robots_delay_update(restored, 2, now=T0 + 1, entry=https).crawl_delay == 2.0
     rows = (HostState(crawl_delay=3.0, origin_delays=json.dumps({http: 1.0, https: 3.0})),
             HostState(crawl_delay=4.0, origin_delays=json.dumps({http: 4.0, "http://h:81 ua": 2.0})))
     merged = POLICY.restore(*rows)

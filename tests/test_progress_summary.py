@@ -251,6 +251,9 @@ def test_progress_leaves_out_a_host_in_backoff_from_the_table_that_the_crawl_has
     line = format_progress(rep, held, now=clock.t, idle=False)
     assert line == "scrapy-polite: 2 requests held, 0 hosts in backoff", line
     assert format_progress(rep, [], now=clock.t, idle=True) is None
+    # (review) a host this crawl holds requests of is its business, met or not
+    holding = format_progress(rep, [HeldHost("other.example", 2, T0 + 5)], now=clock.t, idle=False)
+    assert holding is not None and "1 host in backoff; next due: other.example in 30.0 s" in holding, holding
     rep.deferred("other.example", "throttled", due=T0 + 30)
     met = format_progress(rep, held, now=clock.t, idle=False)
     assert met is not None and "1 host in backoff; next due: other.example in 30.0 s" in met, met

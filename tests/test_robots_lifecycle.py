@@ -481,9 +481,10 @@ def early_middleware(engine: ScriptedEngine, reads: list) -> tuple[PoliteRobotsT
     booker = middleware.pacer.booker
     booker.scheduler = scheduler  # type: ignore[assignment]
 
-    async def early_due(request: Request, host: str) -> float | None:
+    async def early_due(request: Request, host: str, unless: Any = None) -> float | None:
         reads.append(Deferred())
-        return await maybe_deferred_to_future(reads[-1])
+        due = await maybe_deferred_to_future(reads[-1])
+        return None if due is None or (unless is not None and unless()) else due
 
     booker.early_due = early_due  # type: ignore[method-assign]
     return middleware, scheduler

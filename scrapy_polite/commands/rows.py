@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..policy import HostState, PacingPolicy
-from ..policy.robots import OPERATOR, published_delays
+from ..policy.robots import OPERATOR, RESTORED, published_delays
 from ..reports.events import describe, throttle_cause
 from ..reports.words import format_due, format_duration, format_relative, iso_time, plural
 from ..stores import Event, PaceStore
@@ -224,10 +224,12 @@ def _delays_words(delays: dict[str, float]) -> str:
     """Each entry's delay, the operator's first, then the largest: ``the operator's 5 s (until a robots.txt
     changes)``, ``https://example.com 2 s (for mybot/1.0)``."""
     words = []
-    for name, delay in sorted(delays.items(), key=lambda item: (item[0] != OPERATOR, -item[1])):
+    for name, delay in sorted(delays.items(), key=lambda item: (item[0] not in (OPERATOR, RESTORED), -item[1])):
         origin, _, agent = name.partition(" ")
         if name == OPERATOR:
             words.append(f"the operator's {delay:g} s (until a robots.txt changes)")
+        elif name == RESTORED:
+            words.append(f"restored {delay:g} s (until a robots.txt is read)")
         else:
             words.append(f"{origin} {delay:g} s" + (f" (for {agent})" if agent else ""))
     return ", ".join(words)

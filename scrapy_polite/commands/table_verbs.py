@@ -219,7 +219,7 @@ def check_crawl_delay(opts: argparse.Namespace) -> None:
 
 def crawl_delay(op: Operator) -> int:
     """``scrapy polite crawl-delay HOST SECONDS|--clear [--json]``: set the operator's Crawl-delay of the host, until a
-    robots.txt of the host publishes another delay, or remove it (the largest delay the host's origins publish then
+    robots.txt of the host changes its delay, or remove it (the largest delay the host's origins publish then
     holds; docs/spec.md §2, "A host's origins").
 
     Raises:
@@ -249,7 +249,7 @@ def crawl_delay(op: Operator) -> int:
         op.print(f"{key}: the operator's Crawl-delay removed (was {was}); the host's Crawl-delay is now {now}.")
     else:
         op.print(f"{key}: Crawl-delay {delay:g} s (was {was}), for every port of the host, until a robots.txt of the "
-                 f"host publishes another delay than it did (the largest delay the host's origins publish then "
+                 f"host changes a delay it published (the largest delay the host's origins publish then "
                  f"holds again); next allowed {format_due(new.next_allowed, op.now)} "
                  f"(scrapy polite reset {key} forgets the hold); POLITE_HOST_DELAYS sets a lasting delay.")
     return EXIT_OK

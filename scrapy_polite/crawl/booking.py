@@ -445,13 +445,13 @@ class Booker:
         host = host or request.meta.get(HOST_META) or self.lifecycle.host_of(request)
         self.lifecycle.end(request, host, self._let_go(request, host) if host is not None else None, dropped=dropped)
 
-    async def early_due(self, request: Request, host: str) -> float | None:
+    async def early_due(self, request: Request, host: str, unless: Callable[[], bool] | None = None) -> float | None:
         """When a request of a host that should defer now (docs/spec.md §2) may come back (this process's clock, epoch
-        s), counting the deferral; None when it need not defer."""
+        s), counting the deferral; None when it need not defer, or ``unless()`` (then asked) is True."""
         snapshot = await self._read(host)
         verdict = self.policy.defer_verdict(snapshot.states[host], snapshot.now,
                                             override=self.override(host, request))
-        if verdict is None:
+        if verdict is None or (unless is not None and unless()):
             return None
         due = self.clock.to_local(verdict.due)
         self.defer(host, due, verdict.reason, request)

@@ -363,7 +363,7 @@ class PacingPolicy(QuotaRules, BookingRules):
     @staticmethod
     def with_crawl_delay(state: HostState | None, crawl_delay: float | None, *, now: float) -> HostState:
         """The state with an operator's Crawl-delay set at ``now`` (seconds ≥ 0; None: the operator's removed;
-        ``scrapy polite crawl-delay``): in force until a robots.txt of the host publishes another delay than it did,
+        ``scrapy polite crawl-delay``): in force until a robots.txt of the host changes a delay it published,
         when the largest delay the host's origins publish holds again; removed, that one holds at once
         (:func:`~scrapy_polite.policy.robots.with_operator_delay`). As a robots.txt delay does, a delay set holds the
         host at least that long from ``now`` (``scrapy polite reset`` forgets the hold).

@@ -38,6 +38,7 @@ __all__ = [
     "fetching",
     "OPERATOR",
     "ORIGINS_KEPT",
+    "RESTORED",
     "current_entries",
     "entry_name",
     "in_force",
@@ -120,12 +121,17 @@ def _call(rp: Any, name: str, user_agent: str) -> Any:
 ORIGINS_KEPT: Final = 16
 #: The name of an operator's delay among a row's entries (``scrapy polite crawl-delay``).
 OPERATOR: Final = "operator"
+#: The name of the delay a row written back after the table came back empty keeps when its origins' entries do not make
+#: it (:func:`merge_origin_delays`): in force as an operator's is, until the next robots.txt read of the host.
+RESTORED: Final = "restored"
+#: The entries no robots.txt published, in force whatever the others say (the operator's first).
+_SET_BY_HAND: Final = (OPERATOR, RESTORED)
 
 
 def published_delays(text: str) -> dict[str, float]:
     """The entries of a host's row (``HostState.origin_delays``: a JSON object, ``"<origin> <user agent>"`` → seconds
-    > 0, and :data:`OPERATOR` → seconds ≥ 0; ``""``: none). An entry that is no such number, or a value that is no such
-    object (a row edited by hand), reads as none."""
+    > 0, :data:`OPERATOR` and :data:`RESTORED` → seconds ≥ 0; ``""``: none). An entry that is no such number, or a
+    value that is no such object (a row edited by hand), reads as none."""
     if not text:
         return {}
     try:
@@ -138,7 +144,7 @@ def published_delays(text: str) -> dict[str, float]:
     for name, delay in parsed.items():
         if type(delay) in (int, float):
             seconds = parse_seconds(delay)
-            if seconds is not None and (seconds > 0 or name == OPERATOR):
+            if seconds is not None and (seconds > 0 or name in _SET_BY_HAND):
                 entries[name] = seconds
     return entries
 
@@ -150,9 +156,11 @@ def entry_name(origin: str, user_agent: str) -> str:
 
 
 def in_force(entries: dict[str, float]) -> float:
-    """The delay a row's entries make: the operator's, when there is one, else the largest (0: none)."""
-    if OPERATOR in entries:
-        return entries[OPERATOR]
+    """The delay a row's entries make: the operator's, when there is one, else the restored one, else the largest (0:
+    none)."""
+    for name in _SET_BY_HAND:
+        if name in entries:
+            return entries[name]
     return max(entries.values(), default=0.0)
 
 
@@ -168,11 +176,14 @@ def with_origin_delay(text: str, name: str, delay: float) -> tuple[str, float]:
 
     robots.txt is per origin and per user agent (RFC 9309 §2.2.1, §2.3), the row per host (docs/spec.md §1): a read
     changes only its own entry, so one origin's robots.txt without a delay never clears another's, in any process of
-    the fleet. An operator's entry lasts until a read publishes another delay than its entry held (none: 0): a
-    robots.txt read again unchanged, by any process of the fleet, leaves it in force.
+    the fleet. An operator's entry lasts until a read changes a delay already recorded (the site changed its
+    robots.txt): a robots.txt read again unchanged, by any process of the fleet, or read for the first time (another
+    user agent, another origin, the first crawl after the command), leaves it in force. A restored entry
+    (:data:`RESTORED`) lasts until this read.
     """
     entries = published_delays(text)
-    if entries.get(name, 0.0) != delay:
+    entries.pop(RESTORED, None)
+    if name in entries and entries[name] != delay:
         entries.pop(OPERATOR, None)
     entries.pop(name, None)
     if delay > 0:
@@ -182,10 +193,11 @@ def with_origin_delay(text: str, name: str, delay: float) -> tuple[str, float]:
 
 def with_operator_delay(text: str, delay: float | None) -> tuple[str, float]:
     """A row's entries after an operator set the host's delay to ``delay`` seconds (None: removed it), and the delay in
-    force: the operator's, until a robots.txt of the host publishes another delay (:func:`with_origin_delay`); without
-    it, the largest the origins publish."""
+    force: the operator's, until a robots.txt of the host changes its delay (:func:`with_origin_delay`); without it,
+    the largest the origins publish."""
     entries = published_delays(text)
-    entries.pop(OPERATOR, None)
+    for hand in _SET_BY_HAND:
+        entries.pop(hand, None)
     if delay is not None:
         entries[OPERATOR] = float(delay)
     return _as_text(entries), in_force(entries)
@@ -194,21 +206,22 @@ def with_operator_delay(text: str, delay: float | None) -> tuple[str, float]:
 def merge_origin_delays(one: str, other: str, crawl_delay: float) -> str:
     """Two rows' entries (:func:`published_delays`' text) as one, for a row whose delay is ``crawl_delay`` (a row
     written back into a table that came back empty, docs/spec.md §6): each entry's larger delay; should they not
-    make ``crawl_delay`` (an operator's delay on one side only), it is the operator's, so the row's entries are
-    current (:func:`current_entries`) and the next robots.txt read falls back to the origins' largest."""
+    make ``crawl_delay`` (an operator's delay on one side only), it is kept as :data:`RESTORED`, so the row's entries
+    are current (:func:`current_entries`) and the next robots.txt read falls back to the origins' largest."""
     merged = published_delays(one)
     for name, delay in published_delays(other).items():
         merged[name] = max(delay, merged.get(name, delay))
     if in_force(merged) != crawl_delay:
-        merged[OPERATOR] = crawl_delay
+        merged.pop(OPERATOR, None)
+        merged[RESTORED] = crawl_delay
     return _as_text(merged)
 
 
 def _as_text(entries: dict[str, float]) -> str:
-    """Entries as a row keeps them: the :data:`ORIGINS_KEPT` largest (the operator's always), in a JSON object sorted
-    by name."""
+    """Entries as a row keeps them: the :data:`ORIGINS_KEPT` largest (the operator's and the restored one always), in a
+    JSON object sorted by name."""
     if len(entries) > ORIGINS_KEPT:
-        entries = dict(sorted(entries.items(), key=lambda item: (item[0] == OPERATOR, item[1]),
+        entries = dict(sorted(entries.items(), key=lambda item: (item[0] in _SET_BY_HAND, item[1]),
                               reverse=True)[:ORIGINS_KEPT])
     return json.dumps({name: entries[name] for name in sorted(entries)}) if entries else ""
 

@@ -100,7 +100,9 @@ def format_progress(report: Report, held: Sequence[HeldHost], *, now: float, idl
     the table and that this crawl has not met yet (:attr:`Report.unannounced`) is none of its business (trial H: a
     crawl of one host named another crawl's host as next due). None when there is nothing to tell (nothing held, no
     host in backoff)."""
-    backing = {host: c for host, c in report.hosts.items() if c.in_backoff(now) and host not in report.unannounced}
+    holding = {h.host for h in held}
+    backing = {host: c for host, c in report.hosts.items()
+               if c.in_backoff(now) and (host not in report.unannounced or host in holding)}
     total = sum(h.count for h in held)
     if not total and not backing:
         # A request that cannot leave the downloader (robots.txt) waiting for another process's (trial: silent for
