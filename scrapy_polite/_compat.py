@@ -16,6 +16,7 @@ What it provides:
   connects a booked request to that address and keys the HTTP/2 connection pool by it;
 * :func:`server_side_failure_types`: the download failures that reached the server's side;
 * :func:`wake_engine`: ask the engine to pull from the scheduler again now; :func:`in_engine`: a pass not over;
+  :func:`engine_closing`: the engine's close has begun;
 * :func:`commit_without_fsync`: let a queuelib SQLite disk queue commit without waiting for the disk;
 * :func:`fail_crawl_process`: make the process that runs a crawl exit with a non-zero status;
 * :func:`stats_incrementer`: ``stats.inc_value`` without Scrapy 2.19's cost per call for its own collectors.
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HAS_H2", "commit_without_fsync", "download_pinned", "download_pinned_h2", "fail_crawl_process",
            "pinned_agent", "server_side_failure_types", "stats_incrementer", "wake_engine", "crawler_engine",
-           "in_engine"]
+           "in_engine", "engine_closing"]
 
 #: Scrapy's HTTP/1.1 handler logs its data-loss warning here (``http11.logger``); so do we.
 _http11_logger = logging.getLogger("scrapy.core.downloader.handlers.http11")
@@ -384,6 +385,12 @@ def in_engine(crawler: Any, request: Any) -> bool:
     return request in (inprogress or getattr(getattr(engine, "downloader", None), "active", ()))
 
 
+def engine_closing(crawler: Any) -> bool:
+    """The engine's close has begun (``ExecutionEngine._slot.closing``, private; Scrapy 2.18.0 and 2.19.0): it waits
+    for every request in the engine to leave, and Scrapy sends no signal before they have."""
+    return getattr(getattr(crawler_engine(crawler), "_slot", None), "closing", None) is not None
+
+
 def stats_incrementer(stats: Any) -> Callable[[str, float], None]:
     """``inc(key, count)``, what ``stats.inc_value(key, count)`` does. For Scrapy's ``StatsCollector`` and
     ``MemoryStatsCollector`` themselves (not subclasses) it adds to their private ``_stats`` dict as their
@@ -430,13 +437,9 @@ def pickle_fifo_sqlite_queue() -> type[Any]:
     existing = getattr(squeues, "PickleFifoSQLiteQueue", None)
     if existing is not None:
         return cast("type[Any]", existing)
-    built = squeues._scrapy_serialization_queue(
-        squeues._serializable_queue(
-            squeues._with_mkdir(queuelib_queue.FifoSQLiteQueue),  # type: ignore[arg-type]  # as Scrapy does
-            squeues._pickle_serialize,
-            pickle.loads,
-        ))
-    return cast("type[Any]", built)
+    fifo = squeues._with_mkdir(queuelib_queue.FifoSQLiteQueue)  # type: ignore[arg-type]  # as Scrapy does
+    serializable = squeues._serializable_queue(fifo, squeues._pickle_serialize, pickle.loads)
+    return cast("type[Any]", squeues._scrapy_serialization_queue(serializable))
 
 
 def commit_without_fsync(queue: Any) -> None:
@@ -457,10 +460,8 @@ def commit_without_fsync(queue: Any) -> None:
 # -- The exit status of a crawl the add-on stopped -------------------------------------------------------
 
 #: The runners' common base (``CrawlerRunner``, ``AsyncCrawlerRunner`` and the two processes).
-_RUNNER_TYPES: tuple[type[Any], ...] = tuple(
-    t for t in (getattr(scrapy_crawler, name, None) for name in ("CrawlerRunnerBase", "CrawlerRunner",
-                                                                  "AsyncCrawlerRunner"))
-    if isinstance(t, type))
+_RUNNER_TYPES: tuple[type[Any], ...] = tuple(t for t in (getattr(scrapy_crawler, name, None) for name in (
+    "CrawlerRunnerBase", "CrawlerRunner", "AsyncCrawlerRunner")) if isinstance(t, type))
 
 
 def fail_crawl_process(crawler: Crawler) -> int:
@@ -491,10 +492,9 @@ def fail_crawl_process(crawler: Crawler) -> int:
     if sets:
         holders = gc.get_referrers(*sets)
         keep(holders)
-        if not found:  # the runner's attributes in a dict of their own (``__dict__``): one level more
-            dicts = [h for h in holders if isinstance(h, dict)]
-            if dicts:
-                keep(gc.get_referrers(*dicts))
+        # The runner's attributes in a dict of their own (``__dict__``): one level more.
+        if not found and (dicts := [h for h in holders if isinstance(h, dict)]):
+            keep(gc.get_referrers(*dicts))
     for runner in found:
         runner.bootstrap_failed = True
     return len(found)

@@ -42,13 +42,13 @@ from scrapy.utils.project import data_path
 from twisted.internet import threads
 from twisted.internet.defer import Deferred
 
-from ._compat import crawler_engine
+from ._compat import crawler_engine, engine_closing
 from .browser import bind_browser
 from .clock import ClockSync, process_clock
 from .crawl.booking import DEFAULT_TIMEOUT, Booker
 from .crawl.lifecycle import Lifecycle
 from .crawl.outage import DeferredStore, StoreGuard, TableWatch
-from .crawl.reactor import await_deferred, call_later, reactor_sleep
+from .crawl.reactor import await_deferred, call_later, reactor_sleep, sleep_until
 from .crawl.recording import SERVER_SIDE_FAILURES, Recorder
 from .crawl.resolution import Resolution
 from .crawl.retrying import ThrottleRetries
@@ -167,7 +167,7 @@ class Pacer:
                                     check_every=1.0 if getattr(self._backend, "sharded", False) else 0.0,
                                     own_holds=self.lifecycle.hold_tokens)
         self.booker = Booker(config, self.table, self.lifecycle, self.resolution, self.report, self.sync,
-                             sleep or reactor_sleep, self._store_failed,
+                             sleep or sleep_until(self._closed_while_waiting), self._store_failed,
                              download_timeout=crawler.settings.getfloat("DOWNLOAD_TIMEOUT", DEFAULT_TIMEOUT))
         self.recorder = Recorder(config, self.table, self.lifecycle, self.report, self.sync, self.booker.override,
                                  self._store_failed, self.user_agent)
@@ -256,6 +256,16 @@ class Pacer:
             logger.error("%s Stopping the crawl: without its pace table scrapy-polite cannot pace it.", exc)
             self.report.inc("store_errors")
             close_spider_soon(self.crawler, "polite_store_error")
+
+    def _closed_while_waiting(self) -> CrawlStopped | None:
+        """The error that ends a wait in the downloader (a request the scheduler cannot hold waiting for its host's
+        turn, or for its unreachable robots.txt) once the crawl's close has begun: Scrapy's close waits for every
+        request in the engine, which kept a crawl ``CLOSESPIDER_TIMEOUT`` or Ctrl-C stopped open for its host's
+        whole backoff (docs/spec.md §5). None: the wait goes on."""
+        if not engine_closing(self.crawler):
+            return None
+        self.report.inc("closed_waiting")
+        return CrawlStopped("scrapy-polite did not send a request waiting for its host: the crawl is closing")
 
     def _resolver_missing(self, exc: ResolverNotInstalled) -> None:
         if self.failed is None and not self.closing:

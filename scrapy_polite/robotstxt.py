@@ -44,7 +44,7 @@ from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
 from .addon import cache_answers
-from .crawl.reactor import await_deferred, reactor_sleep
+from .crawl.reactor import await_deferred
 from .middleware import defer_early, hold_request
 from .pacer import Pacer, get_pacer
 from .policy import host_key, origin_of
@@ -178,7 +178,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 pacer.report.inc("robots/given_up")
                 raise IgnoreRequest(f"scrapy-polite: the robots.txt of {origin} has been unreachable for longer than "
                                     f"POLITE_MAX_IDLE_WAIT={limit:g} s; {request} was not sent")
-            await await_deferred(reactor_sleep(max(0.0, min(action.until, action.since + limit + 0.001) - now)))
+            await await_deferred(pacer.booker.sleep(max(0.0, min(action.until, action.since + limit + 0.001) - now)))
 
     def _cached(self, request: Request, origin: str) -> bool:
         """Whether the HTTP cache answers ``request`` and its origin's robots.txt request too, with a fresh answer

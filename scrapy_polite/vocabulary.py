@@ -175,6 +175,8 @@ STATS: Final[Mapping[str, str]] = MappingProxyType({
     "polite/deferred/resumed": "deferred requests read back from `JOBDIR` on resume",
     "polite/deferred/not_crawled": "deferred requests still held when the crawl closed without `JOBDIR` (not "
                                    "crawled; the log lists their hosts)",
+    "polite/closed_waiting": "requests the scheduler could not hold (robots.txt, `engine.download()`: a media "
+                             "pipeline's) dropped, not sent, when the crawl closed while they waited for their host",
     "polite/deferred/not_saved": "deferred requests that could not be saved under `JOBDIR` (a callback that is not "
                                  "a spider method, unpicklable meta); each is logged",
     "polite/deferred/spilled": "held requests written to disk: beyond `POLITE_MAX_HELD_IN_MEMORY`, or every one "

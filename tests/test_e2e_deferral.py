@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+import scrapy
 from scrapy import signals
 
 from scrapy_polite.clock import process_clock
 from scrapy_polite.crawl.held import HELD_DIR, read_held
 from scrapy_polite.crawl.reactor import reactor_sleep
 from tests.support.crawl import CrawlTimeout, ListSpider, polite_settings, run_crawl
-from tests.support.server import Arrival, Reply, gaps, page, scripted
+from tests.support.server import Arrival, Reply, clock, gaps, page, scripted
 
 #: Lower-bound tolerance (seconds): clock granularity only.
 TOL = 0.02
@@ -683,6 +684,59 @@ async def test_a_crawl_the_http_cache_answers_whole_is_not_held_for_robots_txt_o
         assert not stat(crawler, "deferrals/throttled") and not stat(crawler, "deferred/not_crawled")
     else:
         assert fetched == [] and stat(crawler, "deferred/not_crawled") == len(urls)
+
+
+class FileSpider(scrapy.Spider):
+    """One page, whose item names one file for Scrapy's ``FilesPipeline``: downloaded with ``engine.download()``,
+    a request the scheduler never handed out, so it cannot be held."""
+
+    name = "files"
+
+    def __init__(self, page_url: str, file_url: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.page_url, self.file_url = page_url, file_url
+
+    async def start(self):
+        yield scrapy.Request(self.page_url)
+
+    def parse(self, response):
+        yield {"file_urls": [self.file_url]}
+
+
+@pytest.mark.parametrize("closing", [True, False], ids=["closing", "control_not_closing"])
+@pytest_twisted.ensureDeferred
+async def test_a_request_waiting_in_the_downloader_for_its_host_ends_when_the_crawl_closes(arrival_server, tmp_path,
+                                                                                          closing):
+    """A request the scheduler cannot hold (a media pipeline's file) waits in the downloader for its host's turn. A
+    crawl stopped while it waited (``CLOSESPIDER_TIMEOUT``, Ctrl-C) waited with it, the host's whole backoff: the crawl
+    below did not close within 100 s, Scrapy's close waiting for every request in the engine. Now the wait ends as the
+    close begins: the request is dropped, not sent (``polite/closed_waiting``), docs/spec.md §5. Control: a crawl not
+    closing waits the backoff out and then sends it (the wait is cut only by the close)."""
+    from scrapy_polite.policy import HostState
+    from scrapy_polite.stores import open_store
+
+    pages, files = arrival_server("127.0.2.97"), arrival_server("127.0.2.98")
+    pages.route("/*", Reply.html("<html><body>ok</body></html>"))
+    files.route("/*", Reply.text("file"))
+    backoff = 3600 if closing else 2.5
+    store = open_store(f"sqlite:///{tmp_path}/pace.sqlite3")
+    try:  # another crawl left the files' host backing off
+        store.update("127.0.2.98", lambda s, now: (HostState(next_allowed=now + backoff, consec=1, updated=now), None))
+    finally:
+        store.close()
+    start = clock()
+    s = settings(tmp_path, ITEM_PIPELINES={"scrapy.pipelines.files.FilesPipeline": 1},
+                 FILES_STORE=str(tmp_path / "files"), **({"CLOSESPIDER_TIMEOUT": 2} if closing else {}))
+    crawler = await run_crawl(FileSpider, s, page_url=pages.url("/page"), file_url=files.url("/f.bin"), timeout=60)
+    assert len(pages.arrivals()) == 1
+    if closing:
+        assert crawler.stats.get_value("finish_reason") == "closespider_timeout"
+        assert files.arrivals() == [] and stat(crawler, "closed_waiting") == 1
+    else:
+        assert crawler.stats.get_value("finish_reason") == "finished" and not stat(crawler, "closed_waiting")
+        (sent,) = files.arrivals()
+        assert sent.start - start >= backoff - 0.1, "sent when its host was due"
+        assert crawler.stats.get_value("file_count") == 1
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["claimed", "control_unclaimed"])

@@ -53,3 +53,36 @@ def test_next_turn_on_another_reactor_is_its_call_later():
     clock.advance(0)
     assert ran == ["a"] and clock.getDelayedCalls() == []
     handle.cancel()  # after the call ran: harmless
+
+
+def _clock_sleep(clock: Clock):
+    from twisted.internet.task import deferLater
+
+    return lambda seconds: deferLater(clock, seconds, lambda: None)
+
+
+def test_a_sliced_sleep_waits_its_whole_time_and_ends_when_stopped():
+    """``sleep_until``: a wait in slices of at most 1 s that lasts its whole time while nothing stops it (the control),
+    and fails with the stop's error within a slice of it (the crawl's close, docs/spec.md §5)."""
+    from scrapy_polite.crawl.reactor import sleep_until
+
+    clock, stop = Clock(), []
+    sleep = sleep_until(lambda: stop[0] if stop else None, _clock_sleep(clock))
+    outcome: list[object] = []
+    sleep(2.5).addBoth(outcome.append)
+    clock.pump([0.25] * 9)
+    assert outcome == [], "still waiting"
+    clock.pump([0.25])
+    assert outcome == [None], "the whole 2.5 s, not a slice more"
+    outcome.clear()
+    sleep(3600).addBoth(outcome.append)
+    clock.pump([0.5] * 20)
+    assert outcome == []
+    stop.append(RuntimeError("closing"))
+    clock.advance(0.999)
+    assert outcome == [], "within the slice under way"
+    clock.advance(0.001)
+    assert len(outcome) == 1 and outcome[0].check(RuntimeError), outcome
+    outcome.clear()
+    sleep(5).addBoth(outcome.append)  # stopped already: fails at once
+    assert len(outcome) == 1 and outcome[0].check(RuntimeError), outcome

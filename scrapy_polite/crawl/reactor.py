@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from scrapy.utils.asyncio import CallLaterResult
@@ -13,7 +13,7 @@ from twisted.internet import defer
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
-__all__ = ["await_deferred", "installed_reactor", "reactor_sleep", "call_later", "next_turn_scheduler"]
+__all__ = ["await_deferred", "installed_reactor", "reactor_sleep", "sleep_until", "call_later", "next_turn_scheduler"]
 
 T = TypeVar("T")
 
@@ -45,6 +45,27 @@ async def await_deferred(d: defer.Deferred[T]) -> T:
 def reactor_sleep(seconds: float) -> defer.Deferred[None]:
     """A Deferred that fires after ``seconds`` without blocking the reactor."""
     return deferLater(installed_reactor(), seconds, lambda: None)
+
+
+def sleep_until(stopped: Callable[[], BaseException | None],
+                sleep: Callable[[float], defer.Deferred[None]] = reactor_sleep,
+                slice_: float = 1.0) -> Callable[[float], defer.Deferred[None]]:
+    """``sleep``, in slices of at most ``slice_`` seconds, that fails with the exception ``stopped()`` returns (None:
+    go on), asked before each slice and after the last: a wait that something ends before its time (the crawl's
+    close: a request waiting in the downloader for its host, docs/spec.md §5)."""
+    @defer.inlineCallbacks
+    def sleep_sliced(seconds: float) -> Generator[defer.Deferred[None], None, None]:
+        while True:
+            exc = stopped()
+            if exc is not None:
+                raise exc
+            if seconds <= 0:
+                return
+            step = min(seconds, slice_)
+            yield sleep(step)
+            seconds -= step
+
+    return sleep_sliced
 
 
 def call_later(seconds: float, fn: Any, *args: Any) -> Any:
