@@ -24,7 +24,7 @@ ERROR line (:func:`~scrapy_polite.startup.refuse_to_start`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
@@ -360,7 +360,13 @@ def answering_middlewares(settings: Any) -> list[str]:
 HTTP_CACHE = "scrapy.downloadermiddlewares.httpcache.HttpCacheMiddleware"
 
 
-def cache_answers(crawler: Any, answering: list[str] | None = None) -> Callable[..., bool] | None:
+class CacheAnswers(Protocol):
+    """What :func:`cache_answers` returns: whether the HTTP cache answers ``request`` (``usable`` takes its entry)."""
+
+    def __call__(self, request: Any, usable: Callable[[Any], bool] | None = None) -> bool: ...
+
+
+def cache_answers(crawler: Any, answering: list[str] | None = None) -> CacheAnswers | None:
     """When Scrapy's HTTP cache is the only downloader middleware that may answer a request first
     (:func:`answering_middlewares`): ``answers(request, usable=None)``, True when the cache will answer it (a fresh
     entry, or a miss it drops: ``HTTPCACHE_IGNORE_MISSING``), as ``HttpCacheMiddleware.process_request`` decides, and

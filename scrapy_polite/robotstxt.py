@@ -43,7 +43,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
-from .addon import cache_answers
+from .addon import CacheAnswers, cache_answers
 from .crawl.reactor import await_deferred
 from .middleware import defer_early, hold_request
 from .pacer import Pacer, get_pacer
@@ -120,7 +120,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         self._maxsize = 0 if maxsize <= 0 else max(maxsize, ROBOTS_MAX_BYTES)
         #: Whether the HTTP cache answers a request (:func:`~scrapy_polite.addon.cache_answers`), found at the
         #: first request (the downloader's middlewares are built by then); None: it may not be asked.
-        self._cache_answers: Callable[..., bool] | None = None
+        self._cache_answers: CacheAnswers | None = None
         self._cache_found = False
 
     def _now(self) -> float:
