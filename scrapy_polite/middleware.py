@@ -28,7 +28,7 @@ from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from .crawl.lifecycle import Stage
-from .crawl.seams import Defer, Redefer, ResolverNotInstalled
+from .crawl.seams import Closing, Defer, Redefer, ResolverNotInstalled
 from .network.handlers import own_handler_schemes
 from .network.hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .pacer import CrawlStopped, Pacer, get_pacer
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from .crawl.booking import Booker
     from .crawl.recording import Recorder
     from .policy import Decision
+    from .reports.counters import Report
 
 logger = logging.getLogger(__name__)
 
@@ -161,8 +162,8 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             if self.pacer.failed is not None:  # the error that stopped the crawl: no request goes out after it
                 raise self.pacer.failed
             outcome = await self.booker.before_request(request, host)
-        except (StoreError, ResolverNotInstalled) as exc:
-            raise _stopped(request, exc) from exc
+        except (StoreError, ResolverNotInstalled, Closing) as exc:
+            raise stopped_error(request, exc, report) from exc
         if isinstance(outcome, Defer):
             hold_request(self.pacer, request, host, outcome.due, reason=outcome.reason)
             return request  # the engine hands it back to the scheduler, which keeps it until due
@@ -181,7 +182,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         try:
             addresses = await self.resolution.addresses(request, host)
         except ResolverNotInstalled as exc:
-            raise _stopped(request, exc) from exc
+            raise stopped_error(request, exc) from exc
         if addresses:
             self._send_to(request, host, addresses[0])
 
@@ -255,7 +256,7 @@ class PoliteDownloaderMiddleware(_PacerComponent):
             try:
                 due = await booker.due(host)
             except StoreError as exc:
-                raise _stopped(request, exc) from exc
+                raise stopped_error(request, exc) from exc
             booker.defer(host, due, "throttled")
             hold_request(self.pacer, request, host, due)
             return request
@@ -310,17 +311,20 @@ async def defer_early(pacer: Pacer, request: Request, host: str | None, *,
     try:
         due = await pacer.booker.early_due(request, host, unless)
     except StoreError as exc:
-        raise _stopped(request, exc) from exc
+        raise stopped_error(request, exc) from exc
     if due is None:
         return False
     hold_request(pacer, request, host, due)
     return True
 
 
-def _stopped(request: Request, exc: Exception) -> CrawlStopped:
+def stopped_error(request: Request, exc: Exception, report: Report | None = None) -> CrawlStopped:
     """The request is dropped: the crawl is being stopped (``exc`` was logged once at ERROR when it
-    stopped it) or its pace table is closed. An ``IgnoreRequest``: Scrapy logs no "Error downloading"
-    traceback for each request dropped (docs/spec.md §6)."""
+    stopped it), its pace table is closed, or its close began while the request waited for its host
+    (:class:`~scrapy_polite.crawl.seams.Closing`: counted in ``polite/closed_waiting`` of ``report``). An
+    ``IgnoreRequest``: Scrapy logs no "Error downloading" traceback for each request dropped (docs/spec.md §5, §6)."""
+    if isinstance(exc, Closing) and report is not None:
+        report.inc("closed_waiting")
     logger.debug("scrapy-polite: %s not sent: %s", request, exc)
     return CrawlStopped(f"scrapy-polite did not send {request}: the crawl is being stopped ({exc})")
 

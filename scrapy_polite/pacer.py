@@ -52,7 +52,7 @@ from .crawl.reactor import await_deferred, call_later, reactor_sleep, sleep_unti
 from .crawl.recording import SERVER_SIDE_FAILURES, Recorder
 from .crawl.resolution import Resolution
 from .crawl.retrying import ThrottleRetries
-from .crawl.seams import Defer, Go, Redefer, ResolverNotInstalled
+from .crawl.seams import Closing, Defer, Go, Redefer, ResolverNotInstalled
 from .network.handlers import UnpinnedRequests, UnsafeHandlerError, handler_modes
 from .policy import HostState, PacingPolicy
 from .reports.counters import Report
@@ -101,8 +101,9 @@ __all__ = [
 
 class CrawlStopped(IgnoreRequest):
     """A request that was not sent because scrapy-polite is stopping the crawl (its pace table failed:
-    reason ``polite_store_error``; the resolver is missing: ``polite_resolver_missing``) or has closed its
-    pace table. The reason was logged once, at ERROR, when the crawl was stopped (docs/spec.md §6, §7);
+    reason ``polite_store_error``; the resolver is missing: ``polite_resolver_missing``), has closed its
+    pace table, or because the crawl's close began while it waited for its host (``polite/closed_waiting``,
+    docs/spec.md §5). The reason was logged once, at ERROR, when the crawl was stopped (docs/spec.md §6, §7);
     an ``IgnoreRequest``, so Scrapy does not log each dropped request again with a traceback. Request
     errbacks see it; ``__cause__`` is the error that stopped the crawl."""
 
@@ -257,15 +258,12 @@ class Pacer:
             self.report.inc("store_errors")
             close_spider_soon(self.crawler, "polite_store_error")
 
-    def _closed_while_waiting(self) -> CrawlStopped | None:
-        """The error that ends a wait in the downloader (a request the scheduler cannot hold waiting for its host's
-        turn, or for its unreachable robots.txt) once the crawl's close has begun: Scrapy's close waits for every
-        request in the engine, which kept a crawl ``CLOSESPIDER_TIMEOUT`` or Ctrl-C stopped open for its host's
-        whole backoff (docs/spec.md §5). None: the wait goes on."""
-        if not engine_closing(self.crawler):
-            return None
-        self.report.inc("closed_waiting")
-        return CrawlStopped("scrapy-polite did not send a request waiting for its host: the crawl is closing")
+    def _closed_while_waiting(self) -> Closing | None:
+        """The error that ends a wait in the downloader (a request waiting for its host's turn, or for its unreachable
+        robots.txt) once the crawl's close has begun: Scrapy's close waits for every request in the engine, which kept
+        a crawl ``CLOSESPIDER_TIMEOUT`` or Ctrl-C stopped open for its host's whole backoff (docs/spec.md §5). None:
+        the wait goes on."""
+        return Closing("the crawl is closing") if engine_closing(self.crawler) else None
 
     def _resolver_missing(self, exc: ResolverNotInstalled) -> None:
         if self.failed is None and not self.closing:

@@ -45,8 +45,9 @@ from twisted.internet.defer import Deferred
 
 from .addon import CacheAnswers, cache_answers
 from .crawl.reactor import await_deferred
-from .middleware import defer_early, hold_request
-from .pacer import Pacer, get_pacer
+from .crawl.seams import Closing
+from .middleware import defer_early, hold_request, stopped_error
+from .pacer import CrawlStopped, Pacer, get_pacer
 from .policy import host_key, origin_of
 from .policy.robots import (
     ALLOW_ALL,
@@ -86,7 +87,7 @@ _ROBOTS_META = {"dont_obey_robotstxt": True, "dont_retry": True, "dont_redirect"
 
 def answer_of_failure(exc: BaseException) -> Answer:
     """A robots.txt download that failed, classified: no request reached a server (``IgnoreRequest``: refused like
-    its pages would be, or the crawl stopping; NXDOMAIN or an invalid host name) → ``none``; anything else (a
+    its pages would be; NXDOMAIN or an invalid host name) → ``none``; anything else (a
     refused, reset or timed-out connection, a DNS server failure, a TLS error) → ``unreachable`` (RFC 9309
     §2.3.1.4: "server or network errors")."""
     if isinstance(exc, (IgnoreRequest, HostNotFound, InvalidHostName)):
@@ -161,7 +162,13 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             if isinstance(action, Wait):
                 waiter: Deferred[Rules | None] = Deferred()
                 self._waiters.setdefault(origin, []).append(waiter)
-                rules = await maybe_deferred_to_future(waiter)
+                try:
+                    rules = await maybe_deferred_to_future(waiter)
+                except CrawlStopped:  # the close cut robots.txt's request short: held (JOBDIR keeps it), or not sent
+                    if host is None or pacer.failed is not None or not pacer.booker.can_defer(request):
+                        raise
+                    hold_request(pacer, request, host, pacer.booker.defer(host, pacer.clock(), "turn", request).due)
+                    return request
                 if rules is not None:  # an answer that taught nothing: the requests that waited for it go on
                     self.process_request_2(rules.parser, request)
                     return None
@@ -178,7 +185,11 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 pacer.report.inc("robots/given_up")
                 raise IgnoreRequest(f"scrapy-polite: the robots.txt of {origin} has been unreachable for longer than "
                                     f"POLITE_MAX_IDLE_WAIT={limit:g} s; {request} was not sent")
-            await await_deferred(pacer.booker.sleep(max(0.0, min(action.until, action.since + limit + 0.001) - now)))
+            until = min(action.until, action.since + limit + 0.001)
+            try:
+                await await_deferred(pacer.booker.sleep(max(0.0, until - now)))
+            except Closing as exc:
+                raise stopped_error(request, exc, pacer.report) from exc
 
     def _cached(self, request: Request, origin: str) -> bool:
         """Whether the HTTP cache answers ``request`` and its origin's robots.txt request too, with a fresh answer
@@ -224,6 +235,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
         state: RobotsState | None = answered(before, Answer("unreachable", cause="error"), self._now(),
                                              self._now() + self.pacer.policy.host_interval)
         waiters_get: Rules | None = None
+        stopped: CrawlStopped | None = None
         try:
             answer, hosts = await self._read(origin)
             now = self._now()
@@ -240,13 +252,18 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 waiters_get = ALLOW_ALL
             state = answered(before, answer, now, retry_at)
             self._report(origin, before, state, answer, now)
+        except CrawlStopped as exc:  # not sent (the crawl's close, or its stop): nothing learnt, nothing allowed
+            state, stopped = before, exc
         finally:
             if state is None:
                 self._states.pop(origin, None)
             else:
                 self._states[origin] = state
             for waiter in self._waiters.pop(origin, []):
-                waiter.callback(waiters_get)
+                if stopped is not None:
+                    waiter.errback(stopped)
+                else:
+                    waiter.callback(waiters_get)
 
     async def _read(self, origin: str) -> tuple[Answer, list[str]]:
         """Download the origin's robots.txt, following up to ROBOTS_MAX_REDIRECTS redirects; its answer and the
@@ -267,6 +284,8 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                     stats.inc_value("robotstxt/request_count")
                     response = await _download(self.crawler, robots_request.replace(
                         meta={**robots_request.meta, "dont_cache": True}))
+            except CrawlStopped:
+                raise  # not sent: not an answer (_ask)
             except Exception as exc:
                 if not isinstance(exc, IgnoreRequest):
                     stats.inc_value(f"robotstxt/exception_count/{type(exc)}")

@@ -726,7 +726,7 @@ async def test_a_request_waiting_in_the_downloader_for_its_host_ends_when_the_cr
         store.close()
     start = clock()
     s = settings(tmp_path, ITEM_PIPELINES={"scrapy.pipelines.files.FilesPipeline": 1},
-                 FILES_STORE=str(tmp_path / "files"), **({"CLOSESPIDER_TIMEOUT": 2} if closing else {}))
+                 FILES_STORE=str(tmp_path / "files"), **({"CLOSESPIDER_TIMEOUT": 4} if closing else {}))
     crawler = await run_crawl(FileSpider, s, page_url=pages.url("/page"), file_url=files.url("/f.bin"), timeout=60)
     assert len(pages.arrivals()) == 1
     if closing:
@@ -737,6 +737,32 @@ async def test_a_request_waiting_in_the_downloader_for_its_host_ends_when_the_cr
         (sent,) = files.arrivals()
         assert sent.start - start >= backoff - 0.1, "sent when its host was due"
         assert crawler.stats.get_value("file_count") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_waiting_its_turn_when_the_crawl_stops_is_held_and_kept_under_jobdir(arrival_server, tmp_path):
+    """A request the scheduler handed out also waits in the downloader for its turn (a row another process booked
+    after it was handed out: the host's next turn 4 s ahead, not a backoff). A stop (Ctrl-C: ``crawler.stop()``) while
+    it waits holds it, so ``JOBDIR`` keeps it and the resumed crawl fetches it when its host is due (review: the first
+    cut of waits at the close dropped it, its fingerprint seen: never fetched). Nothing is sent before the turn."""
+    from scrapy_polite.policy import HostState
+    from scrapy_polite.stores import open_store
+
+    srv = arrival_server("127.0.2.99")
+    srv.route("/*", Reply.html("<html><body>ok</body></html>"))
+    store = open_store(f"sqlite:///{tmp_path}/pace.sqlite3")
+    try:
+        store.update("127.0.2.99", lambda s, now: (HostState(next_allowed=now + 4.0, updated=now), None))
+    finally:
+        store.close()
+    due = clock() + 4.0
+    s = settings(tmp_path, JOBDIR=str(tmp_path / "job"))
+    c1 = await run_crawl(StopSpider, s, urls=[srv.url("/turn")], stop_after=1.5, timeout=30)
+    assert srv.arrivals() == [] and c1.stats.get_value("finish_reason") == "shutdown"
+    assert stat(c1, "deferred/saved") == 1 and not stat(c1, "closed_waiting"), c1.stats.get_stats()
+    c2 = await run_crawl(StopSpider, s, urls=[srv.url("/turn")], timeout=30)
+    (sent,) = srv.arrivals()
+    assert sent.path == "/turn" and sent.start >= due - 0.1 and stat(c2, "deferred/resumed") == 1
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["claimed", "control_unclaimed"])

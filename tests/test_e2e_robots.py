@@ -22,6 +22,7 @@ import logging
 import re
 import socket
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -691,3 +692,40 @@ async def test_one_origin_spelt_several_ways_asks_one_robots_txt_without_user_in
     urls = [spelling.format(control.port) + path for spelling in spellings for path in paths]
     await run_crawl(ListSpider, stock(settings(**dns)), urls=urls, timeout=30)
     assert len(robots_hits(control)) > 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_robots_txt_request_the_close_cuts_short_allows_nothing(arrival_server, tmp_path):
+    """Review: robots.txt's request waits in the downloader for its host's turn (4 s ahead, not a backoff: nothing is
+    held early). The close began during its last second of waiting, so it was dropped as the host came due; the
+    dropped request was taken for "no robots.txt" (allow all), and the page it disallows was booked and sent. Now a
+    robots.txt request not sent teaches nothing: the page waiting for it is held (the close counts it not crawled),
+    nothing reaches the host. (Before the fix this failed when the close fell in that last second: timing-dependent
+    as a control, never as a check of the rule.)"""
+    from scrapy.utils.defer import deferred_from_coro
+    from twisted.internet import reactor
+
+    from scrapy_polite.policy import HostState
+
+    srv = arrival_server("127.0.2.101")
+    srv.route("/robots.txt", Reply.robots(RULES))
+    srv.route("/*", Reply.html("<html><body>ok</body></html>"))
+    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+    store = open_store(uri)
+    try:
+        store.update("127.0.2.101", lambda s, now: (HostState(next_allowed=now + 4.0, updated=now), None))
+    finally:
+        store.close()
+    due = time.monotonic() + 4.0
+
+    class ClosingSpider(ListSpider):
+        async def start(self):
+            close = self.crawler.engine.close_spider_async
+            reactor.callLater(max(0.0, due - 0.2 - time.monotonic()), lambda: deferred_from_coro(close(reason="test_close")))
+            async for request in super().start():
+                yield request
+
+    crawler = await run_crawl(ClosingSpider, settings(POLITE_STORE=uri), urls=[srv.url("/private")], timeout=30)
+    assert srv.arrivals() == [], [a.path for a in srv.arrivals()]
+    assert crawler.stats.get_value("finish_reason") == "test_close"
+    assert crawler.stats.get_value("polite/deferred/not_crawled") == 1, crawler.stats.get_stats()

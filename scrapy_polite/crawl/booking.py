@@ -26,7 +26,7 @@ from .lifecycle import Hold, Lifecycle
 from .outage import DeferredStore
 from .reactor import await_deferred
 from .resolution import Resolution
-from .seams import Defer, Go, HoldingScheduler
+from .seams import Closing, Defer, Go, HoldingScheduler
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -169,9 +169,7 @@ class Booker:
             return None  # the usual case, without building the list below (called several times per request)
         values = [v for v in (host_delay, self.spider_delay) if v is not None]
         if request is not None and meta is not None and DELAY_META in meta:
-            raw = meta[DELAY_META]
-            value = parse_seconds(raw)
-            if value is not None:
+            if (value := parse_seconds(raw := meta[DELAY_META])) is not None:
                 values.append(value)
             elif not request.meta.get(INVALID_DELAY_META):
                 request.meta[INVALID_DELAY_META] = True
@@ -249,8 +247,10 @@ class Booker:
                     return self.defer(host, None, "line", request)
                 await await_deferred(self.lifecycle.wait_for([host]))
             return await self._book(request, host, override, deferrable)
-        except BaseException:
+        except BaseException as exc:
             self.release(request, host)
+            if deferrable and isinstance(exc, Closing):  # the close began while it waited: held (JOBDIR keeps it)
+                return self.defer(host, self.clock.clock(), "turn", request)
             raise
 
     async def _burst(self, request: Request, host: str, override: float | None, deferrable: bool) -> Go | Defer:

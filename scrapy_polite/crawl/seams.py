@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ..frontier.report import FrontierState
 
-__all__ = ["Go", "Defer", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "SharedFrontier"]
+__all__ = ["Go", "Defer", "Closing", "Redefer", "ResolverNotInstalled", "HoldingScheduler", "SharedFrontier"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,12 @@ class Defer:
 class Redefer(Exception):
     """Raised by the download handler for a burst request whose host throttled after it was decided:
     the middleware defers it again instead of sending it into the backoff."""
+
+
+class Closing(Exception):
+    """The crawl's close began while a request waited in the downloader for its host (raised by the Booker's sleep;
+    Scrapy's close waits for every request in the engine): a request the scheduler handed out is held, any other is
+    not sent (docs/spec.md §5)."""
 
 
 class ResolverNotInstalled(RuntimeError):
