@@ -238,6 +238,8 @@ class PoliteExtension:
         if scheduler is None:
             return
         self.pacer.reconcile()
+        if self.pacer.outside:  # a request the scheduler cannot hold waits for its host, out of Scrapy's count (§5)
+            raise DontCloseSpider
         if not scheduler.held_count():
             # A shared frontier (scrapy-redis): stay open while Redis holds something this worker may take
             # within its idle window (MAX_IDLE_TIME_BEFORE_CLOSE, else POLITE_MAX_IDLE_WAIT), while other

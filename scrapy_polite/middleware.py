@@ -27,8 +27,9 @@ from urllib.parse import urlsplit
 from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
+from ._compat import crawler_engine, wake_engine
 from .crawl.lifecycle import Stage
-from .crawl.seams import Closing, Defer, Redefer, ResolverNotInstalled
+from .crawl.seams import Closing, Defer, Go, Redefer, ResolverNotInstalled
 from .network.handlers import own_handler_schemes
 from .network.hosts import NO_NETWORK_SCHEMES, InvalidHost, url_host
 from .pacer import CrawlStopped, Pacer, get_pacer
@@ -161,7 +162,11 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         try:
             if self.pacer.failed is not None:  # the error that stopped the crawl: no request goes out after it
                 raise self.pacer.failed
-            outcome = await self.booker.before_request(request, host)
+            scheduler = self.booker.scheduler
+            if scheduler is None or scheduler.owns(request):
+                outcome = await self.booker.before_request(request, host)
+            else:
+                outcome = await self._book_outside(request, host)
         except (StoreError, ResolverNotInstalled, Closing) as exc:
             raise stopped_error(request, exc, report) from exc
         if isinstance(outcome, Defer):
@@ -173,6 +178,24 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         if outcome.address is not None:
             self._send_to(request, host, outcome.address)
         return None
+
+    async def _book_outside(self, request: Request, host: str) -> Go | Defer:
+        """Book a request the scheduler cannot hold (robots.txt, ``engine.download()``: a media pipeline's file) outside
+        Scrapy's count of the downloader's requests (``Downloader.active``, which ``CONCURRENT_REQUESTS`` bounds) while
+        it waits for its host, and back in it when it goes: such requests waiting for a throttled host filled the
+        downloader and every other host waited with them (trial: pages stalled 28 s and 40 s behind a file host's
+        Retry-After). ``Pacer.outside`` keeps them meanwhile (docs/spec.md §5)."""
+        active = getattr(getattr(crawler_engine(self.pacer.crawler), "downloader", None), "active", None)
+        if not isinstance(active, set) or request not in active:
+            return await self.booker.before_request(request, host)
+        active.discard(request)
+        self.pacer.outside.add(request)
+        wake_engine(self.pacer.crawler)  # a slot is free: the engine takes the next request now, not at its heartbeat
+        try:
+            return await self.booker.before_request(request, host)
+        finally:
+            self.pacer.outside.discard(request)
+            active.add(request)  # (Scrapy's Downloader.fetch removes it when it leaves)
 
     async def _unpaced(self, request: Request, host: str) -> None:
         """A ``dont_pace`` request: its claim on the host is over, it is counted, and it goes to a public address

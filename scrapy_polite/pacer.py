@@ -144,6 +144,9 @@ class Pacer:
         self.failed: Exception | None = None
         #: The crawl's close has begun (:meth:`close`, :meth:`close_async`): store errors no longer stop it.
         self.closing = False
+        #: Requests the scheduler cannot hold, waiting for their host outside Scrapy's ``Downloader.active`` (the
+        #: middleware's ``_book_outside``; docs/spec.md §5): still in the downloader to :meth:`reconcile`.
+        self.outside: set[Request] = set()
         self.user_agent: str = (crawler.settings.get("ROBOTSTXT_USER_AGENT") or crawler.settings.get("USER_AGENT")
                                 or "Scrapy")
         self.report = Report(crawler.stats, clock)
@@ -202,6 +205,8 @@ class Pacer:
         (:meth:`Lifecycle.reconcile <scrapy_polite.crawl.lifecycle.Lifecycle.reconcile>`; the extension calls it
         once a second and at every idle check). Returns how many were ended."""
         active = getattr(getattr(crawler_engine(self.crawler), "downloader", None), "active", None)
+        if self.outside and active is not None:
+            active = active | self.outside
         return self.lifecycle.reconcile(active, self.booker.release)
 
     # -- the table's contents ----------------------------------------------------------------------------

@@ -687,20 +687,22 @@ async def test_a_crawl_the_http_cache_answers_whole_is_not_held_for_robots_txt_o
 
 
 class FileSpider(scrapy.Spider):
-    """One page, whose item names one file for Scrapy's ``FilesPipeline``: downloaded with ``engine.download()``,
-    a request the scheduler never handed out, so it cannot be held."""
+    """Pages whose items name one file each for Scrapy's ``FilesPipeline`` (page ``i``, file ``i``): downloaded with
+    ``engine.download()``, a request the scheduler never handed out, so it cannot be held."""
 
     name = "files"
 
-    def __init__(self, page_url: str, file_url: str, **kwargs: Any) -> None:
+    def __init__(self, page_url: str | list[str], file_url: str | list[str], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.page_url, self.file_url = page_url, file_url
+        self.pages = [page_url] if isinstance(page_url, str) else page_url
+        self.files = [file_url] if isinstance(file_url, str) else file_url
 
     async def start(self):
-        yield scrapy.Request(self.page_url)
+        for i, url in enumerate(self.pages):
+            yield scrapy.Request(url, cb_kwargs={"i": i})
 
-    def parse(self, response):
-        yield {"file_urls": [self.file_url]}
+    def parse(self, response, i):
+        yield {"file_urls": [self.files[i]]}
 
 
 @pytest.mark.parametrize("closing", [True, False], ids=["closing", "control_not_closing"])
@@ -737,6 +739,29 @@ async def test_a_request_waiting_in_the_downloader_for_its_host_ends_when_the_cr
         (sent,) = files.arrivals()
         assert sent.start - start >= backoff - 0.1, "sent when its host was due"
         assert crawler.stats.get_value("file_count") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_files_waiting_for_a_throttled_host_leave_the_other_hosts_at_full_speed(arrival_server, tmp_path):
+    """Trial: a media pipeline's files (``engine.download()``: the scheduler cannot hold them) waiting for a host's
+    Retry-After filled the downloader's ``CONCURRENT_REQUESTS``, and every other host waited with them (pages stalled
+    28 s and 40 s). They now wait outside Scrapy's count of the downloader's requests (docs/spec.md §5): the pages
+    are all crawled before the file host is due again, which is still honoured (its next request ≥ the 429's end +
+    its Retry-After). On the code before, the pages after the first two came only after the Retry-After."""
+    pages, files = arrival_server("127.0.2.102"), arrival_server("127.0.2.103")
+    pages.route("/*", Reply.html("<html><body>ok</body></html>"))
+    files.route("/*", scripted(Reply.throttle(429, "8"), then=Reply.text("file")))
+    n = 8
+    s = settings(tmp_path, ITEM_PIPELINES={"scrapy.pipelines.files.FilesPipeline": 1}, CONCURRENT_REQUESTS=2,
+                 FILES_STORE=str(tmp_path / "files"), POLITE_HOST_INTERVAL=0.3, RETRY_ENABLED=True)
+    crawler = await run_crawl(FileSpider, s, page_url=[pages.url(f"/p/{i}") for i in range(n)],
+                              file_url=[files.url(f"/f/{i}.bin") for i in range(n)], timeout=90)
+    page_hits, file_hits = timeline(pages), timeline(files)
+    assert len(page_hits) == n and file_hits[0].status == 429, describe(file_hits)
+    assert page_hits[-1].start < file_hits[0].end + 8.0, "every page before the file host's Retry-After ended"
+    assert file_hits[1].start >= file_hits[0].end + 8.0 - TOL, describe(file_hits)
+    assert crawler.stats.get_value("file_count") == n and crawler.stats.get_value("finish_reason") == "finished"
+    assert not stat(crawler, "lifecycle/reclaimed"), "a file waiting out of the count is still in the downloader"
 
 
 @pytest_twisted.ensureDeferred
