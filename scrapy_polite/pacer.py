@@ -147,6 +147,7 @@ class Pacer:
         #: Requests the scheduler cannot hold, waiting for their host outside Scrapy's ``Downloader.active`` (the
         #: middleware's ``_book_outside``; docs/spec.md §5): still in the downloader to :meth:`reconcile`.
         self.outside: set[Request] = set()
+        self._cut_logged = False
         self.user_agent: str = (crawler.settings.get("ROBOTSTXT_USER_AGENT") or crawler.settings.get("USER_AGENT")
                                 or "Scrapy")
         self.report = Report(crawler.stats, clock)
@@ -268,7 +269,14 @@ class Pacer:
         robots.txt) once the crawl's close has begun: Scrapy's close waits for every request in the engine, which kept
         a crawl ``CLOSESPIDER_TIMEOUT`` or Ctrl-C stopped open for its host's whole backoff (docs/spec.md §5). None:
         the wait goes on."""
-        return Closing("the crawl is closing") if engine_closing(self.crawler) else None
+        if not engine_closing(self.crawler):
+            return None
+        if not self._cut_logged:  # once: a dropped file is otherwise only at DEBUG (FilesPipeline's "File (filtered)")
+            self._cut_logged = True
+            logger.info("scrapy-polite: the crawl is closing: requests waiting in the downloader for their host stop "
+                        "waiting; those the scheduler cannot hold (robots.txt, a media pipeline's files) are not sent "
+                        "(polite/closed_waiting counts them), the others are held")
+        return Closing("the crawl is closing")
 
     def _resolver_missing(self, exc: ResolverNotInstalled) -> None:
         if self.failed is None and not self.closing:

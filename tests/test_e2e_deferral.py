@@ -708,7 +708,7 @@ class FileSpider(scrapy.Spider):
 @pytest.mark.parametrize("closing", [True, False], ids=["closing", "control_not_closing"])
 @pytest_twisted.ensureDeferred
 async def test_a_request_waiting_in_the_downloader_for_its_host_ends_when_the_crawl_closes(arrival_server, tmp_path,
-                                                                                          closing):
+                                                                                          caplog, closing):
     """A request the scheduler cannot hold (a media pipeline's file) waits in the downloader for its host's turn. A
     crawl stopped while it waited (``CLOSESPIDER_TIMEOUT``, Ctrl-C) waited with it, the host's whole backoff: the crawl
     below did not close within 100 s, Scrapy's close waiting for every request in the engine. Now the wait ends as the
@@ -729,8 +729,12 @@ async def test_a_request_waiting_in_the_downloader_for_its_host_ends_when_the_cr
     start = clock()
     s = settings(tmp_path, ITEM_PIPELINES={"scrapy.pipelines.files.FilesPipeline": 1},
                  FILES_STORE=str(tmp_path / "files"), **({"CLOSESPIDER_TIMEOUT": 4} if closing else {}))
-    crawler = await run_crawl(FileSpider, s, page_url=pages.url("/page"), file_url=files.url("/f.bin"), timeout=60)
+    with caplog.at_level(logging.INFO):
+        crawler = await run_crawl(FileSpider, s, page_url=pages.url("/page"), file_url=files.url("/f.bin"),
+                                  timeout=60)
     assert len(pages.arrivals()) == 1
+    said = [r for r in caplog.records if "stop waiting" in r.getMessage()]
+    assert len(said) == (1 if closing else 0) and all(r.levelno == logging.INFO for r in said)
     if closing:
         assert crawler.stats.get_value("finish_reason") == "closespider_timeout"
         assert files.arrivals() == [] and stat(crawler, "closed_waiting") == 1
