@@ -239,6 +239,8 @@ class PoliteExtension:
             return
         self.pacer.reconcile()
         if self.pacer.outside:  # a request the scheduler cannot hold waits for its host, out of Scrapy's count (§5)
+            if scheduler.held_count():
+                scheduler.unpark()
             raise DontCloseSpider
         if not scheduler.held_count():
             # A shared frontier (scrapy-redis): stay open while Redis holds something this worker may take

@@ -184,9 +184,11 @@ class PoliteDownloaderMiddleware(_PacerComponent):
         Scrapy's count of the downloader's requests (``Downloader.active``, which ``CONCURRENT_REQUESTS`` bounds) while
         it waits for its host, and back in it when it goes: such requests waiting for a throttled host filled the
         downloader and every other host waited with them (trial: pages stalled 28 s and 40 s behind a file host's
-        Retry-After). ``Pacer.outside`` keeps them meanwhile (docs/spec.md §5)."""
+        Retry-After). ``Pacer.outside`` keeps them meanwhile, ``POLITE_MAX_HELD_IN_MEMORY`` at most (requests kept out
+        of the downloader in memory): the next wait in the count, so their makers are held back as before (§5)."""
         active = getattr(getattr(crawler_engine(self.pacer.crawler), "downloader", None), "active", None)
-        if not isinstance(active, set) or request not in active:
+        if not isinstance(active, set) or request not in active \
+                or len(self.pacer.outside) >= self.pacer.config.max_held_in_memory:
             return await self.booker.before_request(request, host)
         active.discard(request)
         self.pacer.outside.add(request)

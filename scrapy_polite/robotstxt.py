@@ -164,10 +164,12 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
                 self._waiters.setdefault(origin, []).append(waiter)
                 try:
                     rules = await maybe_deferred_to_future(waiter)
-                except CrawlStopped:  # the close cut robots.txt's request short: held (JOBDIR keeps it), or not sent
-                    if host is None or pacer.failed is not None or not pacer.booker.can_defer(request):
-                        raise
-                    hold_request(pacer, request, host, pacer.booker.defer(host, pacer.clock(), "turn", request).due)
+                except CrawlStopped as exc:  # the close cut robots.txt's request short: held (JOBDIR keeps it), or
+                    if host is None or pacer.failed is not None or not pacer.booker.can_defer(request):  # not sent
+                        cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc  # (Closing: counted)
+                        raise stopped_error(request, cause, pacer.report) from exc
+                    due = pacer.booker.defer(host, pacer.clock(), "turn", request).due
+                    hold_request(pacer, request, host, due, reason="turn")
                     return request
                 if rules is not None:  # an answer that taught nothing: the requests that waited for it go on
                     self.process_request_2(rules.parser, request)
@@ -216,19 +218,21 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _start(self, origin: str, host: str | None, request: Request, *, expired: bool) -> None:
         """Ask the origin's robots.txt now, on behalf of ``request``: the state is ``fetching`` until it answers."""
         assert self.pacer is not None
-        self._states[origin] = fetching(self._states.get(origin))
+        previous = self._states.get(origin)
+        self._states[origin] = fetching(previous)
         if host is not None:
             self._hosts[origin] = host
         if expired:
             self.pacer.report.inc("robots/expired")
             logger.info("scrapy-polite: the robots.txt of %s was read more than 24 hours ago: asking it again "
                         "(RFC 9309 §2.4)", origin)
-        d = deferred_from_coro(self._ask(origin, request))
+        d = deferred_from_coro(self._ask(origin, request, previous))
         d.addErrback(lambda failure: logger.error("scrapy-polite: could not read the robots.txt of %s", origin,
                                                   exc_info=failure.value))
 
-    async def _ask(self, origin: str, request: Request) -> None:
-        """Fetch the origin's robots.txt, move its state, wake the requests waiting for it."""
+    async def _ask(self, origin: str, request: Request, previous: RobotsState | None = None) -> None:
+        """Fetch the origin's robots.txt, move its state, wake the requests waiting for it. ``previous``: its state
+        before this fetch, put back when the request was not sent (the next request asks again)."""
         assert self.pacer is not None
         before = self._states.get(origin)
         # Should reading fail unexpectedly (logged by the caller), the origin stays unreachable for an interval.
@@ -253,7 +257,7 @@ class PoliteRobotsTxtMiddleware(RobotsTxtMiddleware):
             state = answered(before, answer, now, retry_at)
             self._report(origin, before, state, answer, now)
         except CrawlStopped as exc:  # not sent (the crawl's close, or its stop): nothing learnt, nothing allowed
-            state, stopped = before, exc
+            state, stopped = previous, exc  # (not ``before``, which is ``fetching``: nothing would end it)
         finally:
             if state is None:
                 self._states.pop(origin, None)

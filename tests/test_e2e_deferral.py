@@ -745,24 +745,29 @@ async def test_a_request_waiting_in_the_downloader_for_its_host_ends_when_the_cr
         assert crawler.stats.get_value("file_count") == 1
 
 
+@pytest.mark.parametrize("control", [False, True], ids=["outside", "control_in_the_count"])
 @pytest_twisted.ensureDeferred
-async def test_files_waiting_for_a_throttled_host_leave_the_other_hosts_at_full_speed(arrival_server, tmp_path):
+async def test_files_waiting_for_a_throttled_host_leave_the_other_hosts_at_full_speed(arrival_server, tmp_path,
+                                                                                      control):
     """Trial: a media pipeline's files (``engine.download()``: the scheduler cannot hold them) waiting for a host's
     Retry-After filled the downloader's ``CONCURRENT_REQUESTS``, and every other host waited with them (pages stalled
     28 s and 40 s). They now wait outside Scrapy's count of the downloader's requests (docs/spec.md §5): the pages
     are all crawled before the file host is due again, which is still honoured (its next request ≥ the 429's end +
-    its Retry-After). On the code before, the pages after the first two came only after the Retry-After."""
+    its Retry-After). On the code before, the pages after the first two came only after the Retry-After. Control:
+    with ``POLITE_MAX_HELD_IN_MEMORY = 0`` none may wait outside the count, and the pages wait for the files."""
     pages, files = arrival_server("127.0.2.102"), arrival_server("127.0.2.103")
     pages.route("/*", Reply.html("<html><body>ok</body></html>"))
     files.route("/*", scripted(Reply.throttle(429, "8"), then=Reply.text("file")))
     n = 8
     s = settings(tmp_path, ITEM_PIPELINES={"scrapy.pipelines.files.FilesPipeline": 1}, CONCURRENT_REQUESTS=2,
-                 FILES_STORE=str(tmp_path / "files"), POLITE_HOST_INTERVAL=0.3, RETRY_ENABLED=True)
+                 FILES_STORE=str(tmp_path / "files"), POLITE_HOST_INTERVAL=0.3, RETRY_ENABLED=True,
+                 POLITE_MAX_HELD_IN_MEMORY=0 if control else 10_000)
     crawler = await run_crawl(FileSpider, s, page_url=[pages.url(f"/p/{i}") for i in range(n)],
                               file_url=[files.url(f"/f/{i}.bin") for i in range(n)], timeout=90)
     page_hits, file_hits = timeline(pages), timeline(files)
     assert len(page_hits) == n and file_hits[0].status == 429, describe(file_hits)
-    assert page_hits[-1].start < file_hits[0].end + 8.0, "every page before the file host's Retry-After ended"
+    before_due = page_hits[-1].start < file_hits[0].end + 8.0
+    assert before_due != control, ("every page before the file host's Retry-After ended", describe(page_hits))
     assert file_hits[1].start >= file_hits[0].end + 8.0 - TOL, describe(file_hits)
     assert crawler.stats.get_value("file_count") == n and crawler.stats.get_value("finish_reason") == "finished"
     assert not stat(crawler, "lifecycle/reclaimed"), "a file waiting out of the count is still in the downloader"

@@ -694,9 +694,23 @@ async def test_one_origin_spelt_several_ways_asks_one_robots_txt_without_user_in
     assert len(robots_hits(control)) > 1
 
 
+def turn_ahead(tmp_path, host: str, seconds: float) -> str:
+    """A SQLite pace table in ``tmp_path`` (its URI) where ``host``'s next turn is ``seconds`` ahead: an interval another
+    process booked, not a backoff (nothing is held early; a request of the host waits in line)."""
+    from scrapy_polite.policy import HostState
+
+    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
+    store = open_store(uri)
+    try:
+        store.update(host, lambda s, now: (HostState(next_allowed=now + seconds, updated=now), None))
+    finally:
+        store.close()
+    return uri
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_robots_txt_request_the_close_cuts_short_allows_nothing(arrival_server, tmp_path):
-    """Review: robots.txt's request waits in the downloader for its host's turn (4 s ahead, not a backoff: nothing is
+    """Review: robots.txt's request waits in the downloader for its host's turn (6 s ahead, not a backoff: nothing is
     held early). The close began during its last second of waiting, so it was dropped as the host came due; the
     dropped request was taken for "no robots.txt" (allow all), and the page it disallows was booked and sent. Now a
     robots.txt request not sent teaches nothing: the page waiting for it is held (the close counts it not crawled),
@@ -705,23 +719,16 @@ async def test_a_robots_txt_request_the_close_cuts_short_allows_nothing(arrival_
     from scrapy.utils.defer import deferred_from_coro
     from twisted.internet import reactor
 
-    from scrapy_polite.policy import HostState
-
     srv = arrival_server("127.0.2.101")
     srv.route("/robots.txt", Reply.robots(RULES))
     srv.route("/*", Reply.html("<html><body>ok</body></html>"))
-    uri = f"sqlite:///{tmp_path}/pace.sqlite3"
-    store = open_store(uri)
-    try:
-        store.update("127.0.2.101", lambda s, now: (HostState(next_allowed=now + 4.0, updated=now), None))
-    finally:
-        store.close()
-    due = time.monotonic() + 4.0
+    uri = turn_ahead(tmp_path, "127.0.2.101", 6.0)
+    due = time.monotonic() + 6.0
 
     class ClosingSpider(ListSpider):
         async def start(self):
             close = self.crawler.engine.close_spider_async
-            reactor.callLater(max(0.0, due - 0.2 - time.monotonic()), lambda: deferred_from_coro(close(reason="test_close")))
+            reactor.callLater(max(0.0, due - 0.5 - time.monotonic()), lambda: deferred_from_coro(close(reason="test_close")))
             async for request in super().start():
                 yield request
 
@@ -729,3 +736,44 @@ async def test_a_robots_txt_request_the_close_cuts_short_allows_nothing(arrival_
     assert srv.arrivals() == [], [a.path for a in srv.arrivals()]
     assert crawler.stats.get_value("finish_reason") == "test_close"
     assert crawler.stats.get_value("polite/deferred/not_crawled") == 1, crawler.stats.get_stats()
+
+
+class FileAfterRobots(scrapy.Spider):
+    """A page of host H (its robots.txt asked, waiting for H's turn), then a slow page of host G whose item names a
+    file of H: the file comes after the close cut H's robots.txt request short."""
+
+    name = "file_after_robots"
+
+    def __init__(self, h: str, g: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.h, self.g = h, g
+
+    async def start(self):
+        yield scrapy.Request(self.h + "/a")
+        yield scrapy.Request(self.g + "/slow", callback=self.slow)
+
+    def parse(self, response):
+        return None
+
+    def slow(self, response):
+        yield {"file_urls": [self.h + "/file.bin"]}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_request_after_the_close_cut_robots_txt_short_asks_again_and_the_close_ends(arrival_server, tmp_path):
+    """Review: the close cut H's robots.txt request short and left its origin ``fetching``; a file of H that came after
+    (its page slower than the close) waited for that robots.txt for ever, and so did the close (the crawl never
+    ended). The origin's state is put back as it was: the file asks robots.txt again, that request is cut at once, and
+    the file is not sent. Nothing reaches H (its turn 8 s ahead)."""
+    h, g = arrival_server("127.0.2.111"), arrival_server("127.0.2.112")
+    for srv in (h, g):
+        srv.route("/robots.txt", Reply.robots(RULES))
+    h.route("/*", Reply.html("<html><body>ok</body></html>"))
+    g.route("/*", Reply.html("<html><body>ok</body></html>", delay=2.0))
+    uri = turn_ahead(tmp_path, "127.0.2.111", 8.0)
+    s = settings(POLITE_STORE=uri, CLOSESPIDER_TIMEOUT=2, ITEM_PIPELINES={"scrapy.pipelines.files.FilesPipeline": 1},
+                 FILES_STORE=str(tmp_path / "files"))
+    crawler = await run_crawl(FileAfterRobots, s, h=h.url(""), g=g.url(""), timeout=25)
+    assert crawler.stats.get_value("finish_reason") == "closespider_timeout"
+    assert h.arrivals() == [], [a.path for a in h.arrivals()]
+    assert crawler.stats.get_value("file_count") is None

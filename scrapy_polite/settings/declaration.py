@@ -121,7 +121,9 @@ SETTINGS: tuple[Setting, ...] = (
             guide="guides/throttles"),
     Setting("POLITE_MAX_HELD_IN_MEMORY", "count", 10_000,
             "How many deferred requests are held in memory (a whole number >= 0); the others wait on disk and come "
-            "back in due order. Under `JOBDIR` every held request is on disk.",
+            "back in due order. Under `JOBDIR` every held request is on disk. Also how many requests the scheduler "
+            "cannot hold (robots.txt, a media pipeline's files) wait for their host outside `CONCURRENT_REQUESTS`; "
+            "the next wait in it.",
             guide="guides/throttles"),
     Setting("POLITE_HOST_DELAYS", "dict", {},
             "Per-host interval (seconds), e.g. `{\"api.example.com\": 5}` (a dict or a JSON object). It can only "
