@@ -368,7 +368,7 @@ class PoliteExtension:
         downloader = getattr(crawler_engine(self.crawler), "downloader", None)
         # (a shared frontier that cannot be reached answers "pending": SharedWorker.pending)
         idle = (scheduler is not None and not scheduler.has_pending_requests()
-                and not getattr(downloader, "active", None))
+                and not getattr(downloader, "active", None) and not self.pacer.outside)
         line = format_progress(self.report, self.held_hosts(), now=self.pacer.clock(), idle=idle,
                                store_option=self._store_option(), forgive=not has_ability(self.pacer.store.store,
                                                                                           ProcessLocal))

@@ -103,7 +103,7 @@ class CrawlStopped(IgnoreRequest):
     """A request that was not sent because scrapy-polite is stopping the crawl (its pace table failed:
     reason ``polite_store_error``; the resolver is missing: ``polite_resolver_missing``), has closed its
     pace table, or because the crawl's close began while it waited for its host (``polite/closed_waiting``,
-    docs/spec.md §5). The reason was logged once, at ERROR, when the crawl was stopped (docs/spec.md §6, §7);
+    docs/spec.md §5). The reason was logged once when the crawl was stopped (at ERROR; the close's, at INFO);
     an ``IgnoreRequest``, so Scrapy does not log each dropped request again with a traceback. Request
     errbacks see it; ``__cause__`` is the error that stopped the crawl."""
 
