@@ -545,12 +545,12 @@ def _ahead_of_a(a, others, k: int = 4) -> list[int]:
     return [sum(1 for x in timeline(o) if x.start < due) for o in others]
 
 
-async def _one_line_crawl(arrival_server, tmp_path, base: int):
+async def _one_line_crawl(arrival_server, tmp_path, base: int, **overrides: Any):
     a = arrival_server(f"127.0.2.{base}")
     others = [arrival_server(f"127.0.2.{base + i}") for i in (1, 2, 3)]
     urls = [a.url(f"/a/{i}") for i in range(20)] + [o.url(f"/o/{i}") for i in range(20) for o in others]
     s = settings(tmp_path, CONCURRENT_REQUESTS=16, POLITE_HOST_INTERVAL=0.1,
-                 POLITE_HOST_DELAYS={a.address: 0.5})
+                 POLITE_HOST_DELAYS={a.address: 0.5}, **overrides)
     t0 = process_clock()
     crawler = await run_crawl(ProbeSpider, s, urls=urls, timeout=60)
     crowded, raw_max = _crowding(crawler.spider, f"http://{a.netloc}/", t0)
@@ -892,14 +892,16 @@ async def test_a_page_a_project_middleware_answers_is_never_held_for_its_host_s_
 async def test_negative_control_without_deferral_requests_crowd_the_downloader(arrival_server, tmp_path, monkeypatch):
     """The same crawl with deferral switched off (``PoliteScheduler.owns`` patched to False, and new requests handed
     out as the wrapped scheduler gives them, ``next_new`` patched: no request can be held, so requests wait for the
-    host's line inside the downloader): the probe sees host A's requests pile up in the downloader and the other hosts
-    are slowed — the assertions above are not vacuous."""
+    host's line inside the downloader; ``POLITE_MAX_HELD_IN_MEMORY = 0``: none waits outside its count, as requests
+    the scheduler cannot hold otherwise do): the probe sees host A's requests pile up in the downloader and the other
+    hosts are slowed — the assertions above are not vacuous."""
     from scrapy_polite import scheduler
     from scrapy_polite.scheduler import PoliteScheduler
 
     monkeypatch.setattr(PoliteScheduler, "owns", lambda self, request: False)
     monkeypatch.setattr(scheduler, "next_new", lambda polite: polite.inner.next_request())
-    crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(arrival_server, tmp_path, 90)
+    crawler, a, others, crowded, raw_max, a_done, others_done = await _one_line_crawl(
+        arrival_server, tmp_path, 90, POLITE_MAX_HELD_IN_MEMORY=0)
     assert len(timeline(a)) == 20 and all(len(timeline(o)) == 20 for o in others)
     assert crowded and raw_max > 5, (len(crowded), raw_max)
     assert min(_ahead_of_a(a, others)) < 6, _ahead_of_a(a, others)  # held to A's pace: one per A request
